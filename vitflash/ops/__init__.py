@@ -1,0 +1,54 @@
+"""Attention ops: vitflash's Triton FlashAttention and the paths it is measured against.
+
+Every op takes and returns the (B, N, H, D) layout of a fused qkv projection. Nothing
+outside this package imports Triton.
+"""
+from __future__ import annotations
+
+import torch
+
+from vitflash.ops.flash import flash_attention, flash_attention_qkvpacked
+from vitflash.ops.reference import naive_attention, sdpa_attention
+
+ATTENTION_IMPLS = ("flash", "naive", "sdpa")
+
+__all__ = [
+    "ATTENTION_IMPLS",
+    "attention_qkvpacked",
+    "check_attention_impl",
+    "flash_attention",
+    "flash_attention_qkvpacked",
+    "naive_attention",
+    "sdpa_attention",
+]
+
+
+def check_attention_impl(impl: str) -> str:
+    """Return `impl` if it names an attention path, else raise a ValueError listing them."""
+    if impl not in ATTENTION_IMPLS:
+        raise ValueError(
+            f"unknown attention path {impl!r}: choose one of {', '.join(ATTENTION_IMPLS)}"
+        )
+    return impl
+
+
+def attention_qkvpacked(
+    qkv: torch.Tensor, impl: str, softmax_scale: float | None = None
+) -> torch.Tensor:
+    """The one attention dispatch of the project.
+
+    Args:
+        qkv: (B, N, 3, H, D), e.g. `qkv_linear(x).view(B, N, 3, H, D)`.
+        impl: "flash", "naive" or "sdpa".
+    Returns:
+        o: (B, N, H, D), contiguous, so `o.reshape(B, N, H * D)` is free.
+    """
+    if impl == "flash":
+        return flash_attention_qkvpacked(qkv, softmax_scale)
+    q, k, v = qkv.unbind(2)  # each (B, N, H, D), views
+    if impl == "naive":
+        return naive_attention(q, k, v, softmax_scale)
+    if impl == "sdpa":
+        return sdpa_attention(q, k, v, softmax_scale)
+    check_attention_impl(impl)
+    raise AssertionError("unreachable")
