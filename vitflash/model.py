@@ -1,0 +1,356 @@
+"""The Vision Transformer (Dosovitskiy et al., arXiv 2010.11929), read top to bottom.
+
+    image (B, C, H, W) -> PatchEmbed -> [cls token] + pos embed -> Block x depth -> norm
+    -> pool (class token, or mean of the patch tokens + fc_norm) -> head -> logits (B, classes)
+
+Every Attention sends the views of its fused qkv projection to the one attention dispatch,
+`vitflash.ops.attention_qkvpacked`, on the path the model was built with ("flash", "naive"
+or "sdpa"); `model.set_attention(...)` switches all blocks of a built model, so one set of
+weights runs on every path.
+
+Parameter names and shapes are those of timm's `VisionTransformer`, so a timm state dict
+loads with `strict=True`; `vitflash/pretrained.py` is the one place that knows timm's files.
+
+Presets (`list_models()`); the first nine are timm's architectures under timm's names, the
+`_patch4_32` ones are for 32x32 images (CIFAR). Regenerate the table with
+`python -m vitflash.model`.
+
+    name                     img  patch  dim  depth  heads  head_dim  pool  params (1000 classes)  (10 classes)
+    vit_tiny_patch16_224      224     16  192     12      3        64  token              5,717,416     5,526,346
+    vit_small_patch16_224     224     16  384     12      6        64  token             22,050,664    21,669,514
+    vit_base_patch16_224      224     16  768     12     12        64  token             86,567,656    85,806,346
+    vit_large_patch16_224     224     16 1024     24     16        64  token            304,326,632   303,311,882
+    vit_base_patch16_384      384     16  768     12     12        64  token             86,859,496    86,098,186
+    vit_base_patch32_224      224     32  768     12     12        64  token             88,224,232    87,462,922
+    deit_tiny_patch16_224     224     16  192     12      3        64  token              5,717,416     5,526,346
+    deit_small_patch16_224    224     16  384     12      6        64  token             22,050,664    21,669,514
+    deit_base_patch16_224     224     16  768     12     12        64  token             86,567,656    85,806,346
+    vit_micro_patch4_32        32      4  128      4      4        32  token                937,064       809,354
+    vit_tiny_patch4_32         32      4  192      9      3        64  token              4,219,240     4,028,170
+    vit_small_patch4_32        32      4  384     12      6        64  token             21,723,496    21,342,346
+
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+from timm.layers import DropPath
+
+from vitflash.ops import attention_qkvpacked, check_attention_impl
+
+
+def check_flash_head_dim(head_dim: int) -> None:
+    """The flash kernel handles head dims that are multiples of 8, up to 256."""
+    if head_dim % 8 != 0 or head_dim > 256:
+        raise ValueError(
+            f"head dim {head_dim} not supported by the flash attention path: it needs a "
+            f"multiple of 8 no larger than 256; change embed_dim/num_heads or use "
+            f"attention='sdpa' or 'naive'"
+        )
+
+
+class PatchEmbed(nn.Module):
+    """Cut the image into non-overlapping patch_size x patch_size patches and project each to
+    embed_dim: one strided convolution."""
+
+    def __init__(self, img_size: int, patch_size: int, in_chans: int, embed_dim: int):
+        super().__init__()
+        if img_size % patch_size != 0:
+            raise ValueError(
+                f"image size {img_size} is not divisible by patch size {patch_size}: pick an "
+                f"img_size that is a multiple of {patch_size} (e.g. "
+                f"{max(1, round(img_size / patch_size)) * patch_size})"
+            )
+        self.img_size = (img_size, img_size)
+        self.patch_size = (patch_size, patch_size)
+        self.grid_size = (img_size // patch_size, img_size // patch_size)
+        self.num_patches = self.grid_size[0] * self.grid_size[1]
+        self.proj = nn.Conv2d(in_chans, embed_dim, kernel_size=patch_size, stride=patch_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, C, H, W = x.shape
+        if (H, W) != self.img_size:
+            raise ValueError(
+                f"input image is {H}x{W} but this model was built for "
+                f"{self.img_size[0]}x{self.img_size[1]}: resize the input, or build the "
+                f"model with img_size={H} (position embeddings are resampled when loading)"
+            )
+        x = self.proj(x)  # (B, C, H/p, W/p)
+        return x.flatten(2).transpose(1, 2)  # (B, N, C), N = H/p * W/p
+
+
+class Attention(nn.Module):
+    """Multi-head self-attention. q, k and v stay views of one fused projection."""
+
+    def __init__(self, dim: int, num_heads: int, qkv_bias: bool, proj_drop: float, impl: str):
+        super().__init__()
+        if dim % num_heads != 0:
+            raise ValueError(f"embed_dim {dim} is not divisible by num_heads {num_heads}")
+        self.num_heads = num_heads
+        self.head_dim = dim // num_heads
+        self.impl = check_attention_impl(impl)
+        self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias)
+        self.proj = nn.Linear(dim, dim)
+        self.proj_drop = nn.Dropout(proj_drop)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, N, C = x.shape
+        qkv = self.qkv(x).view(B, N, 3, self.num_heads, self.head_dim)  # (B, N, 3, H, D)
+        o = attention_qkvpacked(qkv, self.impl)  # (B, N, H, D), contiguous
+        return self.proj_drop(self.proj(o.reshape(B, N, C)))  # (B, N, C)
+
+
+class Mlp(nn.Module):
+    def __init__(self, dim: int, hidden_dim: int, drop: float):
+        super().__init__()
+        self.fc1 = nn.Linear(dim, hidden_dim)
+        self.act = nn.GELU()
+        self.fc2 = nn.Linear(hidden_dim, dim)
+        self.drop = nn.Dropout(drop)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.drop(self.fc2(self.drop(self.act(self.fc1(x)))))
+
+
+class LayerScale(nn.Module):
+    """Per-channel scale of a residual branch (CaiT, arXiv 2103.17239), started small."""
+
+    def __init__(self, dim: int, init_values: float):
+        super().__init__()
+        self.gamma = nn.Parameter(torch.full((dim,), float(init_values)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.gamma
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block: two residual lines."""
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        mlp_ratio: float,
+        qkv_bias: bool,
+        init_values: float | None,
+        proj_drop: float,
+        drop_path: float,
+        impl: str,
+    ):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(dim, eps=1e-6)
+        self.attn = Attention(dim, num_heads, qkv_bias, proj_drop, impl)
+        self.ls1 = LayerScale(dim, init_values) if init_values is not None else nn.Identity()
+        self.drop_path1 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
+        self.norm2 = nn.LayerNorm(dim, eps=1e-6)
+        self.mlp = Mlp(dim, int(dim * mlp_ratio), proj_drop)
+        self.ls2 = LayerScale(dim, init_values) if init_values is not None else nn.Identity()
+        self.drop_path2 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.drop_path1(self.ls1(self.attn(self.norm1(x))))
+        x = x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
+        return x
+
+
+class VisionTransformer(nn.Module):
+    """A ViT classifier with timm's parameter names.
+
+    Args:
+        img_size: side of the square input image; must be a multiple of patch_size.
+        patch_size: side of a square patch.
+        in_chans: input channels.
+        num_classes: classifier outputs; 0 leaves the head out (forward returns features).
+        embed_dim, depth, num_heads, mlp_ratio, qkv_bias: the transformer's shape.
+        init_values: layer scale start value (e.g. 1e-5), None for no layer scale.
+        class_token: prepend a learned class token.
+        global_pool: "token" (class token) or "avg" (mean of the patch tokens).
+        fc_norm: norm after pooling instead of before it; None means "avg" pooling gets it,
+            as in timm.
+        drop_rate: dropout before the head. proj_drop_rate: dropout after the attention
+            projection and in the MLP. drop_path_rate: stochastic depth, rising linearly to
+            this value over the blocks. Attention dropout is not offered: no path has it.
+        attention: "flash", "naive" or "sdpa".
+    """
+
+    def __init__(
+        self,
+        *,
+        img_size: int = 224,
+        patch_size: int = 16,
+        in_chans: int = 3,
+        num_classes: int = 1000,
+        embed_dim: int = 768,
+        depth: int = 12,
+        num_heads: int = 12,
+        mlp_ratio: float = 4.0,
+        qkv_bias: bool = True,
+        init_values: float | None = None,
+        class_token: bool = True,
+        global_pool: str = "token",
+        fc_norm: bool | None = None,
+        drop_rate: float = 0.0,
+        proj_drop_rate: float = 0.0,
+        drop_path_rate: float = 0.0,
+        attention: str = "sdpa",
+    ):
+        super().__init__()
+        if global_pool not in ("token", "avg"):
+            raise ValueError(f"global_pool must be 'token' or 'avg', got {global_pool!r}")
+        if global_pool == "token" and not class_token:
+            raise ValueError("global_pool='token' needs class_token=True; use global_pool='avg'")
+        check_attention_impl(attention)
+        if attention == "flash":
+            check_flash_head_dim(embed_dim // num_heads)
+        use_fc_norm = global_pool == "avg" if fc_norm is None else fc_norm
+        # The architecture as built; vitflash.pretrained turns it into timm's arguments.
+        self.config = dict(
+            img_size=img_size, patch_size=patch_size, in_chans=in_chans,
+            num_classes=num_classes, embed_dim=embed_dim, depth=depth, num_heads=num_heads,
+            mlp_ratio=mlp_ratio, qkv_bias=qkv_bias, init_values=init_values,
+            class_token=class_token, global_pool=global_pool, fc_norm=use_fc_norm,
+        )  # fmt: skip
+        self.preset: str | None = None  # set by build_model
+        self.num_classes = num_classes
+        self.in_chans = in_chans
+        self.global_pool = global_pool
+        self.embed_dim = self.num_features = embed_dim
+        self.num_prefix_tokens = 1 if class_token else 0
+        self.no_embed_class = False  # pos_embed covers the class token too (timm's default)
+
+        self.patch_embed = PatchEmbed(img_size, patch_size, in_chans, embed_dim)
+        num_tokens = self.patch_embed.num_patches + self.num_prefix_tokens
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if class_token else None
+        self.pos_embed = nn.Parameter(torch.zeros(1, num_tokens, embed_dim))
+        self.pos_drop = nn.Dropout(proj_drop_rate)
+        dpr = [drop_path_rate * i / max(depth - 1, 1) for i in range(depth)]
+        self.blocks = nn.Sequential(*[
+            Block(embed_dim, num_heads, mlp_ratio, qkv_bias, init_values, proj_drop_rate,
+                  dpr[i], attention)
+            for i in range(depth)
+        ])  # fmt: skip
+        # With fc_norm the final norm moves after pooling, as in timm (and MAE/BEiT).
+        self.norm = nn.LayerNorm(embed_dim, eps=1e-6) if not use_fc_norm else nn.Identity()
+        self.fc_norm = nn.LayerNorm(embed_dim, eps=1e-6) if use_fc_norm else nn.Identity()
+        self.head_drop = nn.Dropout(drop_rate)
+        self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
+        self.init_weights()
+
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        """timm's default ViT init: truncated normal(0.02) linears and position embedding,
+        a near-zero class token; convolution, norms and layer scale keep their own init."""
+        nn.init.trunc_normal_(self.pos_embed, std=0.02)
+        if self.cls_token is not None:
+            nn.init.normal_(self.cls_token, std=1e-6)
+        for m in self.modules():
+            if isinstance(m, nn.Linear):
+                nn.init.trunc_normal_(m.weight, std=0.02)
+                if m.bias is not None:
+                    nn.init.zeros_(m.bias)
+
+    @property
+    def attention(self) -> str:
+        """The attention path every block runs: "flash", "naive" or "sdpa"."""
+        impls = {blk.attn.impl for blk in self.blocks}
+        return impls.pop() if len(impls) == 1 else ",".join(sorted(impls))
+
+    def set_attention(self, impl: str) -> VisionTransformer:
+        """Switch every block to attention path `impl`; returns the model."""
+        check_attention_impl(impl)
+        if impl == "flash":
+            check_flash_head_dim(self.embed_dim // self.config["num_heads"])
+        for blk in self.blocks:
+            blk.attn.impl = impl
+        return self
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, C, H, W) images -> (B, prefix + N, embed_dim) normed tokens."""
+        x = self.patch_embed(x)  # (B, N, C)
+        if self.cls_token is not None:
+            x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)  # (B, 1+N, C)
+        x = self.pos_drop(x + self.pos_embed)
+        x = self.blocks(x)
+        return self.norm(x)
+
+    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+        """(B, prefix + N, embed_dim) tokens -> (B, num_classes) logits, or the (B, embed_dim)
+        pooled features when pre_logits."""
+        if self.global_pool == "avg":
+            x = x[:, self.num_prefix_tokens :].mean(dim=1)  # (B, C)
+        else:
+            x = x[:, 0]  # (B, C), the class token
+        x = self.head_drop(self.fc_norm(x))
+        return x if pre_logits else self.head(x)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.forward_head(self.forward_features(x))
+
+
+# Presets: VisionTransformer keyword arguments under timm's names where timm has the model.
+_TI = dict(embed_dim=192, depth=12, num_heads=3)
+_S = dict(embed_dim=384, depth=12, num_heads=6)
+_B = dict(embed_dim=768, depth=12, num_heads=12)
+PRESETS: dict[str, dict] = {
+    "vit_tiny_patch16_224": dict(img_size=224, patch_size=16, **_TI),
+    "vit_small_patch16_224": dict(img_size=224, patch_size=16, **_S),
+    "vit_base_patch16_224": dict(img_size=224, patch_size=16, **_B),
+    "vit_large_patch16_224": dict(img_size=224, patch_size=16, embed_dim=1024, depth=24,
+                                  num_heads=16),
+    "vit_base_patch16_384": dict(img_size=384, patch_size=16, **_B),
+    "vit_base_patch32_224": dict(img_size=224, patch_size=32, **_B),
+    # DeiT (arXiv 2012.12877) is the ViT architecture trained differently; the names let
+    # its weights be fetched by tag.
+    "deit_tiny_patch16_224": dict(img_size=224, patch_size=16, **_TI),
+    "deit_small_patch16_224": dict(img_size=224, patch_size=16, **_S),
+    "deit_base_patch16_224": dict(img_size=224, patch_size=16, **_B),
+    # 32x32 inputs, 4x4 patches: 64 patch tokens + the class token.
+    "vit_micro_patch4_32": dict(img_size=32, patch_size=4, embed_dim=128, depth=4, num_heads=4),
+    "vit_tiny_patch4_32": dict(img_size=32, patch_size=4, embed_dim=192, depth=9, num_heads=3),
+    "vit_small_patch4_32": dict(img_size=32, patch_size=4, embed_dim=384, depth=12,
+                                num_heads=6),
+}  # fmt: skip
+
+
+def list_models() -> list[str]:
+    """Names of the presets, in the order of the table in this module's docstring."""
+    return list(PRESETS)
+
+
+def preset_kwargs(name: str) -> dict:
+    """A copy of the VisionTransformer keyword arguments of preset `name`."""
+    if name not in PRESETS:
+        raise ValueError(f"unknown model {name!r}: choose one of {', '.join(PRESETS)}")
+    return dict(PRESETS[name])
+
+
+def build_model(name: str, attention: str = "sdpa", **overrides) -> VisionTransformer:
+    """A randomly initialised preset; `overrides` are VisionTransformer keyword arguments
+    (num_classes=10, img_size=64, depth=2, drop_path_rate=0.1, ...). For pretrained weights
+    use `vitflash.create_model`."""
+    kwargs = preset_kwargs(name)
+    kwargs.update(overrides)
+    model = VisionTransformer(attention=attention, **kwargs)
+    model.preset = name
+    return model
+
+
+def _table() -> str:
+    """The preset table of the module docstring, parameters counted on the meta device."""
+    rows = ["name                     img  patch  dim  depth  heads  head_dim  pool  "
+            "params (1000 classes)  (10 classes)"]  # fmt: skip
+    for name in PRESETS:
+        with torch.device("meta"):  # count parameters without allocating them
+            counts = [sum(p.numel() for p in build_model(name, num_classes=k).parameters())
+                      for k in (1000, 10)]  # fmt: skip
+        c = preset_kwargs(name)
+        rows.append(
+            f"{name:<24} {c['img_size']:>4} {c['patch_size']:>6} {c['embed_dim']:>4} "
+            f"{c['depth']:>6} {c['num_heads']:>6} {c['embed_dim'] // c['num_heads']:>9}  "
+            f"{c.get('global_pool', 'token'):<5} {counts[0]:>22,} {counts[1]:>13,}"
+        )
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    print(_table())
