@@ -1,0 +1,394 @@
+"""timm weights in and out: the one place that knows timm's tags, file formats and loaders.
+
+In:  `create_model(name, pretrained=...)` builds a preset and loads
+     - a timm tag ("augreg_in21k_ft_in1k", or a full "vit_base_patch16_224.augreg_in21k"),
+       fetched by timm from the Hugging Face hub, or
+     - a local file: .safetensors, .pth/.pt/.bin (a timm or vitflash state dict, or a
+       {"state_dict"/"model": ...} dict), or a Lightning .ckpt whose network is `model.`.
+     timm does the loading (`timm.models.load_pretrained`): its ViT `checkpoint_filter_fn`
+     resamples the position embedding (and patch embedding) when img_size or patch size
+     differ, and the head is dropped, keeping its fresh init, when num_classes differs.
+     Before timm loads, every key and shape is checked, so a checkpoint that does not fit
+     fails with the file named and the difference spelled out.
+Out: `export_timm(checkpoint, out)` writes a vitflash model, state dict or Lightning
+     checkpoint as a .safetensors file and returns the `timm.create_model` arguments that
+     load it: `timm.create_model(**export_timm(ckpt, "model.safetensors"))`.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import pickle
+from collections.abc import Mapping
+from pathlib import Path
+
+import safetensors.torch
+import timm
+import torch
+import torch.nn as nn
+from timm.models import clean_state_dict, load_pretrained
+from timm.models.vision_transformer import checkpoint_filter_fn
+
+from vitflash.model import VisionTransformer, build_model, list_models, preset_kwargs
+
+log = logging.getLogger(__name__)
+
+CHECKPOINT_SUFFIXES = (".safetensors", ".pth", ".pt", ".bin", ".ckpt")
+# Keys every timm VisionTransformer state dict has; their absence means another architecture.
+_VIT_KEYS = ("patch_embed.proj.weight", "pos_embed", "blocks.0.attn.qkv.weight")
+# A timm ViT architecture whose constructor takes every keyword of VisionTransformer.config;
+# presets timm does not know (the CIFAR ones) are exported as this with explicit arguments.
+_TIMM_GENERIC_VIT = "vit_base_patch16_224"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be read, or that does not fit the model."""
+
+
+# ---------------------------------------------------------------------------------------
+# Reading files
+
+
+def read_checkpoint(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], dict]:
+    """Read a checkpoint file into (state_dict with timm/vitflash names, hyper_parameters).
+
+    Accepts .safetensors and torch.save files holding a state dict, a {"state_dict": ...}
+    or {"model": ...} dict, or a Lightning checkpoint (keys `model.*` of its state_dict are
+    the network; `hyper_parameters` is returned, {} when absent). DDP/torch.compile
+    prefixes are removed with timm's `clean_state_dict`.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint file {path} does not exist")
+    try:
+        if path.suffix == ".safetensors":
+            obj = safetensors.torch.load_file(path)
+        else:
+            obj = _torch_load(path)
+    except Exception as e:
+        raise CheckpointError(
+            f"cannot read checkpoint {path}: {type(e).__name__}: {e}. The file is truncated, "
+            f"corrupt, or not a PyTorch/safetensors checkpoint; re-download or re-save it"
+        ) from e
+    hparams: dict = {}
+    if isinstance(obj, nn.Module):
+        obj = obj.state_dict()
+    if isinstance(obj, Mapping):
+        if isinstance(obj.get("hyper_parameters"), Mapping):
+            hparams = dict(obj["hyper_parameters"])
+        for key in ("state_dict", "model"):
+            if isinstance(obj.get(key), Mapping):
+                obj = obj[key]
+                break
+    if not isinstance(obj, Mapping):
+        raise CheckpointError(
+            f"checkpoint {path} holds a {type(obj).__name__}, not a state dict: save "
+            f"model.state_dict() (or a Lightning checkpoint) instead"
+        )
+    state_dict = {k: v for k, v in obj.items() if isinstance(v, torch.Tensor)}
+    # A LightningModule holds the network as `self.model`; drop its other state (metrics).
+    if any(k.startswith("model.") for k in state_dict):
+        state_dict = {k[len("model.") :]: v for k, v in state_dict.items() if k.startswith("model.")}
+    state_dict = clean_state_dict(state_dict)
+    if not state_dict:
+        raise CheckpointError(f"checkpoint {path} holds no tensors")
+    return state_dict, hparams
+
+
+def _torch_load(path: Path):
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        if "weights only" not in str(e).lower():
+            raise
+    # Lightning checkpoints may pickle hyper-parameters (DictConfig, partial optimizers)
+    # that weights_only refuses. The caller named this file; it is unpickled in full.
+    log.warning("%s holds pickled objects besides tensors; loading it with weights_only=False", path)
+    return torch.load(path, map_location="cpu", weights_only=False)
+
+
+# ---------------------------------------------------------------------------------------
+# What a state dict says about its architecture, and whether it fits a model
+
+
+def _check_is_vit(state_dict: Mapping[str, torch.Tensor], source: str) -> None:
+    missing = [k for k in _VIT_KEYS if k not in state_dict]
+    if missing:
+        some = ", ".join(list(state_dict)[:5])
+        raise CheckpointError(
+            f"checkpoint {source} is not a timm/vitflash VisionTransformer: it lacks "
+            f"{', '.join(missing)} (its first keys are {some}). Pass a ViT checkpoint "
+            f"saved by vitflash, by Lightning with vitflash, or by timm"
+        )
+
+
+def architecture_of(state_dict: Mapping[str, torch.Tensor]) -> dict:
+    """The VisionTransformer keyword arguments a ViT state dict determines.
+
+    Returns patch_size, in_chans, embed_dim, depth, mlp_ratio, qkv_bias, class_token,
+    num_classes (0 without a head), layer_scale (bool), num_tokens, img_size when the
+    patch grid is square, and global_pool/fc_norm when the weights show average pooling.
+    num_heads is not in the weights.
+    """
+    patch_w = state_dict["patch_embed.proj.weight"]  # (embed_dim, in_chans, p, p)
+    embed_dim = patch_w.shape[0]
+    class_token = "cls_token" in state_dict
+    has_fc_norm = "fc_norm.weight" in state_dict
+    block_ids = {int(k.split(".")[1]) for k in state_dict if k.startswith("blocks.")}
+    arch = dict(
+        patch_size=patch_w.shape[-1],
+        in_chans=patch_w.shape[1],
+        embed_dim=embed_dim,
+        depth=max(block_ids) + 1,
+        mlp_ratio=state_dict["blocks.0.mlp.fc1.weight"].shape[0] / embed_dim,
+        qkv_bias="blocks.0.attn.qkv.bias" in state_dict,
+        class_token=class_token,
+        num_classes=state_dict["head.weight"].shape[0] if "head.weight" in state_dict else 0,
+        layer_scale="blocks.0.ls1.gamma" in state_dict,
+        num_tokens=state_dict["pos_embed"].shape[1],
+    )
+    grid = math.isqrt(arch["num_tokens"] - int(class_token))
+    if grid * grid == arch["num_tokens"] - int(class_token):
+        arch["img_size"] = grid * arch["patch_size"]
+    # Without fc_norm, class-token and average pooling have the same weights: left open.
+    if has_fc_norm or not class_token:
+        arch.update(global_pool="avg", fc_norm=has_fc_norm)
+    return arch
+
+
+def _describe(arch: dict) -> str:
+    return (
+        f"embed_dim {arch['embed_dim']}, depth {arch['depth']}, patch {arch['patch_size']}, "
+        f"mlp_ratio {arch['mlp_ratio']:g}, {arch['num_tokens']} tokens, "
+        f"{'a' if arch['class_token'] else 'no'} class token, "
+        f"{'layer scale' if arch['layer_scale'] else 'no layer scale'}, "
+        f"{arch['num_classes']} classes"
+    )
+
+
+def _check_fits(
+    state_dict: Mapping[str, torch.Tensor], model: VisionTransformer, source: str, skip_head: bool
+) -> None:
+    """Every key and shape of `model` in `state_dict` and nothing else (head aside when it
+    is to be replaced), else a CheckpointError naming the differences."""
+    expected = {k: v.shape for k, v in model.state_dict().items()}
+    got = {k: v.shape for k, v in state_dict.items()}
+    if skip_head:
+        expected = {k: s for k, s in expected.items() if not k.startswith("head.")}
+        got = {k: s for k, s in got.items() if not k.startswith("head.")}
+    missing = [k for k in expected if k not in got]
+    unexpected = [k for k in got if k not in expected]
+    wrong = [f"{k} {tuple(got[k])} vs {tuple(s)}" for k, s in expected.items()
+             if k in got and got[k] != s]  # fmt: skip
+    if not (missing or unexpected or wrong):
+        return
+    problems = []
+    for label, items in (("missing", missing), ("unexpected", unexpected),
+                         ("shape (checkpoint vs model)", wrong)):  # fmt: skip
+        if items:
+            more = f" and {len(items) - 4} more" if len(items) > 4 else ""
+            problems.append(f"{label}: {', '.join(items[:4])}{more}")
+    raise CheckpointError(
+        f"checkpoint {source} does not fit {model.preset or 'the model'} "
+        f"({'; '.join(problems)}). The checkpoint has {_describe(architecture_of(state_dict))}; "
+        f"pick the preset of that shape or pass matching overrides (e.g. depth=..., "
+        f"global_pool='avg')"
+    )
+
+
+def _load(model: VisionTransformer, pretrained_cfg: dict, source: str) -> None:
+    """Load through timm's `load_pretrained`, with timm's ViT filter behind our checks."""
+    src_classes = pretrained_cfg["num_classes"]
+
+    def filter_fn(state_dict, model):
+        _check_is_vit(state_dict, source)
+        state_dict = checkpoint_filter_fn(state_dict, model)  # resamples pos/patch embed
+        _check_fits(state_dict, model, source, skip_head=src_classes != model.num_classes)
+        return state_dict
+
+    # load_pretrained drops the head when num_classes differs (and then loads non-strict;
+    # filter_fn has already checked every other key).
+    load_pretrained(
+        model,
+        pretrained_cfg=pretrained_cfg,
+        num_classes=model.num_classes,
+        in_chans=model.in_chans,
+        filter_fn=filter_fn,
+        strict=True,
+    )
+
+
+# ---------------------------------------------------------------------------------------
+# In
+
+
+def create_model(
+    name: str,
+    attention: str = "sdpa",
+    num_classes: int | None = None,
+    img_size: int | None = None,
+    pretrained: str | os.PathLike | None = None,
+    **overrides,
+) -> VisionTransformer:
+    """Build preset `name` (see `vitflash.list_models()`), optionally with weights.
+
+    Args:
+        name: a preset name, e.g. "vit_base_patch16_224" or "vit_micro_patch4_32".
+        attention: "flash", "naive" or "sdpa"; `model.set_attention` switches it later.
+        num_classes: head size; None takes the pretrained weights' (or the preset's).
+            When it differs from the weights', the head starts fresh.
+        img_size: input side; None takes the timm tag's (or the preset's). When it differs
+            from the weights', the position embedding is resampled.
+        pretrained: None (random init); a timm tag of `name` ("augreg_in21k_ft_in1k") or a
+            full timm name ("vit_base_patch16_224.augreg_in21k"), fetched through timm from
+            the Hugging Face hub; or the path of a local checkpoint file (see
+            `read_checkpoint`).
+        overrides: further VisionTransformer keyword arguments (depth=2, drop_path_rate=0.1).
+    Returns:
+        the model, in train mode. Loaded from a timm tag it carries timm's
+        `pretrained_cfg` (mean/std of its training data) as `model.pretrained_cfg`.
+    """
+    preset_kwargs(name)  # an unknown name fails before any download or file read
+    sizes = {k: v for k, v in (("num_classes", num_classes), ("img_size", img_size)) if v is not None}
+    if pretrained is None:
+        return build_model(name, attention, **sizes, **overrides)
+    if _is_local(pretrained):
+        return _create_from_file(name, Path(pretrained), attention, sizes, overrides)
+    return _create_from_timm(name, str(pretrained), attention, sizes, overrides)
+
+
+def _is_local(pretrained: str | os.PathLike) -> bool:
+    if isinstance(pretrained, os.PathLike) or os.path.exists(pretrained):
+        return True
+    return pretrained.endswith(CHECKPOINT_SUFFIXES) or "/" in pretrained or os.sep in pretrained
+
+
+def _create_from_file(
+    name: str, path: Path, attention: str, sizes: dict, overrides: dict
+) -> VisionTransformer:
+    state_dict, _ = read_checkpoint(path)
+    _check_is_vit(state_dict, str(path))
+    arch = architecture_of(state_dict)
+    # The file decides the head size and the pooling layers unless the caller says otherwise.
+    kwargs = {"num_classes": arch["num_classes"]}
+    kwargs.update({k: arch[k] for k in ("class_token", "global_pool", "fc_norm") if k in arch})
+    kwargs.update(sizes, **overrides)
+    model = build_model(name, attention, **kwargs)
+    src_size = arch.get("img_size", model.config["img_size"])
+    pretrained_cfg = dict(
+        state_dict=state_dict,
+        num_classes=arch["num_classes"],
+        input_size=(arch["in_chans"], src_size, src_size),
+        first_conv="patch_embed.proj",
+        classifier="head",
+    )
+    _load(model, pretrained_cfg, source=str(path))
+    return model
+
+
+def _create_from_timm(
+    name: str, pretrained: str, attention: str, sizes: dict, overrides: dict
+) -> VisionTransformer:
+    full = pretrained if "." in pretrained else f"{name}.{pretrained}"
+    if full not in timm.list_pretrained(full):
+        tags = [t.split(".", 1)[1] for t in timm.list_pretrained(f"{name}.*")]
+        raise ValueError(
+            f"timm has no pretrained weights {full!r}. Tags for {name}: "
+            f"{', '.join(tags) if tags else 'none (not a timm architecture)'}; or pass the "
+            f"path of a local checkpoint file"
+        )
+    cfg = timm.models.get_pretrained_cfg(full).to_dict()
+    hub_id = cfg.get("hf_hub_id")
+    if not hub_id:
+        raise ValueError(
+            f"timm's weights {full!r} are not on the Hugging Face hub ({cfg.get('url')}); "
+            f"choose another tag, or convert them with timm and pass the file"
+        )
+    kwargs = {"num_classes": cfg["num_classes"], "img_size": cfg["input_size"][-1]}
+    kwargs.update(sizes, **overrides)
+    model = build_model(name, attention, **kwargs)
+    try:
+        _load(model, cfg, source=full)
+    except CheckpointError:
+        raise
+    except Exception as e:
+        raise RuntimeError(
+            f"could not fetch timm weights {full!r} from the Hugging Face hub "
+            f"({type(e).__name__}: {e}). If this machine is offline, download "
+            f"model.safetensors from https://huggingface.co/{hub_id} on a machine that is "
+            f"online, copy it here and pass its path: "
+            f"create_model({name!r}, pretrained='path/to/model.safetensors')"
+        ) from e
+    model.pretrained_cfg = {k: v for k, v in cfg.items() if k != "state_dict"}
+    return model
+
+
+# ---------------------------------------------------------------------------------------
+# Out
+
+
+def timm_args(model: VisionTransformer) -> tuple[str, dict]:
+    """(timm architecture name, keyword arguments) with which `timm.create_model` builds a
+    model with `model`'s parameter names and shapes."""
+    arch = model.preset if model.preset and timm.is_model(model.preset) else _TIMM_GENERIC_VIT
+    return arch, dict(model.config)
+
+
+def export_timm(
+    checkpoint: VisionTransformer | str | os.PathLike,
+    out: str | os.PathLike,
+    model_name: str | None = None,
+) -> dict:
+    """Write a vitflash model or checkpoint as a timm-loadable .safetensors file.
+
+    Args:
+        checkpoint: a VisionTransformer, or a checkpoint file (vitflash/timm state dict or
+            Lightning checkpoint; see `read_checkpoint`).
+        out: the .safetensors file to write.
+        model_name: the preset the checkpoint was made from; read from a Lightning
+            checkpoint's hyper_parameters["model_name"] when not given. Only num_heads is
+            taken from it: everything else comes from the weights.
+    Returns:
+        the keyword arguments of `timm.create_model` that load the file, e.g.
+        `timm.create_model(**export_timm(ckpt, out))`. `pretrained_cfg_overlay` carries the
+        file and its num_classes: without it timm would drop a head of another size.
+    """
+    if isinstance(checkpoint, VisionTransformer):
+        model = checkpoint
+    else:
+        source = str(checkpoint)
+        state_dict, hparams = read_checkpoint(checkpoint)
+        _check_is_vit(state_dict, source)
+        name = model_name or hparams.get("model_name")
+        if name is None:
+            raise ValueError(
+                f"checkpoint {source} does not say which model it holds (no "
+                f"hyper_parameters['model_name']): pass model_name= (--model), one of "
+                f"{', '.join(list_models())}"
+            )
+        arch = architecture_of(state_dict)
+        keys = ("patch_size", "in_chans", "embed_dim", "depth", "mlp_ratio", "qkv_bias",
+                "class_token", "num_classes", "img_size", "global_pool", "fc_norm")  # fmt: skip
+        kwargs = {k: arch[k] for k in keys if k in arch}
+        if arch["layer_scale"]:
+            # The value only seeds gamma, which the checkpoint overwrites.
+            kwargs["init_values"] = preset_kwargs(name).get("init_values") or 1e-5
+        model = build_model(name, **kwargs)
+        src_size = arch.get("img_size", model.config["img_size"])
+        _load(model, dict(state_dict=state_dict, num_classes=arch["num_classes"],
+                          input_size=(arch["in_chans"], src_size, src_size),
+                          first_conv="patch_embed.proj", classifier="head"),
+              source=source)  # fmt: skip
+    arch_name, kwargs = timm_args(model)
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tensors = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    metadata = {"format": "pt", "vitflash_model": model.preset or "", "timm_model": arch_name,
+                "timm_kwargs": json.dumps(kwargs)}  # fmt: skip
+    safetensors.torch.save_file(tensors, str(out), metadata=metadata)
+    c = model.config
+    overlay = dict(file=str(out), num_classes=c["num_classes"],
+                   input_size=(c["in_chans"], c["img_size"], c["img_size"]))  # fmt: skip
+    return dict(model_name=arch_name, pretrained=True, pretrained_cfg_overlay=overlay, **kwargs)
