@@ -1,0 +1,180 @@
+"""vitflash.model: timm's names and shapes, the attention switch, shapes and errors."""
+from __future__ import annotations
+
+import pytest
+import timm
+import torch
+
+import vitflash
+import vitflash.model as vm
+from vitflash.model import PRESETS, VisionTransformer, build_model, list_models
+from vitflash.pretrained import timm_args
+
+TIMM_PRESETS = [n for n in PRESETS if not n.endswith("_patch4_32")]
+CIFAR_PRESETS = ["vit_micro_patch4_32", "vit_tiny_patch4_32", "vit_small_patch4_32"]
+
+
+def _shapes(model: torch.nn.Module) -> dict[str, tuple[int, ...]]:
+    return {k: tuple(v.shape) for k, v in model.state_dict().items()}
+
+
+@pytest.mark.parametrize("name", TIMM_PRESETS)
+def test_preset_has_timms_parameter_names_and_shapes(name):
+    with torch.device("meta"):  # full size, no memory
+        ours, theirs = build_model(name), timm.create_model(name)
+    assert list(_shapes(ours).items()) == list(_shapes(theirs).items())
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [dict(), dict(global_pool="avg"), dict(init_values=1e-5),
+     dict(class_token=False, global_pool="avg", fc_norm=False), dict(num_classes=0)],
+    ids=["token", "avg_fc_norm", "layer_scale", "no_cls_avg", "no_head"],
+)  # fmt: skip
+@pytest.mark.parametrize("name", CIFAR_PRESETS)
+def test_variants_have_timms_names_and_shapes(name, overrides):
+    with torch.device("meta"):
+        ours = build_model(name, **overrides)
+        arch, kwargs = timm_args(ours)
+        theirs = timm.create_model(arch, **kwargs)
+    assert list(_shapes(ours).items()) == list(_shapes(theirs).items())
+    if overrides.get("init_values"):
+        assert "blocks.0.ls1.gamma" in _shapes(ours) and "blocks.0.ls2.gamma" in _shapes(ours)
+    if overrides.get("global_pool") == "avg" and overrides.get("fc_norm", True):
+        assert "fc_norm.weight" in _shapes(ours) and "norm.weight" not in _shapes(ours)
+
+
+def test_docstring_table_is_current():
+    """The preset table in the module docstring is what `python -m vitflash.model` prints."""
+    documented = [line.strip() for line in vm.__doc__.splitlines() if line.startswith("    ")]
+    table = [line.strip() for line in vm._table().splitlines()]
+    assert all(row in documented for row in table), "rerun `python -m vitflash.model`"
+    assert list_models() == list(PRESETS) and len(list_models()) == len(table) - 1
+
+
+@pytest.mark.parametrize("name", list_models())
+def test_presets_fit_the_flash_kernel(name):
+    kw = PRESETS[name]
+    head_dim, rem = divmod(kw["embed_dim"], kw["num_heads"])
+    assert rem == 0 and head_dim % 8 == 0 and head_dim <= 256
+
+
+def test_cifar_presets_take_32px_images_and_give_shapes():
+    torch.manual_seed(0)
+    model = vitflash.create_model("vit_micro_patch4_32", num_classes=10).eval()
+    x = torch.randn(3, 3, 32, 32)
+    feats = model.forward_features(x)
+    assert feats.shape == (3, 1 + 64, 128)  # class token + 8x8 patches
+    assert model.forward_head(feats, pre_logits=True).shape == (3, 128)
+    assert model(x).shape == (3, 10)
+    headless = build_model("vit_micro_patch4_32", num_classes=0).eval()
+    assert headless(x).shape == (3, 128)
+
+
+def test_avg_pool_uses_patch_tokens_and_fc_norm():
+    torch.manual_seed(0)
+    model = build_model("vit_micro_patch4_32", global_pool="avg", num_classes=5).eval()
+    feats = torch.randn(2, 65, 128)
+    pooled = model.forward_head(feats, pre_logits=True)
+    expected = torch.nn.functional.layer_norm(feats[:, 1:].mean(1), (128,), eps=1e-6)
+    torch.testing.assert_close(pooled, expected)
+
+
+def test_attention_switch_changes_every_block_and_keeps_logits():
+    torch.manual_seed(0)
+    model = vitflash.create_model("vit_micro_patch4_32", attention="naive", num_classes=10).eval()
+    x = torch.randn(2, 3, 32, 32)
+    assert model.attention == "naive"
+    with torch.no_grad():
+        naive = model(x)
+        assert model.set_attention("sdpa") is model
+        assert model.attention == "sdpa"
+        assert all(blk.attn.impl == "sdpa" for blk in model.blocks)
+        sdpa = model(x)
+    torch.testing.assert_close(naive, sdpa, atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="unknown attention path 'fast'.*flash, naive, sdpa"):
+        model.set_attention("fast")
+    assert model.attention == "sdpa"
+
+
+def test_attention_gets_views_of_the_fused_qkv(monkeypatch):
+    seen = []
+
+    def spy(qkv, impl, softmax_scale=None):
+        seen.append((tuple(qkv.shape), qkv._base is not None, impl))
+        return real(qkv, impl, softmax_scale)
+
+    real = vm.attention_qkvpacked
+    monkeypatch.setattr(vm, "attention_qkvpacked", spy)
+    model = build_model("vit_micro_patch4_32", attention="naive")
+    model(torch.randn(2, 3, 32, 32))
+    assert seen == [((2, 65, 3, 4, 32), True, "naive")] * 4
+
+
+def test_flash_path_on_a_built_model_matches_within_bf16_tolerance():
+    """Under bf16 autocast the flash logits are as close to fp32 as naive bf16 attention's."""
+    torch.manual_seed(0)
+    device = "cuda" if torch.cuda.is_available() else "cpu"  # CPU: Triton's interpreter
+    model = build_model("vit_micro_patch4_32", num_classes=10, depth=2).to(device).eval()
+    x = torch.randn(2, 3, 32, 32, device=device)
+    with torch.no_grad():
+        ref = model.set_attention("naive")(x).double()
+        with torch.autocast(device, dtype=torch.bfloat16):
+            low = model(x).double()
+            got = model.set_attention("flash")(x).double()
+    assert torch.isfinite(got).all()
+    err, naive_err = (got - ref).abs().max().item(), (low - ref).abs().max().item()
+    assert err <= 2 * naive_err + 1e-5, f"flash {err:.3g} > 2 x naive bf16 {naive_err:.3g}"
+
+
+def test_backward_reaches_every_parameter_with_drop_path_and_layer_scale():
+    torch.manual_seed(0)
+    model = build_model("vit_micro_patch4_32", num_classes=10, drop_path_rate=0.1,
+                        init_values=1e-5, attention="sdpa").train()  # fmt: skip
+    assert model.blocks[-1].drop_path1.drop_prob == pytest.approx(0.1)
+    assert isinstance(model.blocks[0].drop_path1, torch.nn.Identity)  # rate 0 in block 0
+    model(torch.randn(4, 3, 32, 32)).logsumexp(-1).sum().backward()
+    no_grad = [n for n, p in model.named_parameters() if p.grad is None or not p.grad.any()]
+    assert no_grad == []
+
+
+def test_init_is_timms():
+    torch.manual_seed(0)
+    model = build_model("vit_small_patch4_32")
+    qkv = model.blocks[0].attn.qkv
+    assert 0.018 < qkv.weight.std().item() < 0.022
+    assert not qkv.bias.any() and not model.head.bias.any()
+    assert 0.015 < model.pos_embed.std().item() < 0.025
+    assert model.cls_token.abs().max() < 1e-4
+
+
+def test_unknown_preset_lists_the_known_ones():
+    with pytest.raises(ValueError, match="unknown model 'vit_huge_patch4_32'") as e:
+        vitflash.create_model("vit_huge_patch4_32")
+    assert all(name in str(e.value) for name in list_models())
+
+
+def test_image_size_must_be_divisible_by_patch_size():
+    with pytest.raises(ValueError, match="image size 30 is not divisible by patch size 4.*multiple of 4"):
+        vitflash.create_model("vit_micro_patch4_32", img_size=30)
+
+
+def test_input_of_another_size_is_refused():
+    model = build_model("vit_micro_patch4_32")
+    with pytest.raises(ValueError, match="input image is 64x64 but this model was built for 32x32"):
+        model(torch.randn(1, 3, 64, 64))
+
+
+def test_flash_rejects_head_dims_the_kernel_lacks():
+    with pytest.raises(ValueError, match="head dim 30 not supported by the flash"):
+        VisionTransformer(img_size=32, patch_size=4, embed_dim=120, num_heads=4, depth=1,
+                          attention="flash")  # fmt: skip
+    model = VisionTransformer(img_size=32, patch_size=4, embed_dim=120, num_heads=4, depth=1)
+    with pytest.raises(ValueError, match="head dim 30"):
+        model.set_attention("flash")
+    assert model.attention == "sdpa"
+
+
+def test_token_pooling_needs_a_class_token():
+    with pytest.raises(ValueError, match="global_pool='token' needs class_token=True"):
+        build_model("vit_micro_patch4_32", class_token=False)
