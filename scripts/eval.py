@@ -1,0 +1,70 @@
+"""Evaluate a checkpoint: top-1/top-5, loss and peak GPU memory on a split of a dataset.
+
+    python scripts/eval.py ckpt_path=<run>/checkpoints/last.ckpt               # CIFAR-10 test
+    python scripts/eval.py ckpt_path=... data=imagenette attention=naive split=val
+
+The result is printed as one JSON line and written to <eval run folder>/eval.json.
+"""
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import hydra
+import torch
+from hydra.core.hydra_config import HydraConfig
+from hydra.utils import instantiate
+from omegaconf import DictConfig
+
+from vitflash.module import load_checkpoint
+
+log = logging.getLogger(__name__)
+SPLITS = ("test", "val")
+
+
+def evaluate(cfg: DictConfig) -> dict:
+    """Evaluate cfg.ckpt_path on split cfg.split of cfg.data with attention cfg.model.attention."""
+    if cfg.split not in SPLITS:
+        raise ValueError(f"split={cfg.split!r}: choose one of {', '.join(SPLITS)}")
+    torch.set_float32_matmul_precision(cfg.matmul_precision)
+    module = load_checkpoint(cfg.ckpt_path, attention=cfg.model.attention)
+    datamodule = instantiate(cfg.data, _convert_="all")
+    if module.hparams.num_classes != datamodule.num_classes:
+        raise ValueError(
+            f"the checkpoint classifies {module.hparams.num_classes} classes but data has "
+            f"{datamodule.num_classes}: pass the data= options the model was trained with"
+        )
+    trainer = instantiate(cfg.trainer, logger=False, _convert_="all")
+    on_cuda = trainer.strategy.root_device.type == "cuda"
+    if on_cuda:
+        torch.cuda.reset_peak_memory_stats(trainer.strategy.root_device)
+    run = trainer.test if cfg.split == "test" else trainer.validate
+    (metrics,) = run(module, datamodule=datamodule, verbose=False)
+    prefix = "test/" if cfg.split == "test" else "val/"
+    result = {
+        "checkpoint": str(cfg.ckpt_path),
+        "model": module.hparams.model_name,
+        "split": cfg.split,
+        "attention": module.model.attention,
+        "precision": str(trainer.precision),
+        "top1": metrics[prefix + "top1"],
+        "top5": metrics[prefix + "top5"],
+        "loss": metrics[prefix + "loss"],
+        "peak_mem_gib": torch.cuda.max_memory_allocated(trainer.strategy.root_device) / 2**30 if on_cuda else None,
+    }
+    if HydraConfig.initialized():
+        out = Path(HydraConfig.get().runtime.output_dir) / "eval.json"
+        out.write_text(json.dumps(result, indent=2) + "\n")
+        log.info("wrote %s", out)
+    print(json.dumps(result))
+    return result
+
+
+@hydra.main(version_base="1.3", config_path="../configs", config_name="eval")
+def main(cfg: DictConfig) -> None:
+    evaluate(cfg)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,93 @@
+"""Put a dataset under the data root: unpack archives, or download CIFAR when online.
+
+    python scripts/prepare_data.py --archive ../shared/data/cifar10-jpeg.tar.gz
+    python scripts/prepare_data.py --archive ../shared/data/imagenette-train-{0,1,2}of3.tar.gz \
+        ../shared/data/imagenette-val.tar.gz
+    python scripts/prepare_data.py --download cifar10
+
+The data root is --root, else $VITFLASH_DATA, else ./data (the default of configs/paths).
+An archive is checked against a SHA256SUMS file beside it when there is one, and unpacked
+with tarfile's "data" filter: members that would land outside the root, links pointing out
+of it and device files are refused.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import sys
+import tarfile
+from pathlib import Path
+
+from tqdm.auto import tqdm
+
+
+def check_sha256(archive: Path) -> None:
+    """Compare `archive` with its line in a SHA256SUMS file beside it, if there is one."""
+    sums = archive.parent / "SHA256SUMS"
+    if not sums.is_file():
+        return
+    expected = {line.split()[-1].lstrip("*"): line.split()[0] for line in sums.read_text().splitlines() if line.strip()}
+    if archive.name not in expected:
+        return
+    digest = hashlib.sha256()
+    with archive.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    if digest.hexdigest() != expected[archive.name]:
+        raise SystemExit(f"{archive} does not match its checksum in {sums}: the copy is damaged; copy it again")
+
+
+def unpack(archive: Path, root: Path) -> None:
+    """Extract a tar archive (any compression) into root, refusing unsafe members."""
+    if not archive.is_file():
+        raise SystemExit(f"archive {archive} does not exist (the shared archives are in ../shared/data)")
+    if not hasattr(tarfile, "data_filter"):
+        raise SystemExit("unpacking safely needs tarfile's extraction filters: use Python >= 3.10.12 or >= 3.11.4")
+    root.mkdir(parents=True, exist_ok=True)
+    try:
+        with tarfile.open(archive) as tar:
+            for member in tqdm(tar, desc=f"unpacking {archive.name}", unit=" files", mininterval=1):
+                tar.extract(member, root, filter="data")
+    except tarfile.FilterError as e:
+        raise SystemExit(f"refusing to unpack {archive}: {e}") from e
+    except (tarfile.ReadError, EOFError, OSError) as e:
+        raise SystemExit(f"cannot read {archive} ({e}): it is truncated or not a tar archive") from e
+
+
+def download(name: str, root: Path) -> None:
+    """Fetch CIFAR-10/100 with torchvision (needs internet)."""
+    from torchvision import datasets
+
+    cls = {"cifar10": datasets.CIFAR10, "cifar100": datasets.CIFAR100}[name]
+    try:
+        for train in (True, False):
+            cls(str(root), train=train, download=True)
+    except OSError as e:
+        raise SystemExit(
+            f"could not download {name} ({e}); offline, unpack an archive instead: "
+            "--archive ../shared/data/cifar10-jpeg.tar.gz"
+        ) from e
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--root", type=Path, default=Path(os.environ.get("VITFLASH_DATA", "data")),
+                        help="data root (default: $VITFLASH_DATA or ./data)")
+    parser.add_argument("--archive", type=Path, nargs="+", default=[], action="extend",
+                        help="tar archive(s) to unpack into the root")
+    parser.add_argument("--download", choices=["cifar10", "cifar100"], help="fetch with torchvision (online)")
+    args = parser.parse_args(argv)
+    if not args.archive and not args.download:
+        parser.error("give --archive PATH ... or --download cifar10|cifar100")
+    for archive in args.archive:
+        check_sha256(archive)
+        unpack(archive, args.root)
+    if args.download:
+        download(args.download, args.root)
+    found = sorted(str(p.relative_to(args.root)) for p in args.root.glob("*/*") if p.is_dir())
+    print(f"{args.root} holds: {', '.join(found) or 'nothing'}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

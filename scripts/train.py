@@ -1,0 +1,61 @@
+"""Train a ViT: Hydra composes configs/train.yaml, Lightning fits, then tests the best checkpoint.
+
+    python scripts/train.py experiment=cifar10_quick             # the CPU-sized recipe
+    python scripts/train.py attention=flash trainer=gpu          # vitflash's kernel
+    python scripts/train.py -m attention=flash,sdpa,naive        # a sweep, one folder per job
+    python scripts/train.py ckpt_path=<run>/checkpoints/last.ckpt  # resume
+
+Every run writes config, checkpoints and metrics into its own folder (configs/hydra/).
+"""
+from __future__ import annotations
+
+import logging
+
+import hydra
+import lightning as L
+import torch
+from hydra.utils import instantiate
+from omegaconf import DictConfig
+
+from vitflash.module import read_checkpoint
+
+log = logging.getLogger(__name__)
+
+
+def train(cfg: DictConfig) -> dict[str, float]:
+    """Fit and test as `cfg` (a composed configs/train.yaml) says; returns the last logged
+    metrics (train/*, val/*, and test/* of the best checkpoint)."""
+    if cfg.get("seed") is not None:
+        L.seed_everything(cfg.seed, workers=True)
+    torch.set_float32_matmul_precision(cfg.matmul_precision)
+    if cfg.get("ckpt_path"):
+        read_checkpoint(cfg.ckpt_path)  # a missing or corrupt file stops the run before any work
+
+    datamodule = instantiate(cfg.data, _convert_="all")
+    module = instantiate(cfg.model, _convert_="all")
+    callbacks = [instantiate(c, _convert_="all") for c in (cfg.get("callbacks") or {}).values()]
+    loggers = [instantiate(c, _convert_="all") for c in (cfg.get("logger") or {}).values()]
+    trainer: L.Trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False, _convert_="all")
+
+    trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
+    metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
+
+    if cfg.get("test"):
+        best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
+        if not best:
+            log.warning("no best checkpoint was saved (e.g. fast_dev_run): testing the weights in memory")
+        trainer.test(module, datamodule=datamodule, ckpt_path=best or None)
+        metrics.update({k: float(v) for k, v in trainer.callback_metrics.items()})
+        if best:
+            log.info("best checkpoint %s: test/top1 %.4f", best, metrics.get("test/top1", float("nan")))
+    return metrics
+
+
+@hydra.main(version_base="1.3", config_path="../configs", config_name="train")
+def main(cfg: DictConfig) -> float | None:
+    metrics = train(cfg)
+    return metrics.get("val/top1")  # the objective of a sweeper plugin
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,245 @@
+"""The LightningModule: a vitflash ViT with its loss, metrics, optimizer and LR schedule.
+
+    batch (images (B, 3, H, W), labels (B,)) -> [mixup/cutmix] -> model -> logits (B, classes)
+    -> cross-entropy (label smoothing, or soft targets under mixup) -> AdamW -> warmup + cosine
+
+Precision (bf16 autocast on GPU), gradient clipping, DDP and checkpoints belong to the
+Lightning Trainer; see configs/trainer/.
+"""
+from __future__ import annotations
+
+import logging
+from functools import partial
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Callable
+
+import lightning as L
+import torch
+import torch.nn as nn
+from timm.data import Mixup
+from timm.loss import SoftTargetCrossEntropy
+from timm.optim import param_groups_layer_decay, param_groups_weight_decay
+from timm.scheduler import CosineLRScheduler
+from omegaconf import OmegaConf
+from torchmetrics import MetricCollection
+from torchmetrics.classification import MulticlassAccuracy
+
+import vitflash
+from vitflash.ops import ATTENTION_IMPLS
+
+log = logging.getLogger(__name__)
+
+ATTENTION_CHOICES = ("auto", *ATTENTION_IMPLS)
+HALF_PRECISIONS = ("bf16-mixed", "16-mixed", "bf16-true", "16-true")
+# timm's ViT names: kept out of weight decay although they are not 1-D; the layer-decay
+# grouping used when the model offers no `group_matcher()` of its own.
+NO_WEIGHT_DECAY = ("pos_embed", "cls_token")
+VIT_LAYER_GROUPS = dict(stem=r"^cls_token|pos_embed|patch_embed",
+                        blocks=[(r"^blocks\.(\d+)", None), (r"^norm", (99999,))])
+
+# `${if_cuda:a,b}` in the configs: a where a CUDA GPU is visible, else b (the Trainer's precision).
+if not OmegaConf.has_resolver("if_cuda"):
+    OmegaConf.register_new_resolver("if_cuda", lambda a, b: a if torch.cuda.is_available() else b)
+
+
+def resolve_attention(name: str, cuda: bool) -> str:
+    """The attention path to run: "auto" becomes "flash" when `cuda` else "sdpa".
+
+    Raises ValueError for an unknown name and RuntimeError for "flash" without CUDA.
+    """
+    if name not in ATTENTION_CHOICES:
+        raise ValueError(f"unknown attention {name!r}: choose one of {', '.join(ATTENTION_CHOICES)}")
+    if name == "auto":
+        return "flash" if cuda else "sdpa"
+    if name == "flash" and not cuda:
+        raise RuntimeError(
+            "attention=flash needs a CUDA GPU (vitflash's Triton kernel runs in bf16/fp16 on "
+            "the GPU) and none is in use: choose attention=sdpa (PyTorch's fused attention), "
+            "attention=naive (matmul, softmax, matmul) or attention=auto (flash on CUDA, else sdpa)"
+        )
+    return name
+
+
+class ViTModule(L.LightningModule):
+    """Image classification with a vitflash VisionTransformer, stored as `self.model`.
+
+    Args:
+        model_name: a preset of `vitflash.create_model` (e.g. "vit_micro_patch4_32").
+        num_classes, img_size: passed to create_model (img_size None keeps the preset's).
+        pretrained: weights for create_model (None: random init).
+        attention: "auto", "flash", "naive" or "sdpa".
+        drop_path_rate, drop_rate: stochastic depth and head dropout of the model.
+        optimizer: a partial optimizer taking the parameter groups, e.g.
+            `partial(torch.optim.AdamW, lr=1e-3, weight_decay=0.05)`; its weight_decay goes to
+            every parameter except norms, biases, position embedding and class token.
+        warmup_epochs: linear warmup from warmup_lr, then cosine decay to min_lr, per step.
+        layer_decay: layer-wise LR decay for fine-tuning (e.g. 0.75): block i of L gets
+            lr * layer_decay ** (L - i); None turns it off.
+        label_smoothing: of the cross-entropy (and of mixup's soft targets).
+        mixup_alpha, cutmix_alpha, mixup_prob, mixup_switch_prob: timm's Mixup; both alphas
+            0 turn mixing off.
+    """
+
+    def __init__(
+        self,
+        model_name: str,
+        num_classes: int,
+        img_size: int | None = None,
+        pretrained: str | None = None,
+        attention: str = "auto",
+        drop_path_rate: float = 0.0,
+        drop_rate: float = 0.0,
+        optimizer: Callable[..., torch.optim.Optimizer] = partial(torch.optim.AdamW, lr=1e-3, weight_decay=0.05),
+        warmup_epochs: float = 0.0,
+        warmup_lr: float = 1e-6,
+        min_lr: float = 1e-5,
+        layer_decay: float | None = None,
+        label_smoothing: float = 0.0,
+        mixup_alpha: float = 0.0,
+        cutmix_alpha: float = 0.0,
+        mixup_prob: float = 1.0,
+        mixup_switch_prob: float = 0.5,
+    ):
+        super().__init__()
+        # plain values only, so `torch.load(weights_only=True)` reads the checkpoints
+        self.save_hyperparameters(ignore=["optimizer"])
+        self.optimizer_factory = optimizer
+        impl = resolve_attention(attention, cuda=torch.cuda.is_available())
+        self.model = vitflash.create_model(
+            model_name, attention=impl, num_classes=num_classes, img_size=img_size,
+            pretrained=pretrained, drop_path_rate=drop_path_rate, drop_rate=drop_rate,
+        )
+        self.mixup = None
+        if mixup_alpha > 0 or cutmix_alpha > 0:
+            self.mixup = Mixup(
+                mixup_alpha=mixup_alpha, cutmix_alpha=cutmix_alpha, prob=mixup_prob,
+                switch_prob=mixup_switch_prob, label_smoothing=label_smoothing, num_classes=num_classes,
+            )
+        self.train_loss = SoftTargetCrossEntropy() if self.mixup else nn.CrossEntropyLoss(label_smoothing=label_smoothing)
+        self.eval_loss = nn.CrossEntropyLoss()
+        metrics = MetricCollection({
+            "top1": MulticlassAccuracy(num_classes, top_k=1, average="micro"),
+            "top5": MulticlassAccuracy(num_classes, top_k=min(5, num_classes), average="micro"),
+        })
+        self.train_metrics = metrics.clone(prefix="train/")
+        self.val_metrics = metrics.clone(prefix="val/")
+        self.test_metrics = metrics.clone(prefix="test/")
+        self.flops_per_batch = None  # read by Lightning's ThroughputMonitor (not measured)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, 3, H, W) images -> (B, num_classes) logits."""
+        return self.model(x)
+
+    def setup(self, stage: str) -> None:
+        # The device and precision are known now: settle "auto" and check "flash" against them.
+        on_cuda = self.trainer.strategy.root_device.type == "cuda"
+        half = str(self.trainer.precision) in HALF_PRECISIONS
+        if self.hparams.attention == "auto":
+            impl = resolve_attention("auto", cuda=on_cuda and half)
+            if stage == "fit" or impl != self.model.attention:
+                log.info("attention=auto -> %s (%s)", impl,
+                         "CUDA in bf16/fp16" if impl == "flash" else "not on CUDA in bf16/fp16")
+            self.model.set_attention(impl)
+        elif self.model.attention == "flash":
+            resolve_attention("flash", cuda=on_cuda)
+            if not half:
+                raise ValueError(
+                    f"attention=flash runs in bf16/fp16 but trainer.precision={self.trainer.precision}: "
+                    "set trainer.precision=bf16-mixed (as trainer=gpu does) or choose attention=sdpa"
+                )
+
+    def training_step(self, batch, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        target = y
+        if self.mixup is not None:
+            x, target = self.mixup(x, y)  # target: (B, num_classes) soft labels
+        logits = self(x)
+        loss = self.train_loss(logits, target)
+        self.train_metrics(logits, y)  # against the unmixed labels: a rough guide under mixup
+        self.log("train/loss", loss, on_step=True, on_epoch=True, prog_bar=True)
+        self.log_dict(self.train_metrics, on_step=False, on_epoch=True)
+        return loss
+
+    def _eval_step(self, batch, metrics: MetricCollection, stage: str) -> None:
+        x, y = batch
+        logits = self(x)
+        self.log(f"{stage}/loss", self.eval_loss(logits, y), prog_bar=True, sync_dist=True)
+        metrics(logits, y)
+        self.log_dict(metrics, prog_bar=True)
+
+    def validation_step(self, batch, batch_idx: int) -> None:
+        self._eval_step(batch, self.val_metrics, "val")
+
+    def test_step(self, batch, batch_idx: int) -> None:
+        self._eval_step(batch, self.test_metrics, "test")
+
+    def _log_peak_memory(self, stage: str) -> None:
+        if self.device.type == "cuda":
+            self.log(f"{stage}/peak_mem_gib", torch.cuda.max_memory_allocated(self.device) / 2**30, sync_dist=True)
+
+    def on_train_epoch_end(self) -> None:
+        self._log_peak_memory("train")
+
+    def on_test_epoch_end(self) -> None:
+        self._log_peak_memory("test")
+
+    def configure_optimizers(self):
+        hp = self.hparams
+        weight_decay = getattr(self.optimizer_factory, "keywords", {}).get("weight_decay", 0.0)
+        no_decay = getattr(self.model, "no_weight_decay", lambda: NO_WEIGHT_DECAY)()
+        if hp.layer_decay:
+            # timm groups parameters by block through the model's group_matcher()
+            grouped = self.model if hasattr(self.model, "group_matcher") else SimpleNamespace(
+                named_parameters=self.model.named_parameters, group_matcher=lambda coarse=False: VIT_LAYER_GROUPS)
+            groups = param_groups_layer_decay(grouped, weight_decay=weight_decay,
+                                              no_weight_decay_list=no_decay, layer_decay=hp.layer_decay)
+        else:
+            groups = param_groups_weight_decay(self.model, weight_decay=weight_decay, no_weight_decay_list=no_decay)
+        optimizer = self.optimizer_factory(groups)
+
+        total = int(self.trainer.estimated_stepping_batches)
+        epochs = self.trainer.max_epochs if self.trainer.max_epochs and self.trainer.max_epochs > 0 else 1
+        warmup = min(round(hp.warmup_epochs * total / epochs), total - 1)
+        scheduler = CosineLRScheduler(
+            optimizer, t_initial=max(total - warmup, 1), lr_min=hp.min_lr, warmup_t=warmup,
+            warmup_lr_init=hp.warmup_lr, warmup_prefix=True, t_in_epochs=False,
+        )
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    def lr_scheduler_step(self, scheduler: CosineLRScheduler, metric=None) -> None:
+        # timm schedulers are driven by the number of optimizer updates, which also resumes right
+        scheduler.step_update(num_updates=self.global_step)
+
+
+def read_checkpoint(path: str | Path) -> dict:
+    """Load a checkpoint written by scripts/train.py on the CPU, with errors that say what to do."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"checkpoint {path} does not exist: pass the path of a .ckpt file, e.g. "
+            "<run dir>/checkpoints/last.ckpt"
+        )
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # torch raises several types for truncated or foreign files
+        raise ValueError(
+            f"checkpoint {path} is corrupt or not a PyTorch checkpoint ({type(e).__name__}: "
+            f"{str(e).splitlines()[0] if str(e) else ''}): use another checkpoint of the run "
+            "(last.ckpt or the best one) or train again"
+        ) from e
+    if not isinstance(ckpt, dict) or "state_dict" not in ckpt or "model_name" not in ckpt.get("hyper_parameters", {}):
+        raise ValueError(f"{path} is not a checkpoint of scripts/train.py: it has no ViTModule hyper-parameters")
+    return ckpt
+
+
+def load_checkpoint(path: str | Path, attention: str | None = None) -> ViTModule:
+    """A ViTModule with the weights of checkpoint `path`; `attention` overrides the path it
+    was trained with. Pretrained weights are not fetched again (the checkpoint has them)."""
+    ckpt = read_checkpoint(path)
+    hparams = {**ckpt["hyper_parameters"], "pretrained": None}
+    if attention is not None:
+        hparams["attention"] = attention
+    module = ViTModule(**hparams)
+    module.load_state_dict(ckpt["state_dict"])
+    return module
