@@ -1,0 +1,281 @@
+"""vitflash.pretrained: timm checkpoints in, timm files out, and clear errors.
+
+Weights are random (perturbed so that biases, norms and the class token are not at their
+init values); models are shrunk in depth where their width is kept, and timm and vitflash
+are built with the same overrides.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+
+import huggingface_hub.constants
+import pytest
+import safetensors.torch
+import timm
+import torch
+from timm.layers import resample_abs_pos_embed
+
+import vitflash
+from vitflash.pretrained import CheckpointError, export_timm, read_checkpoint
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True)
+def hub_offline(monkeypatch):
+    """No test may reach the hub: a fetch fails at once instead of retrying for ~47 s."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+
+
+def _perturb_(model: torch.nn.Module, seed: int) -> torch.nn.Module:
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=gen) * 0.02)
+    return model.eval()
+
+
+def _save(state_dict: dict, path: Path, fmt: str) -> Path:
+    """Save as a .safetensors file, a torch state dict, or a Lightning-style checkpoint."""
+    if fmt == "safetensors":
+        safetensors.torch.save_file(state_dict, str(path.with_suffix(".safetensors")))
+        return path.with_suffix(".safetensors")
+    if fmt == "pth":
+        torch.save(state_dict, path.with_suffix(".pth"))
+        return path.with_suffix(".pth")
+    ckpt = {
+        "state_dict": {f"model.{k}": v for k, v in state_dict.items()},
+        "hyper_parameters": {"model_name": fmt},
+        "epoch": 3,
+    }
+    torch.save(ckpt, path.with_suffix(".ckpt"))
+    return path.with_suffix(".ckpt")
+
+
+def _timm_model(name: str, seed: int = 0, **kwargs) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return _perturb_(timm.create_model(name, **kwargs), seed)
+
+
+# (timm name, overrides for both libraries, file format, batch)
+TIMM_CASES = [
+    ("vit_tiny_patch16_224", dict(), "safetensors", 2),  # full depth and width
+    ("vit_small_patch16_224", dict(depth=4), "pth", 2),
+    ("vit_base_patch16_224", dict(depth=2, global_pool="avg"), "safetensors", 2),  # fc_norm
+    ("vit_base_patch32_224", dict(depth=2), "pth", 2),
+    ("vit_base_patch16_384", dict(depth=1), "safetensors", 1),
+    ("deit_small_patch16_224", dict(depth=3), "pth", 2),
+    ("vit_large_patch16_224", dict(depth=1), "safetensors", 1),
+    ("vit_small_patch16_224", dict(depth=2, init_values=1e-5), "pth", 2),  # layer scale
+    ("vit_tiny_patch16_224", dict(depth=2, class_token=False, global_pool="avg"), "pth", 2),
+]
+
+
+@pytest.mark.parametrize(
+    "name, overrides, fmt, batch", TIMM_CASES,
+    ids=[f"{c[0]}-{'-'.join(f'{k}={v}' for k, v in c[1].items())}" for c in TIMM_CASES],
+)  # fmt: skip
+def test_timm_checkpoint_gives_timms_logits(tmp_path, name, overrides, fmt, batch):
+    theirs = _timm_model(name, **overrides)
+    path = _save(theirs.state_dict(), tmp_path / "timm", fmt)
+    ours = vitflash.create_model(name, pretrained=path, **overrides).eval()
+    size = ours.config["img_size"]
+    x = torch.randn(batch, 3, size, size, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        expected = theirs(x)
+        for impl in ("naive", "sdpa"):
+            got = ours.set_attention(impl)(x)
+            torch.testing.assert_close(got, expected, atol=1e-5, rtol=0, msg=impl)
+    assert ours.num_classes == 1000
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name, overrides", [("vit_small_patch16_224", dict(depth=4)),
+                                             ("vit_base_patch16_224", dict(depth=2,
+                                                                            global_pool="avg"))])
+def test_timm_checkpoint_on_the_flash_path_gpu(tmp_path, name, overrides):
+    """bf16 autocast: flash logits are as close to timm's fp32 ones as naive bf16 attention's
+    (the rule of the attention tests), and close to them outright."""
+    theirs = _timm_model(name, **overrides)
+    path = _save(theirs.state_dict(), tmp_path / "timm", "safetensors")
+    ours = vitflash.create_model(name, pretrained=path, attention="flash", **overrides)
+    theirs, ours = theirs.cuda(), ours.cuda().eval()
+    x = torch.randn(8, 3, 224, 224, device="cuda", generator=torch.Generator("cuda").manual_seed(1))
+    with torch.no_grad():
+        ref = theirs(x).double()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            got = ours(x).double()
+            low = ours.set_attention("naive")(x).double()
+    err, naive_err = (got - ref).abs().max().item(), (low - ref).abs().max().item()
+    assert err <= 2 * naive_err + 1e-5, f"flash {err:.3g} > 2 x naive bf16 {naive_err:.3g}"
+    assert (got.argmax(-1) == ref.argmax(-1)).float().mean() >= 0.75
+
+
+@pytest.mark.parametrize("fmt", ["safetensors", "vit_small_patch16_224"])  # lightning ckpt
+def test_finetune_from_224_to_another_size_and_head(tmp_path, fmt):
+    theirs = _timm_model("vit_small_patch16_224", depth=2)
+    path = _save(theirs.state_dict(), tmp_path / "src", fmt)
+    ours = vitflash.create_model("vit_small_patch16_224", pretrained=path, img_size=96,
+                                 num_classes=10, depth=2)  # fmt: skip
+    src = theirs.state_dict()
+    # position embedding resampled from 14x14 to 6x6 by timm; the class token's kept
+    assert ours.pos_embed.shape == (1, 1 + 36, 384)
+    expected = resample_abs_pos_embed(src["pos_embed"], new_size=(6, 6), num_prefix_tokens=1)
+    torch.testing.assert_close(ours.pos_embed.data, expected)
+    torch.testing.assert_close(ours.pos_embed.data[:, 0], src["pos_embed"][:, 0])
+    # a fresh 10-way head; everything else is the checkpoint's
+    assert ours.head.weight.shape == (10, 384)
+    assert not torch.allclose(ours.head.weight.data, src["head.weight"][:10])
+    for k, v in ours.state_dict().items():
+        if k not in ("pos_embed", "head.weight", "head.bias"):
+            assert torch.equal(v, src[k]), k
+    # and it trains
+    ours.train()(torch.randn(2, 3, 96, 96)).logsumexp(-1).sum().backward()
+    assert ours.blocks[0].attn.qkv.weight.grad is not None
+
+
+def test_same_head_size_keeps_the_head_at_another_img_size(tmp_path):
+    theirs = _timm_model("vit_tiny_patch16_224", depth=1)
+    path = _save(theirs.state_dict(), tmp_path / "src", "safetensors")
+    ours = vitflash.create_model("vit_tiny_patch16_224", pretrained=path, img_size=384, depth=1)
+    assert ours.pos_embed.shape == (1, 1 + 24 * 24, 192)
+    assert torch.equal(ours.head.weight.data, theirs.head.weight.data)
+
+
+def test_avg_pool_checkpoint_loads_without_naming_the_pooling(tmp_path):
+    theirs = _timm_model("vit_small_patch16_224", depth=1, global_pool="avg", num_classes=7)
+    path = _save(theirs.state_dict(), tmp_path / "src", "pth")
+    ours = vitflash.create_model("vit_small_patch16_224", pretrained=path, depth=1).eval()
+    assert ours.global_pool == "avg" and ours.num_classes == 7
+    x = torch.randn(2, 3, 224, 224)
+    with torch.no_grad():
+        torch.testing.assert_close(ours(x), theirs(x), atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize(
+    "name, overrides",
+    [("vit_micro_patch4_32", dict(num_classes=10)),
+     ("vit_small_patch16_224", dict(depth=2, global_pool="avg", num_classes=5))],
+)  # fmt: skip
+def test_round_trip_vitflash_timm_vitflash(tmp_path, name, overrides):
+    torch.manual_seed(0)
+    ours = _perturb_(vitflash.create_model(name, attention="naive", **overrides), seed=3)
+    ckpt = _save(ours.state_dict(), tmp_path / "lightning", name)  # Lightning-style
+    out = tmp_path / "exported.safetensors"
+    timm_kwargs = export_timm(ckpt, out)
+    assert timm_kwargs["pretrained_cfg_overlay"]["file"] == str(out)
+    theirs = timm.create_model(**timm_kwargs).eval()
+    back = vitflash.create_model(name, attention="naive", pretrained=out,
+                                 **{k: v for k, v in overrides.items() if k == "depth"}).eval()
+    size = ours.config["img_size"]
+    x = torch.randn(2, 3, size, size)
+    with torch.no_grad():
+        logits = ours(x)
+        torch.testing.assert_close(theirs(x), logits, atol=1e-5, rtol=0)
+        assert torch.equal(back(x), logits)
+    assert back.config == ours.config
+
+
+def test_export_from_a_model_and_the_cli(tmp_path, capsys):
+    torch.manual_seed(0)
+    model = _perturb_(vitflash.create_model("vit_micro_patch4_32", num_classes=10), seed=4)
+    torch.save(model.state_dict(), tmp_path / "weights.pth")
+    spec = importlib.util.spec_from_file_location("export_timm", ROOT / "scripts/export_timm.py")
+    cli = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cli)
+
+    with pytest.raises(ValueError, match="does not say which model it holds.*--model"):
+        cli.main([str(tmp_path / "weights.pth"), "--out", str(tmp_path / "a.safetensors")])
+    cli.main([str(tmp_path / "weights.pth"), "--model", "vit_micro_patch4_32",
+              "--out", str(tmp_path / "a.safetensors")])  # fmt: skip
+    printed = capsys.readouterr().out
+    assert "timm.create_model('vit_base_patch16_224'" in printed and "patch_size=4" in printed
+
+    export_timm(model, tmp_path / "b.safetensors")
+    a = safetensors.torch.load_file(str(tmp_path / "a.safetensors"))
+    b = safetensors.torch.load_file(str(tmp_path / "b.safetensors"))
+    assert a.keys() == b.keys() == model.state_dict().keys()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_read_checkpoint_unwraps_lightning_and_reports_hyper_parameters(tmp_path):
+    sd = {"w": torch.ones(2)}
+    ckpt = {"state_dict": {"model.w": sd["w"], "train_acc.total": torch.zeros(())},
+            "hyper_parameters": {"model_name": "vit_micro_patch4_32", "lr": 1e-3}}  # fmt: skip
+    torch.save(ckpt, tmp_path / "x.ckpt")
+    got, hparams = read_checkpoint(tmp_path / "x.ckpt")
+    assert list(got) == ["w"] and hparams["model_name"] == "vit_micro_patch4_32"
+
+
+# ---------------------------------------------------------------------------------------
+# Bad input
+
+
+def test_checkpoint_of_another_architecture(tmp_path):
+    torch.manual_seed(0)
+    resnet = timm.create_model("resnet10t", num_classes=10)
+    path = _save(resnet.state_dict(), tmp_path / "resnet", "pth")
+    with pytest.raises(CheckpointError) as e:
+        vitflash.create_model("vit_micro_patch4_32", pretrained=path)
+    msg = str(e.value)
+    assert str(path) in msg and "is not a timm/vitflash VisionTransformer" in msg
+    assert "patch_embed.proj.weight" in msg and "conv1" in msg  # what it lacks, what it has
+
+
+def test_vit_of_another_width(tmp_path):
+    theirs = _timm_model("vit_tiny_patch16_224", depth=2)
+    path = _save(theirs.state_dict(), tmp_path / "tiny", "safetensors")
+    with pytest.raises(CheckpointError) as e:
+        vitflash.create_model("vit_small_patch16_224", pretrained=path, depth=2)
+    msg = str(e.value)
+    assert str(path) in msg and "does not fit vit_small_patch16_224" in msg
+    assert "The checkpoint has embed_dim 192, depth 2" in msg
+    assert "shape (checkpoint vs model): cls_token (1, 1, 192) vs (1, 1, 384)" in msg
+
+
+@pytest.mark.parametrize("fmt", ["safetensors", "pth"])
+def test_truncated_file(tmp_path, fmt):
+    theirs = _timm_model("vit_tiny_patch16_224", depth=1)
+    path = _save(theirs.state_dict(), tmp_path / "cut", fmt)
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    with pytest.raises(CheckpointError, match="cannot read checkpoint .*truncated, corrupt") as e:
+        vitflash.create_model("vit_tiny_patch16_224", pretrained=path, depth=1)
+    assert str(path) in str(e.value)
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(FileNotFoundError, match="does_not_exist.safetensors does not exist"):
+        vitflash.create_model("vit_micro_patch4_32", pretrained=tmp_path / "does_not_exist.safetensors")
+
+
+def test_unknown_preset_fails_before_reading_weights(tmp_path):
+    with pytest.raises(ValueError, match="unknown model 'vit_base_patch4_32'.*vit_micro_patch4_32"):
+        vitflash.create_model("vit_base_patch4_32", pretrained=tmp_path / "absent.pth")
+
+
+def test_indivisible_img_size_with_weights(tmp_path):
+    path = _save(_timm_model("vit_tiny_patch16_224", depth=1).state_dict(), tmp_path / "t", "pth")
+    with pytest.raises(ValueError, match="image size 200 is not divisible by patch size 16"):
+        vitflash.create_model("vit_tiny_patch16_224", pretrained=path, img_size=200, depth=1)
+
+
+def test_timm_tag_offline_says_how_to_pass_a_file():
+    assert os.environ["HF_HUB_OFFLINE"] == "1"
+    with pytest.raises(RuntimeError) as e:
+        vitflash.create_model("vit_tiny_patch16_224", pretrained="augreg_in21k_ft_in1k", depth=1)
+    msg = str(e.value)
+    assert "could not fetch timm weights 'vit_tiny_patch16_224.augreg_in21k_ft_in1k'" in msg
+    assert "huggingface.co/timm/vit_tiny_patch16_224.augreg_in21k_ft_in1k" in msg
+    assert "pretrained='path/to/model.safetensors'" in msg
+
+
+def test_unknown_timm_tag_lists_the_known_ones():
+    with pytest.raises(ValueError, match="no pretrained weights 'vit_tiny_patch16_224.in22k'") as e:
+        vitflash.create_model("vit_tiny_patch16_224", pretrained="in22k")
+    assert "augreg_in21k_ft_in1k" in str(e.value)
+    with pytest.raises(ValueError, match="not a timm architecture"):
+        vitflash.create_model("vit_micro_patch4_32", pretrained="augreg_in21k")
