@@ -1,0 +1,247 @@
+"""FlashAttention kernel against a float64 reference.
+
+Rule (as flash-attention's own tests): the kernel's max error on o, dq, dk, dv must be at
+most twice the max error of `naive_attention` run in the same low precision, plus a tiny
+absolute floor. Without CUDA the kernels run in Triton's interpreter (see conftest.py).
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from vitflash.ops import (
+    attention_qkvpacked,
+    flash_attention,
+    flash_attention_qkvpacked,
+    naive_attention,
+    sdpa_attention,
+)
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+ABS_FLOOR = 1e-5
+
+
+def _packed_inputs(B, N, H, D, dtype, scale=1.0, seed=0):
+    gen = torch.Generator(device=DEVICE).manual_seed(seed)
+    qkv = torch.randn(B, N, 3, H, D, dtype=torch.float32, device=DEVICE, generator=gen) * scale
+    do = torch.randn(B, N, H, D, dtype=torch.float32, device=DEVICE, generator=gen)
+    return qkv.to(dtype), do.to(dtype)
+
+
+def _out_and_grads(fn, qkv, do, softmax_scale=None):
+    """Run fn on the (non-contiguous) q, k, v views of a fresh leaf copy of qkv."""
+    leaf = qkv.detach().clone().requires_grad_()
+    q, k, v = leaf.unbind(2)  # (B, N, H, D) views, strides of the packed layout
+    o = fn(q, k, v, softmax_scale)
+    (dqkv,) = torch.autograd.grad(o, leaf, do)
+    return [o, *dqkv.unbind(2)]
+
+
+def _assert_within_rule(qkv, do, softmax_scale=None):
+    ref = _out_and_grads(naive_attention, qkv.double(), do.double(), softmax_scale)
+    low = _out_and_grads(naive_attention, qkv, do, softmax_scale)
+    got = _out_and_grads(flash_attention, qkv, do, softmax_scale)
+    for name, r, lo, g in zip(("o", "dq", "dk", "dv"), ref, low, got):
+        assert g.dtype == qkv.dtype and g.shape == r.shape
+        assert torch.isfinite(g).all(), f"{name} has non-finite values"
+        err = (g.double() - r).abs().max().item()
+        naive_err = (lo.double() - r).abs().max().item()
+        assert err <= 2 * naive_err + ABS_FLOOR, (
+            f"{name}: flash max error {err:.3g} > 2 x naive {naive_err:.3g} + {ABS_FLOOR}")
+
+
+# The interpreter runs bf16 too (widening its tiles before tl.dot, see ops/flash.py).
+DTYPES = [torch.float16, torch.bfloat16]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).split(".")[-1])
+@pytest.mark.parametrize("D", [32, 64, 80, 128])
+@pytest.mark.parametrize("N", [1, 17, 64, 65, 128, 197, 577])
+def test_matches_reference(N, D, dtype):
+    qkv, do = _packed_inputs(2, N, 2, D, dtype, seed=N * 1000 + D)
+    _assert_within_rule(qkv, do)
+
+
+@pytest.mark.parametrize("D", [8, 40, 96, 256])
+def test_odd_head_dims(D):
+    qkv, do = _packed_inputs(2, 33, 2, D, torch.float16, seed=D)
+    _assert_within_rule(qkv, do)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).split(".")[-1])
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("N", [1025, 4097])
+def test_long_sequences_gpu(N, D, dtype):
+    qkv, do = _packed_inputs(2, N, 3, D, dtype, seed=N + D)
+    _assert_within_rule(qkv, do)
+
+
+def test_separate_strided_tensors():
+    """q, k, v from unrelated (B, H, N, D) buffers, transposed: no shared storage, odd strides."""
+    B, N, H, D = 2, 45, 3, 64
+    gen = torch.Generator(device=DEVICE).manual_seed(1)
+    q, k, v, do = (torch.randn(B, H, N, D, device=DEVICE, generator=gen).half().transpose(1, 2)
+                   for _ in range(4))
+    assert not q.is_contiguous()
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    o = flash_attention(*leaves)
+    grads = torch.autograd.grad(o, leaves, do)
+    ref_leaves = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    ref = naive_attention(*ref_leaves)
+    ref_grads = torch.autograd.grad(ref, ref_leaves, do.double())
+    low_leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    low = naive_attention(*low_leaves)
+    low_grads = torch.autograd.grad(low, low_leaves, do)
+    for g, r, lo in zip((o, *grads), (ref, *ref_grads), (low, *low_grads)):
+        err = (g.double() - r).abs().max()
+        assert err <= 2 * (lo.double() - r).abs().max() + ABS_FLOOR
+
+
+def test_output_layout_reshapes_without_copy():
+    qkv, _ = _packed_inputs(2, 20, 3, 32, torch.float16)
+    o = flash_attention(*qkv.unbind(2))
+    assert o.shape == (2, 20, 3, 32) and o.is_contiguous()
+    assert o.reshape(2, 20, 96).data_ptr() == o.data_ptr()
+
+
+def test_qkvpacked_equals_unpacked_and_writes_one_dqkv():
+    qkv, do = _packed_inputs(2, 40, 2, 64, torch.float16)
+    unpacked = _out_and_grads(flash_attention, qkv, do)
+    leaf = qkv.detach().clone().requires_grad_()
+    o = flash_attention_qkvpacked(leaf)
+    # The packed op's backward feeds the leaf's gradient directly: no unbind/stack node.
+    next_nodes = [fn for fn, _ in o.grad_fn.next_functions if fn is not None]
+    assert [type(fn).__name__ for fn in next_nodes] == ["AccumulateGrad"]
+    (dqkv,) = torch.autograd.grad(o, leaf, do)
+    for a, b in zip([o, *dqkv.unbind(2)], unpacked):
+        assert torch.equal(a, b)
+
+
+def test_dispatch_paths_agree():
+    qkv, _ = _packed_inputs(2, 50, 2, 32, torch.float16)
+    outs = {impl: attention_qkvpacked(qkv, impl).double() for impl in ("flash", "naive")}
+    outs["sdpa"] = sdpa_attention(*qkv.double().unbind(2))
+    assert (outs["flash"] - outs["sdpa"]).abs().max() < 2e-3
+    assert (outs["naive"] - outs["sdpa"]).abs().max() < 2e-3
+    with pytest.raises(ValueError, match="unknown attention path 'flsh'"):
+        attention_qkvpacked(qkv, "flsh")
+
+
+def test_backward_is_deterministic():
+    qkv, do = _packed_inputs(2, 130, 2, 64, torch.bfloat16, seed=7)
+    first = _out_and_grads(flash_attention, qkv, do)
+    second = _out_and_grads(flash_attention, qkv, do)
+    for a, b in zip(first, second):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).split(".")[-1])
+def test_large_scores_stay_finite(dtype):
+    """Inputs scaled so that scores reach +-1e4: no inf or NaN, still within the rule.
+
+    softmax_scale=1 keeps the fp16 naive yardstick itself finite (its unscaled q k^T would
+    overflow fp16 at the default scale), so the rule stays meaningful.
+    """
+    qkv, do = _packed_inputs(2, 70, 2, 64, dtype, scale=18.0, seed=3)
+    q, k, _ = qkv.double().unbind(2)
+    scores = torch.einsum("bnhd,bmhd->bhnm", q, k)
+    assert 1e4 <= scores.abs().max() < 6e4
+    _assert_within_rule(qkv, do, softmax_scale=1.0)
+
+
+def test_naive_matches_sdpa_in_fp32():
+    qkv, _ = _packed_inputs(2, 33, 2, 32, torch.float32)
+    q, k, v = qkv.unbind(2)
+    torch.testing.assert_close(naive_attention(q, k, v, 0.3), sdpa_attention(q, k, v, 0.3),
+                               atol=1e-5, rtol=1e-5)
+
+
+def test_custom_scale():
+    qkv, do = _packed_inputs(1, 30, 2, 32, torch.float16)
+    got = flash_attention(*qkv.unbind(2), softmax_scale=0.05)
+    ref = naive_attention(*qkv.double().unbind(2), softmax_scale=0.05)
+    low = naive_attention(*qkv.unbind(2), softmax_scale=0.05)
+    assert (got.double() - ref).abs().max() <= 2 * (low.double() - ref).abs().max() + ABS_FLOOR
+
+
+# ---------------------------------------------------------------------------------------
+# Bad input: a clear error, never a silent wrong result
+# ---------------------------------------------------------------------------------------
+def _qkv(B=1, N=8, H=2, D=32, dtype=torch.float16):
+    return [torch.randn(B, N, H, D, device=DEVICE).to(dtype) for _ in range(3)]
+
+
+def test_rejects_fp32_naming_supported_dtypes():
+    with pytest.raises(TypeError, match="float16 and torch.bfloat16.*float32"):
+        flash_attention(*_qkv(dtype=torch.float32))
+
+
+def test_rejects_mixed_dtypes():
+    q, k, v = _qkv()
+    with pytest.raises(TypeError, match="k is torch.bfloat16 but q is torch.float16"):
+        flash_attention(q, k.bfloat16(), v)
+
+
+def test_rejects_mismatched_shapes():
+    q, k, v = _qkv()
+    with pytest.raises(ValueError, match=r"k has shape \(1, 9, 2, 32\), expected \(1, 8, 2, 32\)"):
+        flash_attention(q, torch.randn(1, 9, 2, 32, device=DEVICE).half(), v)
+    with pytest.raises(ValueError, match="must be 4-d"):
+        flash_attention(q[0], k[0], v[0])
+    with pytest.raises(ValueError, match=r"qkv must be \(B, N, 3, H, D\)"):
+        flash_attention_qkvpacked(torch.randn(1, 8, 2, 2, 32, device=DEVICE).half())
+
+
+def test_rejects_mismatched_devices():
+    q, k, v = _qkv()
+    with pytest.raises(ValueError, match="k is on meta but q is on"):
+        flash_attention(q, k.to("meta"), v)
+
+
+@pytest.mark.parametrize("D", [12, 264])
+def test_rejects_unsupported_head_dim(D):
+    with pytest.raises(ValueError, match=f"head dim {D} is not supported"):
+        flash_attention(*_qkv(D=D))
+
+
+def test_rejects_noncontiguous_last_dim():
+    q, k, v = _qkv(D=32)
+    q_bad = torch.randn(1, 8, 2, 64, device=DEVICE).half()[..., ::2]
+    with pytest.raises(ValueError, match="q's last dim is not contiguous"):
+        flash_attention(q_bad, k, v)
+
+
+def test_rejects_cpu_tensors_without_interpreter(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    q, k, v = (t.cpu() for t in _qkv())
+    with pytest.raises(ValueError, match="needs CUDA tensors.*'sdpa' or 'naive'"):
+        flash_attention(q, k, v)
+
+
+# ---------------------------------------------------------------------------------------
+# GPU only: torch.compile sees one op
+# ---------------------------------------------------------------------------------------
+@pytest.mark.gpu
+def test_compiles_without_graph_break():
+    class TinyAttention(torch.nn.Module):
+        def __init__(self, dim=128, heads=2):
+            super().__init__()
+            self.heads = heads
+            self.qkv = torch.nn.Linear(dim, 3 * dim)
+            self.proj = torch.nn.Linear(dim, dim)
+
+        def forward(self, x):
+            B, N, C = x.shape
+            qkv = self.qkv(x).view(B, N, 3, self.heads, C // self.heads)  # (B, N, 3, H, D)
+            return self.proj(flash_attention_qkvpacked(qkv).reshape(B, N, C))
+
+    torch._dynamo.reset()
+    model = TinyAttention().cuda().to(torch.bfloat16)
+    x = torch.randn(4, 197, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    compiled = torch.compile(model, fullgraph=True)  # fullgraph: a graph break is an error
+    out = compiled(x)
+    eager = model(x)
+    torch.testing.assert_close(out, eager, atol=2e-2, rtol=2e-2)
+    out.float().sum().backward()
+    assert x.grad is not None and torch.isfinite(x.grad).all()
