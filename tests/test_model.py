@@ -112,19 +112,22 @@ def test_attention_gets_views_of_the_fused_qkv(monkeypatch):
 
 
 def test_flash_path_on_a_built_model_matches_within_bf16_tolerance():
-    """Under bf16 autocast the flash logits are as close to fp32 as naive bf16 attention's."""
+    """Under bf16 autocast the flash logits are as close to the fp32 ones as PyTorch's own
+    attention paths in bf16 (the rule of the attention tests, yardstick: the worse of naive
+    and sdpa, since at the level of logits either can be luckily close on a small batch)."""
     torch.manual_seed(0)
     device = "cuda" if torch.cuda.is_available() else "cpu"  # CPU: Triton's interpreter
     model = build_model("vit_micro_patch4_32", num_classes=10, depth=2).to(device).eval()
-    x = torch.randn(2, 3, 32, 32, device=device)
+    x = torch.randn(16, 3, 32, 32, device=device)
     with torch.no_grad():
         ref = model.set_attention("naive")(x).double()
         with torch.autocast(device, dtype=torch.bfloat16):
-            low = model(x).double()
+            low = {impl: model.set_attention(impl)(x).double() for impl in ("naive", "sdpa")}
             got = model.set_attention("flash")(x).double()
     assert torch.isfinite(got).all()
-    err, naive_err = (got - ref).abs().max().item(), (low - ref).abs().max().item()
-    assert err <= 2 * naive_err + 1e-5, f"flash {err:.3g} > 2 x naive bf16 {naive_err:.3g}"
+    err = (got - ref).abs().max().item()
+    yardstick = max((v - ref).abs().max().item() for v in low.values())
+    assert err <= 2 * yardstick + 1e-5, f"flash {err:.3g} > 2 x PyTorch bf16 {yardstick:.3g}"
 
 
 def test_backward_reaches_every_parameter_with_drop_path_and_layer_scale():

@@ -389,6 +389,8 @@ def export_timm(
                 "timm_kwargs": json.dumps(kwargs)}  # fmt: skip
     safetensors.torch.save_file(tensors, str(out), metadata=metadata)
     c = model.config
-    overlay = dict(file=str(out), num_classes=c["num_classes"],
+    # Some timm default tags point at .npz files read by a custom loader (custom_load); the
+    # overlay must switch it off, or timm would read the .safetensors file as an .npz.
+    overlay = dict(file=str(out), custom_load=False, num_classes=c["num_classes"],
                    input_size=(c["in_chans"], c["img_size"], c["img_size"]))  # fmt: skip
     return dict(model_name=arch_name, pretrained=True, pretrained_cfg_overlay=overlay, **kwargs)
