@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import pytest
 import timm
+import timm.optim
 import torch
 
 import vitflash
@@ -139,6 +140,20 @@ def test_backward_reaches_every_parameter_with_drop_path_and_layer_scale():
     model(torch.randn(4, 3, 32, 32)).logsumexp(-1).sum().backward()
     no_grad = [n for n, p in model.named_parameters() if p.grad is None or not p.grad.any()]
     assert no_grad == []
+
+
+def test_timm_optimizer_helpers_group_by_depth():
+    model = build_model("vit_micro_patch4_32", num_classes=10)
+    groups = timm.optim.param_groups_layer_decay(
+        model, weight_decay=0.05, no_weight_decay_list=model.no_weight_decay(), layer_decay=0.5)
+    by_param = {id(p): g for g in groups for p in g["params"]}
+    scale = {n: by_param[id(p)]["lr_scale"] for n, p in model.named_parameters()}
+    decay = {n: by_param[id(p)]["weight_decay"] for n, p in model.named_parameters()}
+    assert scale["patch_embed.proj.weight"] == scale["pos_embed"] == 0.5**5
+    assert [scale[f"blocks.{i}.attn.qkv.weight"] for i in range(4)] == [0.5**4, 0.5**3, 0.5**2, 0.5]
+    assert scale["norm.weight"] == 0.5 and scale["head.weight"] == 1.0  # norm joins the last block
+    assert decay["pos_embed"] == decay["cls_token"] == decay["blocks.0.norm1.weight"] == 0.0
+    assert decay["blocks.0.attn.qkv.weight"] == 0.05
 
 
 def test_init_is_timms():

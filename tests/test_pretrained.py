@@ -210,6 +210,28 @@ def test_read_checkpoint_unwraps_lightning_and_reports_hyper_parameters(tmp_path
     assert list(got) == ["w"] and hparams["model_name"] == "vit_micro_patch4_32"
 
 
+def test_timm_tag_goes_through_timms_hub_loader(monkeypatch):
+    """The download itself is replaced (tests stay offline); tag resolution, timm's
+    pretrained_cfg, its loader and the head handling are the real ones."""
+    source = _timm_model("vit_tiny_patch16_224", depth=1, num_classes=21843)
+    fetched = []
+
+    def fake_hub_download(hub_id, *args, **kwargs):
+        fetched.append(hub_id)
+        return {k: v.clone() for k, v in source.state_dict().items()}
+
+    monkeypatch.setattr(timm.models._builder, "load_state_dict_from_hf", fake_hub_download)
+    full = vitflash.create_model("vit_tiny_patch16_224", pretrained="augreg_in21k", depth=1)
+    tuned = vitflash.create_model("vit_tiny_patch16_224", depth=1, num_classes=10,
+                                  pretrained="vit_tiny_patch16_224.augreg_in21k")  # fmt: skip
+    assert fetched == ["timm/vit_tiny_patch16_224.augreg_in21k"] * 2
+    assert full.num_classes == 21843 and torch.equal(full.head.weight.data, source.head.weight.data)
+    assert full.pretrained_cfg["mean"] == (0.5, 0.5, 0.5)  # for the data pipeline
+    assert tuned.head.weight.shape == (10, 192)
+    src = source.state_dict()
+    assert all(torch.equal(v, src[k]) for k, v in tuned.state_dict().items() if not k.startswith("head."))
+
+
 # ---------------------------------------------------------------------------------------
 # Bad input
 

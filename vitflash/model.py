@@ -264,6 +264,16 @@ class VisionTransformer(nn.Module):
             blk.attn.impl = impl
         return self
 
+    def no_weight_decay(self) -> set[str]:
+        """Parameters to keep out of weight decay (timm's optimizer helpers ask for this)."""
+        return {"pos_embed", "cls_token"}
+
+    def group_matcher(self, coarse: bool = False) -> dict:
+        """Parameter groups by depth for timm's layer-wise LR decay: embeddings first, then
+        one group per block, then the final norm and head."""
+        return dict(stem=r"^cls_token|pos_embed|patch_embed",
+                    blocks=[(r"^blocks\.(\d+)", None), (r"^norm", (99999,))])  # fmt: skip
+
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         """(B, C, H, W) images -> (B, prefix + N, embed_dim) normed tokens."""
         x = self.patch_embed(x)  # (B, N, C)

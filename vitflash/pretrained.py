@@ -198,6 +198,15 @@ def _check_fits(
     )
 
 
+def _state_dict_cfg(state_dict: dict, arch: dict, model: VisionTransformer) -> dict:
+    """A timm pretrained_cfg that hands `state_dict` (of architecture `arch`) to timm's
+    loader, as timm's own cfgs hand it a file or a hub id."""
+    size = arch.get("img_size", model.config["img_size"])
+    return dict(state_dict=state_dict, num_classes=arch["num_classes"],
+                input_size=(arch["in_chans"], size, size), first_conv="patch_embed.proj",
+                classifier="head")  # fmt: skip
+
+
 def _load(model: VisionTransformer, pretrained_cfg: dict, source: str) -> None:
     """Load through timm's `load_pretrained`, with timm's ViT filter behind our checks."""
     src_classes = pretrained_cfg["num_classes"]
@@ -276,15 +285,7 @@ def _create_from_file(
     kwargs.update({k: arch[k] for k in ("class_token", "global_pool", "fc_norm") if k in arch})
     kwargs.update(sizes, **overrides)
     model = build_model(name, attention, **kwargs)
-    src_size = arch.get("img_size", model.config["img_size"])
-    pretrained_cfg = dict(
-        state_dict=state_dict,
-        num_classes=arch["num_classes"],
-        input_size=(arch["in_chans"], src_size, src_size),
-        first_conv="patch_embed.proj",
-        classifier="head",
-    )
-    _load(model, pretrained_cfg, source=str(path))
+    _load(model, _state_dict_cfg(state_dict, arch, model), source=str(path))
     return model
 
 
@@ -376,11 +377,7 @@ def export_timm(
             # The value only seeds gamma, which the checkpoint overwrites.
             kwargs["init_values"] = preset_kwargs(name).get("init_values") or 1e-5
         model = build_model(name, **kwargs)
-        src_size = arch.get("img_size", model.config["img_size"])
-        _load(model, dict(state_dict=state_dict, num_classes=arch["num_classes"],
-                          input_size=(arch["in_chans"], src_size, src_size),
-                          first_conv="patch_embed.proj", classifier="head"),
-              source=source)  # fmt: skip
+        _load(model, _state_dict_cfg(state_dict, arch, model), source=source)
     arch_name, kwargs = timm_args(model)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
