@@ -4,9 +4,11 @@ Times forward and forward+backward with `triton.testing.do_bench` (median, after
 autotuning) and measures the peak memory one forward+backward adds on top of its inputs.
 FLOPs: forward 4*B*H*N^2*D, forward+backward 3.5x that.
 
-Layouts are each path's own best case: vitflash flash and naive get q, k, v as views of a
-packed (B, N, 3, H, D) qkv tensor, as a ViT produces them; SDPA gets contiguous
-(B, H, N, D) tensors, its preferred layout.
+Inputs are what each path gets in a ViT block: vitflash flash takes the packed
+(B, N, 3, H, D) qkv tensor and writes one dqkv; naive takes q, k, v views of it. SDPA gets
+contiguous (B, H, N, D) tensors, its preferred layout. Host time per call (the CPU time
+to enqueue the work, measured without synchronizing) shows when a path is bound by launch
+overhead rather than by the GPU.
 
     python scripts/bench_attention.py --out benchmarks/results
 writes attention_<gpu>.json and attention_<gpu>.md there (a GPU is required).
@@ -18,6 +20,7 @@ import json
 import platform
 import re
 import sys
+import time
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -26,7 +29,7 @@ import torch.nn.functional as F
 import triton
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from vitflash.ops import flash_attention, naive_attention
+from vitflash.ops import flash_attention_qkvpacked, naive_attention
 
 # (B, H, N, D): ViT-B/16 @224 b256, ViT-S/16 @224 b256, ViT-B/16 @384 b64,
 # ViT-L/14 @448 b32, ViT-B/16 @1024 b8, N=4097 with D=128.
@@ -42,9 +45,10 @@ def make_case(impl: str, B: int, H: int, N: int, D: int, dtype: torch.dtype):
     """Return (leaf tensors, fn() -> o, do) for one implementation, on random inputs."""
     if impl in ("flash", "naive"):
         qkv = torch.randn(B, N, 3, H, D, device="cuda", dtype=dtype, requires_grad=True)
-        op = flash_attention if impl == "flash" else naive_attention
         do = torch.randn(B, N, H, D, device="cuda", dtype=dtype)
-        return [qkv], (lambda: op(*qkv.unbind(2))), do
+        if impl == "flash":
+            return [qkv], (lambda: flash_attention_qkvpacked(qkv)), do
+        return [qkv], (lambda: naive_attention(*qkv.unbind(2))), do
     q, k, v = (torch.randn(B, H, N, D, device="cuda", dtype=dtype, requires_grad=True)
                for _ in range(3))
     backend = SDPA_BACKENDS[impl]
@@ -54,6 +58,18 @@ def make_case(impl: str, B: int, H: int, N: int, D: int, dtype: torch.dtype):
             return F.scaled_dot_product_attention(q, k, v)
 
     return [q, k, v], fn, torch.randn(B, H, N, D, device="cuda", dtype=dtype)
+
+
+def host_us(fn, calls: int = 20) -> float:
+    """CPU microseconds to enqueue one call (few calls, so the launch queue never fills)."""
+    fn()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    elapsed = time.perf_counter() - start
+    torch.cuda.synchronize()
+    return elapsed / calls * 1e6
 
 
 def bench_case(impl, shape, dtype, warmup_ms, rep_ms):
@@ -83,8 +99,12 @@ def bench_case(impl, shape, dtype, warmup_ms, rep_ms):
         fwd_ms = triton.testing.do_bench(fwd, warmup=warmup_ms, rep=rep_ms, return_mode="median")
     fwd_bwd_ms = triton.testing.do_bench(fwd_bwd, warmup=warmup_ms, rep=rep_ms,
                                          grad_to_none=leaves, return_mode="median")
+    with torch.no_grad():
+        fwd_host = host_us(fwd)
+    fwd_bwd_host = host_us(fwd_bwd)
     flops = 4 * B * H * N * N * D
     return {"fwd_ms": fwd_ms, "fwd_bwd_ms": fwd_bwd_ms,
+            "fwd_host_us": fwd_host, "fwd_bwd_host_us": fwd_bwd_host,
             "fwd_tflops": flops / fwd_ms * 1e-9, "fwd_bwd_tflops": 3.5 * flops / fwd_bwd_ms * 1e-9,
             "peak_extra_mib": peak_mib}
 
@@ -112,6 +132,8 @@ def markdown(results: list[dict], env: dict, command: str) -> str:
                                ("fwd_ms", "Forward ms", "{:.3f}"),
                                ("fwd_bwd_ms", "Forward+backward ms", "{:.3f}"),
                                ("peak_extra_mib", "Peak extra memory of forward+backward, MiB",
+                                "{:.0f}"),
+                               ("fwd_bwd_host_us", "Host time per forward+backward call, us",
                                 "{:.0f}")):
         lines += [f"## {title}", "", "| (B, H, N, D) | " + " | ".join(IMPLS) + " |",
                   "|---" * (len(IMPLS) + 1) + "|"]

@@ -219,6 +219,25 @@ def test_rejects_cpu_tensors_without_interpreter(monkeypatch):
         flash_attention(q, k, v)
 
 
+def test_custom_ops_schema_and_fake_shapes():
+    """The torch.library ops that torch.compile sees: schema and fake (meta) implementations
+    agree with the real kernels."""
+    qkv, do = _packed_inputs(1, 20, 2, 32, torch.float16)
+    q, k, v = qkv.unbind(2)
+    o, lse = torch.ops.vitflash.flash_attn_fwd(q, k, v, 0.2)
+    o_packed, lse_packed = torch.ops.vitflash.flash_packed_fwd(qkv, 0.2)
+    cases = [
+        (torch.ops.vitflash.flash_attn_fwd, (q, k, v, 0.2)),
+        (torch.ops.vitflash.flash_attn_bwd, (do, q, k, v, o, lse, 0.2)),
+        (torch.ops.vitflash.flash_packed_fwd, (qkv, 0.2)),
+        (torch.ops.vitflash.flash_packed_bwd, (do, qkv, o_packed, lse_packed, 0.2)),
+    ]
+    for op, args in cases:
+        torch.library.opcheck(op, args, test_utils=("test_schema", "test_faketensor"))
+    assert lse.shape == (1, 2, 20) and lse.dtype == torch.float32
+    assert torch.equal(o, o_packed)
+
+
 # ---------------------------------------------------------------------------------------
 # GPU only: torch.compile sees one op
 # ---------------------------------------------------------------------------------------

@@ -8,11 +8,11 @@ Algorithm (Dao et al., "FlashAttention", 2022, and "FlashAttention-2", 2023):
   softmax), rescales its partial output by exp(m_old - m_new) and adds P V. The N x N score
   matrix never reaches GPU memory. It writes O and the per-row log-sum-exp (LSE), the only
   statistic the backward needs.
-* Backward. A small kernel computes delta = rowsum(dO * O). One kernel gives dK and dV: each
-  program owns a K/V tile and streams Q, dO, LSE and delta past it, recomputing
-  P = exp(S - LSE) tile by tile. A second kernel gives dQ the same way with the roles
-  swapped. No program writes where another does, so there are no atomics and the backward
-  is deterministic: the same inputs give the same bits.
+* Backward. A small kernel computes delta = rowsum(dO * O). Then one launch does the rest:
+  a dK/dV program owns a K/V tile and streams Q, dO, LSE and delta past it, recomputing
+  P = exp(S - LSE) tile by tile; a dQ program does the same with the roles swapped. No
+  program writes where another does, so there are no atomics and the backward is
+  deterministic: the same inputs give the same bits.
 
 Exponentials are taken base 2 with the softmax scale folded into log2(e), and the LSE is
 kept in base-2 units. Sequence lengths need not be multiples of a block (ViT lengths 197,
@@ -96,11 +96,10 @@ def _round(x, dtype: tl.constexpr, BF16_FIX: tl.constexpr):
 
 
 @triton.jit
-def _program_ids(N, BLOCK: tl.constexpr):
-    """One flat grid (no 65535 limit on B*H): neighbouring programs share a (batch, head),
-    so its K/V tiles are read from L2 rather than HBM by all but the first."""
+def _program_ids(pid, N, BLOCK: tl.constexpr):
+    """Split a flat program id (no 65535 limit on B*H) into (tile, batch*head). Neighbouring
+    programs share a (batch, head), so its K/V tiles come from L2 for all but the first."""
     num_blocks = tl.cdiv(N, BLOCK)
-    pid = tl.program_id(0)
     return pid % num_blocks, pid // num_blocks
 
 
@@ -138,7 +137,7 @@ def _fwd_kernel(Q, K, V, O, LSE, qk_scale,
                 H, N,
                 HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BF16_FIX: tl.constexpr):
-    pid_m, pid_bh = _program_ids(N, BLOCK_M)
+    pid_m, pid_bh = _program_ids(tl.program_id(0), N, BLOCK_M)
     b = (pid_bh // H).to(tl.int64)
     h = (pid_bh % H).to(tl.int64)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -179,7 +178,7 @@ def _bwd_preprocess(O, DO, DELTA,
                     H, N,
                     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr):
     """delta = rowsum(dO * O), the diagonal term of the softmax Jacobian, per query row."""
-    pid_m, pid_bh = _program_ids(N, BLOCK_M)
+    pid_m, pid_bh = _program_ids(tl.program_id(0), N, BLOCK_M)
     b = (pid_bh // H).to(tl.int64)
     h = (pid_bh % H).to(tl.int64)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -220,17 +219,18 @@ def _bwd_dkdv_inner(dk, dv, k, v, q_ptrs, do_ptrs, lse_ptrs, delta_ptrs, start, 
 
 
 @triton.jit
-def _bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, qk_scale, sm_scale,
-                     stride_qb, stride_qn, stride_qh,
-                     stride_kb, stride_kn, stride_kh,
-                     stride_vb, stride_vn, stride_vh,
-                     stride_dob, stride_don, stride_doh,
-                     stride_dkb, stride_dkn, stride_dkh,
-                     stride_dvb, stride_dvn, stride_dvh,
-                     H, N,
-                     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BF16_FIX: tl.constexpr):
-    pid_n, pid_bh = _program_ids(N, BLOCK_N)
+def _bwd_dkdv(pid, Q, K, V, DO, LSE, DELTA, DK, DV, qk_scale, sm_scale,
+              stride_qb, stride_qn, stride_qh,
+              stride_kb, stride_kn, stride_kh,
+              stride_vb, stride_vn, stride_vh,
+              stride_dob, stride_don, stride_doh,
+              stride_dkb, stride_dkn, stride_dkh,
+              stride_dvb, stride_dvn, stride_dvh,
+              H, N,
+              HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BF16_FIX: tl.constexpr):
+    """dK, dV of one BLOCK_N key tile; Q, dO, LSE, delta stream past in BLOCK_M tiles."""
+    pid_n, pid_bh = _program_ids(pid, N, BLOCK_N)
     b = (pid_bh // H).to(tl.int64)
     h = (pid_bh % H).to(tl.int64)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -285,16 +285,17 @@ def _bwd_dq_inner(dq, q, do, lse, delta, k_ptrs, v_ptrs, start, end, N, offs_n, 
 
 
 @triton.jit
-def _bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, qk_scale, sm_scale,
-                   stride_qb, stride_qn, stride_qh,
-                   stride_kb, stride_kn, stride_kh,
-                   stride_vb, stride_vn, stride_vh,
-                   stride_dob, stride_don, stride_doh,
-                   stride_dqb, stride_dqn, stride_dqh,
-                   H, N,
-                   HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BF16_FIX: tl.constexpr):
-    pid_m, pid_bh = _program_ids(N, BLOCK_M)
+def _bwd_dq(pid, Q, K, V, DO, LSE, DELTA, DQ, qk_scale, sm_scale,
+            stride_qb, stride_qn, stride_qh,
+            stride_kb, stride_kn, stride_kh,
+            stride_vb, stride_vn, stride_vh,
+            stride_dob, stride_don, stride_doh,
+            stride_dqb, stride_dqn, stride_dqh,
+            H, N,
+            HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BF16_FIX: tl.constexpr):
+    """dQ of one BLOCK_M query tile; K, V stream past in BLOCK_N tiles."""
+    pid_m, pid_bh = _program_ids(pid, N, BLOCK_M)
     b = (pid_bh // H).to(tl.int64)
     h = (pid_bh % H).to(tl.int64)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -324,29 +325,70 @@ def _bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, qk_scale, sm_scale,
                 + offs_d[None, :], _round(dq, DQ.dtype.element_ty, BF16_FIX), offs_m, N, offs_d, HEAD_DIM, BLOCK_D)
 
 
+
+@triton.jit
+def _bwd_kernel(Q, K, V, DO, LSE, DELTA, DQ, DK, DV, qk_scale, sm_scale,
+                stride_qb, stride_qn, stride_qh,
+                stride_kb, stride_kn, stride_kh,
+                stride_vb, stride_vn, stride_vh,
+                stride_dob, stride_don, stride_doh,
+                stride_dqb, stride_dqn, stride_dqh,
+                stride_dkb, stride_dkn, stride_dkh,
+                stride_dvb, stride_dvn, stride_dvh,
+                BH, H, N,
+                HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                BLOCK_M1: tl.constexpr, BLOCK_N1: tl.constexpr,
+                BLOCK_M2: tl.constexpr, BLOCK_N2: tl.constexpr, BF16_FIX: tl.constexpr):
+    """One launch for the whole backward: the first cdiv(N, BLOCK_N1) * B * H programs
+    compute dK, dV (one key tile each), the rest dQ (one query tile each). One launch
+    rather than two fills the GPU without a tail between them and halves launch cost."""
+    pid = tl.program_id(0)
+    n_dkdv = tl.cdiv(N, BLOCK_N1) * BH
+    if pid < n_dkdv:
+        _bwd_dkdv(pid, Q, K, V, DO, LSE, DELTA, DK, DV, qk_scale, sm_scale,
+                  stride_qb, stride_qn, stride_qh, stride_kb, stride_kn, stride_kh,
+                  stride_vb, stride_vn, stride_vh, stride_dob, stride_don, stride_doh,
+                  stride_dkb, stride_dkn, stride_dkh, stride_dvb, stride_dvn, stride_dvh,
+                  H, N, HEAD_DIM, BLOCK_D, BLOCK_M1, BLOCK_N1, BF16_FIX)
+    else:
+        _bwd_dq(pid - n_dkdv, Q, K, V, DO, LSE, DELTA, DQ, qk_scale, sm_scale,
+                stride_qb, stride_qn, stride_qh, stride_kb, stride_kn, stride_kh,
+                stride_vb, stride_vn, stride_vh, stride_dob, stride_don, stride_doh,
+                stride_dqb, stride_dqn, stride_dqh,
+                H, N, HEAD_DIM, BLOCK_D, BLOCK_M2, BLOCK_N2, BF16_FIX)
+
 # ----------------------------------------------------------------------------------------
 # Launch configurations
 # ----------------------------------------------------------------------------------------
-def _configs(shapes):
-    return [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s)
-            for m, n, w, s in shapes]
+def _configs(shapes, names):
+    return [triton.Config(dict(zip(names, blocks)), num_warps=w, num_stages=st)
+            for *blocks, w, st in shapes]
 
 
-_FWD_CONFIGS = _configs([(128, 64, 4, 3), (128, 128, 8, 3), (64, 64, 4, 3), (128, 32, 4, 3)])
-_DKDV_CONFIGS = _configs([(32, 128, 4, 3), (64, 128, 8, 3), (64, 64, 4, 3)])
-_DQ_CONFIGS = _configs([(128, 32, 4, 3), (128, 64, 8, 3), (64, 64, 4, 3)])
+_FWD_CONFIGS = _configs([(128, 64, 4, 3), (128, 128, 8, 3), (64, 64, 4, 3), (128, 32, 4, 3)],
+                        ("BLOCK_M", "BLOCK_N"))
+# Backward: (BLOCK_M1, BLOCK_N1) tile the dK/dV programs, (BLOCK_M2, BLOCK_N2) the dQ ones.
+_BWD_CONFIGS = _configs([(32, 128, 128, 32, 4, 3), (64, 128, 128, 64, 8, 3),
+                         (64, 64, 64, 64, 4, 3), (32, 64, 64, 32, 4, 3)],
+                        ("BLOCK_M1", "BLOCK_N1", "BLOCK_M2", "BLOCK_N2"))
 # Under the interpreter every program runs one after another in numpy: one fixed, small
 # configuration keeps CI fast; tests at N = 17, 65, 128, 197, 577 still cover single,
 # multiple, full and partial tiles.
-_INTERPRETER_CONFIG = {"BLOCK_M": 64, "BLOCK_N": 64}
+_INTERPRETER_FWD = {"BLOCK_M": 64, "BLOCK_N": 64}
+_INTERPRETER_BWD = {"BLOCK_M1": 64, "BLOCK_N1": 64, "BLOCK_M2": 64, "BLOCK_N2": 64}
 
 
 def _prune(configs, named_args, **kwargs):
     """Drop tiles too large for shared memory or registers at this head dim."""
     block_d = named_args.get("BLOCK_D", kwargs.get("BLOCK_D"))
     limit = 128 * 128 if block_d <= 64 else (128 * 64 if block_d <= 128 else 64 * 64)
-    kept = [c for c in configs if c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"] <= limit
-            and (block_d <= 128 or c.num_stages <= 2)]
+    def tile(c):
+        k = c.kwargs
+        return max(k.get("BLOCK_M", 0) * k.get("BLOCK_N", 0),
+                   k.get("BLOCK_M1", 0) * k.get("BLOCK_N1", 0),
+                   k.get("BLOCK_M2", 0) * k.get("BLOCK_N2", 0))
+
+    kept = [c for c in configs if tile(c) <= limit and (block_d <= 128 or c.num_stages <= 2)]
     return kept or configs[-1:]
 
 
@@ -356,18 +398,17 @@ def _autotuned(kernel, configs):
 
 
 _fwd_kernel_tuned = _autotuned(_fwd_kernel, _FWD_CONFIGS)
-_bwd_dkdv_kernel_tuned = _autotuned(_bwd_dkdv_kernel, _DKDV_CONFIGS)
-_bwd_dq_kernel_tuned = _autotuned(_bwd_dq_kernel, _DQ_CONFIGS)
+_bwd_kernel_tuned = _autotuned(_bwd_kernel, _BWD_CONFIGS)
 
 
 def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
-def _launch(plain, tuned, n_blocks_of, *args, **constexprs):
+def _launch(plain, tuned, interpreter_config, n_blocks_of, *args, **constexprs):
     """Launch on a flat grid; autotuned on a GPU, one fixed config in the interpreter."""
     if _interpreting():
-        cfg = _INTERPRETER_CONFIG
+        cfg = interpreter_config
         plain[(n_blocks_of(cfg),)](*args, **constexprs, **cfg)
     else:
         tuned[lambda meta: (n_blocks_of(meta),)](*args, **constexprs)
@@ -389,7 +430,7 @@ def _forward(q, k, v, sm_scale: float):
     B, N, H, D = q.shape
     o = torch.empty((B, N, H, D), dtype=q.dtype, device=q.device)
     lse = torch.empty((B, H, N), dtype=torch.float32, device=q.device)
-    _launch(_fwd_kernel, _fwd_kernel_tuned,
+    _launch(_fwd_kernel, _fwd_kernel_tuned, _INTERPRETER_FWD,
             lambda meta: triton.cdiv(N, meta["BLOCK_M"]) * B * H,
             q, k, v, o, lse, sm_scale * LOG2E,
             q.stride(0), q.stride(1), q.stride(2),
@@ -413,106 +454,100 @@ def _backward(do, q, k, v, o, lse, sm_scale: float, dq, dk, dv) -> None:
         o.stride(0), o.stride(1), o.stride(2),
         do.stride(0), do.stride(1), do.stride(2),
         H, N, **dims, BLOCK_M=block)
-    strides = (q.stride(0), q.stride(1), q.stride(2),
-               k.stride(0), k.stride(1), k.stride(2),
-               v.stride(0), v.stride(1), v.stride(2),
-               do.stride(0), do.stride(1), do.stride(2))
-    _launch(_bwd_dkdv_kernel, _bwd_dkdv_kernel_tuned,
-            lambda meta: triton.cdiv(N, meta["BLOCK_N"]) * B * H,
-            q, k, v, do, lse, delta, dk, dv, sm_scale * LOG2E, sm_scale, *strides,
-            dk.stride(0), dk.stride(1), dk.stride(2),
-            dv.stride(0), dv.stride(1), dv.stride(2),
-            H, N, **dims, BF16_FIX=_needs_bf16_fix(q))
-    _launch(_bwd_dq_kernel, _bwd_dq_kernel_tuned,
-            lambda meta: triton.cdiv(N, meta["BLOCK_M"]) * B * H,
-            q, k, v, do, lse, delta, dq, sm_scale * LOG2E, sm_scale, *strides,
-            dq.stride(0), dq.stride(1), dq.stride(2),
-            H, N, **dims, BF16_FIX=_needs_bf16_fix(q))
+    _launch(_bwd_kernel, _bwd_kernel_tuned, _INTERPRETER_BWD,
+            lambda meta: (triton.cdiv(N, meta["BLOCK_N1"]) + triton.cdiv(N, meta["BLOCK_M2"]))
+            * B * H,
+            q, k, v, do, lse, delta, dq, dk, dv, sm_scale * LOG2E, sm_scale,
+            *(t.stride(i) for t in (q, k, v, do, dq, dk, dv) for i in range(3)),
+            B * H, H, N, **dims, BF16_FIX=_needs_bf16_fix(q))
 
 
 # ----------------------------------------------------------------------------------------
-# torch.library ops: one opaque node each for torch.compile, with fake implementations
+# Autograd, and torch.library ops for torch.compile
 # ----------------------------------------------------------------------------------------
-@torch.library.custom_op("vitflash::flash_attn_fwd", mutates_args=())
-def _flash_attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                    softmax_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+def _attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float
+              ) -> tuple[torch.Tensor, torch.Tensor]:
     return _forward(q, k, v, softmax_scale)
 
 
-@_flash_attn_fwd.register_fake
-def _(q, k, v, softmax_scale):
-    B, N, H, D = q.shape
-    return q.new_empty((B, N, H, D)), q.new_empty((B, H, N), dtype=torch.float32)
-
-
-@torch.library.custom_op("vitflash::flash_attn_bwd", mutates_args=())
-def _flash_attn_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                    o: torch.Tensor, lse: torch.Tensor, softmax_scale: float
-                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _attn_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+              o: torch.Tensor, lse: torch.Tensor, softmax_scale: float
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     dq, dk, dv = (torch.empty(q.shape, dtype=q.dtype, device=q.device) for _ in range(3))
     _backward(do, q, k, v, o, lse, softmax_scale, dq, dk, dv)
     return dq, dk, dv
 
 
-@_flash_attn_bwd.register_fake
-def _(do, q, k, v, o, lse, softmax_scale):
-    return tuple(q.new_empty(q.shape) for _ in range(3))
-
-
-def _fwd_setup_context(ctx, inputs, output):
-    q, k, v, softmax_scale = inputs
-    o, lse = output
-    ctx.save_for_backward(q, k, v, o, lse)
-    ctx.softmax_scale = softmax_scale
-
-
-def _fwd_backward(ctx, do, _dlse):
-    q, k, v, o, lse = ctx.saved_tensors
-    dq, dk, dv = _flash_attn_bwd(do, q, k, v, o, lse, ctx.softmax_scale)
-    return dq, dk, dv, None
-
-
-_flash_attn_fwd.register_autograd(_fwd_backward, setup_context=_fwd_setup_context)
-
-
-@torch.library.custom_op("vitflash::flash_attn_qkvpacked_fwd", mutates_args=())
-def _flash_attn_qkvpacked_fwd(qkv: torch.Tensor, softmax_scale: float
-                              ) -> tuple[torch.Tensor, torch.Tensor]:
+def _packed_fwd(qkv: torch.Tensor, softmax_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
     return _forward(*qkv.unbind(2), softmax_scale)
 
 
-@_flash_attn_qkvpacked_fwd.register_fake
-def _(qkv, softmax_scale):
-    B, N, _, H, D = qkv.shape
-    return qkv.new_empty((B, N, H, D)), qkv.new_empty((B, H, N), dtype=torch.float32)
-
-
-@torch.library.custom_op("vitflash::flash_attn_qkvpacked_bwd", mutates_args=())
-def _flash_attn_qkvpacked_bwd(do: torch.Tensor, qkv: torch.Tensor, o: torch.Tensor,
-                              lse: torch.Tensor, softmax_scale: float) -> torch.Tensor:
+def _packed_bwd(do: torch.Tensor, qkv: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
+                softmax_scale: float) -> torch.Tensor:
     dqkv = torch.empty(qkv.shape, dtype=qkv.dtype, device=qkv.device)  # (B, N, 3, H, D)
     _backward(do, *qkv.unbind(2), o, lse, softmax_scale, *dqkv.unbind(2))
     return dqkv
 
 
-@_flash_attn_qkvpacked_bwd.register_fake
+# Each launcher is also a custom op, so that torch.compile sees one opaque node with a fake
+# (shape-only) implementation instead of tracing into Triton's launcher.
+_OPS = {fn: torch.library.custom_op(f"vitflash::flash{fn.__name__}", fn, mutates_args=())
+        for fn in (_attn_fwd, _attn_bwd, _packed_fwd, _packed_bwd)}
+
+
+@_OPS[_attn_fwd].register_fake
+def _(q, k, v, softmax_scale):
+    B, N, H, D = q.shape
+    return q.new_empty((B, N, H, D)), q.new_empty((B, H, N), dtype=torch.float32)
+
+
+@_OPS[_attn_bwd].register_fake
+def _(do, q, k, v, o, lse, softmax_scale):
+    return tuple(q.new_empty(q.shape) for _ in range(3))
+
+
+@_OPS[_packed_fwd].register_fake
+def _(qkv, softmax_scale):
+    B, N, _, H, D = qkv.shape
+    return qkv.new_empty((B, N, H, D)), qkv.new_empty((B, H, N), dtype=torch.float32)
+
+
+@_OPS[_packed_bwd].register_fake
 def _(do, qkv, o, lse, softmax_scale):
     return qkv.new_empty(qkv.shape)
 
 
-def _packed_setup_context(ctx, inputs, output):
-    qkv, softmax_scale = inputs
-    o, lse = output
-    ctx.save_for_backward(qkv, o, lse)
-    ctx.softmax_scale = softmax_scale
+def _run(fn, *args):
+    """The custom op while torch.compile traces; the plain launcher in eager mode, where the
+    op's dispatch would cost more host time than a small attention takes on the GPU."""
+    return _OPS[fn](*args) if torch.compiler.is_compiling() else fn(*args)
 
 
-def _packed_backward(ctx, do, _dlse):
-    qkv, o, lse = ctx.saved_tensors
-    return _flash_attn_qkvpacked_bwd(do, qkv, o, lse, ctx.softmax_scale), None
+class _FlashAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, softmax_scale):
+        o, lse = _run(_attn_fwd, q, k, v, softmax_scale)
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.softmax_scale = softmax_scale
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        dq, dk, dv = _run(_attn_bwd, do, *ctx.saved_tensors, ctx.softmax_scale)
+        return dq, dk, dv, None
 
 
-_flash_attn_qkvpacked_fwd.register_autograd(_packed_backward, setup_context=_packed_setup_context)
+class _FlashAttentionQKVPacked(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, qkv, softmax_scale):
+        o, lse = _run(_packed_fwd, qkv, softmax_scale)
+        ctx.save_for_backward(qkv, o, lse)
+        ctx.softmax_scale = softmax_scale
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        return _run(_packed_bwd, do, *ctx.saved_tensors, ctx.softmax_scale), None
 
 
 # ----------------------------------------------------------------------------------------
@@ -581,8 +616,7 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     Differentiable in q, k, v (deterministic backward).
     """
     _check_inputs(q, k, v)
-    o, _ = _flash_attn_fwd(q, k, v, _scale(softmax_scale, q.shape[-1]))
-    return o
+    return _FlashAttention.apply(q, k, v, _scale(softmax_scale, q.shape[-1]))
 
 
 def flash_attention_qkvpacked(qkv: torch.Tensor, softmax_scale: float | None = None
@@ -601,5 +635,4 @@ def flash_attention_qkvpacked(qkv: torch.Tensor, softmax_scale: float | None = N
     if qkv.dim() != 5 or qkv.shape[2] != 3:
         raise ValueError(f"qkv must be (B, N, 3, H, D), got shape {tuple(qkv.shape)}")
     _check_inputs(*qkv.unbind(2))
-    o, _ = _flash_attn_qkvpacked_fwd(qkv, _scale(softmax_scale, qkv.shape[-1]))
-    return o
+    return _FlashAttentionQKVPacked.apply(qkv, _scale(softmax_scale, qkv.shape[-1]))
