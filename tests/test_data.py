@@ -1,0 +1,147 @@
+"""DataModules, the decoded-image cache and scripts/prepare_data.py, on small trees made here."""
+from __future__ import annotations
+
+import hashlib
+import io
+import pickle
+import sys
+import tarfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+import torchvision
+from torchvision import datasets
+
+from vitflash.data import CIFARDataModule, ImageFolderDataModule, SyntheticDataModule, build_transform, load_image_folder
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+import prepare_data  # noqa: E402
+
+CLASSES = ["cat", "dog", "frog"]
+
+
+def write_tree(split_dir: Path, per_class: int, size: int = 8, seed: int = 0) -> np.ndarray:
+    """Random PNG images (lossless, so decoding must give them back) in <split>/<class>/;
+    returns them (N, size, size, 3) in ImageFolder order."""
+    rng = np.random.default_rng(seed)
+    images = rng.integers(0, 256, (len(CLASSES) * per_class, size, size, 3), dtype=np.uint8)
+    for i, img in enumerate(images):
+        folder = split_dir / CLASSES[i // per_class]
+        folder.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(img).save(folder / f"{i:04d}.png")
+    return images
+
+
+def kwargs(**extra):
+    return dict(num_classes=len(CLASSES), img_size=8, batch_size=4, num_workers=0, **extra)
+
+
+@pytest.mark.parametrize("train_crop", ["rrc", "pad"])
+def test_transforms_give_normalized_tensors(train_crop):
+    img = Image.fromarray(np.full((32, 32, 3), 255, np.uint8))
+    train = build_transform(True, 32, train_crop=train_crop, auto_augment="rand-m9-mstd0.5-inc1", re_prob=0.5)
+    assert train(img).shape == (3, 32, 32)
+    evaluate = build_transform(False, 32, mean=(0.5,) * 3, std=(0.25,) * 3)
+    assert torch.allclose(evaluate(img), torch.full((3, 32, 32), 2.0))  # (1 - 0.5) / 0.25
+
+
+def test_synthetic_batches():
+    dm = SyntheticDataModule(num_classes=10, img_size=32, batch_size=16, num_workers=0, train_size=64, test_size=32)
+    dm.setup("fit")
+    x, y = next(iter(dm.train_dataloader()))
+    assert x.shape == (16, 3, 32, 32) and x.dtype == torch.float32
+    assert y.dtype == torch.int64 and 0 <= int(y.min()) and int(y.max()) < 10
+    assert len(dm.val_set) == len(dm.test_set) == 32
+
+
+def test_decoded_arrays_are_cached(tmp_path):
+    images = write_tree(tmp_path / "train", per_class=4)
+    x, y, classes = load_image_folder(tmp_path / "train")
+    assert classes == CLASSES
+    np.testing.assert_array_equal(x, images)
+    np.testing.assert_array_equal(y, np.repeat(np.arange(3), 4))
+    assert (tmp_path / "train-uint8.npz").is_file()
+    # same files, new pixels: the cache answers, so the old pixels come back
+    write_tree(tmp_path / "train", per_class=4, seed=1)
+    np.testing.assert_array_equal(load_image_folder(tmp_path / "train")[0], images)
+    # one more file: the cache is stale and the folder is decoded again
+    Image.fromarray(images[0]).save(tmp_path / "train" / "cat" / "extra.png")
+    assert len(load_image_folder(tmp_path / "train")[1]) == 13
+
+
+def test_cifar_jpeg_tree_with_held_out_val(tmp_path):
+    write_tree(tmp_path / "cifar10" / "train", per_class=10)
+    write_tree(tmp_path / "cifar10" / "test", per_class=2)
+    dm = CIFARDataModule(root=str(tmp_path), **kwargs(val_size=6))
+    dm.prepare_data()
+    dm.setup("fit")
+    assert (len(dm.train_set), len(dm.val_set), len(dm.test_set)) == (24, 6, 6)
+    assert not set(dm.train_set.indices) & set(dm.val_set.indices)
+    x, y = next(iter(dm.val_dataloader()))
+    assert x.shape == (4, 3, 8, 8)
+
+
+def test_cifar_torchvision_batches(tmp_path, monkeypatch):
+    # torchvision's pickled layout; the md5 check is for the real files, so it is waived here
+    folder = tmp_path / "cifar-10-batches-py"
+    folder.mkdir()
+    rng = np.random.default_rng(0)
+    names = [n for n, _ in datasets.CIFAR10.train_list + datasets.CIFAR10.test_list]
+    for name in names:
+        data = rng.integers(0, 256, (5, 3 * 32 * 32), dtype=np.uint8)
+        labels = [int(v) for v in rng.integers(0, 10, 5)]
+        labels[0] = 9
+        (folder / name).write_bytes(pickle.dumps({"data": data, "labels": labels}))
+    (folder / "batches.meta").write_bytes(pickle.dumps({"label_names": [str(i) for i in range(10)]}))
+    monkeypatch.setattr(torchvision.datasets.cifar, "check_integrity", lambda *args: True)
+    dm = CIFARDataModule(root=str(tmp_path), num_classes=10, img_size=32, batch_size=5, num_workers=0)
+    dm.setup("fit")
+    assert (len(dm.train_set), len(dm.test_set)) == (25, 5)
+    assert next(iter(dm.train_dataloader()))[0].shape == (5, 3, 32, 32)
+
+
+def test_missing_dataset_says_how_to_prepare_it(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"cifar10 not found under .*scripts/prepare_data.py --archive"):
+        CIFARDataModule(root=str(tmp_path), **kwargs()).prepare_data()
+    with pytest.raises(FileNotFoundError, match=r"no ImageFolder tree .*scripts/prepare_data.py"):
+        ImageFolderDataModule(root=str(tmp_path / "imagenette"), **kwargs()).setup("fit")
+
+
+def test_image_folder_tree_and_class_count(tmp_path):
+    write_tree(tmp_path / "train", per_class=3)
+    write_tree(tmp_path / "val", per_class=1)
+    dm = ImageFolderDataModule(root=str(tmp_path), **kwargs())
+    dm.setup("fit")
+    assert (len(dm.train_set), len(dm.val_set), len(dm.test_set)) == (9, 3, 3)
+    with pytest.raises(ValueError, match=r"has 3 classes but data.num_classes=5: set data.num_classes=3"):
+        ImageFolderDataModule(root=str(tmp_path), **{**kwargs(), "num_classes": 5}).setup("fit")
+
+
+def make_tar(path: Path, members: dict[str, bytes]) -> Path:
+    with tarfile.open(path, "w:gz") as tar:
+        for name, payload in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(payload)
+            tar.addfile(info, io.BytesIO(payload))
+    return path
+
+
+def test_prepare_data_unpacks_and_checks(tmp_path):
+    archive = make_tar(tmp_path / "toy.tar.gz", {"toy/train/a/0.txt": b"x", "toy/test/a/0.txt": b"y"})
+    (tmp_path / "SHA256SUMS").write_text(f"{hashlib.sha256(archive.read_bytes()).hexdigest()}  toy.tar.gz\n")
+    prepare_data.main(["--archive", str(archive), "--root", str(tmp_path / "data")])
+    assert (tmp_path / "data" / "toy" / "test" / "a" / "0.txt").read_bytes() == b"y"
+
+    (tmp_path / "SHA256SUMS").write_text(f"{'0' * 64}  toy.tar.gz\n")
+    with pytest.raises(SystemExit, match="does not match its checksum"):
+        prepare_data.main(["--archive", str(archive), "--root", str(tmp_path / "data")])
+
+
+def test_prepare_data_refuses_members_outside_the_root(tmp_path):
+    archive = make_tar(tmp_path / "evil.tar.gz", {"../escaped.txt": b"x"})
+    with pytest.raises(SystemExit, match="refusing to unpack"):
+        prepare_data.main(["--archive", str(archive), "--root", str(tmp_path / "data")])
+    assert not (tmp_path / "escaped.txt").exists()

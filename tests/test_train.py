@@ -1,0 +1,202 @@
+"""scripts/train.py and scripts/eval.py end to end on the CPU: every attention path that runs
+here, real CIFAR-10 images, resume, evaluation, errors, DDP over gloo and a multirun sweep."""
+from __future__ import annotations
+
+import csv
+import importlib.util
+import os
+import subprocess
+import sys
+import tarfile
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+import torch
+
+import vitflash.ops
+from test_configs import compose_cfg
+
+REPO = Path(__file__).resolve().parents[1]
+CIFAR_ARCHIVE = REPO.parent / "shared" / "data" / "cifar10-jpeg.tar.gz"
+TRAIN_PER_CLASS, TEST_PER_CLASS, VAL_SIZE, BATCH = 40, 20, 80, 32
+STEPS_PER_EPOCH = (10 * TRAIN_PER_CLASS - VAL_SIZE) // BATCH  # the train loader drops the last batch
+
+
+def load_script(name: str):
+    spec = importlib.util.spec_from_file_location(f"vitflash_script_{name}", REPO / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+train = load_script("train").train
+evaluate = load_script("eval").evaluate
+
+
+def run_cli(script: str, *overrides: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, f"scripts/{script}.py", *overrides], cwd=REPO, capture_output=True,
+                          text=True, timeout=timeout, env={**os.environ, "HYDRA_FULL_ERROR": "0"})
+
+
+def read_metrics(path: Path, column: str) -> list[tuple[int, int, float]]:
+    """(epoch, step, value) of every row of a CSVLogger metrics.csv where `column` is set."""
+    with path.open() as f:
+        return [(int(r["epoch"] or -1), int(r["step"]), float(r[column])) for r in csv.DictReader(f) if r.get(column)]
+
+
+SMOKE = ["data=synthetic", "logger=csv", "trainer=cpu"]
+
+
+@pytest.mark.parametrize("attention", ["naive", "sdpa"])
+def test_fast_dev_run_on_each_cpu_path(tmp_path, monkeypatch, attention):
+    calls = defaultdict(int)
+    for impl in ("naive", "sdpa"):
+        fn = getattr(vitflash.ops, f"{impl}_attention")
+        monkeypatch.setattr(vitflash.ops, f"{impl}_attention",
+                            lambda *a, _fn=fn, _impl=impl, **k: calls.__setitem__(_impl, calls[_impl] + 1) or _fn(*a, **k))
+    metrics = train(compose_cfg(tmp_path, [*SMOKE, "debug=fdr", f"attention={attention}"]))
+    assert set(calls) == {attention}  # every block ran the requested path, and only it
+    assert torch.isfinite(torch.tensor(metrics["train/loss_epoch"]))
+    assert 0.0 <= metrics["test/top1"] <= 1.0
+
+
+def test_flash_without_cuda_stops_at_start(tmp_path):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA, where attention=flash runs")
+    result = run_cli("train", *SMOKE, "debug=fdr", "attention=flash", f"hydra.run.dir={tmp_path}")
+    assert result.returncode != 0
+    assert "attention=flash needs a CUDA GPU" in result.stderr
+    assert all(f"attention={alt}" in result.stderr for alt in ("sdpa", "naive", "auto"))
+
+
+def test_mistyped_option_on_the_command_line():
+    result = run_cli("train", "attention=flsh")
+    assert result.returncode != 0
+    assert "Could not find 'attention/flsh'" in result.stderr
+    assert "Available options in 'attention'" in result.stderr and "sdpa" in result.stderr
+
+
+def test_missing_dataset_folder(tmp_path):
+    cfg = compose_cfg(tmp_path, ["data=cifar10", "trainer=cpu", "debug=fdr"])
+    with pytest.raises(FileNotFoundError, match=r"cifar10 not found under .*python scripts/prepare_data.py --archive"):
+        train(cfg)
+
+
+# --------------------------------------------------------------------------------------
+# Real images: a slice of the shared CIFAR-10 archive
+
+
+@pytest.fixture(scope="module")
+def cifar_slice(tmp_path_factory) -> Path:
+    """A data root holding cifar10/{train,test}/<class>/*.jpg: the first 40 train and 20 test
+    images of every class of the shared archive."""
+    if not CIFAR_ARCHIVE.is_file():
+        pytest.skip(f"{CIFAR_ARCHIVE} is absent: the real-data tests need the shared data folder beside the repo")
+    root = tmp_path_factory.mktemp("cifar_slice")
+    wanted = {"train": TRAIN_PER_CLASS, "test": TEST_PER_CLASS}
+    taken = defaultdict(int)
+    with tarfile.open(CIFAR_ARCHIVE) as tar:
+        for member in tar:
+            parts = member.name.split("/")  # cifar10/<split>/<class>/<file>.jpg
+            if member.isfile() and len(parts) == 4 and taken[parts[1], parts[2]] < wanted[parts[1]]:
+                taken[parts[1], parts[2]] += 1
+                tar.extract(member, root, filter="data")
+    assert sorted(taken.values()) == [TEST_PER_CLASS] * 10 + [TRAIN_PER_CLASS] * 10
+    return root
+
+
+def cifar_overrides(data_root: Path) -> list[str]:
+    return ["experiment=cifar10_quick", "trainer=cpu", f"paths.data_dir={data_root}", f"data.val_size={VAL_SIZE}",
+            f"data.batch_size={BATCH}", "data.num_workers=0", "trainer.limit_train_batches=1.0",
+            "trainer.log_every_n_steps=1", "model.warmup_epochs=0"]
+
+
+@pytest.fixture(scope="module")
+def cifar_run(cifar_slice, tmp_path_factory):
+    """Three epochs of vit_micro_patch4_32 on the slice; returns (metrics, run folder)."""
+    run = tmp_path_factory.mktemp("cifar_run")
+    metrics = train(compose_cfg(run, [*cifar_overrides(cifar_slice), "trainer.max_epochs=3"]))
+    return metrics, run / "out"
+
+
+def test_real_images_lower_the_loss(cifar_run):
+    metrics, out = cifar_run
+    log = out / "csv" / "metrics.csv"
+    per_epoch = {epoch: loss for epoch, _, loss in read_metrics(log, "train/loss_epoch")}
+    assert list(per_epoch) == [0, 1, 2]
+    assert per_epoch[2] < per_epoch[0] - 0.1, per_epoch
+    assert len(read_metrics(log, "train/loss_step")) == 3 * STEPS_PER_EPOCH
+    assert any(v > 0 for *_, v in read_metrics(log, "train/device/samples_per_sec"))  # ThroughputMonitor
+    assert {"val/top1", "val/top5", "test/top1", "test/top5"} <= set(metrics)
+    assert metrics["test/top5"] >= metrics["test/top1"]
+
+
+def test_checkpoints_are_plain_and_name_the_model(cifar_run):
+    _, out = cifar_run
+    ckpts = sorted(p.name for p in (out / "checkpoints").glob("*.ckpt"))
+    assert "last.ckpt" in ckpts and len(ckpts) == 2  # last and best
+    ckpt = torch.load(out / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
+    assert ckpt["global_step"] == 3 * STEPS_PER_EPOCH
+    assert ckpt["hyper_parameters"]["model_name"] == "vit_micro_patch4_32"
+
+
+def test_resume_continues_the_step_count(cifar_run, cifar_slice, tmp_path):
+    _, out = cifar_run
+    train(compose_cfg(tmp_path, [*cifar_overrides(cifar_slice), "trainer.max_epochs=4", "test=false",
+                                 f"ckpt_path={out / 'checkpoints' / 'last.ckpt'}"]))
+    resumed = torch.load(tmp_path / "out" / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
+    assert (resumed["epoch"], resumed["global_step"]) == (3, 4 * STEPS_PER_EPOCH)
+    steps = [step for _, step, _ in read_metrics(tmp_path / "out" / "csv" / "metrics.csv", "train/loss_step")]
+    assert len(steps) == STEPS_PER_EPOCH and min(steps) >= 3 * STEPS_PER_EPOCH - 1  # only the new epoch
+
+
+def test_eval_reproduces_the_test_score(cifar_run, cifar_slice, tmp_path):
+    metrics, out = cifar_run
+    best = next(p for p in (out / "checkpoints").glob("*.ckpt") if p.name != "last.ckpt")
+    common = [f"ckpt_path={best}", f"paths.data_dir={cifar_slice}", f"data.val_size={VAL_SIZE}", "data.num_workers=0",
+              "trainer=cpu"]
+    result = evaluate(compose_cfg(tmp_path, [*common, "attention=naive"], "eval"))
+    assert result["attention"] == "naive" and result["peak_mem_gib"] is None
+    # train.py tested this checkpoint with sdpa; naive may flip at most a near-tie
+    assert abs(result["top1"] - metrics["test/top1"]) <= 1 / (10 * TEST_PER_CLASS)
+    val = evaluate(compose_cfg(tmp_path, [*common, "split=val"], "eval"))
+    assert val["split"] == "val" and 0.0 <= val["top1"] <= val["top5"] <= 1.0
+
+
+def test_corrupt_checkpoint(cifar_run, tmp_path):
+    _, out = cifar_run
+    truncated = tmp_path / "truncated.ckpt"
+    truncated.write_bytes((out / "checkpoints" / "last.ckpt").read_bytes()[:5000])
+    garbage = tmp_path / "garbage.ckpt"
+    garbage.write_bytes(os.urandom(4096))
+    for bad in (truncated, garbage):
+        with pytest.raises(ValueError, match=rf"checkpoint {bad} is corrupt or not a PyTorch checkpoint"):
+            evaluate(compose_cfg(tmp_path, [f"ckpt_path={bad}", "data=synthetic"], "eval"))
+    with pytest.raises(ValueError, match="is corrupt"):
+        train(compose_cfg(tmp_path, [*SMOKE, "debug=fdr", f"ckpt_path={garbage}"]))
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        evaluate(compose_cfg(tmp_path, [f"ckpt_path={tmp_path / 'nope.ckpt'}", "data=synthetic"], "eval"))
+
+
+# --------------------------------------------------------------------------------------
+# Processes: DDP over gloo, a multirun sweep
+
+
+def test_ddp_two_processes_on_cpu(tmp_path):
+    result = run_cli("train", "data=synthetic", "data.train_size=256", "data.batch_size=32", "trainer=ddp",
+                     "trainer.accelerator=cpu", "trainer.devices=2", "trainer.max_epochs=1", "trainer.precision=32-true",
+                     "model.attention=sdpa", f"hydra.run.dir={tmp_path}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "distributed_backend=gloo" in result.stderr + result.stdout
+    assert "Starting with 2 processes" in result.stderr + result.stdout
+    ckpt = torch.load(tmp_path / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
+    assert ckpt["global_step"] == 256 // (32 * 2)  # each process saw half of the images
+
+
+def test_multirun_sweeps_attention(tmp_path):
+    result = run_cli("train", "-m", "attention=naive,sdpa", *SMOKE, "debug=default", f"hydra.sweep.dir={tmp_path}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    for job, attention in ((0, "naive"), (1, "sdpa")):
+        assert f"attention={attention}" in (tmp_path / str(job) / ".hydra" / "overrides.yaml").read_text()
+        assert read_metrics(tmp_path / str(job) / "csv" / "metrics.csv", "test/top1")
