@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 from functools import partial
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Callable
 
 import lightning as L
@@ -32,11 +31,6 @@ log = logging.getLogger(__name__)
 
 ATTENTION_CHOICES = ("auto", *ATTENTION_IMPLS)
 HALF_PRECISIONS = ("bf16-mixed", "16-mixed", "bf16-true", "16-true")
-# timm's ViT names: kept out of weight decay although they are not 1-D; the layer-decay
-# grouping used when the model offers no `group_matcher()` of its own.
-NO_WEIGHT_DECAY = ("pos_embed", "cls_token")
-VIT_LAYER_GROUPS = dict(stem=r"^cls_token|pos_embed|patch_embed",
-                        blocks=[(r"^blocks\.(\d+)", None), (r"^norm", (99999,))])
 
 # `${if_cuda:a,b}` in the configs: a where a CUDA GPU is visible, else b (the Trainer's precision).
 if not OmegaConf.has_resolver("if_cuda"):
@@ -186,13 +180,12 @@ class ViTModule(L.LightningModule):
 
     def configure_optimizers(self):
         hp = self.hparams
+        # timm's helpers: no decay on 1-D parameters (norms, biases) and the model's
+        # no_weight_decay() names; layer decay groups by the model's group_matcher()
         weight_decay = getattr(self.optimizer_factory, "keywords", {}).get("weight_decay", 0.0)
-        no_decay = getattr(self.model, "no_weight_decay", lambda: NO_WEIGHT_DECAY)()
+        no_decay = self.model.no_weight_decay()
         if hp.layer_decay:
-            # timm groups parameters by block through the model's group_matcher()
-            grouped = self.model if hasattr(self.model, "group_matcher") else SimpleNamespace(
-                named_parameters=self.model.named_parameters, group_matcher=lambda coarse=False: VIT_LAYER_GROUPS)
-            groups = param_groups_layer_decay(grouped, weight_decay=weight_decay,
+            groups = param_groups_layer_decay(self.model, weight_decay=weight_decay,
                                               no_weight_decay_list=no_decay, layer_decay=hp.layer_decay)
         else:
             groups = param_groups_weight_decay(self.model, weight_decay=weight_decay, no_weight_decay_list=no_decay)
