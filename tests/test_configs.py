@@ -132,6 +132,6 @@ def test_mistyped_value_is_refused_when_building(tmp_path):
     cfg = compose_cfg(tmp_path, ["model.attention=flsh"])
     with pytest.raises(hydra.errors.InstantiationException, match=r"unknown attention 'flsh': choose one of auto, flash, naive, sdpa"):
         instantiate(cfg.model, _convert_="all")
-    cfg = compose_cfg(tmp_path, ["data.train_crop=pda"])
+    cfg = compose_cfg(tmp_path, ["data.augment.train_crop=pda"])
     with pytest.raises(hydra.errors.InstantiationException, match=r"train_crop='pda': choose 'rrc'"):
         instantiate(cfg.data, _convert_="all")

@@ -15,7 +15,7 @@ from PIL import Image
 import torchvision
 from torchvision import datasets
 
-from vitflash.data import CIFARDataModule, ImageFolderDataModule, SyntheticDataModule, build_transform, load_image_folder
+from vitflash.data import Augment, CIFARDataModule, ImageFolderDataModule, SyntheticDataModule, load_image_folder
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 import prepare_data  # noqa: E402
@@ -42,9 +42,9 @@ def kwargs(**extra):
 @pytest.mark.parametrize("train_crop", ["rrc", "pad"])
 def test_transforms_give_normalized_tensors(train_crop):
     img = Image.fromarray(np.full((32, 32, 3), 255, np.uint8))
-    train = build_transform(True, 32, train_crop=train_crop, auto_augment="rand-m9-mstd0.5-inc1", re_prob=0.5)
+    train = Augment(train_crop=train_crop, auto_augment="rand-m9-mstd0.5-inc1", re_prob=0.5).train_transform(32)
     assert train(img).shape == (3, 32, 32)
-    evaluate = build_transform(False, 32, mean=(0.5,) * 3, std=(0.25,) * 3)
+    evaluate = Augment(mean=(0.5,) * 3, std=(0.25,) * 3).eval_transform(32)
     assert torch.allclose(evaluate(img), torch.full((3, 32, 32), 2.0))  # (1 - 0.5) / 0.25
 
 

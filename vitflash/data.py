@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -36,45 +37,49 @@ def _prepare_hint(data_root: Path, archive: str) -> str:
             f"--archive ../shared/data/{archive} --root {data_root}`")
 
 
-def build_transform(
-    train: bool,
-    img_size: int,
-    train_crop: str = "rrc",
-    scale: Sequence[float] = (0.08, 1.0),
-    hflip: float = 0.5,
-    color_jitter: float = 0.0,
-    auto_augment: str | None = None,
-    re_prob: float = 0.0,
-    interpolation: str = "bicubic",
-    crop_pct: float = 1.0,
-    mean: Sequence[float] = CIFAR_MEAN,
-    std: Sequence[float] = CIFAR_STD,
-) -> Callable[[Image.Image], torch.Tensor]:
-    """A PIL image -> (3, img_size, img_size) normalized tensor transform.
+@dataclass
+class Augment:
+    """How images become (3, img_size, img_size) normalized tensors.
 
-    train_crop: "rrc" (timm's random-resized crop, the ImageNet recipe) or "pad" (a random
-    crop of the image padded by img_size/8, the CIFAR recipe); either is followed by timm's
-    RandAugment (`auto_augment`, e.g. "rand-m9-mstd0.5-inc1") and random erasing (`re_prob`).
-    Evaluation resizes to img_size / crop_pct and center-crops img_size.
+    Training: train_crop "rrc" (timm's random-resized crop over `scale`, the ImageNet recipe)
+    or "pad" (a random crop of the image padded by img_size/8, the CIFAR recipe), a flip with
+    probability hflip, then timm's RandAugment (`auto_augment`, e.g. "rand-m9-mstd0.5-inc1"),
+    color jitter and random erasing (`re_prob`). Evaluation resizes to img_size / crop_pct and
+    center-crops img_size.
     """
-    if not train:
-        return create_transform(
-            img_size, is_training=False, crop_pct=crop_pct,
-            interpolation=interpolation, mean=tuple(mean), std=tuple(std),
+
+    train_crop: str = "rrc"
+    scale: Sequence[float] = (0.08, 1.0)
+    hflip: float = 0.5
+    color_jitter: float = 0.0
+    auto_augment: str | None = None
+    re_prob: float = 0.0
+    interpolation: str = "bicubic"
+    crop_pct: float = 1.0
+    mean: Sequence[float] = CIFAR_MEAN
+    std: Sequence[float] = CIFAR_STD
+
+    def __post_init__(self):
+        if self.train_crop not in ("rrc", "pad"):
+            raise ValueError(f"train_crop={self.train_crop!r}: choose 'rrc' (random-resized) or 'pad'")
+
+    def train_transform(self, img_size: int) -> Callable[[Image.Image], torch.Tensor]:
+        primary, secondary, final = create_transform(
+            img_size, is_training=True, scale=tuple(self.scale), hflip=self.hflip,
+            color_jitter=self.color_jitter, auto_augment=self.auto_augment, re_prob=self.re_prob,
+            re_mode="pixel", interpolation=self.interpolation, mean=tuple(self.mean),
+            std=tuple(self.std), separate=True,
         )
-    if train_crop not in ("rrc", "pad"):
-        raise ValueError(f"train_crop={train_crop!r}: choose 'rrc' (random-resized) or 'pad'")
-    primary, secondary, final = create_transform(
-        img_size, is_training=True, scale=tuple(scale), hflip=hflip, color_jitter=color_jitter,
-        auto_augment=auto_augment, re_prob=re_prob, re_mode="pixel", interpolation=interpolation,
-        mean=tuple(mean), std=tuple(std), separate=True,
-    )
-    if train_crop == "pad":
-        primary = T.Compose([
-            T.RandomCrop(img_size, padding=img_size // 8, padding_mode="reflect"),
-            T.RandomHorizontalFlip(hflip),
-        ])
-    return T.Compose([primary, secondary, final])
+        if self.train_crop == "pad":
+            primary = T.Compose([
+                T.RandomCrop(img_size, padding=img_size // 8, padding_mode="reflect"),
+                T.RandomHorizontalFlip(self.hflip),
+            ])
+        return T.Compose([primary, secondary, final])
+
+    def eval_transform(self, img_size: int) -> Callable[[Image.Image], torch.Tensor]:
+        return create_transform(img_size, is_training=False, crop_pct=self.crop_pct,
+                                interpolation=self.interpolation, mean=tuple(self.mean), std=tuple(self.std))
 
 
 class ArrayDataset(Dataset):
@@ -142,7 +147,7 @@ class ImageDataModule(L.LightningDataModule):
         batch_size: per process (under DDP the global batch is batch_size * world size).
         val_size: images held out of the training split for validation (0: validate on
             the test split, as ImageNet recipes do).
-        The remaining arguments configure `build_transform`.
+        augment: the transforms (default: `Augment()`).
     """
 
     def __init__(
@@ -154,27 +159,15 @@ class ImageDataModule(L.LightningDataModule):
         num_workers: int = 4,
         val_size: int = 0,
         split_seed: int = 0,
-        train_crop: str = "rrc",
-        scale: Sequence[float] = (0.08, 1.0),
-        hflip: float = 0.5,
-        color_jitter: float = 0.0,
-        auto_augment: str | None = None,
-        re_prob: float = 0.0,
-        interpolation: str = "bicubic",
-        crop_pct: float = 1.0,
-        mean: Sequence[float] = CIFAR_MEAN,
-        std: Sequence[float] = CIFAR_STD,
+        augment: Augment | None = None,
     ):
         super().__init__()
         self.num_classes, self.img_size = num_classes, img_size
         self.batch_size, self.eval_batch_size = batch_size, eval_batch_size or batch_size
         self.num_workers, self.val_size, self.split_seed = num_workers, val_size, split_seed
-        common = dict(img_size=img_size, interpolation=interpolation, mean=mean, std=std)
-        self.train_transform = build_transform(
-            True, train_crop=train_crop, scale=scale, hflip=hflip, color_jitter=color_jitter,
-            auto_augment=auto_augment, re_prob=re_prob, **common,
-        )
-        self.eval_transform = build_transform(False, crop_pct=crop_pct, **common)
+        augment = augment or Augment()
+        self.train_transform = augment.train_transform(img_size)
+        self.eval_transform = augment.eval_transform(img_size)
         self.train_set = self.val_set = self.test_set = None
 
     def _load(self, stage: str | None) -> tuple[Dataset, Dataset, Dataset]:
