@@ -165,7 +165,10 @@ def main() -> None:
         sys.exit("bench_attention.py needs a CUDA GPU: it times GPU kernels.")
 
     env = environment()
-    command = "python " + " ".join(sys.argv)
+    # The command as run, less where it wrote (that does not change a number).
+    argv = [a for i, a in enumerate(sys.argv)
+            if a != "--out" and (i == 0 or sys.argv[i - 1] != "--out")]
+    command = "python " + " ".join(argv)
     results = []
     for shape in SHAPES:
         row = {"shape": list(shape)}
