@@ -33,7 +33,7 @@ CIFAR_STD = (0.2470, 0.2435, 0.2616)
 
 
 def _prepare_hint(data_root: Path, archive: str) -> str:
-    return (f"unpack the data first: `python scripts/prepare_data.py "
+    return (f"Unpack the data first: `python scripts/prepare_data.py "
             f"--archive ../shared/data/{archive} --root {data_root}`")
 
 
@@ -248,9 +248,14 @@ class CIFARDataModule(ImageDataModule):
         raise FileNotFoundError(
             f"{self.name} not found under {self.root}: expected {self.root / self._TORCHVISION[self.name][1]} "
             f"(torchvision) or {tree}/train and {tree}/test (JPEG tree). "
-            + _prepare_hint(self.root, f"{self.name}-jpeg.tar.gz")
-            + f", or `python scripts/prepare_data.py --download {self.name} --root {self.root}` when online"
+            + self._hint()
         )
+
+    def _hint(self) -> str:
+        download = f"`python scripts/prepare_data.py --download {self.name} --root {self.root}` (online)"
+        if self.name == "cifar10":  # the shared data holds CIFAR-10 only
+            return _prepare_hint(self.root, "cifar10-jpeg.tar.gz") + f", or {download}"
+        return f"Fetch it with {download}"
 
     def _arrays(self, train: bool, download: bool = False) -> tuple[np.ndarray, np.ndarray]:
         if self._source() == "torchvision":
@@ -258,8 +263,7 @@ class CIFARDataModule(ImageDataModule):
             try:
                 ds = cls(str(self.root), train=train, download=download)
             except OSError as e:  # URLError is an OSError
-                raise RuntimeError(f"could not download {self.name} into {self.root} ({e}); "
-                                   + _prepare_hint(self.root, f"{self.name}-jpeg.tar.gz")) from e
+                raise RuntimeError(f"could not download {self.name} into {self.root} ({e}); " + self._hint()) from e
             return ds.data, np.asarray(ds.targets, dtype=np.int64)
         split = "train" if train else "test"
         images, labels, _ = load_image_folder(self.root / self.name / split, num_workers=self.num_workers)
