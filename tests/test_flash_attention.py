@@ -201,7 +201,7 @@ def test_rejects_mismatched_devices():
 
 @pytest.mark.parametrize("D", [12, 264])
 def test_rejects_unsupported_head_dim(D):
-    with pytest.raises(ValueError, match=f"head dim {D} is not supported"):
+    with pytest.raises(ValueError, match=f"head dim {D} is not supported by flash attention"):
         flash_attention(*_qkv(D=D))
 
 

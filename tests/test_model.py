@@ -184,7 +184,7 @@ def test_input_of_another_size_is_refused():
 
 
 def test_flash_rejects_head_dims_the_kernel_lacks():
-    with pytest.raises(ValueError, match="head dim 30 not supported by the flash"):
+    with pytest.raises(ValueError, match="head dim 30 is not supported by flash attention"):
         VisionTransformer(img_size=32, patch_size=4, embed_dim=120, num_heads=4, depth=1,
                           attention="flash")  # fmt: skip
     model = VisionTransformer(img_size=32, patch_size=4, embed_dim=120, num_heads=4, depth=1)

@@ -36,17 +36,7 @@ import torch
 import torch.nn as nn
 from timm.layers import DropPath
 
-from vitflash.ops import attention_qkvpacked, check_attention_impl
-
-
-def check_flash_head_dim(head_dim: int) -> None:
-    """The flash kernel handles head dims that are multiples of 8, up to 256."""
-    if head_dim % 8 != 0 or head_dim > 256:
-        raise ValueError(
-            f"head dim {head_dim} not supported by the flash attention path: it needs a "
-            f"multiple of 8 no larger than 256; change embed_dim/num_heads or use "
-            f"attention='sdpa' or 'naive'"
-        )
+from vitflash.ops import attention_qkvpacked, check_attention_impl, check_head_dim
 
 
 class PatchEmbed(nn.Module):
@@ -201,7 +191,7 @@ class VisionTransformer(nn.Module):
             raise ValueError("global_pool='token' needs class_token=True; use global_pool='avg'")
         check_attention_impl(attention)
         if attention == "flash":
-            check_flash_head_dim(embed_dim // num_heads)
+            check_head_dim(embed_dim // num_heads)
         use_fc_norm = global_pool == "avg" if fc_norm is None else fc_norm
         # The architecture as built; vitflash.pretrained turns it into timm's arguments.
         self.config = dict(
@@ -259,7 +249,7 @@ class VisionTransformer(nn.Module):
         """Switch every block to attention path `impl`; returns the model."""
         check_attention_impl(impl)
         if impl == "flash":
-            check_flash_head_dim(self.embed_dim // self.config["num_heads"])
+            check_head_dim(self.embed_dim // self.config["num_heads"])
         for blk in self.blocks:
             blk.attn.impl = impl
         return self

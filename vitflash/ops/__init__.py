@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from vitflash.ops.flash import flash_attention, flash_attention_qkvpacked
+from vitflash.ops.flash import check_head_dim, flash_attention, flash_attention_qkvpacked
 from vitflash.ops.reference import naive_attention, sdpa_attention
 
 ATTENTION_IMPLS = ("flash", "naive", "sdpa")
@@ -16,6 +16,7 @@ __all__ = [
     "ATTENTION_IMPLS",
     "attention_qkvpacked",
     "check_attention_impl",
+    "check_head_dim",
     "flash_attention",
     "flash_attention_qkvpacked",
     "naive_attention",

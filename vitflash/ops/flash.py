@@ -574,6 +574,15 @@ def _check(name: str, t: torch.Tensor, shape: tuple, ref: torch.Tensor) -> None:
                          "the head dim must have stride 1; call .contiguous() first")
 
 
+def check_head_dim(d: int) -> None:
+    """Raise a ValueError unless the kernel supports head dim `d` (multiple of 8, <= 256)."""
+    if d % 8 != 0 or not 8 <= d <= MAX_HEAD_DIM:
+        raise ValueError(
+            f"head dim {d} is not supported by flash attention: it needs a multiple of 8 no "
+            f"larger than {MAX_HEAD_DIM} (e.g. 32, 64, 80, 96, 128); change embed_dim or "
+            "num_heads, or use the 'sdpa' or 'naive' attention path")
+
+
 def _check_inputs(q, k, v) -> None:
     if not isinstance(q, torch.Tensor):
         raise TypeError(f"q must be a torch.Tensor, got {type(q).__name__}")
@@ -582,9 +591,7 @@ def _check_inputs(q, k, v) -> None:
     for name, t in (("q", q), ("k", k), ("v", v)):
         _check(name, t, tuple(q.shape), q)
     B, N, H, D = q.shape
-    if D % 8 != 0 or not 8 <= D <= MAX_HEAD_DIM:
-        raise ValueError(f"head dim {D} is not supported: flash attention needs D a multiple "
-                         f"of 8 and at most {MAX_HEAD_DIM} (e.g. 32, 64, 80, 96, 128)")
+    check_head_dim(D)
     if min(B, N, H) < 1:
         raise ValueError(f"empty input of shape {tuple(q.shape)}: B, N and H must be >= 1")
     if q.device.type == "cpu":
