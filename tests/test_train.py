@@ -200,3 +200,21 @@ def test_multirun_sweeps_attention(tmp_path):
     for job, attention in ((0, "naive"), (1, "sdpa")):
         assert f"attention={attention}" in (tmp_path / str(job) / ".hydra" / "overrides.yaml").read_text()
         assert read_metrics(tmp_path / str(job) / "csv" / "metrics.csv", "test/top1")
+
+    # scripts/report.py puts the two jobs side by side, one row each, with their own figures.
+    report = load_script("report")
+    table = report.main([str(tmp_path), "--out", str(tmp_path / "report.md")])
+    assert (tmp_path / "report.md").read_text() == table
+    rows = [line for line in table.splitlines()[2:] if line.startswith("|")]
+    assert len(rows) == 2
+    for job, attention in ((0, "naive"), (1, "sdpa")):
+        top1 = read_metrics(tmp_path / str(job) / "csv" / "metrics.csv", "test/top1")[-1][2]
+        cells = [c.strip() for c in rows[job].strip("|").split("|")]
+        assert cells[0] == str(job) and f"attention={attention}" in cells[1]
+        assert cells[4] == f"{100 * top1:.2f}%"
+
+
+def test_report_names_a_folder_without_runs(tmp_path):
+    result = run_cli("report", str(tmp_path))
+    assert result.returncode != 0
+    assert "holds no training run" in result.stderr and "csv/metrics.csv" in result.stderr
