@@ -20,8 +20,12 @@ kept in base-2 units. Sequence lengths need not be multiples of a block (ViT len
 D % 8 == 0 are padded inside the kernel to the next power of two.
 
 Dtypes: float16 and bfloat16, with float32 accumulation. float32 inputs are refused, as
-FlashAttention refuses them: the matrix units would round them to tf32 anyway; run the
-model under bf16 autocast, or use the `sdpa` / `naive` paths for true fp32.
+FlashAttention refuses them: the tiles and configurations are sized for 16-bit operands on
+the matrix units, and fp32 tiles would halve what fits on chip. Run the model under bf16
+autocast, or use the `sdpa` / `naive` paths for fp32.
+
+Launch configurations are autotuned on the first call for each (N, D, dtype), which takes
+a few seconds; a ViT trains at one N, so that happens once per run.
 
 On CPU the kernels run under Triton's interpreter (TRITON_INTERPRET=1, set before Triton is
 first imported), which is how CI tests them. The interpreter (triton 3.8) gets bf16 wrong in
@@ -371,8 +375,8 @@ _FWD_CONFIGS = _configs([(128, 64, 4, 3), (128, 128, 8, 3), (64, 64, 4, 3), (128
 _BWD_CONFIGS = _configs([(32, 128, 128, 32, 4, 3), (64, 128, 128, 64, 8, 3),
                          (64, 64, 64, 64, 4, 3), (32, 64, 64, 32, 4, 3)],
                         ("BLOCK_M1", "BLOCK_N1", "BLOCK_M2", "BLOCK_N2"))
-# Under the interpreter every program runs one after another in numpy: one fixed, small
-# configuration keeps CI fast; tests at N = 17, 65, 128, 197, 577 still cover single,
+# Under the interpreter every program runs one after another in numpy: one fixed
+# configuration, no autotuning, keeps CI fast; tests at N = 17, 65, 128, 197, 577 still cover single,
 # multiple, full and partial tiles.
 _INTERPRETER_FWD = {"BLOCK_M": 64, "BLOCK_N": 64}
 _INTERPRETER_BWD = {"BLOCK_M1": 64, "BLOCK_N1": 64, "BLOCK_M2": 64, "BLOCK_N2": 64}
@@ -382,6 +386,7 @@ def _prune(configs, named_args, **kwargs):
     """Drop tiles too large for shared memory or registers at this head dim."""
     block_d = named_args.get("BLOCK_D", kwargs.get("BLOCK_D"))
     limit = 128 * 128 if block_d <= 64 else (128 * 64 if block_d <= 128 else 64 * 64)
+
     def tile(c):
         k = c.kwargs
         return max(k.get("BLOCK_M", 0) * k.get("BLOCK_N", 0),
