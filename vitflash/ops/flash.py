@@ -422,8 +422,19 @@ def _launch(plain, tuned, interpreter_config, n_blocks_of, *args, **constexprs):
 # ----------------------------------------------------------------------------------------
 # Host launchers (no autograd here)
 # ----------------------------------------------------------------------------------------
+# Host-side integer helpers in plain Python: triton.cdiv and friends are jit functions whose
+# host call costs microseconds each, on a path that runs every layer of every step.
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _strides(*tensors: torch.Tensor) -> list[int]:
+    """(batch, token, head) strides of each (B, N, H, D) tensor, flattened."""
+    return [s for t in tensors for s in t.stride()[:3]]
+
+
 def _head_dims(d: int) -> dict:
-    return {"HEAD_DIM": d, "BLOCK_D": max(16, triton.next_power_of_2(d))}
+    return {"HEAD_DIM": d, "BLOCK_D": max(16, 1 << (d - 1).bit_length())}
 
 
 def _needs_bf16_fix(t: torch.Tensor) -> bool:
@@ -436,12 +447,9 @@ def _forward(q, k, v, sm_scale: float):
     o = torch.empty((B, N, H, D), dtype=q.dtype, device=q.device)
     lse = torch.empty((B, H, N), dtype=torch.float32, device=q.device)
     _launch(_fwd_kernel, _fwd_kernel_tuned, _INTERPRETER_FWD,
-            lambda meta: triton.cdiv(N, meta["BLOCK_M"]) * B * H,
+            lambda meta: _cdiv(N, meta["BLOCK_M"]) * B * H,
             q, k, v, o, lse, sm_scale * LOG2E,
-            q.stride(0), q.stride(1), q.stride(2),
-            k.stride(0), k.stride(1), k.stride(2),
-            v.stride(0), v.stride(1), v.stride(2),
-            o.stride(0), o.stride(1), o.stride(2),
+            *_strides(q, k, v, o),
             H, N, **_head_dims(D), BF16_FIX=_needs_bf16_fix(q))
     return o, lse
 
@@ -454,16 +462,15 @@ def _backward(do, q, k, v, o, lse, sm_scale: float, dq, dk, dv) -> None:
     dims = _head_dims(D)
     delta = torch.empty_like(lse)
     block = 64
-    _bwd_preprocess[(triton.cdiv(N, block) * B * H,)](
+    _bwd_preprocess[(_cdiv(N, block) * B * H,)](
         o, do, delta,
-        o.stride(0), o.stride(1), o.stride(2),
-        do.stride(0), do.stride(1), do.stride(2),
+        *_strides(o, do),
         H, N, **dims, BLOCK_M=block)
     _launch(_bwd_kernel, _bwd_kernel_tuned, _INTERPRETER_BWD,
-            lambda meta: (triton.cdiv(N, meta["BLOCK_N1"]) + triton.cdiv(N, meta["BLOCK_M2"]))
+            lambda meta: (_cdiv(N, meta["BLOCK_N1"]) + _cdiv(N, meta["BLOCK_M2"]))
             * B * H,
             q, k, v, do, lse, delta, dq, dk, dv, sm_scale * LOG2E, sm_scale,
-            *(t.stride(i) for t in (q, k, v, do, dq, dk, dv) for i in range(3)),
+            *_strides(q, k, v, do, dq, dk, dv),
             B * H, H, N, **dims, BF16_FIX=_needs_bf16_fix(q))
 
 
