@@ -6,6 +6,8 @@ are built with the same overrides.
 """
 from __future__ import annotations
 
+import functools
+
 import importlib.util
 import os
 from pathlib import Path
@@ -301,3 +303,14 @@ def test_unknown_timm_tag_lists_the_known_ones():
     assert "augreg_in21k_ft_in1k" in str(e.value)
     with pytest.raises(ValueError, match="not a timm architecture"):
         vitflash.create_model("vit_micro_patch4_32", pretrained="augreg_in21k")
+
+
+def test_checkpoint_with_pickled_objects_is_refused_not_unpickled(tmp_path):
+    """vitflash never unpickles a file in full (that can run code): it says how to re-save."""
+    model = vitflash.build_model("vit_micro_patch4_32", num_classes=10)
+    path = tmp_path / "foreign.ckpt"
+    torch.save({"state_dict": {f"model.{k}": v for k, v in model.state_dict().items()},
+                "hyper_parameters": {"optimizer": functools.partial(torch.optim.AdamW, lr=1e-3)}},
+               path)
+    with pytest.raises(CheckpointError, match="pickled Python objects.*If you trust the file"):
+        vitflash.create_model("vit_micro_patch4_32", num_classes=10, pretrained=str(path))

@@ -67,6 +67,8 @@ def read_checkpoint(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], d
             obj = safetensors.torch.load_file(path)
         else:
             obj = _torch_load(path)
+    except CheckpointError:
+        raise
     except Exception as e:
         raise CheckpointError(
             f"cannot read checkpoint {path}: {type(e).__name__}: {e}. The file is truncated, "
@@ -98,15 +100,20 @@ def read_checkpoint(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], d
 
 
 def _torch_load(path: Path):
+    """torch.load with weights_only=True: a checkpoint can run code when unpickled in full,
+    so vitflash never does that on its own."""
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
         if "weights only" not in str(e).lower():
             raise
-    # Lightning checkpoints may pickle hyper-parameters (DictConfig, partial optimizers)
-    # that weights_only refuses. The caller named this file; it is unpickled in full.
-    log.warning("%s holds pickled objects besides tensors; loading it with weights_only=False", path)
-    return torch.load(path, map_location="cpu", weights_only=False)
+        raise CheckpointError(
+            f"checkpoint {path} holds pickled Python objects besides tensors (e.g. "
+            "hyper-parameters of another training script), which vitflash does not unpickle. "
+            "If you trust the file, save its weights alone and pass that file: "
+            "`ckpt = torch.load(path, weights_only=False); torch.save(ckpt.get('state_dict', "
+            "ckpt), 'weights.pth')`"
+        ) from e
 
 
 # ---------------------------------------------------------------------------------------
