@@ -17,7 +17,6 @@ Out: `export_timm(checkpoint, out)` writes a vitflash model, state dict or Light
 from __future__ import annotations
 
 import json
-import logging
 import math
 import os
 import pickle
@@ -33,7 +32,6 @@ from timm.models.vision_transformer import checkpoint_filter_fn
 
 from vitflash.model import VisionTransformer, build_model, list_models, preset_kwargs
 
-log = logging.getLogger(__name__)
 
 CHECKPOINT_SUFFIXES = (".safetensors", ".pth", ".pt", ".bin", ".ckpt")
 # Keys every timm VisionTransformer state dict has; their absence means another architecture.
