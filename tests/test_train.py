@@ -171,9 +171,9 @@ def test_corrupt_checkpoint(cifar_run, tmp_path):
     garbage = tmp_path / "garbage.ckpt"
     garbage.write_bytes(os.urandom(4096))
     for bad in (truncated, garbage):
-        with pytest.raises(ValueError, match=rf"checkpoint {bad} is corrupt or not a PyTorch checkpoint"):
+        with pytest.raises(ValueError, match=rf"cannot read checkpoint {bad}: it is truncated, corrupt, or not a PyTorch"):
             evaluate(compose_cfg(tmp_path, [f"ckpt_path={bad}", "data=synthetic"], "eval"))
-    with pytest.raises(ValueError, match="is corrupt"):
+    with pytest.raises(ValueError, match="truncated, corrupt"):
         train(compose_cfg(tmp_path, [*SMOKE, "debug=fdr", f"ckpt_path={garbage}"]))
     with pytest.raises(FileNotFoundError, match="does not exist"):
         evaluate(compose_cfg(tmp_path, [f"ckpt_path={tmp_path / 'nope.ckpt'}", "data=synthetic"], "eval"))

@@ -26,6 +26,7 @@ from torchmetrics.classification import MulticlassAccuracy
 
 import vitflash
 from vitflash.ops import ATTENTION_IMPLS
+from vitflash.pretrained import load_file
 
 log = logging.getLogger(__name__)
 
@@ -206,21 +207,9 @@ class ViTModule(L.LightningModule):
 
 
 def read_checkpoint(path: str | Path) -> dict:
-    """Load a checkpoint written by scripts/train.py on the CPU, with errors that say what to do."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(
-            f"checkpoint {path} does not exist: pass the path of a .ckpt file, e.g. "
-            "<run dir>/checkpoints/last.ckpt"
-        )
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # torch raises several types for truncated or foreign files
-        raise ValueError(
-            f"checkpoint {path} is corrupt or not a PyTorch checkpoint ({type(e).__name__}: "
-            f"{str(e).splitlines()[0] if str(e) else ''}): use another checkpoint of the run "
-            "(last.ckpt or the best one) or train again"
-        ) from e
+    """A checkpoint written by scripts/train.py, loaded on the CPU (vitflash.pretrained reads
+    the file; missing, corrupt and foreign files get errors that say what to do)."""
+    ckpt = load_file(path)
     if not isinstance(ckpt, dict) or "state_dict" not in ckpt or "model_name" not in ckpt.get("hyper_parameters", {}):
         raise ValueError(f"{path} is not a checkpoint of scripts/train.py: it has no ViTModule hyper-parameters")
     return ckpt

@@ -57,21 +57,7 @@ def read_checkpoint(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], d
     the network; `hyper_parameters` is returned, {} when absent). DDP/torch.compile
     prefixes are removed with timm's `clean_state_dict`.
     """
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"checkpoint file {path} does not exist")
-    try:
-        if path.suffix == ".safetensors":
-            obj = safetensors.torch.load_file(path)
-        else:
-            obj = _torch_load(path)
-    except CheckpointError:
-        raise
-    except Exception as e:
-        raise CheckpointError(
-            f"cannot read checkpoint {path}: {type(e).__name__}: {e}. The file is truncated, "
-            f"corrupt, or not a PyTorch/safetensors checkpoint; re-download or re-save it"
-        ) from e
+    obj = load_file(path)
     hparams: dict = {}
     if isinstance(obj, nn.Module):
         obj = obj.state_dict()
@@ -97,21 +83,40 @@ def read_checkpoint(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], d
     return state_dict, hparams
 
 
-def _torch_load(path: Path):
-    """torch.load with weights_only=True: a checkpoint can run code when unpickled in full,
-    so vitflash never does that on its own."""
+def load_file(path: str | os.PathLike):
+    """The object saved in a checkpoint file (.safetensors, or torch.save), on the CPU: the one
+    reader of checkpoint files in vitflash, with errors that say what to do.
+
+    torch.save files are read with weights_only=True: a file unpickled in full can run code,
+    so vitflash never does that on its own.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"checkpoint {path} does not exist: check the path (a training run keeps its "
+            "checkpoints in <run dir>/checkpoints/)")
     try:
+        if path.suffix == ".safetensors":
+            return safetensors.torch.load_file(path)
         return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
-        if "weights only" not in str(e).lower():
-            raise
-        raise CheckpointError(
-            f"checkpoint {path} holds pickled Python objects besides tensors (e.g. "
-            "hyper-parameters of another training script), which vitflash does not unpickle. "
-            "If you trust the file, save its weights alone and pass that file: "
-            "`ckpt = torch.load(path, weights_only=False); torch.save(ckpt.get('state_dict', "
-            "ckpt), 'weights.pth')`"
-        ) from e
+        # weights_only names the Python object it refused ("Unsupported global: ..."); any
+        # other unpickling error is a damaged file.
+        if "unsupported global" in str(e).lower():
+            raise CheckpointError(
+                f"checkpoint {path} holds pickled Python objects besides tensors (e.g. "
+                "hyper-parameters of another training script), which vitflash does not "
+                "unpickle. If you trust the file, save its weights alone and pass that file: "
+                "`ckpt = torch.load(path, weights_only=False); torch.save(ckpt.get("
+                "'state_dict', ckpt), 'weights.pth')`") from e
+        error = e
+    except Exception as e:  # torch and safetensors raise several types for damaged files
+        error = e
+    first_line = str(error).splitlines()[0] if str(error) else ""
+    raise CheckpointError(
+        f"cannot read checkpoint {path}: it is truncated, corrupt, or not a PyTorch/safetensors "
+        f"checkpoint ({type(error).__name__}: {first_line}). Re-download or re-save it, or "
+        "use another checkpoint of the run (last.ckpt or the best one)") from error
 
 
 # ---------------------------------------------------------------------------------------
