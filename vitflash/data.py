@@ -175,6 +175,12 @@ class ImageDataModule(L.LightningDataModule):
         images with the eval transform (the source of the held-out val split), test."""
         raise NotImplementedError
 
+    def _arrays_to_splits(self, x: np.ndarray, y: np.ndarray, xt: np.ndarray, yt: np.ndarray):
+        """`_load`'s triple from in-memory arrays: train images (N, H, W, 3) uint8 and labels
+        (N,), test images and labels."""
+        return (ArrayDataset(x, y, self.train_transform), ArrayDataset(x, y, self.eval_transform),
+                ArrayDataset(xt, yt, self.eval_transform))
+
     def _check_classes(self, found: int, where: object) -> None:
         if found != self.num_classes:
             raise ValueError(
@@ -277,8 +283,7 @@ class CIFARDataModule(ImageDataModule):
     def _load(self, stage: str | None):
         (x, y), (xt, yt) = self._arrays(True), self._arrays(False)
         self._check_classes(int(y.max()) + 1, self.root / self.name)
-        return (ArrayDataset(x, y, self.train_transform), ArrayDataset(x, y, self.eval_transform),
-                ArrayDataset(xt, yt, self.eval_transform))
+        return self._arrays_to_splits(x, y, xt, yt)
 
 
 class ImageFolderDataModule(ImageDataModule):
@@ -316,8 +321,7 @@ class ImageFolderDataModule(ImageDataModule):
         if self.in_memory:
             (x, y, classes), (xt, yt, _) = (load_image_folder(d) for d in (train_dir, test_dir))
             self._check_classes(len(classes), train_dir)
-            return (ArrayDataset(x, y, self.train_transform), ArrayDataset(x, y, self.eval_transform),
-                    ArrayDataset(xt, yt, self.eval_transform))
+            return self._arrays_to_splits(x, y, xt, yt)
         train = datasets.ImageFolder(str(train_dir), transform=self.train_transform)
         self._check_classes(len(train.classes), train_dir)
         test = datasets.ImageFolder(str(test_dir), transform=self.eval_transform)
@@ -343,5 +347,4 @@ class SyntheticDataModule(ImageDataModule):
         rng = np.random.default_rng(self.seed)
         templates = rng.integers(0, 256, (self.num_classes, self.img_size, self.img_size, 3))
         (x, y), (xt, yt) = self._images(self.train_size, rng, templates), self._images(self.test_size, rng, templates)
-        return (ArrayDataset(x, y, self.train_transform), ArrayDataset(x, y, self.eval_transform),
-                ArrayDataset(xt, yt, self.eval_transform))
+        return self._arrays_to_splits(x, y, xt, yt)
