@@ -441,14 +441,15 @@ def _needs_bf16_fix(t: torch.Tensor) -> bool:
     return _interpreting() and t.dtype == torch.bfloat16
 
 
-def _forward(q, k, v, sm_scale: float):
+def _attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float
+              ) -> tuple[torch.Tensor, torch.Tensor]:
     """o (B, N, H, D) contiguous and lse (B, H, N) fp32, base-2 units."""
     B, N, H, D = q.shape
     o = torch.empty((B, N, H, D), dtype=q.dtype, device=q.device)
     lse = torch.empty((B, H, N), dtype=torch.float32, device=q.device)
     _launch(_fwd_kernel, _fwd_kernel_tuned, _INTERPRETER_FWD,
             lambda meta: _cdiv(N, meta["BLOCK_M"]) * B * H,
-            q, k, v, o, lse, sm_scale * LOG2E,
+            q, k, v, o, lse, softmax_scale * LOG2E,
             *_strides(q, k, v, o),
             H, N, **_head_dims(D), BF16_FIX=_needs_bf16_fix(q))
     return o, lse
@@ -477,11 +478,6 @@ def _backward(do, q, k, v, o, lse, sm_scale: float, dq, dk, dv) -> None:
 # ----------------------------------------------------------------------------------------
 # Autograd, and torch.library ops for torch.compile
 # ----------------------------------------------------------------------------------------
-def _attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float
-              ) -> tuple[torch.Tensor, torch.Tensor]:
-    return _forward(q, k, v, softmax_scale)
-
-
 def _attn_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
               o: torch.Tensor, lse: torch.Tensor, softmax_scale: float
               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -491,7 +487,7 @@ def _attn_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
 
 
 def _packed_fwd(qkv: torch.Tensor, softmax_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    return _forward(*qkv.unbind(2), softmax_scale)
+    return _attn_fwd(*qkv.unbind(2), softmax_scale)
 
 
 def _packed_bwd(do: torch.Tensor, qkv: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
