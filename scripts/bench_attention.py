@@ -116,6 +116,23 @@ def environment() -> dict:
             "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
 
 
+def command_line() -> str:
+    """The command as run, less where it wrote (that does not change a number)."""
+    argv = [a for i, a in enumerate(sys.argv)
+            if a != "--out" and (i == 0 or sys.argv[i - 1] != "--out")]
+    return "python " + " ".join(argv)
+
+
+def write_results(out: Path, prefix: str, env: dict, command: str, results: list,
+                  table: str) -> None:
+    """<out>/<prefix>_<gpu>.json (command, environment, results) and .md (the table)."""
+    out.mkdir(parents=True, exist_ok=True)
+    stem = prefix + "_" + re.sub(r"[^A-Za-z0-9]+", "_", env["gpu"]).strip("_").lower()
+    (out / f"{stem}.json").write_text(
+        json.dumps({"command": command, "environment": env, "results": results}, indent=1))
+    (out / f"{stem}.md").write_text(table)
+
+
 def markdown(results: list[dict], env: dict, command: str) -> str:
     def cell(r, key, fmt):
         return fmt.format(r[key]) if key in r else "n/a"
@@ -165,10 +182,7 @@ def main() -> None:
         sys.exit("bench_attention.py needs a CUDA GPU: it times GPU kernels.")
 
     env = environment()
-    # The command as run, less where it wrote (that does not change a number).
-    argv = [a for i, a in enumerate(sys.argv)
-            if a != "--out" and (i == 0 or sys.argv[i - 1] != "--out")]
-    command = "python " + " ".join(argv)
+    command = command_line()
     results = []
     for shape in SHAPES:
         row = {"shape": list(shape)}
@@ -180,12 +194,8 @@ def main() -> None:
                                 for k, v in row[impl].items()}, flush=True)
         results.append(row)
 
-    args.out.mkdir(parents=True, exist_ok=True)
-    stem = "attention_" + re.sub(r"[^A-Za-z0-9]+", "_", env["gpu"]).strip("_").lower()
-    (args.out / f"{stem}.json").write_text(
-        json.dumps({"command": command, "environment": env, "results": results}, indent=1))
     table = markdown(results, env, command)
-    (args.out / f"{stem}.md").write_text(table)
+    write_results(args.out, "attention", env, command, results, table)
     print(table)
 
 

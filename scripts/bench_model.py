@@ -11,8 +11,6 @@ writes train_step_<gpu>.json and train_step_<gpu>.md there (a GPU is required).
 from __future__ import annotations
 
 import argparse
-import json
-import re
 import statistics
 import sys
 from pathlib import Path
@@ -21,7 +19,7 @@ import timm
 import torch
 import torch.nn.functional as F
 
-from bench_attention import environment  # noqa: E402  (scripts/ is on sys.path when run)
+from bench_attention import command_line, environment, write_results  # scripts/ is on sys.path
 from vitflash import build_model
 
 CASES = [("vit_small_patch16_224", 256), ("vit_base_patch16_224", 256),
@@ -88,9 +86,7 @@ def main() -> None:
         rows.append(row)
 
     env = environment()
-    argv = [a for i, a in enumerate(sys.argv)
-            if a != "--out" and (i == 0 or sys.argv[i - 1] != "--out")]
-    command = "python " + " ".join(argv)
+    command = command_line()
     lines = [f"# ViT training step on {env['gpu']}", "", f"Command: `{command}`", "",
              f"torch {env['torch']}, triton {env['triton']}, timm {timm.__version__}, "
              f"CUDA {env['cuda']}; {env['date']}. AdamW (fused), bf16 autocast, random "
@@ -103,11 +99,7 @@ def main() -> None:
         lines.append(f"| {r['model']} | {r['batch']} | " + " | ".join(
             f"{r[p]['img_per_s']:,.0f} | {r[p]['peak_gib']:.1f}" for p in PATHS) + " |")
     table = "\n".join(lines) + "\n"
-    args.out.mkdir(parents=True, exist_ok=True)
-    stem = "train_step_" + re.sub(r"[^A-Za-z0-9]+", "_", env["gpu"]).strip("_").lower()
-    (args.out / f"{stem}.json").write_text(
-        json.dumps({"command": command, "environment": env, "results": rows}, indent=1))
-    (args.out / f"{stem}.md").write_text(table)
+    write_results(args.out, "train_step", env, command, rows, table)
     print(table)
 
 
