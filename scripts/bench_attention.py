@@ -1,8 +1,12 @@
 """Attention benchmark: vitflash flash vs naive vs PyTorch SDPA backends, at ViT shapes.
 
 Times forward and forward+backward with `triton.testing.do_bench` (median, after warm-up and
-autotuning) and measures the peak memory one forward+backward adds on top of its inputs.
-FLOPs: forward 4*B*H*N^2*D, forward+backward 3.5x that.
+autotuning), REPEATS times per case: the tables give the median of the repeats and their
+min-max. Also measures the peak memory one forward+backward adds on top of its inputs, the
+synchronized time of one small call (what a launch-bound model pays per layer), and the
+first call of the flash op at each shape (autotuning, or a hit in its on-disk cache).
+FLOPs: forward 4*B*H*N^2*D, forward+backward 3.5x that; "of peak" divides by the measured
+dense bf16 matrix rate of an H200 (PEAK_TFLOPS).
 
 Inputs are what each path gets in a ViT block: vitflash flash takes the packed
 (B, N, 3, H, D) qkv tensor and writes one dqkv; naive takes q, k, v views of it. SDPA gets
@@ -17,7 +21,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
+import subprocess
+import statistics
 import re
 import sys
 import time
@@ -31,14 +38,24 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from vitflash.ops import flash_attention_qkvpacked, naive_attention
 
-# (B, H, N, D): ViT-B/16 @224 b256, ViT-S/16 @224 b256, ViT-B/16 @384 b64,
-# ViT-L/14 @448 b32, ViT-B/16 @1024 b8, N=4097 with D=128.
-SHAPES = [(256, 12, 197, 64), (256, 6, 197, 64), (64, 12, 577, 64), (32, 16, 1025, 64),
-          (8, 12, 4097, 64), (4, 16, 4097, 128)]
+# (B, H, N, D). CIFAR models (32 px, 4x4 patches: 65 tokens): vit_tiny_patch4_32 (3 heads)
+# and vit_small_patch4_32 (6 heads) at b256 and b1024; 17 tokens (16 px or 8x8 patches).
+SMALL_SHAPES = [(256, 3, 65, 64), (1024, 3, 65, 64), (256, 6, 65, 64), (1024, 6, 65, 64),
+                (512, 12, 17, 64)]
+# ViT-B/16 @224 b256, ViT-S/16 @224 b256, ViT-B/16 @384 b64, ViT-L/14 @448 b32,
+# ViT-B/16 @1024 b8, N=4097 with D=128.
+LARGE_SHAPES = [(256, 12, 197, 64), (256, 6, 197, 64), (64, 12, 577, 64), (32, 16, 1025, 64),
+                (8, 12, 4097, 64), (4, 16, 4097, 128)]
+SHAPES = SMALL_SHAPES + LARGE_SHAPES
+# One call of a CIFAR ViT layer at batch 1, forward+backward, synchronized.
+LATENCY_SHAPE = (1, 3, 65, 64)
+PEAK_TFLOPS = 790.0  # dense bf16 matrix product on random data, measured on the H200
+REPEATS = 3
 SDPA_BACKENDS = {"sdpa_flash": SDPBackend.FLASH_ATTENTION,
                  "sdpa_efficient": SDPBackend.EFFICIENT_ATTENTION,
                  "sdpa_cudnn": SDPBackend.CUDNN_ATTENTION}
 IMPLS = ["flash", "naive", *SDPA_BACKENDS]
+LATENCY_IMPLS = ["flash", "naive", "sdpa"]  # sdpa: the backend PyTorch picks itself
 
 
 def make_case(impl: str, B: int, H: int, N: int, D: int, dtype: torch.dtype):
@@ -51,6 +68,9 @@ def make_case(impl: str, B: int, H: int, N: int, D: int, dtype: torch.dtype):
         return [qkv], (lambda: naive_attention(*qkv.unbind(2))), do
     q, k, v = (torch.randn(B, H, N, D, device="cuda", dtype=dtype, requires_grad=True)
                for _ in range(3))
+    if impl == "sdpa":
+        return [q, k, v], (lambda: F.scaled_dot_product_attention(q, k, v)), \
+            torch.randn(B, H, N, D, device="cuda", dtype=dtype)
     backend = SDPA_BACKENDS[impl]
 
     def fn():
@@ -72,7 +92,13 @@ def host_us(fn, calls: int = 20) -> float:
     return elapsed / calls * 1e6
 
 
-def bench_case(impl, shape, dtype, warmup_ms, rep_ms):
+def spread(values: list[float]) -> dict:
+    """Median and min-max of repeated measurements."""
+    return {"median": statistics.median(values), "min": min(values), "max": max(values),
+            "n": len(values)}
+
+
+def bench_case(impl, shape, dtype, warmup_ms, rep_ms, repeats):
     B, H, N, D = shape
     leaves, fwd, do = make_case(impl, B, H, N, D, dtype)
 
@@ -80,8 +106,10 @@ def bench_case(impl, shape, dtype, warmup_ms, rep_ms):
         fwd().backward(do)
 
     try:
+        start = time.perf_counter()
         fwd_bwd()  # compile / autotune outside the timed region
         torch.cuda.synchronize()
+        first_call_s = time.perf_counter() - start
     except RuntimeError as err:  # e.g. a backend that does not take this shape
         return {"error": str(err).splitlines()[0][:200]}
 
@@ -95,22 +123,60 @@ def bench_case(impl, shape, dtype, warmup_ms, rep_ms):
     torch.cuda.synchronize()
     peak_mib = (torch.cuda.max_memory_allocated() - base) / 2**20
 
-    with torch.no_grad():
-        fwd_ms = triton.testing.do_bench(fwd, warmup=warmup_ms, rep=rep_ms, return_mode="median")
-    fwd_bwd_ms = triton.testing.do_bench(fwd_bwd, warmup=warmup_ms, rep=rep_ms,
-                                         grad_to_none=leaves, return_mode="median")
+    fwd_ms, fwd_bwd_ms = [], []
+    for _ in range(repeats):
+        with torch.no_grad():
+            fwd_ms.append(triton.testing.do_bench(fwd, warmup=warmup_ms, rep=rep_ms,
+                                                  return_mode="median"))
+        fwd_bwd_ms.append(triton.testing.do_bench(fwd_bwd, warmup=warmup_ms, rep=rep_ms,
+                                                  grad_to_none=leaves, return_mode="median"))
     with torch.no_grad():
         fwd_host = host_us(fwd)
     fwd_bwd_host = host_us(fwd_bwd)
     flops = 4 * B * H * N * N * D
-    return {"fwd_ms": fwd_ms, "fwd_bwd_ms": fwd_bwd_ms,
+    fwd_t = [flops / ms * 1e-9 for ms in fwd_ms]
+    fwd_bwd_t = [3.5 * flops / ms * 1e-9 for ms in fwd_bwd_ms]
+    return {"fwd_ms": statistics.median(fwd_ms), "fwd_bwd_ms": statistics.median(fwd_bwd_ms),
             "fwd_host_us": fwd_host, "fwd_bwd_host_us": fwd_bwd_host,
-            "fwd_tflops": flops / fwd_ms * 1e-9, "fwd_bwd_tflops": 3.5 * flops / fwd_bwd_ms * 1e-9,
-            "peak_extra_mib": peak_mib}
+            "fwd_tflops": statistics.median(fwd_t), "fwd_bwd_tflops": statistics.median(fwd_bwd_t),
+            "fwd_tflops_spread": spread(fwd_t), "fwd_bwd_tflops_spread": spread(fwd_bwd_t),
+            "peak_extra_mib": peak_mib, "first_call_s": first_call_s}
+
+
+def latency_us(impl: str, shape, dtype, calls: int = 200, repeats: int = REPEATS) -> dict:
+    """Wall microseconds of one forward+backward followed by a synchronize: per-call
+    overhead (host work and launches), which is what a small layer costs without CUDA graphs."""
+    B, H, N, D = shape
+    leaves, fwd, do = make_case(impl, B, H, N, D, dtype)
+    for _ in range(20):
+        fwd().backward(do)
+    torch.cuda.synchronize()
+    medians = []
+    for _ in range(repeats):
+        times = []
+        for _ in range(calls):
+            start = time.perf_counter()
+            fwd().backward(do)
+            torch.cuda.synchronize()
+            times.append((time.perf_counter() - start) * 1e6)
+        medians.append(statistics.median(times))
+    return spread(medians)
+
+
+def git_commit() -> str:
+    """The commit the numbers come from: $VITFLASH_COMMIT (a copy of the tree without .git),
+    else git's HEAD, else "unknown"."""
+    if os.environ.get("VITFLASH_COMMIT"):
+        return os.environ["VITFLASH_COMMIT"]
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
 
 
 def environment() -> dict:
-    return {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+    return {"gpu": torch.cuda.get_device_name(), "commit": git_commit(), "torch": torch.__version__,
             "triton": triton.__version__, "cuda": torch.version.cuda,
             "cudnn": torch.backends.cudnn.version(), "python": platform.python_version(),
             "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
@@ -123,7 +189,7 @@ def command_line() -> str:
     return "python " + " ".join(argv)
 
 
-def write_results(out: Path, prefix: str, env: dict, command: str, results: list,
+def write_results(out: Path, prefix: str, env: dict, command: str, results: list | dict,
                   table: str) -> None:
     """<out>/<prefix>_<gpu>.json (command, environment, results) and .md (the table)."""
     out.mkdir(parents=True, exist_ok=True)
@@ -133,17 +199,55 @@ def write_results(out: Path, prefix: str, env: dict, command: str, results: list
     (out / f"{stem}.md").write_text(table)
 
 
-def markdown(results: list[dict], env: dict, command: str) -> str:
+def _ratio(a: dict, b: dict, key: str) -> str:
+    return f"{a[key] / b[key]:.2f}x" if key in a and key in b else "n/a"
+
+
+def _best_sdpa(row: dict, key: str) -> dict:
+    """The fastest SDPA backend of a row at `key` (empty if none ran)."""
+    ran = [row[i] for i in SDPA_BACKENDS if key in row[i]]
+    return max(ran, key=lambda r: r[key]) if ran else {}
+
+
+def markdown(results: list[dict], latency: dict, env: dict, command: str) -> str:
     def cell(r, key, fmt):
-        return fmt.format(r[key]) if key in r else "n/a"
+        if key not in r:
+            return "n/a"
+        sp = r.get(key + "_spread")
+        if sp:
+            return (fmt + " ({}-{})").format(sp["median"], fmt.format(sp["min"]),
+                                             fmt.format(sp["max"]))
+        return fmt.format(r[key])
 
     lines = [f"# Attention benchmark on {env['gpu']}", "",
              f"Command: `{command}`", "",
-             f"torch {env['torch']}, triton {env['triton']}, CUDA {env['cuda']}, "
-             f"cuDNN {env['cudnn']}, Python {env['python']}; {env['date']}. bf16, non-causal, "
-             "random inputs, `triton.testing.do_bench` median. TFLOP/s count 4*B*H*N^2*D "
+             f"Commit {env['commit']}; torch {env['torch']}, triton {env['triton']}, CUDA "
+             f"{env['cuda']}, cuDNN {env['cudnn']}, Python {env['python']}; {env['date']}. bf16, non-causal, "
+             "random inputs, `triton.testing.do_bench` median, each case repeated "
+             f"{REPEATS} times: median of the repeats (min-max). TFLOP/s count 4*B*H*N^2*D "
              "for the forward, 3.5x that for forward+backward. Peak extra memory: what one "
              "forward+backward allocates on top of its inputs.", ""]
+    lines += ["## vitflash flash against the best SDPA backend and cuDNN, same run", "",
+              "| (B, H, N, D) | fwd / best SDPA | fwd+bwd / best SDPA | fwd / cuDNN | "
+              f"fwd+bwd / cuDNN | flash fwd+bwd TFLOP/s | of {PEAK_TFLOPS:.0f} peak |",
+              "|---|---|---|---|---|---|---|"]
+    for r in results:
+        f, c = r["flash"], r["sdpa_cudnn"]
+        frac = f"{f['fwd_bwd_tflops'] / PEAK_TFLOPS:.0%}" if "fwd_bwd_tflops" in f else "n/a"
+        lines.append(f"| {tuple(r['shape'])} | {_ratio(f, _best_sdpa(r, 'fwd_tflops'), 'fwd_tflops')} | "
+                     f"{_ratio(f, _best_sdpa(r, 'fwd_bwd_tflops'), 'fwd_bwd_tflops')} | "
+                     f"{_ratio(f, c, 'fwd_tflops')} | {_ratio(f, c, 'fwd_bwd_tflops')} | "
+                     f"{cell(f, 'fwd_bwd_tflops', '{:.0f}')} | {frac} |")
+    lines.append("")
+    if latency:
+        shape = tuple(latency["shape"])
+        lines += [f"## One call at {shape}, forward+backward, synchronized (us)", "",
+                  "| " + " | ".join(LATENCY_IMPLS) + " | flash / sdpa |",
+                  "|---" * (len(LATENCY_IMPLS) + 1) + "|",
+                  "| " + " | ".join("{:.0f} ({:.0f}-{:.0f})".format(
+                      latency[i]["median"], latency[i]["min"], latency[i]["max"])
+                      for i in LATENCY_IMPLS)
+                  + f" | {latency['flash']['median'] / latency['sdpa']['median']:.2f}x |", ""]
     for metric, title, fmt in (("fwd_tflops", "Forward TFLOP/s", "{:.0f}"),
                                ("fwd_bwd_tflops", "Forward+backward TFLOP/s", "{:.0f}"),
                                ("fwd_ms", "Forward ms", "{:.3f}"),
@@ -151,20 +255,15 @@ def markdown(results: list[dict], env: dict, command: str) -> str:
                                ("peak_extra_mib", "Peak extra memory of forward+backward, MiB",
                                 "{:.0f}"),
                                ("fwd_bwd_host_us", "Host time per forward+backward call, us",
-                                "{:.0f}")):
+                                "{:.0f}"),
+                               ("first_call_s", "First call (autotuning, compilation), s",
+                                "{:.2f}")):
         lines += [f"## {title}", "", "| (B, H, N, D) | " + " | ".join(IMPLS) + " |",
                   "|---" * (len(IMPLS) + 1) + "|"]
         for r in results:
             lines.append(f"| {tuple(r['shape'])} | "
                          + " | ".join(cell(r[i], metric, fmt) for i in IMPLS) + " |")
         lines.append("")
-    lines += ["## vitflash flash / SDPA FLASH (FlashAttention-2), same run", "",
-              "| (B, H, N, D) | forward | forward+backward |", "|---|---|---|"]
-    for r in results:
-        f, s = r["flash"], r["sdpa_flash"]
-        ratio = [f"{f[k] / s[k]:.2f}x" if k in f and k in s else "n/a"
-                 for k in ("fwd_tflops", "fwd_bwd_tflops")]
-        lines.append(f"| {tuple(r['shape'])} | {ratio[0]} | {ratio[1]} |")
     errors = [(r["shape"], i, r[i]["error"]) for r in results for i in IMPLS if "error" in r[i]]
     if errors:
         lines += ["", "Not run:"] + [f"- {tuple(s)} {i}: {e}" for s, i, e in errors]
@@ -175,27 +274,49 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     parser.add_argument("--impls", nargs="+", default=IMPLS, choices=IMPLS)
+    parser.add_argument("--shapes", choices=("all", "small", "large"), default="all")
     parser.add_argument("--warmup-ms", type=int, default=25)
     parser.add_argument("--rep-ms", type=int, default=100)
+    parser.add_argument("--repeats", type=int, default=REPEATS)
+    parser.add_argument("--first-call-only", action="store_true",
+                        help="only time the flash op's first call at each shape and exit (run "
+                             "twice: the second process reads the autotuning cache)")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("bench_attention.py needs a CUDA GPU: it times GPU kernels.")
+    shapes = {"all": SHAPES, "small": SMALL_SHAPES, "large": LARGE_SHAPES}[args.shapes]
+
+    if args.first_call_only:
+        for shape in shapes:
+            leaves, fwd, do = make_case("flash", *shape, torch.bfloat16)
+            start = time.perf_counter()
+            fwd().backward(do)
+            torch.cuda.synchronize()
+            print(f"first call {shape}: {time.perf_counter() - start:.2f} s", flush=True)
+        return
 
     env = environment()
     command = command_line()
+    latency = {"shape": list(LATENCY_SHAPE)}
+    for impl in LATENCY_IMPLS:
+        latency[impl] = latency_us(impl, LATENCY_SHAPE, torch.bfloat16, repeats=args.repeats)
+        print("latency", LATENCY_SHAPE, impl, latency[impl], flush=True)
     results = []
-    for shape in SHAPES:
+    for shape in shapes:
         row = {"shape": list(shape)}
         for impl in IMPLS:
-            row[impl] = (bench_case(impl, shape, torch.bfloat16, args.warmup_ms, args.rep_ms)
+            row[impl] = (bench_case(impl, shape, torch.bfloat16, args.warmup_ms, args.rep_ms,
+                                    args.repeats)
                          if impl in args.impls else {"error": "not selected"})
             torch.cuda.empty_cache()
             print(shape, impl, {k: round(v, 3) if isinstance(v, float) else v
-                                for k, v in row[impl].items()}, flush=True)
+                                for k, v in row[impl].items() if not k.endswith("spread")},
+                  flush=True)
         results.append(row)
 
-    table = markdown(results, env, command)
-    write_results(args.out, "attention", env, command, results, table)
+    table = markdown(results, latency, env, command)
+    write_results(args.out, "attention", env, command,
+                  {"latency": latency, "shapes": results}, table)
     print(table)
 
 

@@ -1,12 +1,22 @@
 """Whole training step of a ViT: vitflash on its three attention paths, and timm for scale.
 
-One step = forward, cross-entropy, backward, AdamW update, under bf16 autocast, on random
-images. The same vitflash weights run on every path (`model.set_attention`); timm's own
-VisionTransformer (its fused SDPA attention) is the outside reference. Reports images per
-second (median step time after warm-up) and the peak GPU memory of training.
+One step = forward, cross-entropy, backward, AdamW (fused) update, under bf16 autocast, on
+random images already on the GPU. The same vitflash weights run on every path
+(`model.set_attention`); timm's own VisionTransformer (its fused SDPA attention) is the
+outside reference at 224/384 px. Each case is timed REPEATS times (median step time after
+warm-up, each time); the table gives the median images per second and the min-max of the
+repeats, and the peak GPU memory of training.
 
-    python scripts/bench_model.py --out benchmarks/results
-writes train_step_<gpu>.json and train_step_<gpu>.md there (a GPU is required).
+Two suites:
+- cifar: the CIFAR presets (32 px, 65 tokens), eager, `torch.compile` and
+  `torch.compile(mode="reduce-overhead")` (CUDA graphs), where these small models are
+  launch-bound and the compiled modes are the ones that matter;
+- large: ViT-S/16 and ViT-B/16 at 224 and 384 px, eager, against timm.
+
+    python scripts/bench_model.py --suite cifar --out benchmarks/results
+writes train_step_<suite>_<gpu>.json and .md there (a GPU is required). JSON rows: model,
+batch, compile (null, "default" or "reduce-overhead") and per path img_per_s, its min and
+max, step_ms and peak_gib.
 """
 from __future__ import annotations
 
@@ -22,19 +32,27 @@ import torch.nn.functional as F
 from bench_attention import command_line, environment, write_results  # scripts/ is on sys.path
 from vitflash import build_model
 
-CASES = [("vit_small_patch16_224", 256), ("vit_base_patch16_224", 256),
-         ("vit_base_patch16_384", 64)]
-PATHS = ["flash", "sdpa", "naive", "timm"]
+SUITES = {
+    "cifar": [(m, b, c) for m in ("vit_tiny_patch4_32", "vit_small_patch4_32")
+              for b in (256, 1024) for c in (None, "default", "reduce-overhead")],
+    "large": [("vit_small_patch16_224", 256, None), ("vit_base_patch16_224", 256, None),
+              ("vit_base_patch16_384", 64, None)],
+}
+PATHS = {"cifar": ["flash", "sdpa", "naive"], "large": ["flash", "sdpa", "naive", "timm"]}
+REPEATS = 3
 
 
-def step_fn(model, batch: int, img_size: int):
+def step_fn(model, batch: int, img_size: int, compile_mode: str | None):
     images = torch.randn(batch, 3, img_size, img_size, device="cuda")
-    labels = torch.randint(0, 1000, (batch,), device="cuda")
+    labels = torch.randint(0, 10, (batch,), device="cuda")
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+    forward = model if compile_mode is None else torch.compile(model, mode=compile_mode)
 
     def step():
+        if compile_mode == "reduce-overhead":
+            torch.compiler.cudagraph_mark_step_begin()
         with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = F.cross_entropy(model(images), labels)
+            loss = F.cross_entropy(forward(images), labels)
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -42,64 +60,108 @@ def step_fn(model, batch: int, img_size: int):
     return step
 
 
-def measure(step, warmup: int, steps: int) -> tuple[float, float]:
-    """Median seconds per step and peak GiB allocated while training."""
-    for _ in range(warmup):  # includes autotuning and optimizer-state allocation
+def measure(step, warmup: int, steps: int, repeats: int) -> tuple[list[float], float]:
+    """Median seconds per step of each repeat, and peak GiB allocated while training."""
+    for _ in range(warmup):  # compilation, autotuning and optimizer-state allocation
         step()
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
-    times = []
-    for _ in range(steps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        step()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
-    return statistics.median(times), torch.cuda.max_memory_allocated() / 2**30
+    medians = []
+    for _ in range(repeats):
+        times = []
+        for _ in range(steps):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            step()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) / 1e3)
+        medians.append(statistics.median(times))
+    return medians, torch.cuda.max_memory_allocated() / 2**30
+
+
+def run_case(name: str, batch: int, compile_mode: str | None, path: str, args) -> dict:
+    img_size = int(name.rsplit("_", 1)[-1])
+    torch.manual_seed(0)
+    if path == "timm":
+        model = timm.create_model(name, pretrained=False, num_classes=10).cuda()
+    else:
+        model = build_model(name, attention=path, num_classes=10).cuda()
+    try:
+        secs, gib = measure(step_fn(model, batch, img_size, compile_mode), args.warmup,
+                            args.steps, args.repeats)
+    except Exception as err:  # one failing case must not lose the others' numbers
+        return {"error": f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"}
+    finally:
+        del model
+        torch._dynamo.reset()
+        torch.cuda.empty_cache()
+    ips = [batch / s for s in secs]
+    return {"img_per_s": statistics.median(ips), "img_per_s_min": min(ips),
+            "img_per_s_max": max(ips), "step_ms": statistics.median(secs) * 1e3, "peak_gib": gib}
+
+
+def markdown(rows: list[dict], paths: list[str], env: dict, command: str, args) -> str:
+    def cell(r):
+        if "error" in r:
+            return "failed"
+        return f"{r['img_per_s']:,.0f} ({r['img_per_s_min']:,.0f}-{r['img_per_s_max']:,.0f})"
+
+    lines = [f"# ViT training step on {env['gpu']}", "", f"Command: `{command}`", "",
+             f"Commit {env['commit']}; torch {env['torch']}, triton {env['triton']}, timm {timm.__version__}, "
+             f"CUDA {env['cuda']}; {env['date']}. AdamW (fused), bf16 autocast, random "
+             f"images on the GPU; images/s from the median of {args.steps} steps after "
+             f"{args.warmup} warm-up steps, {args.repeats} repeats: median (min-max). "
+             "Peak: max GPU memory allocated while training.", "",
+             "| model | batch | compile | " + " | ".join(f"{p} img/s" for p in paths)
+             + " | flash / best other | " + " | ".join(f"{p} peak GiB" for p in paths) + " |",
+             "|---|---|---|" + "---|" * (2 * len(paths) + 1)]
+    for r in rows:
+        others = [r[p]["img_per_s"] for p in paths if p != "flash" and "img_per_s" in r[p]]
+        ratio = (f"{r['flash']['img_per_s'] / max(others):.2f}x"
+                 if others and "img_per_s" in r["flash"] else "n/a")
+        lines.append(f"| {r['model']} | {r['batch']} | {r['compile'] or 'eager'} | "
+                     + " | ".join(cell(r[p]) for p in paths) + f" | {ratio} | "
+                     + " | ".join(f"{r[p]['peak_gib']:.2f}" if "peak_gib" in r[p] else "n/a"
+                                  for p in paths) + " |")
+    errors = [(r["model"], r["batch"], r["compile"], p, r[p]["error"])
+              for r in rows for p in paths if "error" in r[p]]
+    if errors:
+        lines += ["", "Failed:"] + [f"- {e[:4]}: {e[4]}" for e in errors]
+    return "\n".join(lines) + "\n"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    parser.add_argument("--suite", choices=sorted(SUITES), default="cifar")
+    parser.add_argument("--models", nargs="*", help="only these models of the suite")
+    parser.add_argument("--compile", nargs="*", dest="modes",
+                        choices=("eager", "default", "reduce-overhead"),
+                        help="only these compile modes")
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--repeats", type=int, default=REPEATS)
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("bench_model.py needs a CUDA GPU.")
 
-    torch.manual_seed(0)
+    paths = PATHS[args.suite]
     rows = []
-    for name, batch in CASES:
-        img_size = int(name.rsplit("_", 1)[-1])
-        row = {"model": name, "batch": batch}
-        for path in PATHS:
-            torch.cuda.empty_cache()
-            if path == "timm":
-                model = timm.create_model(name, pretrained=False).cuda()
-            else:
-                model = build_model(name, attention=path).cuda()
-            sec, gib = measure(step_fn(model, batch, img_size), args.warmup, args.steps)
-            row[path] = {"img_per_s": batch / sec, "step_ms": sec * 1e3, "peak_gib": gib}
-            print(name, batch, path, row[path], flush=True)
-            del model
+    for name, batch, mode in SUITES[args.suite]:
+        if (args.models and name not in args.models) or \
+                (args.modes and (mode or "eager") not in args.modes):
+            continue
+        row = {"model": name, "batch": batch, "compile": mode}
+        for path in paths:
+            row[path] = run_case(name, batch, mode, path, args)
+            print(name, batch, mode or "eager", path, row[path], flush=True)
         rows.append(row)
 
     env = environment()
     command = command_line()
-    lines = [f"# ViT training step on {env['gpu']}", "", f"Command: `{command}`", "",
-             f"torch {env['torch']}, triton {env['triton']}, timm {timm.__version__}, "
-             f"CUDA {env['cuda']}; {env['date']}. AdamW (fused), bf16 autocast, random "
-             f"images, median of {args.steps} steps after {args.warmup} warm-up steps. "
-             "Peak: max GPU memory allocated while training (weights, optimizer state, "
-             "activations).", "",
-             "| model | batch | " + " | ".join(f"{p} img/s | {p} peak GiB" for p in PATHS) + " |",
-             "|---|---|" + "---|---|" * len(PATHS)]
-    for r in rows:
-        lines.append(f"| {r['model']} | {r['batch']} | " + " | ".join(
-            f"{r[p]['img_per_s']:,.0f} | {r[p]['peak_gib']:.1f}" for p in PATHS) + " |")
-    table = "\n".join(lines) + "\n"
-    write_results(args.out, "train_step", env, command, rows, table)
+    table = markdown(rows, paths, env, command, args)
+    write_results(args.out, f"train_step_{args.suite}", env, command, rows, table)
     print(table)
 
 

@@ -1,0 +1,356 @@
+"""FlashAttention kernels in Triton, for the packed qkv layout of ViTs.
+
+Algorithm (Dao et al., "FlashAttention", 2022, and "FlashAttention-2", 2023):
+
+* Forward. A program owns BLOCK_M query rows of one (batch, head). It keeps its Q tile on
+  chip and streams K and V past it in tiles of BLOCK_N keys, keeping a running row maximum
+  m and normalizer l (the online softmax): each tile rescales the partial output by
+  exp(m_old - m_new) and adds P V. The N x N scores never reach GPU memory. It writes O and
+  the per-row log-sum-exp (LSE), the one statistic the backward needs.
+* Backward. A small kernel computes delta = rowsum(dO * O); then one launch does the rest:
+  a dK/dV program owns a key tile and streams Q, dO, LSE, delta past it, recomputing
+  P = exp(S - LSE) tile by tile; a dQ program does the same with the roles swapped. No
+  program writes where another does: no atomics, so the backward is deterministic.
+* Short sequences (all keys of a head fit one tile, e.g. the 65 tokens of a CIFAR ViT).
+  The forward is one pass with a plain softmax, no rescaling loop; the backward is a single
+  launch with one program per (batch, head) that holds K and V on chip, walks the query
+  rows in BLOCK_M chunks, computes delta itself, writes each chunk's dQ as it goes and dK,
+  dV at the end. That program owns every gradient of its head, so again nothing is atomic.
+
+Layout. Q, K and V are the (B, N, 3, H, D) tensor a fused qkv projection gives, contiguous:
+every address follows from (N, H, HEAD_DIM), so no strides are passed, and the gradient
+dQKV has the same layout. O and dO are (B, N, H, D), contiguous; LSE and delta (B, H, N).
+
+Exponentials are base 2 with the softmax scale folded into log2(e); the LSE is kept in
+base-2 units. N need not be a multiple of a block (197, 577, ... are not): out-of-range rows
+and keys are masked. Head dims D <= 256 with D % 8 == 0 are padded to BLOCK_D, a power of
+two, inside the kernels.
+
+Under Triton's CPU interpreter (TRITON_INTERPRET=1, read once when this module is
+imported) two bf16 operations are wrong in triton 3.8: `tl.dot` on bf16 operands returns
+garbage and fp32 -> bf16 casts truncate where the GPU rounds to nearest even. There, and
+only there, `_dot` widens bf16 tiles to fp32 first and `_round` rounds in integer
+arithmetic. Both emulate the GPU exactly (every bf16 value is an fp32 value, and the matrix
+units multiply bf16 exactly and accumulate in fp32), so the tests hold the interpreter to
+the GPU's error bound. The choice is made when a kernel is traced, not passed per call.
+"""
+from __future__ import annotations
+
+import os
+
+import triton
+import triton.language as tl
+
+INTERPRET = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") == "1")
+
+
+# ----------------------------------------------------------------------------------------
+# Helpers
+# ----------------------------------------------------------------------------------------
+@triton.jit
+def _head_ptrs(base, bh, rows, offs_d, N, H, PACK: tl.constexpr, WHICH: tl.constexpr,
+               HEAD_DIM: tl.constexpr):
+    """Pointers (len(rows), BLOCK_D) to rows `rows` of head bh = b * H + h: the one place
+    that knows the layout. PACK=3 addresses q, k, v (WHICH 0, 1, 2) of a contiguous
+    (B, N, 3, H, D) tensor; PACK=1, WHICH=0 a contiguous (B, N, H, D) one (O, dO)."""
+    b = (bh // H).to(tl.int64)
+    row_stride = PACK * H * HEAD_DIM
+    head = base + b * N * row_stride + (WHICH * H + bh % H) * HEAD_DIM
+    return head + rows[:, None].to(tl.int64) * row_stride + offs_d[None, :]
+
+
+@triton.jit
+def _load(ptrs, rows, N, offs_d, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+          MASK_ROWS: tl.constexpr):
+    """Load a (rows, BLOCK_D) tile, zero-filling rows >= N (if MASK_ROWS) and padded dims."""
+    if MASK_ROWS:
+        if HEAD_DIM == BLOCK_D:
+            return tl.load(ptrs, mask=rows[:, None] < N, other=0.0)
+        else:
+            return tl.load(ptrs, mask=(rows[:, None] < N) & (offs_d[None, :] < HEAD_DIM),
+                           other=0.0)
+    else:
+        if HEAD_DIM == BLOCK_D:
+            return tl.load(ptrs)
+        else:
+            return tl.load(ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
+
+
+@triton.jit
+def _store(ptrs, tile, rows, N, offs_d, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr):
+    tile = _round(tile, ptrs.dtype.element_ty)
+    if HEAD_DIM == BLOCK_D:
+        tl.store(ptrs, tile, mask=rows[:, None] < N)
+    else:
+        tl.store(ptrs, tile, mask=(rows[:, None] < N) & (offs_d[None, :] < HEAD_DIM))
+
+
+@triton.jit
+def _dot(a, b, acc):
+    """acc + a @ b in fp32 (in the interpreter, bf16 operands are widened first)."""
+    if INTERPRET:
+        if a.dtype == tl.bfloat16:
+            return tl.dot(a.to(tl.float32), b.to(tl.float32), acc)
+    return tl.dot(a, b, acc)
+
+
+@triton.jit
+def _round(x, dtype: tl.constexpr):
+    """fp32 -> dtype, rounding to nearest even as the GPU does (the interpreter truncates
+    fp32 -> bf16, so there it rounds in integer arithmetic)."""
+    if INTERPRET:
+        if dtype == tl.bfloat16:
+            bits = x.to(tl.uint32, bitcast=True)
+            bits = bits + (((bits >> 16) & 1) + 0x7FFF)
+            return (bits >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
+    return x.to(dtype)
+
+
+@triton.jit
+def _split_pid(pid, N, BLOCK: tl.constexpr):
+    """A flat program id (no 65535 limit on B*H) -> (tile, batch*head). Neighbouring
+    programs share a (batch, head), so its K/V tiles come from L2 for all but the first."""
+    num_blocks = tl.cdiv(N, BLOCK)
+    return pid % num_blocks, pid // num_blocks
+
+
+# ----------------------------------------------------------------------------------------
+# Forward
+# ----------------------------------------------------------------------------------------
+@triton.jit
+def _fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, start, end, N, H, offs_n, offs_d, qk_scale,
+               HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+               MASK_N: tl.constexpr):
+    row_stride = 3 * H * HEAD_DIM
+    for start_n in range(start, end, BLOCK_N):
+        cols = start_n + offs_n
+        k = _load(k_ptrs + start_n * row_stride, cols, N, offs_d, HEAD_DIM, BLOCK_D, MASK_N)
+        s = _dot(q, tl.trans(k), tl.zeros([q.shape[0], BLOCK_N], tl.float32))
+        s = s * qk_scale  # (BLOCK_M, BLOCK_N), log2 units
+        if MASK_N:
+            s = tl.where(cols[None, :] < N, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        p = tl.math.exp2(s - m_new[:, None])
+        alpha = tl.math.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = _load(v_ptrs + start_n * row_stride, cols, N, offs_d, HEAD_DIM, BLOCK_D, MASK_N)
+        acc = _dot(_round(p, v.dtype), v, acc * alpha[:, None])
+        m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.jit
+def fwd_kernel(QKV, O, LSE, qk_scale, H, N,
+               HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """O and LSE of BLOCK_M query rows; K, V stream past in BLOCK_N tiles."""
+    pid_m, bh = _split_pid(tl.program_id(0), N, BLOCK_M)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    q = _load(_head_ptrs(QKV, bh, offs_m, offs_d, N, H, 3, 0, HEAD_DIM),
+              offs_m, N, offs_d, HEAD_DIM, BLOCK_D, True)
+    k_ptrs = _head_ptrs(QKV, bh, offs_n, offs_d, N, H, 3, 1, HEAD_DIM)
+    v_ptrs = _head_ptrs(QKV, bh, offs_n, offs_d, N, H, 3, 2, HEAD_DIM)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    n_full = (N // BLOCK_N) * BLOCK_N
+    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, 0, n_full, N, H, offs_n,
+                               offs_d, qk_scale, HEAD_DIM, BLOCK_D, BLOCK_N, False)
+    if n_full < N:  # the one partial key tile
+        acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, n_full, N, N, H, offs_n,
+                                   offs_d, qk_scale, HEAD_DIM, BLOCK_D, BLOCK_N, True)
+
+    _store(_head_ptrs(O, bh, offs_m, offs_d, N, H, 1, 0, HEAD_DIM), acc / l_i[:, None],
+           offs_m, N, offs_d, HEAD_DIM, BLOCK_D)
+    tl.store(LSE + bh.to(tl.int64) * N + offs_m, m_i + tl.math.log2(l_i), mask=offs_m < N)
+
+
+@triton.jit
+def fwd_short_kernel(QKV, O, LSE, qk_scale, H, N,
+                     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """fwd_kernel when BLOCK_N >= N: one key tile, a plain softmax, no rescaling."""
+    pid_m, bh = _split_pid(tl.program_id(0), N, BLOCK_M)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    q = _load(_head_ptrs(QKV, bh, offs_m, offs_d, N, H, 3, 0, HEAD_DIM),
+              offs_m, N, offs_d, HEAD_DIM, BLOCK_D, True)
+    k = _load(_head_ptrs(QKV, bh, offs_n, offs_d, N, H, 3, 1, HEAD_DIM),
+              offs_n, N, offs_d, HEAD_DIM, BLOCK_D, True)
+    s = _dot(q, tl.trans(k), tl.zeros([BLOCK_M, BLOCK_N], tl.float32)) * qk_scale
+    s = tl.where(offs_n[None, :] < N, s, float("-inf"))
+    m = tl.max(s, 1)
+    p = tl.math.exp2(s - m[:, None])
+    l = tl.sum(p, 1)
+    v = _load(_head_ptrs(QKV, bh, offs_n, offs_d, N, H, 3, 2, HEAD_DIM),
+              offs_n, N, offs_d, HEAD_DIM, BLOCK_D, True)
+    acc = _dot(_round(p, v.dtype), v, tl.zeros([BLOCK_M, BLOCK_D], tl.float32))
+    _store(_head_ptrs(O, bh, offs_m, offs_d, N, H, 1, 0, HEAD_DIM), acc / l[:, None],
+           offs_m, N, offs_d, HEAD_DIM, BLOCK_D)
+    tl.store(LSE + bh.to(tl.int64) * N + offs_m, m + tl.math.log2(l), mask=offs_m < N)
+
+
+# ----------------------------------------------------------------------------------------
+# Backward
+# ----------------------------------------------------------------------------------------
+@triton.jit
+def bwd_delta_kernel(O, DO, DELTA, H, N,
+                     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr):
+    """delta = rowsum(dO * O), the diagonal term of the softmax Jacobian, per query row."""
+    pid_m, bh = _split_pid(tl.program_id(0), N, BLOCK_M)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    o = _load(_head_ptrs(O, bh, offs_m, offs_d, N, H, 1, 0, HEAD_DIM),
+              offs_m, N, offs_d, HEAD_DIM, BLOCK_D, True)
+    do = _load(_head_ptrs(DO, bh, offs_m, offs_d, N, H, 1, 0, HEAD_DIM),
+               offs_m, N, offs_d, HEAD_DIM, BLOCK_D, True)
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+    tl.store(DELTA + bh.to(tl.int64) * N + offs_m, delta, mask=offs_m < N)
+
+
+@triton.jit
+def _bwd_dkdv_step(dk, dv, k, v, q, do, lse, delta, qk_scale):
+    """One query tile's share of dK, dV, on transposed tiles so that they accumulate as
+    (BLOCK_N, BLOCK_D). Returns dS^T too, for a caller that also wants dQ."""
+    s_t = _dot(k, tl.trans(q), tl.zeros([k.shape[0], q.shape[0]], tl.float32))
+    p_t = tl.math.exp2(s_t * qk_scale - lse[None, :])  # (BLOCK_N, BLOCK_M)
+    dv = _dot(_round(p_t, do.dtype), do, dv)
+    dp_t = _dot(v, tl.trans(do), tl.zeros([k.shape[0], q.shape[0]], tl.float32))
+    ds_t = p_t * (dp_t - delta[None, :])
+    dk = _dot(_round(ds_t, q.dtype), q, dk)
+    return dk, dv, ds_t
+
+
+@triton.jit
+def _bwd_dkdv(pid, QKV, DO, LSE, DELTA, DQKV, qk_scale, sm_scale, H, N,
+              HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """dK, dV of one BLOCK_N key tile; Q, dO, LSE, delta stream past in BLOCK_M tiles."""
+    pid_n, bh = _split_pid(pid, N, BLOCK_N)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    k = _load(_head_ptrs(QKV, bh, offs_n, offs_d, N, H, 3, 1, HEAD_DIM),
+              offs_n, N, offs_d, HEAD_DIM, BLOCK_D, True)
+    v = _load(_head_ptrs(QKV, bh, offs_n, offs_d, N, H, 3, 2, HEAD_DIM),
+              offs_n, N, offs_d, HEAD_DIM, BLOCK_D, True)
+    q_ptrs = _head_ptrs(QKV, bh, offs_m, offs_d, N, H, 3, 0, HEAD_DIM)
+    do_ptrs = _head_ptrs(DO, bh, offs_m, offs_d, N, H, 1, 0, HEAD_DIM)
+    stats = bh.to(tl.int64) * N
+
+    dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+    for start_m in range(0, N, BLOCK_M):
+        rows = start_m + offs_m
+        # Padded query rows: q = dO = 0 and LSE = +inf make their column of P^T zero.
+        q = _load(q_ptrs + start_m * 3 * H * HEAD_DIM, rows, N, offs_d, HEAD_DIM, BLOCK_D, True)
+        do = _load(do_ptrs + start_m * H * HEAD_DIM, rows, N, offs_d, HEAD_DIM, BLOCK_D, True)
+        lse = tl.load(LSE + stats + rows, mask=rows < N, other=float("inf"))
+        delta = tl.load(DELTA + stats + rows, mask=rows < N, other=0.0)
+        dk, dv, _ = _bwd_dkdv_step(dk, dv, k, v, q, do, lse, delta, qk_scale)
+
+    _store(_head_ptrs(DQKV, bh, offs_n, offs_d, N, H, 3, 1, HEAD_DIM), dk * sm_scale,
+           offs_n, N, offs_d, HEAD_DIM, BLOCK_D)
+    _store(_head_ptrs(DQKV, bh, offs_n, offs_d, N, H, 3, 2, HEAD_DIM), dv,
+           offs_n, N, offs_d, HEAD_DIM, BLOCK_D)
+
+
+@triton.jit
+def _bwd_dq(pid, QKV, DO, LSE, DELTA, DQKV, qk_scale, sm_scale, H, N,
+            HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """dQ of one BLOCK_M query tile; K, V stream past in BLOCK_N tiles."""
+    pid_m, bh = _split_pid(pid, N, BLOCK_M)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    q = _load(_head_ptrs(QKV, bh, offs_m, offs_d, N, H, 3, 0, HEAD_DIM),
+              offs_m, N, offs_d, HEAD_DIM, BLOCK_D, True)
+    do = _load(_head_ptrs(DO, bh, offs_m, offs_d, N, H, 1, 0, HEAD_DIM),
+               offs_m, N, offs_d, HEAD_DIM, BLOCK_D, True)
+    stats = bh.to(tl.int64) * N
+    lse = tl.load(LSE + stats + offs_m, mask=offs_m < N, other=0.0)
+    delta = tl.load(DELTA + stats + offs_m, mask=offs_m < N, other=0.0)
+    k_ptrs = _head_ptrs(QKV, bh, offs_n, offs_d, N, H, 3, 1, HEAD_DIM)
+    v_ptrs = _head_ptrs(QKV, bh, offs_n, offs_d, N, H, 3, 2, HEAD_DIM)
+
+    dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    for start_n in range(0, N, BLOCK_N):
+        cols = start_n + offs_n
+        k = _load(k_ptrs + start_n * 3 * H * HEAD_DIM, cols, N, offs_d, HEAD_DIM, BLOCK_D, True)
+        v = _load(v_ptrs + start_n * 3 * H * HEAD_DIM, cols, N, offs_d, HEAD_DIM, BLOCK_D, True)
+        s = _dot(q, tl.trans(k), tl.zeros([BLOCK_M, BLOCK_N], tl.float32))
+        # Padded keys have k = 0, so exp2(-lse) could be anything: zero them explicitly.
+        p = tl.where(cols[None, :] < N, tl.math.exp2(s * qk_scale - lse[:, None]), 0.0)
+        dp = _dot(do, tl.trans(v), tl.zeros([BLOCK_M, BLOCK_N], tl.float32))
+        ds = p * (dp - delta[:, None])
+        dq = _dot(_round(ds, k.dtype), k, dq)
+
+    _store(_head_ptrs(DQKV, bh, offs_m, offs_d, N, H, 3, 0, HEAD_DIM), dq * sm_scale,
+           offs_m, N, offs_d, HEAD_DIM, BLOCK_D)
+
+
+@triton.jit
+def bwd_kernel(QKV, DO, LSE, DELTA, DQKV, qk_scale, sm_scale, BH, H, N,
+               HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+               BLOCK_M1: tl.constexpr, BLOCK_N1: tl.constexpr,
+               BLOCK_M2: tl.constexpr, BLOCK_N2: tl.constexpr):
+    """The backward after bwd_delta_kernel, in one launch: the first cdiv(N, BLOCK_N1) * B * H
+    programs compute dK, dV (one key tile each), the rest dQ (one query tile each). One
+    launch rather than two fills the GPU without a tail between them."""
+    pid = tl.program_id(0)
+    n_dkdv = tl.cdiv(N, BLOCK_N1) * BH
+    if pid < n_dkdv:
+        _bwd_dkdv(pid, QKV, DO, LSE, DELTA, DQKV, qk_scale, sm_scale, H, N,
+                  HEAD_DIM, BLOCK_D, BLOCK_M1, BLOCK_N1)
+    else:
+        _bwd_dq(pid - n_dkdv, QKV, DO, LSE, DELTA, DQKV, qk_scale, sm_scale, H, N,
+                HEAD_DIM, BLOCK_D, BLOCK_M2, BLOCK_N2)
+
+
+@triton.jit
+def bwd_short_kernel(QKV, O, DO, LSE, DQKV, qk_scale, sm_scale, H, N,
+                     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The whole backward of one (batch, head) when BLOCK_N >= N, in one launch and without
+    bwd_delta_kernel: K and V stay on chip while the query rows pass in BLOCK_M chunks; each
+    chunk computes its own delta, adds to dK and dV, and writes its finished dQ."""
+    bh = tl.program_id(0)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    k = _load(_head_ptrs(QKV, bh, offs_n, offs_d, N, H, 3, 1, HEAD_DIM),
+              offs_n, N, offs_d, HEAD_DIM, BLOCK_D, True)
+    v = _load(_head_ptrs(QKV, bh, offs_n, offs_d, N, H, 3, 2, HEAD_DIM),
+              offs_n, N, offs_d, HEAD_DIM, BLOCK_D, True)
+    key_ok = offs_n[:, None] < N
+    stats = bh.to(tl.int64) * N
+
+    dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+    for start_m in range(0, N, BLOCK_M):
+        rows = start_m + offs_m
+        q = _load(_head_ptrs(QKV, bh, rows, offs_d, N, H, 3, 0, HEAD_DIM),
+                  rows, N, offs_d, HEAD_DIM, BLOCK_D, True)
+        do = _load(_head_ptrs(DO, bh, rows, offs_d, N, H, 1, 0, HEAD_DIM),
+                   rows, N, offs_d, HEAD_DIM, BLOCK_D, True)
+        o = _load(_head_ptrs(O, bh, rows, offs_d, N, H, 1, 0, HEAD_DIM),
+                  rows, N, offs_d, HEAD_DIM, BLOCK_D, True)
+        delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+        lse = tl.load(LSE + stats + rows, mask=rows < N, other=float("inf"))
+        dk, dv, ds_t = _bwd_dkdv_step(dk, dv, k, v, q, do, lse, delta, qk_scale)
+        # Padded keys (k = v = 0) get p = exp2(-lse) != 0 in _bwd_dkdv_step: harmless for
+        # their own dK, dV rows, which are never stored, but they must not reach dQ.
+        ds_t = tl.where(key_ok, ds_t, 0.0)
+        dq = _dot(tl.trans(_round(ds_t, k.dtype)), k, tl.zeros([BLOCK_M, BLOCK_D], tl.float32))
+        _store(_head_ptrs(DQKV, bh, rows, offs_d, N, H, 3, 0, HEAD_DIM), dq * sm_scale,
+               rows, N, offs_d, HEAD_DIM, BLOCK_D)
+
+    _store(_head_ptrs(DQKV, bh, offs_n, offs_d, N, H, 3, 1, HEAD_DIM), dk * sm_scale,
+           offs_n, N, offs_d, HEAD_DIM, BLOCK_D)
+    _store(_head_ptrs(DQKV, bh, offs_n, offs_d, N, H, 3, 2, HEAD_DIM), dv,
+           offs_n, N, offs_d, HEAD_DIM, BLOCK_D)
