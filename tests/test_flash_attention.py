@@ -69,22 +69,20 @@ def test_matches_reference(N, D, dtype):
 def _force(monkeypatch, fwd: launch.Candidate, bwd: launch.Candidate) -> None:
     """Make the op run these candidates instead of the one `launch.choose` would pick."""
     monkeypatch.setattr(flash_mod, "choose", lambda op, *args: fwd if op == "fwd" else bwd)
+    monkeypatch.setattr(flash_mod, "_plans", {})
 
 
-@pytest.mark.parametrize("N", [17, 65, 130])
+@pytest.mark.parametrize("N", [1, 16, 17, 65, 130])
 def test_each_kernel_family(monkeypatch, N):
     """Both families of both ops, whatever the length: the general kernels at short N (one
-    partial tile) and the short forward past 128 keys (a 256-key tile)."""
+    partial tile), the short ones with and without a tail tile (16 = one tile, 17 = 16 + 16,
+    65 = 64 + 16, 130 = 128 + 16)."""
     qkv, do = _packed_inputs(2, N, 2, 32, torch.float16, seed=N)
-    bn = launch.short_block_n(N)
     general_fwd = launch.Candidate("general", (("BLOCK_M", 32), ("BLOCK_N", 16)))
-    short_fwd = launch.Candidate("short", (("BLOCK_M", 32), ("BLOCK_N", bn)))
     general_bwd = launch.Candidate("general", (("BLOCK_M1", 16), ("BLOCK_N1", 32),
                                                ("BLOCK_M2", 32), ("BLOCK_N2", 16)))
-    short_bwd = launch.Candidate("short", (("BLOCK_M", 16), ("BLOCK_N", bn)))
-    pairs = [(general_fwd, general_bwd), (short_fwd, general_bwd)]
-    if bn <= launch.SHORT_BWD_MAX:
-        pairs.append((general_fwd, short_bwd))
+    pairs = [(general_fwd, general_bwd), (launch.short(N, 32), general_bwd),
+             (general_fwd, launch.short(N, 16))]
     for fwd, bwd in pairs:
         _force(monkeypatch, fwd, bwd)
         _assert_within_rule(qkv, do)

@@ -25,7 +25,7 @@ import torch
 
 from vitflash.ops import kernels
 from vitflash.ops import launch as _launch
-from vitflash.ops.launch import block_d, choose, launch
+from vitflash.ops.launch import Candidate, Launch, block_d, choose
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
 MAX_HEAD_DIM = 256
@@ -40,22 +40,55 @@ def _cdiv(a: int, b: int) -> int:  # plain Python: triton.cdiv is a jit function
 # ----------------------------------------------------------------------------------------
 # Host launchers (no autograd here)
 # ----------------------------------------------------------------------------------------
+# A plan per (op, dtype, device, B, N, H, D): the Launches of the chosen candidate. After the
+# first call at a shape, a call is a dict lookup, the output allocations and the launches.
+_plans: dict[tuple, list[Launch]] = {}
+
+
+def _fwd_launches(c: Candidate, B: int, N: int, H: int, D: int) -> list[Launch]:
+    kernel = kernels.fwd_short_kernel if c.family == "short" else kernels.fwd_kernel
+    consts = {"HEAD_DIM": D, "BLOCK_D": block_d(D), **c.meta}
+    return [Launch(kernel, _cdiv(N, c.meta["BLOCK_M"]) * B * H, consts, c.num_warps,
+                   c.num_stages, n_tensors=3)]
+
+
+def _bwd_launches(c: Candidate, B: int, N: int, H: int, D: int) -> list[Launch]:
+    head = {"HEAD_DIM": D, "BLOCK_D": block_d(D)}
+    if c.family == "short":  # one program per (batch, head), delta computed inside
+        return [Launch(kernels.bwd_short_kernel, B * H, {**head, **c.meta}, c.num_warps,
+                       c.num_stages, n_tensors=5)]
+    m = c.meta
+    return [Launch(kernels.bwd_delta_kernel, _cdiv(N, DELTA_BLOCK) * B * H,
+                   {**head, "BLOCK_M": DELTA_BLOCK}, 4, 1, n_tensors=3),
+            Launch(kernels.bwd_kernel, (_cdiv(N, m["BLOCK_N1"]) + _cdiv(N, m["BLOCK_M2"])) * B * H,
+                   {**head, **m}, c.num_warps, c.num_stages, n_tensors=5)]
+
+
+def _plan(op: str, t: torch.Tensor, B: int, N: int, H: int, D: int, run) -> list[Launch]:
+    """The plan for this shape: cached, or chosen now (`run(launches)` runs a candidate's
+    launches on the real arguments, for timing)."""
+    key = (op, t.dtype, t.device, B, N, H, D)
+    plan = _plans.get(key)
+    if plan is None:
+        make = _fwd_launches if op == "fwd" else _bwd_launches
+        cand = choose(op, t.dtype, N, D, B * H, t.device,
+                      lambda c: run(make(c, B, N, H, D)))
+        plan = make(cand, B, N, H, D)
+        if not (t.is_cuda and torch.cuda.is_current_stream_capturing()):
+            _plans[key] = plan  # a plan made during capture is untuned: not kept
+    return plan
+
+
 def _forward(qkv: torch.Tensor, softmax_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
     """qkv (B, N, 3, H, D) contiguous -> o (B, N, H, D) contiguous, lse (B, H, N) fp32 in
     base-2 units."""
     B, N, _, H, D = qkv.shape
     o = torch.empty((B, N, H, D), dtype=qkv.dtype, device=qkv.device)
     lse = torch.empty((B, H, N), dtype=torch.float32, device=qkv.device)
-    args = [qkv, o, lse, softmax_scale * LOG2E, H, N]
-    head = {"HEAD_DIM": D, "BLOCK_D": block_d(D)}
-
-    def run(c: _launch.Candidate) -> None:
-        kernel = kernels.fwd_short_kernel if c.family == "short" else kernels.fwd_kernel
-        meta = c.meta
-        launch(kernel, _cdiv(N, meta["BLOCK_M"]) * B * H, args, {**head, **meta},
-               c.num_warps, c.num_stages)
-
-    run(choose("fwd", qkv.dtype, N, D, B * H, qkv.device, run))
+    args = (qkv, o, lse, softmax_scale * LOG2E, H, N)
+    (launch,) = _plans.get(("fwd", qkv.dtype, qkv.device, B, N, H, D)) or \
+        _plan("fwd", qkv, B, N, H, D, lambda plan: plan[0](*args))
+    launch(*args)
     return o, lse
 
 
@@ -65,25 +98,18 @@ def _backward(do: torch.Tensor, qkv: torch.Tensor, o: torch.Tensor, lse: torch.T
     B, N, _, H, D = qkv.shape
     do = do if do.is_contiguous() else do.contiguous()
     dqkv = torch.empty_like(qkv)
-    head = {"HEAD_DIM": D, "BLOCK_D": block_d(D)}
     qk_scale = softmax_scale * LOG2E
 
-    def run(c: _launch.Candidate) -> None:
-        meta = c.meta
-        if c.family == "short":  # one program per (batch, head), delta computed inside
-            launch(kernels.bwd_short_kernel, B * H,
-                   [qkv, o, do, lse, dqkv, qk_scale, softmax_scale, H, N], {**head, **meta},
-                   c.num_warps, c.num_stages)
-            return
-        delta = torch.empty_like(lse)
-        launch(kernels.bwd_delta_kernel, _cdiv(N, DELTA_BLOCK) * B * H, [o, do, delta, H, N],
-               {**head, "BLOCK_M": DELTA_BLOCK}, 4, 1)
-        launch(kernels.bwd_kernel,
-               (_cdiv(N, meta["BLOCK_N1"]) + _cdiv(N, meta["BLOCK_M2"])) * B * H,
-               [qkv, do, lse, delta, dqkv, qk_scale, softmax_scale, B * H, H, N],
-               {**head, **meta}, c.num_warps, c.num_stages)
+    def run(plan: list[Launch]) -> None:
+        if len(plan) == 1:
+            plan[0](qkv, o, do, lse, dqkv, qk_scale, softmax_scale, H, N)
+        else:
+            delta = torch.empty_like(lse)
+            plan[0](o, do, delta, H, N)
+            plan[1](qkv, do, lse, delta, dqkv, qk_scale, softmax_scale, B * H, H, N)
 
-    run(choose("bwd", qkv.dtype, N, D, B * H, qkv.device, run))
+    run(_plans.get(("bwd", qkv.dtype, qkv.device, B, N, H, D))
+        or _plan("bwd", qkv, B, N, H, D, run))
     return dqkv
 
 

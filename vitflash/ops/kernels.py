@@ -11,7 +11,8 @@ Algorithm (Dao et al., "FlashAttention", 2022, and "FlashAttention-2", 2023):
   a dK/dV program owns a key tile and streams Q, dO, LSE, delta past it, recomputing
   P = exp(S - LSE) tile by tile; a dQ program does the same with the roles swapped. No
   program writes where another does: no atomics, so the backward is deterministic.
-* Short sequences (all keys of a head fit one tile, e.g. the 65 tokens of a CIFAR ViT).
+* Short sequences (all keys of a head fit on chip, e.g. the 65 tokens of a CIFAR ViT, as
+  a 64-key tile and a 16-key tail tile).
   The forward is one pass with a plain softmax, no rescaling loop; the backward is a single
   launch with one program per (batch, head) that holds K and V on chip, walks the query
   rows in BLOCK_M chunks, computes delta itself, writes each chunk's dQ as it goes and dK,
@@ -170,9 +171,11 @@ def fwd_kernel(QKV, O, LSE, qk_scale, H, N,
 
 @triton.jit
 def fwd_short_kernel(QKV, O, LSE, qk_scale, H, N,
-                     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """fwd_kernel when BLOCK_N >= N: one key tile, a plain softmax, no rescaling."""
+                     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+                     BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, HAS_TAIL: tl.constexpr):
+    """fwd_kernel when all keys fit on chip: one pass, a plain softmax, no rescaling. The
+    keys are a BLOCK_N tile plus, if HAS_TAIL, a BLOCK_T tail tile (65 = 64 + 16 keys rather
+    than a 128-key tile: 80 columns of work instead of 128)."""
     pid_m, bh = _split_pid(tl.program_id(0), N, BLOCK_M)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
@@ -184,11 +187,24 @@ def fwd_short_kernel(QKV, O, LSE, qk_scale, H, N,
     s = _dot(q, tl.trans(k), tl.zeros([BLOCK_M, BLOCK_N], tl.float32)) * qk_scale
     s = tl.where(offs_n[None, :] < N, s, float("-inf"))
     m = tl.max(s, 1)
+    if HAS_TAIL:
+        offs_t = BLOCK_N + tl.arange(0, BLOCK_T)
+        k_t = _load(_head_ptrs(QKV, bh, offs_t, offs_d, N, H, 3, 1, HEAD_DIM),
+                    offs_t, N, offs_d, HEAD_DIM, BLOCK_D, True)
+        s_t = _dot(q, tl.trans(k_t), tl.zeros([BLOCK_M, BLOCK_T], tl.float32)) * qk_scale
+        s_t = tl.where(offs_t[None, :] < N, s_t, float("-inf"))
+        m = tl.maximum(m, tl.max(s_t, 1))
     p = tl.math.exp2(s - m[:, None])
     l = tl.sum(p, 1)
     v = _load(_head_ptrs(QKV, bh, offs_n, offs_d, N, H, 3, 2, HEAD_DIM),
               offs_n, N, offs_d, HEAD_DIM, BLOCK_D, True)
     acc = _dot(_round(p, v.dtype), v, tl.zeros([BLOCK_M, BLOCK_D], tl.float32))
+    if HAS_TAIL:
+        p_t = tl.math.exp2(s_t - m[:, None])
+        l += tl.sum(p_t, 1)
+        v_t = _load(_head_ptrs(QKV, bh, offs_t, offs_d, N, H, 3, 2, HEAD_DIM),
+                    offs_t, N, offs_d, HEAD_DIM, BLOCK_D, True)
+        acc = _dot(_round(p_t, v.dtype), v_t, acc)
     _store(_head_ptrs(O, bh, offs_m, offs_d, N, H, 1, 0, HEAD_DIM), acc / l[:, None],
            offs_m, N, offs_d, HEAD_DIM, BLOCK_D)
     tl.store(LSE + bh.to(tl.int64) * N + offs_m, m + tl.math.log2(l), mask=offs_m < N)
@@ -314,24 +330,33 @@ def bwd_kernel(QKV, DO, LSE, DELTA, DQKV, qk_scale, sm_scale, BH, H, N,
 
 @triton.jit
 def bwd_short_kernel(QKV, O, DO, LSE, DQKV, qk_scale, sm_scale, H, N,
-                     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """The whole backward of one (batch, head) when BLOCK_N >= N, in one launch and without
-    bwd_delta_kernel: K and V stay on chip while the query rows pass in BLOCK_M chunks; each
-    chunk computes its own delta, adds to dK and dV, and writes its finished dQ."""
+                     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+                     BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, HAS_TAIL: tl.constexpr):
+    """The whole backward of one (batch, head) when all keys fit on chip (a BLOCK_N tile and,
+    if HAS_TAIL, a BLOCK_T tail), in one launch and without bwd_delta_kernel: K and V stay
+    on chip while the query rows pass in BLOCK_M chunks; each chunk computes its own delta,
+    adds to dK and dV, and writes its finished dQ."""
     bh = tl.program_id(0)
     offs_n = tl.arange(0, BLOCK_N)
+    offs_t = BLOCK_N + tl.arange(0, BLOCK_T)
     offs_m = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     k = _load(_head_ptrs(QKV, bh, offs_n, offs_d, N, H, 3, 1, HEAD_DIM),
               offs_n, N, offs_d, HEAD_DIM, BLOCK_D, True)
     v = _load(_head_ptrs(QKV, bh, offs_n, offs_d, N, H, 3, 2, HEAD_DIM),
               offs_n, N, offs_d, HEAD_DIM, BLOCK_D, True)
-    key_ok = offs_n[:, None] < N
-    stats = bh.to(tl.int64) * N
-
     dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+    # The tail tiles exist either way (without HAS_TAIL, offs_t >= BLOCK_N >= N masks every
+    # load and nothing reads them), so that the loop carries the same variables.
+    k_t = _load(_head_ptrs(QKV, bh, offs_t, offs_d, N, H, 3, 1, HEAD_DIM),
+                offs_t, N, offs_d, HEAD_DIM, BLOCK_D, True)
+    v_t = _load(_head_ptrs(QKV, bh, offs_t, offs_d, N, H, 3, 2, HEAD_DIM),
+                offs_t, N, offs_d, HEAD_DIM, BLOCK_D, True)
+    dk_t = tl.zeros([BLOCK_T, BLOCK_D], tl.float32)
+    dv_t = tl.zeros([BLOCK_T, BLOCK_D], tl.float32)
+    stats = bh.to(tl.int64) * N
+
     for start_m in range(0, N, BLOCK_M):
         rows = start_m + offs_m
         q = _load(_head_ptrs(QKV, bh, rows, offs_d, N, H, 3, 0, HEAD_DIM),
@@ -345,8 +370,13 @@ def bwd_short_kernel(QKV, O, DO, LSE, DQKV, qk_scale, sm_scale, H, N,
         dk, dv, ds_t = _bwd_dkdv_step(dk, dv, k, v, q, do, lse, delta, qk_scale)
         # Padded keys (k = v = 0) get p = exp2(-lse) != 0 in _bwd_dkdv_step: harmless for
         # their own dK, dV rows, which are never stored, but they must not reach dQ.
-        ds_t = tl.where(key_ok, ds_t, 0.0)
+        ds_t = tl.where(offs_n[:, None] < N, ds_t, 0.0)
         dq = _dot(tl.trans(_round(ds_t, k.dtype)), k, tl.zeros([BLOCK_M, BLOCK_D], tl.float32))
+        if HAS_TAIL:
+            dk_t, dv_t, ds_tt = _bwd_dkdv_step(dk_t, dv_t, k_t, v_t, q, do, lse, delta,
+                                               qk_scale)
+            ds_tt = tl.where(offs_t[:, None] < N, ds_tt, 0.0)
+            dq = _dot(tl.trans(_round(ds_tt, k.dtype)), k_t, dq)
         _store(_head_ptrs(DQKV, bh, rows, offs_d, N, H, 3, 0, HEAD_DIM), dq * sm_scale,
                rows, N, offs_d, HEAD_DIM, BLOCK_D)
 
@@ -354,3 +384,8 @@ def bwd_short_kernel(QKV, O, DO, LSE, DQKV, qk_scale, sm_scale, H, N,
            offs_n, N, offs_d, HEAD_DIM, BLOCK_D)
     _store(_head_ptrs(DQKV, bh, offs_n, offs_d, N, H, 3, 2, HEAD_DIM), dv,
            offs_n, N, offs_d, HEAD_DIM, BLOCK_D)
+    if HAS_TAIL:
+        _store(_head_ptrs(DQKV, bh, offs_t, offs_d, N, H, 3, 1, HEAD_DIM), dk_t * sm_scale,
+               offs_t, N, offs_d, HEAD_DIM, BLOCK_D)
+        _store(_head_ptrs(DQKV, bh, offs_t, offs_d, N, H, 3, 2, HEAD_DIM), dv_t,
+               offs_t, N, offs_d, HEAD_DIM, BLOCK_D)

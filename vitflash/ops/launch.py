@@ -10,11 +10,11 @@ processes start at full speed (Triton keeps the compiled binaries in its own cac
 While a CUDA graph is being captured nothing can be timed: an unseen key then takes
 `heuristic`, and is not written to the file.
 
-Later calls skip Triton's per-call argument binding: the compiled kernel of each
-(kernel, config, integer arguments, dtype, device) is kept and launched directly. Triton
-specializes a kernel on its integer arguments (== 1, multiples of 16) and on pointer
-alignment, so those are part of that key, and a pointer that is not 16-byte aligned takes
-Triton's own launch path.
+Later calls skip Triton's per-call argument binding and the tuner's bookkeeping: the caller
+keeps a plan per (op, dtype, device, B, N, H, D), a list of `Launch`es that call the compiled
+kernels directly. Triton specializes a kernel on its integer arguments (== 1, multiples of
+16), which that key fixes, and on pointer alignment, which is checked per call (a pointer
+that is not 16-byte aligned takes Triton's own launch path).
 """
 from __future__ import annotations
 
@@ -68,19 +68,34 @@ def block_d(d: int) -> int:
     return max(16, _pow2(d))
 
 
-def short_block_n(n: int) -> int:
-    """The one key tile of the short kernels: N rounded up to a power of two, at least 16."""
-    return max(16, _pow2(n))
+def short_tiles(n: int) -> tuple[tuple[str, int], ...]:
+    """The key tiles of the short kernels: the largest power of two <= N (at least 16) and,
+    for the keys past it, a power-of-two tail tile: 65 -> 64 + 16, 197 -> 128 + 128."""
+    main = max(16, 1 << (n.bit_length() - 1))
+    rest = n - main
+    tail = max(16, _pow2(rest)) if rest > 0 else 16
+    return (("BLOCK_N", main), ("BLOCK_T", tail), ("HAS_TAIL", rest > 0))
 
 
-SHORT_FWD_MAX = 256  # short forward when all keys fit a tile of this many
-SHORT_BWD_MAX = 128  # short backward: K, V, dK, dV of a head stay on chip
+def short_keys(n: int) -> int:
+    """Keys the short kernels hold on chip (padding included)."""
+    t = dict(short_tiles(n))
+    return t["BLOCK_N"] + t["BLOCK_T"] * t["HAS_TAIL"]
+
+
+SHORT_FWD_MAX = 256  # short forward when all keys (padded) fit in this many
+SHORT_BWD_MAX = 160  # short backward: K, V, dK, dV of a head stay on chip
+
+
+def short(n: int, block_m: int, num_warps: int = 4) -> Candidate:
+    """A candidate of the short kernels (forward or backward) at sequence length n."""
+    return Candidate("short", (("BLOCK_M", block_m),) + short_tiles(n), num_warps, 1)
 
 
 def candidates(op: str, n: int, d: int) -> list[Candidate]:
     """Every candidate of op ("fwd" or "bwd") at sequence length n and head dim d."""
     bd = block_d(d)
-    bn = short_block_n(n)
+    keys = short_keys(n)
     out: list[Candidate] = []
     if op == "fwd":
         names = ("BLOCK_M", "BLOCK_N")
@@ -90,9 +105,9 @@ def candidates(op: str, n: int, d: int) -> list[Candidate]:
             out += _c("general", names, (128, 64, 8, 3), (128, 32, 4, 3), (64, 64, 4, 3), (64, 32, 4, 2))
         else:
             out += _c("general", names, (64, 32, 4, 2), (32, 64, 4, 2), (64, 64, 8, 2), (32, 32, 4, 1))
-        if bn <= SHORT_FWD_MAX and bn * bd <= 128 * 128:
-            out += _c("short", names, *[(m, bn, w, 1) for m in (16, 32, 64, 128) for w in (4, 8)
-                                        if m <= max(16, bn) and m * bn <= 128 * 128])
+        if keys <= SHORT_FWD_MAX and keys * bd <= 256 * 128:
+            out += [short(n, m, w) for m in (16, 32, 64, 128) for w in (4, 8)
+                    if m <= max(16, _pow2(n)) and m * keys <= 128 * 160]
     elif op == "bwd":
         names = ("BLOCK_M1", "BLOCK_N1", "BLOCK_M2", "BLOCK_N2")
         if bd <= 64:
@@ -104,9 +119,9 @@ def candidates(op: str, n: int, d: int) -> list[Candidate]:
         else:
             out += _c("general", names, (16, 64, 64, 16, 4, 1), (32, 32, 32, 32, 4, 1),
                       (16, 32, 32, 16, 4, 1))
-        if bn <= SHORT_BWD_MAX and bn * bd <= 128 * 128:
-            out += _c("short", ("BLOCK_M", "BLOCK_N"),
-                      *[(m, bn, w, 1) for m in (16, 32, 64) for w in (4, 8) if m <= max(16, bn)])
+        if keys <= SHORT_BWD_MAX and keys * bd <= 160 * 128:
+            out += [short(n, m, w) for m in (16, 32, 64) for w in (4, 8)
+                    if m <= max(16, _pow2(n))]
     else:
         raise ValueError(f"unknown op {op!r}")
     return out
@@ -115,14 +130,14 @@ def candidates(op: str, n: int, d: int) -> list[Candidate]:
 def heuristic(op: str, n: int, d: int) -> Candidate:
     """The candidate used without timing: in the interpreter (one config keeps CI fast) and
     for keys first seen during CUDA-graph capture. Short kernels wherever they apply."""
-    bn = short_block_n(n)
+    keys, bd = short_keys(n), block_d(d)
     if op == "fwd":
-        if bn <= 128:
-            return Candidate("short", (("BLOCK_M", 64), ("BLOCK_N", bn)), 4, 1)
+        if keys <= 128:
+            return short(n, 64)
         return Candidate("general", (("BLOCK_M", 64), ("BLOCK_N", 64)), 4, 2)
-    if bn <= SHORT_BWD_MAX and bn * block_d(d) <= 128 * 128:
-        return Candidate("short", (("BLOCK_M", 32), ("BLOCK_N", bn)), 4, 1)
-    if block_d(d) > 128:
+    if keys <= SHORT_BWD_MAX and keys * bd <= 160 * 128:
+        return short(n, 32)
+    if bd > 128:
         return Candidate("general", (("BLOCK_M1", 16), ("BLOCK_N1", 64), ("BLOCK_M2", 64),
                                      ("BLOCK_N2", 16)), 4, 1)
     return Candidate("general", (("BLOCK_M1", 64), ("BLOCK_N1", 64), ("BLOCK_M2", 64),
@@ -132,43 +147,62 @@ def heuristic(op: str, n: int, d: int) -> Candidate:
 # ----------------------------------------------------------------------------------------
 # Launching one kernel
 # ----------------------------------------------------------------------------------------
-_compiled: dict = {}  # (kernel, config, int args, dtype, device) -> Triton's compiled kernel
 _get_stream = None
 
 
-def _fast_launch_supported(ck) -> bool:
-    return all(hasattr(ck, a) for a in ("run", "function", "packed_metadata"))
+class Launch:
+    """One kernel launch with its grid, constexprs, warps and stages fixed: the unit a plan
+    is made of. Its first call goes through Triton (compiling, or finding the binary in
+    Triton's cache); later calls hand the arguments straight to the compiled kernel's
+    launcher. The plan that holds a Launch is keyed by everything Triton specializes on
+    except pointer alignment, which is checked per call."""
+
+    __slots__ = ("kernel", "grid", "consts", "values", "num_warps", "num_stages", "n_tensors",
+                 "compiled")
+
+    def __init__(self, kernel, grid: int, consts: dict, num_warps: int, num_stages: int,
+                 n_tensors: int):
+        self.kernel, self.grid, self.consts = kernel, grid, consts
+        self.values = tuple(consts.values())
+        self.num_warps, self.num_stages, self.n_tensors = num_warps, num_stages, n_tensors
+        self.compiled = None
+
+    def __call__(self, *args) -> None:
+        """Launch on `args`: the runtime arguments in the kernel's order, tensors first."""
+        ck = self.compiled
+        if ck is not None:
+            tensors = args[:self.n_tensors]
+            if all(t.data_ptr() % 16 == 0 for t in tensors):
+                # The launcher takes every parameter in order, constexprs too (it skips them).
+                ck.run(self.grid, 1, 1, _get_stream(tensors[0].device.index), ck.function,
+                       ck.packed_metadata, None, None, None, *args, *self.values)
+                return
+        if INTERPRET:
+            self.kernel[(self.grid,)](*args, **self.consts)
+            return
+        ck = self.kernel[(self.grid,)](*args, **self.consts, num_warps=self.num_warps,
+                                       num_stages=self.num_stages)
+        if self.compiled is None and _fast_launch_ok(self, ck, args):
+            self.compiled = ck
 
 
-def launch(kernel, grid: int, args: list, consts: dict, num_warps: int, num_stages: int) -> None:
-    """kernel[(grid,)](*args, **consts) with the given warps and stages.
-
-    `args` are the runtime arguments in the kernel's order (tensors first), `consts` its
-    constexprs, which follow them in its signature.
-    """
-    if INTERPRET:
-        kernel[(grid,)](*args, **consts)
-        return
-    ints = tuple(a for a in args if isinstance(a, int))
-    tensors = [a for a in args if isinstance(a, torch.Tensor)]
-    aligned = all(t.data_ptr() % 16 == 0 for t in tensors)
-    key = (kernel, num_warps, num_stages, tuple(consts.values()), ints,
-           tuple(t.dtype for t in tensors), tensors[0].device.index, aligned)
-    ck = _compiled.get(key)
-    if ck is not None:
-        global _get_stream
-        if _get_stream is None:
-            _get_stream = triton.runtime.driver.active.get_current_stream
-        # The launcher takes every parameter in order, constexprs included (it skips them).
-        ck.run(grid, 1, 1, _get_stream(tensors[0].device.index), ck.function,
-               ck.packed_metadata, None, None, None, *args, *consts.values())
-        return
-    ck = kernel[(grid,)](*args, **consts, num_warps=num_warps, num_stages=num_stages)
-    hooks = triton.knobs.runtime if hasattr(triton, "knobs") else None
-    no_hooks = hooks is None or (hooks.launch_enter_hook is None and hooks.launch_exit_hook is None)
-    if aligned and no_hooks and _fast_launch_supported(ck) and \
-            list(consts) == list(kernel.arg_names[len(args):]):
-        _compiled[key] = ck
+def _fast_launch_ok(launch: Launch, ck, args) -> bool:
+    """Whether later calls may go straight to ck's launcher: it has the attributes this
+    relies on, no launch hooks are set (profilers), the constexprs close the signature, and
+    the first call's pointers were aligned like the later ones must be."""
+    global _get_stream
+    if not all(hasattr(ck, a) for a in ("run", "function", "packed_metadata")):
+        return False
+    hooks = getattr(getattr(triton, "knobs", None), "runtime", None)
+    if hooks is not None and (hooks.launch_enter_hook or hooks.launch_exit_hook):
+        return False
+    names = list(getattr(launch.kernel, "arg_names", []))
+    if names[len(args):] != list(launch.consts):
+        return False
+    if not all(t.data_ptr() % 16 == 0 for t in args[:launch.n_tensors]):
+        return False
+    _get_stream = triton.runtime.driver.active.get_current_stream
+    return True
 
 
 # ----------------------------------------------------------------------------------------
