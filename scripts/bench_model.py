@@ -147,7 +147,9 @@ def main() -> None:
         sys.exit("bench_model.py needs a CUDA GPU.")
 
     paths = PATHS[args.suite]
-    rows = []
+    env = environment()
+    command = command_line()
+    rows, table = [], ""
     for name, batch, mode in SUITES[args.suite]:
         if (args.models and name not in args.models) or \
                 (args.modes and (mode or "eager") not in args.modes):
@@ -157,11 +159,9 @@ def main() -> None:
             row[path] = run_case(name, batch, mode, path, args)
             print(name, batch, mode or "eager", path, row[path], flush=True)
         rows.append(row)
-
-    env = environment()
-    command = command_line()
-    table = markdown(rows, paths, env, command, args)
-    write_results(args.out, f"train_step_{args.suite}", env, command, rows, table)
+        # after every row, so that a run stopped by a time limit keeps what it measured
+        table = markdown(rows, paths, env, command, args)
+        write_results(args.out, f"train_step_{args.suite}", env, command, rows, table)
     print(table)
 
 
