@@ -36,7 +36,7 @@ import torch
 import torch.nn as nn
 from timm.layers import DropPath
 
-from vitflash.ops import attention_qkvpacked, check_attention_impl, check_head_dim
+from vitflash.ops import attention_qkvpacked, check_attention_impl
 
 
 class PatchEmbed(nn.Module):
@@ -78,7 +78,7 @@ class Attention(nn.Module):
             raise ValueError(f"embed_dim {dim} is not divisible by num_heads {num_heads}")
         self.num_heads = num_heads
         self.head_dim = dim // num_heads
-        self.impl = check_attention_impl(impl)
+        self.impl = impl  # validated by VisionTransformer.set_attention
         self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias)
         self.proj = nn.Linear(dim, dim)
         self.proj_drop = nn.Dropout(proj_drop)
@@ -189,9 +189,7 @@ class VisionTransformer(nn.Module):
             raise ValueError(f"global_pool must be 'token' or 'avg', got {global_pool!r}")
         if global_pool == "token" and not class_token:
             raise ValueError("global_pool='token' needs class_token=True; use global_pool='avg'")
-        check_attention_impl(attention)
-        if attention == "flash":
-            check_head_dim(embed_dim // num_heads)
+        check_attention_impl(attention, embed_dim // num_heads)
         use_fc_norm = global_pool == "avg" if fc_norm is None else fc_norm
         # The architecture as built; vitflash.pretrained turns it into timm's arguments.
         self.config = dict(
@@ -247,9 +245,7 @@ class VisionTransformer(nn.Module):
 
     def set_attention(self, impl: str) -> VisionTransformer:
         """Switch every block to attention path `impl`; returns the model."""
-        check_attention_impl(impl)
-        if impl == "flash":
-            check_head_dim(self.embed_dim // self.config["num_heads"])
+        check_attention_impl(impl, self.embed_dim // self.config["num_heads"])
         for blk in self.blocks:
             blk.attn.impl = impl
         return self

@@ -24,12 +24,16 @@ __all__ = [
 ]
 
 
-def check_attention_impl(impl: str) -> str:
-    """Return `impl` if it names an attention path, else raise a ValueError listing them."""
+def check_attention_impl(impl: str, head_dim: int | None = None) -> str:
+    """Return `impl` if it names an attention path that can run heads of `head_dim` (checked
+    for "flash" when given), else raise a ValueError that lists the choices. The one place
+    that validates an attention path."""
     if impl not in ATTENTION_IMPLS:
         raise ValueError(
             f"unknown attention path {impl!r}: choose one of {', '.join(ATTENTION_IMPLS)}"
         )
+    if impl == "flash" and head_dim is not None:
+        check_head_dim(head_dim)
     return impl
 
 
@@ -49,7 +53,5 @@ def attention_qkvpacked(
     q, k, v = qkv.unbind(2)  # each (B, N, H, D), views
     if impl == "naive":
         return naive_attention(q, k, v, softmax_scale)
-    if impl == "sdpa":
-        return sdpa_attention(q, k, v, softmax_scale)
     check_attention_impl(impl)
-    raise AssertionError("unreachable")
+    return sdpa_attention(q, k, v, softmax_scale)
