@@ -81,8 +81,8 @@ def test_each_kernel_family(monkeypatch, N):
     general_fwd = launch.Candidate("general", (("BLOCK_M", 32), ("BLOCK_N", 16)))
     general_bwd = launch.Candidate("general", (("BLOCK_M1", 16), ("BLOCK_N1", 32),
                                                ("BLOCK_M2", 32), ("BLOCK_N2", 16)))
-    pairs = [(general_fwd, general_bwd), (launch.short(N, 32), general_bwd),
-             (general_fwd, launch.short(N, 16))]
+    pairs = [(general_fwd, general_bwd), (launch.short_fwd(N, 32), general_bwd),
+             (launch.short_fwd(N, 16, heads=2, stages=2), launch.short_bwd(N, 16))]
     for fwd, bwd in pairs:
         _force(monkeypatch, fwd, bwd)
         _assert_within_rule(qkv, do)
@@ -93,9 +93,9 @@ def test_each_kernel_family(monkeypatch, N):
 @pytest.mark.parametrize("N", [1, 65, 197, 577])
 def test_every_config_gpu(monkeypatch, N, D):
     """Every autotuning candidate, not only the winner, keeps to the rule."""
-    qkv, do = _packed_inputs(3, N, 2, D, torch.bfloat16, seed=N + D)
+    qkv, do = _packed_inputs(3 * 4, N, 2, D, torch.bfloat16, seed=N + D)
     fwd0, bwd0 = launch.heuristic("fwd", N, D), launch.heuristic("bwd", N, D)
-    for fwd in launch.candidates("fwd", N, D):
+    for fwd in launch.candidates("fwd", N, D, bh=3 * 2 * 4):
         _force(monkeypatch, fwd, bwd0)
         _assert_within_rule(qkv, do)
     for bwd in launch.candidates("bwd", N, D):

@@ -47,9 +47,12 @@ _plans: dict[tuple, list[Launch]] = {}
 
 def _fwd_launches(c: Candidate, B: int, N: int, H: int, D: int) -> list[Launch]:
     kernel = kernels.fwd_short_kernel if c.family == "short" else kernels.fwd_kernel
-    consts = {"HEAD_DIM": D, "BLOCK_D": block_d(D), **c.meta}
-    return [Launch(kernel, _cdiv(N, c.meta["BLOCK_M"]) * B * H, consts, c.num_warps,
-                   c.num_stages, n_tensors=3)]
+    meta = c.meta
+    if (B * H) % meta.get("HEADS", 1):  # tuned at another B * H of the same bucket
+        meta.update(HEADS=1, STAGES=1)
+    consts = {"HEAD_DIM": D, "BLOCK_D": block_d(D), **meta}
+    grid = _cdiv(N, meta["BLOCK_M"]) * (B * H // meta.get("HEADS", 1))
+    return [Launch(kernel, grid, consts, c.num_warps, c.num_stages, n_tensors=3)]
 
 
 def _bwd_launches(c: Candidate, B: int, N: int, H: int, D: int) -> list[Launch]:

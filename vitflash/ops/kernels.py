@@ -172,42 +172,48 @@ def fwd_kernel(QKV, O, LSE, qk_scale, H, N,
 @triton.jit
 def fwd_short_kernel(QKV, O, LSE, qk_scale, H, N,
                      HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
-                     BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, HAS_TAIL: tl.constexpr):
+                     BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, HAS_TAIL: tl.constexpr,
+                     HEADS: tl.constexpr, STAGES: tl.constexpr):
     """fwd_kernel when all keys fit on chip: one pass, a plain softmax, no rescaling. The
     keys are a BLOCK_N tile plus, if HAS_TAIL, a BLOCK_T tail tile (65 = 64 + 16 keys rather
-    than a 128-key tile: 80 columns of work instead of 128)."""
-    pid_m, bh = _split_pid(tl.program_id(0), N, BLOCK_M)
+    than a 128-key tile: 80 columns of work instead of 128). A program takes the same query
+    rows of HEADS consecutive (batch, head)s in a loop that Triton can pipeline (STAGES):
+    the next head's tiles load while this one computes, which a program per head, too short
+    to overlap anything, cannot do. B * H must be a multiple of HEADS."""
+    pid_m, group = _split_pid(tl.program_id(0), N, BLOCK_M)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
+    offs_t = BLOCK_N + tl.arange(0, BLOCK_T)
     offs_d = tl.arange(0, BLOCK_D)
-    q = _load(_head_ptrs(QKV, bh, offs_m, offs_d, N, H, 3, 0, HEAD_DIM),
-              offs_m, N, offs_d, HEAD_DIM, BLOCK_D, True)
-    k = _load(_head_ptrs(QKV, bh, offs_n, offs_d, N, H, 3, 1, HEAD_DIM),
-              offs_n, N, offs_d, HEAD_DIM, BLOCK_D, True)
-    s = _dot(q, tl.trans(k), tl.zeros([BLOCK_M, BLOCK_N], tl.float32)) * qk_scale
-    s = tl.where(offs_n[None, :] < N, s, float("-inf"))
-    m = tl.max(s, 1)
-    if HAS_TAIL:
-        offs_t = BLOCK_N + tl.arange(0, BLOCK_T)
-        k_t = _load(_head_ptrs(QKV, bh, offs_t, offs_d, N, H, 3, 1, HEAD_DIM),
-                    offs_t, N, offs_d, HEAD_DIM, BLOCK_D, True)
-        s_t = _dot(q, tl.trans(k_t), tl.zeros([BLOCK_M, BLOCK_T], tl.float32)) * qk_scale
-        s_t = tl.where(offs_t[None, :] < N, s_t, float("-inf"))
-        m = tl.maximum(m, tl.max(s_t, 1))
-    p = tl.math.exp2(s - m[:, None])
-    l = tl.sum(p, 1)
-    v = _load(_head_ptrs(QKV, bh, offs_n, offs_d, N, H, 3, 2, HEAD_DIM),
-              offs_n, N, offs_d, HEAD_DIM, BLOCK_D, True)
-    acc = _dot(_round(p, v.dtype), v, tl.zeros([BLOCK_M, BLOCK_D], tl.float32))
-    if HAS_TAIL:
-        p_t = tl.math.exp2(s_t - m[:, None])
-        l += tl.sum(p_t, 1)
-        v_t = _load(_head_ptrs(QKV, bh, offs_t, offs_d, N, H, 3, 2, HEAD_DIM),
-                    offs_t, N, offs_d, HEAD_DIM, BLOCK_D, True)
-        acc = _dot(_round(p_t, v.dtype), v_t, acc)
-    _store(_head_ptrs(O, bh, offs_m, offs_d, N, H, 1, 0, HEAD_DIM), acc / l[:, None],
-           offs_m, N, offs_d, HEAD_DIM, BLOCK_D)
-    tl.store(LSE + bh.to(tl.int64) * N + offs_m, m + tl.math.log2(l), mask=offs_m < N)
+    for i in tl.range(0, HEADS, num_stages=STAGES):
+        bh = group * HEADS + i
+        q = _load(_head_ptrs(QKV, bh, offs_m, offs_d, N, H, 3, 0, HEAD_DIM),
+                  offs_m, N, offs_d, HEAD_DIM, BLOCK_D, True)
+        k = _load(_head_ptrs(QKV, bh, offs_n, offs_d, N, H, 3, 1, HEAD_DIM),
+                  offs_n, N, offs_d, HEAD_DIM, BLOCK_D, True)
+        v = _load(_head_ptrs(QKV, bh, offs_n, offs_d, N, H, 3, 2, HEAD_DIM),
+                  offs_n, N, offs_d, HEAD_DIM, BLOCK_D, True)
+        s = _dot(q, tl.trans(k), tl.zeros([BLOCK_M, BLOCK_N], tl.float32)) * qk_scale
+        s = tl.where(offs_n[None, :] < N, s, float("-inf"))
+        m = tl.max(s, 1)
+        if HAS_TAIL:
+            k_t = _load(_head_ptrs(QKV, bh, offs_t, offs_d, N, H, 3, 1, HEAD_DIM),
+                        offs_t, N, offs_d, HEAD_DIM, BLOCK_D, True)
+            v_t = _load(_head_ptrs(QKV, bh, offs_t, offs_d, N, H, 3, 2, HEAD_DIM),
+                        offs_t, N, offs_d, HEAD_DIM, BLOCK_D, True)
+            s_t = _dot(q, tl.trans(k_t), tl.zeros([BLOCK_M, BLOCK_T], tl.float32)) * qk_scale
+            s_t = tl.where(offs_t[None, :] < N, s_t, float("-inf"))
+            m = tl.maximum(m, tl.max(s_t, 1))
+        p = tl.math.exp2(s - m[:, None])
+        l = tl.sum(p, 1)
+        acc = _dot(_round(p, v.dtype), v, tl.zeros([BLOCK_M, BLOCK_D], tl.float32))
+        if HAS_TAIL:
+            p_t = tl.math.exp2(s_t - m[:, None])
+            l += tl.sum(p_t, 1)
+            acc = _dot(_round(p_t, v.dtype), v_t, acc)
+        _store(_head_ptrs(O, bh, offs_m, offs_d, N, H, 1, 0, HEAD_DIM), acc / l[:, None],
+               offs_m, N, offs_d, HEAD_DIM, BLOCK_D)
+        tl.store(LSE + bh.to(tl.int64) * N + offs_m, m + tl.math.log2(l), mask=offs_m < N)
 
 
 # ----------------------------------------------------------------------------------------

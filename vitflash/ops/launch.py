@@ -87,13 +87,22 @@ SHORT_FWD_MAX = 256  # short forward when all keys (padded) fit in this many
 SHORT_BWD_MAX = 160  # short backward: K, V, dK, dV of a head stay on chip
 
 
-def short(n: int, block_m: int, num_warps: int = 4) -> Candidate:
-    """A candidate of the short kernels (forward or backward) at sequence length n."""
+def short_fwd(n: int, block_m: int, num_warps: int = 4, heads: int = 1,
+              stages: int = 1) -> Candidate:
+    """A short-forward candidate at sequence length n: one program loops over `heads`
+    (batch, head)s, software-pipelined over `stages`."""
+    return Candidate("short", (("BLOCK_M", block_m),) + short_tiles(n)
+                     + (("HEADS", heads), ("STAGES", stages)), num_warps, 1)
+
+
+def short_bwd(n: int, block_m: int, num_warps: int = 4) -> Candidate:
+    """A short-backward candidate at sequence length n."""
     return Candidate("short", (("BLOCK_M", block_m),) + short_tiles(n), num_warps, 1)
 
 
-def candidates(op: str, n: int, d: int) -> list[Candidate]:
-    """Every candidate of op ("fwd" or "bwd") at sequence length n and head dim d."""
+def candidates(op: str, n: int, d: int, bh: int = 1) -> list[Candidate]:
+    """Every candidate of op ("fwd" or "bwd") at sequence length n, head dim d and B * H = bh
+    (forward programs that loop over several heads need bh to be a multiple of them)."""
     bd = block_d(d)
     keys = short_keys(n)
     out: list[Candidate] = []
@@ -106,8 +115,10 @@ def candidates(op: str, n: int, d: int) -> list[Candidate]:
         else:
             out += _c("general", names, (64, 32, 4, 2), (32, 64, 4, 2), (64, 64, 8, 2), (32, 32, 4, 1))
         if keys <= SHORT_FWD_MAX and keys * bd <= 256 * 128:
-            out += [short(n, m, w) for m in (16, 32, 64, 128) for w in (4, 8)
+            out += [short_fwd(n, m, w) for m in (16, 32, 64, 128) for w in (4, 8)
                     if m <= max(16, _pow2(n)) and m * keys <= 128 * 160]
+            out += [short_fwd(n, m, 4, g, st) for m in (32, 64) for g, st in ((4, 2), (8, 3))
+                    if m <= max(16, _pow2(n)) and bh % g == 0]
     elif op == "bwd":
         names = ("BLOCK_M1", "BLOCK_N1", "BLOCK_M2", "BLOCK_N2")
         if bd <= 64:
@@ -120,7 +131,7 @@ def candidates(op: str, n: int, d: int) -> list[Candidate]:
             out += _c("general", names, (16, 64, 64, 16, 4, 1), (32, 32, 32, 32, 4, 1),
                       (16, 32, 32, 16, 4, 1))
         if keys <= SHORT_BWD_MAX and keys * bd <= 160 * 128:
-            out += [short(n, m, w) for m in (16, 32, 64) for w in (4, 8)
+            out += [short_bwd(n, m, w) for m in (16, 32, 64) for w in (4, 8)
                     if m <= max(16, _pow2(n))]
     else:
         raise ValueError(f"unknown op {op!r}")
@@ -133,10 +144,10 @@ def heuristic(op: str, n: int, d: int) -> Candidate:
     keys, bd = short_keys(n), block_d(d)
     if op == "fwd":
         if keys <= 128:
-            return short(n, 64)
+            return short_fwd(n, 64)
         return Candidate("general", (("BLOCK_M", 64), ("BLOCK_N", 64)), 4, 2)
     if keys <= SHORT_BWD_MAX and keys * bd <= 160 * 128:
-        return short(n, 32)
+        return short_bwd(n, 32)
     if bd > 128:
         return Candidate("general", (("BLOCK_M1", 16), ("BLOCK_N1", 64), ("BLOCK_M2", 64),
                                      ("BLOCK_N2", 16)), 4, 1)
@@ -286,7 +297,7 @@ def choose(op: str, dtype: torch.dtype, n: int, d: int, bh: int, device: torch.d
     if saved is not None:
         cand = Candidate.from_json(saved)
     else:
-        cand = _time_candidates(candidates(op, n, d), run)
+        cand = _time_candidates(candidates(op, n, d, bh), run)
         _write_disk(entry, cand)
     _chosen[key] = cand
     return cand
