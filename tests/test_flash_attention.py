@@ -56,11 +56,12 @@ def _assert_within_rule(qkv, do, softmax_scale=None):
 DTYPES = [torch.float16, torch.bfloat16]
 
 
-# N <= 128 takes the short kernels, N = 197 the general ones (one partial key tile), in the
-# interpreter's fixed choice (launch.heuristic); test_each_kernel_family crosses them.
+# In the interpreter's fixed choice (launch.heuristic) N <= 128 takes the short kernels and
+# N = 130 the general ones (two full key tiles and a partial one); test_each_kernel_family
+# crosses them, and on the GPU test_every_config_gpu runs every candidate at N = 197, 577.
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).split(".")[-1])
 @pytest.mark.parametrize("D", [32, 64, 80, 128])
-@pytest.mark.parametrize("N", [1, 17, 64, 65, 128, 197])
+@pytest.mark.parametrize("N", [1, 17, 64, 65, 128, 130])
 def test_matches_reference(N, D, dtype):
     qkv, do = _packed_inputs(2, N, 2, D, dtype, seed=N * 1000 + D)
     _assert_within_rule(qkv, do)
@@ -112,7 +113,7 @@ def test_odd_head_dims(D):
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).split(".")[-1])
 @pytest.mark.parametrize("D", [64, 128])
-@pytest.mark.parametrize("N", [577, 1025, 4097])
+@pytest.mark.parametrize("N", [197, 577, 1025, 4097])
 def test_long_sequences_gpu(N, D, dtype):
     qkv, do = _packed_inputs(2, N, 3, D, dtype, seed=N + D)
     _assert_within_rule(qkv, do)

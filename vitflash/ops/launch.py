@@ -146,7 +146,7 @@ def heuristic(op: str, n: int, d: int) -> Candidate:
         if keys <= 128:
             return short_fwd(n, 64)
         return Candidate("general", (("BLOCK_M", 64), ("BLOCK_N", 64)), 4, 2)
-    if keys <= SHORT_BWD_MAX and keys * bd <= 160 * 128:
+    if keys <= 128 and bd <= 128:
         return short_bwd(n, 32)
     if bd > 128:
         return Candidate("general", (("BLOCK_M1", 16), ("BLOCK_N1", 64), ("BLOCK_M2", 64),
