@@ -50,6 +50,8 @@ def _fwd_launches(c: Candidate, B: int, N: int, H: int, D: int) -> list[Launch]:
     meta = c.meta
     if (B * H) % meta.get("HEADS", 1):  # tuned at another B * H of the same bucket
         meta.update(HEADS=1, STAGES=1)
+    if c.family == "general":  # the tail tile: the keys past the last full BLOCK_N
+        meta["BLOCK_T"] = max(16, min(meta["BLOCK_N"], 1 << max(N % meta["BLOCK_N"] - 1, 0).bit_length()))
     consts = {"HEAD_DIM": D, "BLOCK_D": block_d(D), **meta}
     grid = _cdiv(N, meta["BLOCK_M"]) * (B * H // meta.get("HEADS", 1))
     return [Launch(kernel, grid, consts, c.num_warps, c.num_stages, n_tensors=3)]

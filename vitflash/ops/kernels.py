@@ -143,8 +143,9 @@ def _fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, start, end, N, H, offs_n, offs_
 @triton.jit
 def fwd_kernel(QKV, O, LSE, qk_scale, H, N,
                HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """O and LSE of BLOCK_M query rows; K, V stream past in BLOCK_N tiles."""
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr):
+    """O and LSE of BLOCK_M query rows; K, V stream past in BLOCK_N tiles, the keys past the
+    last full tile in one BLOCK_T tile (197 = 3 x 64 + a 16-key tail, not a fourth 64)."""
     pid_m, bh = _split_pid(tl.program_id(0), N, BLOCK_M)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
@@ -161,8 +162,12 @@ def fwd_kernel(QKV, O, LSE, qk_scale, H, N,
     acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, 0, n_full, N, H, offs_n,
                                offs_d, qk_scale, HEAD_DIM, BLOCK_D, BLOCK_N, False)
     if n_full < N:  # the one partial key tile
-        acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, n_full, N, N, H, offs_n,
-                                   offs_d, qk_scale, HEAD_DIM, BLOCK_D, BLOCK_N, True)
+        offs_t = tl.arange(0, BLOCK_T)
+        acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q,
+                                   _head_ptrs(QKV, bh, offs_t, offs_d, N, H, 3, 1, HEAD_DIM),
+                                   _head_ptrs(QKV, bh, offs_t, offs_d, N, H, 3, 2, HEAD_DIM),
+                                   n_full, N, N, H, offs_t, offs_d, qk_scale,
+                                   HEAD_DIM, BLOCK_D, BLOCK_T, True)
 
     _store(_head_ptrs(O, bh, offs_m, offs_d, N, H, 1, 0, HEAD_DIM), acc / l_i[:, None],
            offs_m, N, offs_d, HEAD_DIM, BLOCK_D)
