@@ -110,7 +110,7 @@ def bench_case(impl, shape, dtype, warmup_ms, rep_ms):
 
 
 def environment() -> dict:
-    return {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+    return {"gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu", "torch": torch.__version__,
             "triton": triton.__version__, "cuda": torch.version.cuda,
             "cudnn": torch.backends.cudnn.version(), "python": platform.python_version(),
             "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
