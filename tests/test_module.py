@@ -225,3 +225,49 @@ def test_compiled_fit_matches_eager_and_its_checkpoint_loads_uncompiled(tmp_path
     module.eval(), loaded.eval()
     with torch.no_grad(), torch.compiler.set_stance("force_eager"):
         torch.testing.assert_close(loaded(x), module(x))
+
+
+class SyncTrap(HostReadTrap):
+    """HostReadTrap on the GPU: CUDA's sync debug mode raises on any synchronizing call
+    (.item(), a blocking copy to the host, torch.unique, ...) while armed. Armed only after the
+    first logging step, once compiling and CUDA-graph recording are done."""
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self.armed = trainer.global_step > self.every and (trainer.global_step + 1) % self.every != 0
+        self.armed_steps += self.armed
+        torch.cuda.set_sync_debug_mode("error" if self.armed else "default")
+
+    def on_train_epoch_end(self, trainer, pl_module):
+        self.armed = False
+        torch.cuda.set_sync_debug_mode("default")
+
+    def on_validation_start(self, trainer, pl_module):
+        self.graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+
+    def on_validation_end(self, trainer, pl_module):
+        self.graphs_in_validation = torch._dynamo.utils.counters["stats"]["unique_graphs"] - self.graphs
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("attention", ["flash", "naive", "sdpa"])
+def test_cuda_graphs_fit_without_host_syncs(tmp_path, attention):
+    # compile=auto on CUDA is reduce-overhead (CUDA graphs); bf16 autocast; mixup/cutmix; the
+    # configured callbacks and logger. Validation, with a partial last batch, compiles nothing.
+    cfg = compose_cfg(tmp_path, ["data=synthetic", "trainer.log_every_n_steps=4"])
+    trap = SyncTrap(every=4)
+    callbacks = [trap, *(instantiate(c, _convert_="all") for c in cfg.callbacks.values())]
+    trainer = L.Trainer(accelerator="gpu", devices=1, precision="bf16-mixed", max_steps=16, log_every_n_steps=4,
+                        callbacks=callbacks, logger=CSVLogger(tmp_path), val_check_interval=8,
+                        num_sanity_val_steps=0, gradient_clip_val=1.0, default_root_dir=tmp_path)
+    module = ViTModule("vit_micro_patch4_32", num_classes=10, attention=attention, mixup_alpha=0.8, cutmix_alpha=1.0)
+    train, _ = loaders(n_train=512)
+    train = DataLoader(train.dataset, batch_size=16, shuffle=True, drop_last=True, pin_memory=True)
+    val = DataLoader(TensorDataset(*(t[:40] for t in train.dataset.tensors)), batch_size=16, pin_memory=True)
+    torch._dynamo.reset()
+    trainer.fit(module, train, val)
+    assert module.compile_mode == "reduce-overhead"
+    assert trainer.optimizers[0].defaults["fused"] is True
+    assert trap.armed_steps == 8  # steps 6-8, 10-12, 14-16 less the validation's
+    assert trap.graphs_in_validation == 0
+    assert 0.0 <= float(trainer.callback_metrics["val/top1"]) <= 1.0
+    assert torch.isfinite(torch.as_tensor(trainer.logged_metrics["train/loss_step"]))
