@@ -184,6 +184,8 @@ def test_training_steps_read_nothing_on_the_host(tmp_path, monkeypatch):
     assert trainer.global_step == 12
     logged = trainer.logged_metrics
     assert {"train/loss_step", "train/device/samples_per_sec"} <= set(logged)
+    # the throughput monitor reads the clock on logging steps only, yet counts every batch
+    assert (logged["train/batches"], logged["train/samples"]) == (12, 12 * 16)
     assert torch.isfinite(torch.as_tensor(logged["train/loss_step"]))
 
 
