@@ -58,11 +58,14 @@ def resolve_attention(name: str, cuda: bool) -> str:
     return name
 
 
-def resolve_compile(mode: str | bool | None, cuda: bool) -> str | None:
+def resolve_compile(mode: str | bool | None, cuda: bool, accumulate_grad_batches: int = 1) -> str | None:
     """The `torch.compile` mode to train with, or None for eager.
 
     "auto" is "reduce-overhead" (CUDA graphs: the ViTs here are launch-bound at CIFAR sizes)
     when `cuda`, else eager; false (YAML's `false` arrives as a bool) and None are eager.
+    CUDA graphs cannot accumulate gradients over batches (a replay overwrites the gradients
+    the previous batch left in the graph's memory, pytorch/pytorch#169545): with
+    accumulate_grad_batches > 1, "auto" is "default" and "reduce-overhead" is refused.
     Raises ValueError for anything else, listing the choices.
     """
     if mode is None or mode is False:
@@ -70,7 +73,15 @@ def resolve_compile(mode: str | bool | None, cuda: bool) -> str | None:
     if mode not in COMPILE_CHOICES:
         raise ValueError(f"unknown compile {mode!r}: choose one of {', '.join(COMPILE_CHOICES)}")
     if mode == "auto":
-        return "reduce-overhead" if cuda else None
+        if not cuda:
+            return None
+        return "reduce-overhead" if accumulate_grad_batches == 1 else "default"
+    if mode == "reduce-overhead" and accumulate_grad_batches > 1:
+        raise ValueError(
+            f"compile=reduce-overhead (CUDA graphs) cannot accumulate gradients over batches "
+            f"(trainer.accumulate_grad_batches={accumulate_grad_batches}): a replay overwrites the "
+            "previous batch's gradients. Set model.compile=default (or auto), or accumulate_grad_batches=1"
+        )
     return None if mode == "false" else mode
 
 
@@ -170,7 +181,8 @@ class ViTModule(L.LightningModule):
                     f"attention=flash runs in bf16/fp16 but trainer.precision={self.trainer.precision}: "
                     "set trainer.precision=bf16-mixed (as trainer=gpu does) or choose attention=sdpa"
                 )
-        mode = resolve_compile(self.hparams.compile, cuda=on_cuda)
+        mode = resolve_compile(self.hparams.compile, cuda=on_cuda,
+                               accumulate_grad_batches=self.trainer.accumulate_grad_batches)
         if stage == "fit" and mode and self.compile_mode is None:
             # in place (nn.Module.compile): the module tree and state_dict keys stay as they are
             self.model.compile(mode=mode)
