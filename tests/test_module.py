@@ -108,7 +108,7 @@ def test_resolve_compile():
     assert resolve_compile("reduce-overhead", cuda=True) == "reduce-overhead"
     # CUDA graphs and gradient accumulation do not mix
     assert resolve_compile("auto", cuda=True, accumulate_grad_batches=4) == "default"
-    with pytest.raises(ValueError, match=r"reduce-overhead .* accumulate_grad_batches=4.*model.compile=default"):
+    with pytest.raises(ValueError, match=r"reduce-overhead .*accumulate_grad_batches=4.*model.compile=default"):
         resolve_compile("reduce-overhead", cuda=True, accumulate_grad_batches=4)
     for bad in ("max-autotune", "Default", True):
         with pytest.raises(ValueError, match=r"unknown compile .*: choose one of auto, false, default, reduce-overhead"):
