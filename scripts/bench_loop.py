@@ -14,7 +14,8 @@ Validation and checkpoints are off: they are per-epoch costs, not the loop under
   precision (autocast); timed the same way, `repeats` windows of `steps` steps.
 - ratio: median loop img/s / median bare-step img/s.
 - gpu_busy: the mean GPU utilization during the loop windows, from `nvidia-smi` sampling
-  every 100 ms (NVML's share of time in which a kernel ran); null where it cannot be read.
+  every 100 ms (NVML's share of time in which a kernel ran; torch.cuda.utilization()
+  without nvidia-smi); null where it cannot be read.
 
     python scripts/bench_loop.py --data-root /tmp/data --out benchmarks/results
     python scripts/bench_loop.py --quick --out /tmp/bench     # one tiny case, runs on a CPU
@@ -123,20 +124,26 @@ class LoopTimer(L.Callback):
 
 
 class GpuBusy:
-    """GPU utilization samples from `nvidia-smi -lms`, in its own process so that sampling
-    takes no time from the loop's Python thread (torch.cuda.utilization() would, and needs
-    pynvml); no samples where there is no nvidia-smi or no CUDA."""
+    """GPU utilization samples (NVML's percent of time in which a kernel ran) every
+    `interval_ms`: from `nvidia-smi -lms`, in its own process, so that sampling takes no time
+    from the loop's Python thread; else from torch.cuda.utilization() (pynvml) in a thread;
+    no samples without CUDA or either of them."""
 
     def __init__(self, interval_ms: int = 100):
         self.samples: list[tuple[float, float]] = []  # (time.time(), percent)
         self.proc = None
-        if torch.cuda.is_available() and shutil.which("nvidia-smi"):
+        self.running = True
+        if not torch.cuda.is_available():
+            return
+        if shutil.which("nvidia-smi"):
             uuid = str(torch.cuda.get_device_properties(torch.cuda.current_device()).uuid)
             self.proc = subprocess.Popen(
-                ["nvidia-smi", f"--id={uuid if uuid.startswith('GPU-') else 'GPU-' + uuid}",
-                 "--query-gpu=timestamp,utilization.gpu", "--format=csv,noheader,nounits", f"-lms={interval_ms}"],
+                ["nvidia-smi", "--id=" + (uuid if uuid.startswith("GPU-") else "GPU-" + uuid),
+                 "--query-gpu=timestamp,utilization.gpu", "--format=csv,noheader,nounits", "-lms", str(interval_ms)],
                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
             threading.Thread(target=self._read, daemon=True).start()
+        else:
+            threading.Thread(target=self._poll, args=(interval_ms / 1e3,), daemon=True).start()
 
     def _read(self) -> None:
         for line in self.proc.stdout:
@@ -147,7 +154,16 @@ class GpuBusy:
             except ValueError:
                 continue  # e.g. "[N/A]"
 
+    def _poll(self, interval_s: float) -> None:
+        while self.running:
+            try:
+                self.samples.append((time.time(), float(torch.cuda.utilization())))
+            except Exception:  # no pynvml, or NVML refused: gpu_busy stays null
+                return
+            time.sleep(interval_s)
+
     def stop(self) -> None:
+        self.running = False
         if self.proc is not None:
             self.proc.terminate()
             self.proc.wait()
@@ -242,8 +258,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
                              "(--quick: false)")
     parser.add_argument("--pipeline", help="passed as data.pipeline=<value> (gpu or cpu)")
     parser.add_argument("--override", action="append", default=[], help="another Hydra override, KEY=VALUE")
-    parser.add_argument("--warmup", type=int, default=20, help="steps before the first window (compiling included)")
-    parser.add_argument("--steps", type=int, default=40, help="steps per timed window")
+    parser.add_argument("--warmup", type=int, default=15, help="steps before the first window (compiling included)")
+    parser.add_argument("--steps", type=int, default=30, help="steps per timed window")
     parser.add_argument("--repeats", type=int, default=3, help="timed windows per case")
     parser.add_argument("--quick", action="store_true",
                         help="one tiny case for a smoke test: synthetic data, vit_micro_patch4_32, b32, sdpa, eager")
@@ -257,6 +273,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     if "flash" in args.attention and not torch.cuda.is_available():
         parser.error("attention flash needs a CUDA GPU: choose --attention sdpa naive on this machine")
 
+    env = {**environment(), "lightning": L.__version__, "timm": timm.__version__}
+    command = command_line()
     rows = []
     for case in args.cases:
         for compile_mode in args.compile:
@@ -266,11 +284,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
                 print(f"{case} {r['model']} b{r['batch']} {r['attention']} compile={r['compile_mode']}: "
                       f"loop {spread(r['loop_repeats'])} img/s, bare {spread(r['step_repeats'])} img/s, "
                       f"ratio {r['ratio']:.2f}, GPU busy {r['gpu_busy']}", flush=True)
-
-    env = {**environment(), "lightning": L.__version__, "timm": timm.__version__}
-    command = command_line()
-    table = markdown(rows, env, command, args)
-    write_results(args.out, "loop", env, command, rows, table)
+                table = markdown(rows, env, command, args)
+                write_results(args.out, "loop", env, command, rows, table)  # after every case: a cut-off run keeps its rows
     print(table)
     return rows
 
