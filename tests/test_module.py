@@ -221,6 +221,13 @@ def test_compiled_fit_matches_eager_and_its_checkpoint_loads_uncompiled(tmp_path
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] >= 1  # it did compile
     torch.testing.assert_close(compiled, eager, rtol=1e-4, atol=1e-4)
 
+    # validation, with a partial last batch (40 = 16 + 16 + 8), runs eagerly: no graph is added
+    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    x, y = loaders()[0].dataset.tensors
+    (metrics,) = trainer.validate(module, DataLoader(TensorDataset(x[:40], y[:40]), batch_size=16), verbose=False)
+    assert 0.0 <= metrics["val/top1"] <= 1.0
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == graphs
+
     path = tmp_path / "compiled.ckpt"
     trainer.save_checkpoint(path)
     loaded = load_checkpoint(path)  # hparams say compile=default: applied only when a fit starts
