@@ -44,6 +44,8 @@ from hydra import compose, initialize_config_dir
 
 from bench_attention import command_line, environment, write_results  # scripts/ is on sys.path
 from train import build
+from vitflash.module import COMPILE_CHOICES
+from vitflash.ops import ATTENTION_IMPLS
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
@@ -55,8 +57,6 @@ CASES = {
     "imagenette": ("vit_small_patch16_224", 256, ["experiment=imagenette_finetune", "model.pretrained=null"]),
     "synthetic": ("vit_micro_patch4_32", 32, ["data=synthetic"]),
 }
-ATTENTION = ["flash", "naive", "sdpa"]
-COMPILE = ["auto", "false", "default", "reduce-overhead"]
 
 
 def sync(device: torch.device) -> None:
@@ -81,7 +81,7 @@ class LoopTimer(L.Callback):
         step = trainer.global_step - 1  # this batch's step, counted from 0
         if step in self.marks:
             sync(pl_module.device)
-            self.times.append(time.time())
+            self.times.append(time.time())  # the clock of nvidia-smi's timestamps (GpuBusy)
         if step == max(self.marks):
             x, y = batch
             self.batch = (x.clone(), y.clone())
@@ -251,9 +251,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     parser.add_argument("--data-root", help="the data root (paths.data_dir), holding cifar10/ and imagenette/")
     parser.add_argument("--cases", nargs="+", choices=list(CASES), default=["cifar10", "imagenette"])
-    parser.add_argument("--attention", nargs="+", choices=ATTENTION,
-                        help=f"default: {' '.join(ATTENTION)} (--quick: sdpa)")
-    parser.add_argument("--compile", nargs="+", choices=COMPILE,
+    parser.add_argument("--attention", nargs="+", choices=ATTENTION_IMPLS,
+                        help=f"default: {' '.join(ATTENTION_IMPLS)} (--quick: sdpa)")
+    parser.add_argument("--compile", nargs="+", choices=COMPILE_CHOICES,
                         help="model.compile values, each case runs with each; default: reduce-overhead false "
                              "(--quick: false)")
     parser.add_argument("--pipeline", help="passed as data.pipeline=<value> (gpu or cpu)")
@@ -266,7 +266,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     args = parser.parse_args(argv)
     if args.quick:
         args.cases, args.warmup, args.steps = ["synthetic"], 1, 2
-    args.attention = args.attention or (["sdpa"] if args.quick else ATTENTION)
+    args.attention = args.attention or (["sdpa"] if args.quick else list(ATTENTION_IMPLS))
     args.compile = args.compile or (["false"] if args.quick else ["reduce-overhead", "false"])
     if min(args.warmup, args.steps, args.repeats) < 1:
         parser.error("--warmup, --steps and --repeats must be at least 1")
