@@ -196,7 +196,8 @@ class ViTModule(L.LightningModule):
     # vitflash.callbacks.ProgressBar shows it when it redraws.
     def training_step(self, batch, batch_idx: int) -> torch.Tensor:
         if self.compile_mode == "reduce-overhead":
-            # a new CUDA-graph iteration: the previous step's graph outputs may be overwritten
+            # a new CUDA-graph iteration: the previous step's graph outputs (its logits, and the
+            # gradients Lightning clears only after this forward) may now be overwritten
             torch.compiler.cudagraph_mark_step_begin()
         x, y = batch
         target = y
