@@ -176,7 +176,8 @@ def git_commit() -> str:
 
 
 def environment() -> dict:
-    return {"gpu": torch.cuda.get_device_name(), "commit": git_commit(), "torch": torch.__version__,
+    return {"gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+            "commit": git_commit(), "torch": torch.__version__,
             "triton": triton.__version__, "cuda": torch.version.cuda,
             "cudnn": torch.backends.cudnn.version(), "python": platform.python_version(),
             "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}

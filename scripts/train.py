@@ -22,6 +22,19 @@ from vitflash.module import read_checkpoint
 log = logging.getLogger(__name__)
 
 
+def build(cfg: DictConfig, extra_callbacks: list[L.Callback] = ()) -> tuple[L.LightningDataModule, L.LightningModule, L.Trainer]:
+    """The DataModule, ViTModule and Trainer (with the configured callbacks, then
+    `extra_callbacks`, and loggers) that `cfg` describes; a callback or logger set to null
+    is left out."""
+    datamodule = instantiate(cfg.data, _convert_="all")
+    module = instantiate(cfg.model, _convert_="all")
+    callbacks = [instantiate(c, _convert_="all") for c in (cfg.get("callbacks") or {}).values() if c is not None]
+    loggers = [instantiate(c, _convert_="all") for c in (cfg.get("logger") or {}).values() if c is not None]
+    trainer: L.Trainer = instantiate(cfg.trainer, callbacks=[*callbacks, *extra_callbacks], logger=loggers or False,
+                                     _convert_="all")
+    return datamodule, module, trainer
+
+
 def train(cfg: DictConfig) -> dict[str, float]:
     """Fit and test as `cfg` (a composed configs/train.yaml) says; returns the last logged
     metrics (train/*, val/*, and test/* of the best checkpoint)."""
@@ -31,12 +44,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
     if cfg.get("ckpt_path"):
         read_checkpoint(cfg.ckpt_path)  # a missing or corrupt file stops the run before any work
 
-    datamodule = instantiate(cfg.data, _convert_="all")
-    module = instantiate(cfg.model, _convert_="all")
-    callbacks = [instantiate(c, _convert_="all") for c in (cfg.get("callbacks") or {}).values()]
-    loggers = [instantiate(c, _convert_="all") for c in (cfg.get("logger") or {}).values()]
-    trainer: L.Trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False, _convert_="all")
-
+    datamodule, module, trainer = build(cfg)
     trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
 

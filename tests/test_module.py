@@ -1,14 +1,21 @@
-"""ViTModule: attention choice, weight-decay and layer-decay groups, warmup + cosine, mixup."""
+"""ViTModule: attention choice, weight-decay and layer-decay groups, warmup + cosine, mixup, the\nlean step (no host reads), torch.compile and fused AdamW."""
 from __future__ import annotations
 
 from functools import partial
+from pathlib import Path
 from types import SimpleNamespace
 from unittest import mock
 
+import hydra
+import lightning as L
 import pytest
 import torch
+from hydra.utils import instantiate
+from lightning.pytorch.loggers import CSVLogger
+from torch.utils.data import DataLoader, TensorDataset
 
-from vitflash.module import ViTModule, resolve_attention
+from test_configs import compose_cfg
+from vitflash.module import ViTModule, load_checkpoint, resolve_attention, resolve_compile
 
 
 def test_resolve_attention():
@@ -86,3 +93,194 @@ def test_mixup_trains_on_soft_targets():
     assert loss.ndim == 0 and torch.isfinite(loss)
     assert type(module.train_loss).__name__ == "SoftTargetCrossEntropy"
     assert make(label_smoothing=0.1).train_loss.label_smoothing == 0.1
+
+
+# --------------------------------------------------------------------------------------
+# The lean step: compile, fused AdamW, no host reads
+
+
+def test_resolve_compile():
+    assert resolve_compile("auto", cuda=True) == "reduce-overhead"
+    assert resolve_compile("auto", cuda=False) is None
+    for off in ("false", False, None):
+        assert resolve_compile(off, cuda=True) is None
+    assert resolve_compile("default", cuda=False) == "default"
+    assert resolve_compile("reduce-overhead", cuda=True) == "reduce-overhead"
+    # CUDA graphs and gradient accumulation do not mix
+    assert resolve_compile("auto", cuda=True, accumulate_grad_batches=4) == "default"
+    with pytest.raises(ValueError, match=r"reduce-overhead .*accumulate_grad_batches=4.*model.compile=default"):
+        resolve_compile("reduce-overhead", cuda=True, accumulate_grad_batches=4)
+    for bad in ("max-autotune", "Default", True):
+        with pytest.raises(ValueError, match=r"unknown compile .*: choose one of auto, false, default, reduce-overhead"):
+            resolve_compile(bad, cuda=True)
+
+
+def test_bad_compile_value_is_refused_before_building(tmp_path):
+    with mock.patch("vitflash.create_model") as create:
+        with pytest.raises(ValueError, match=r"unknown compile 'fast': choose one of auto, false, default, reduce-overhead"):
+            make(compile="fast")
+    create.assert_not_called()
+    cfg = compose_cfg(tmp_path, ["model.compile=fast"])
+    with pytest.raises(hydra.errors.InstantiationException, match=r"unknown compile 'fast': choose one of auto"):
+        instantiate(cfg.model, _convert_="all")
+    assert compose_cfg(tmp_path, []).model.compile == "auto"
+
+
+def test_adamw_is_fused_on_cuda_only():
+    def fused(module, on):
+        with mock.patch.object(ViTModule, "device", new_callable=mock.PropertyMock, return_value=torch.device(on)):
+            return optimizer_of(module)[0].defaults.get("fused")
+
+    assert fused(make(), "cuda") is True
+    assert not fused(make(), "cpu")
+    explicit = ViTModule("vit_micro_patch4_32", num_classes=10, attention="sdpa",
+                         optimizer=partial(torch.optim.AdamW, lr=1e-3, fused=False))
+    assert fused(explicit, "cuda") is False  # the config's choice stands
+    sgd = ViTModule("vit_micro_patch4_32", num_classes=10, attention="sdpa", optimizer=partial(torch.optim.SGD, lr=0.1))
+    assert fused(sgd, "cuda") is None
+
+
+def loaders(n_train: int = 256, batch: int = 16) -> tuple[DataLoader, DataLoader]:
+    """Synthetic (B, 3, 32, 32) images with 10 labels; the train loader drops no batch."""
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(n_train, 3, 32, 32, generator=g), torch.arange(n_train) % 10
+    train = DataLoader(TensorDataset(x, y), batch_size=batch, shuffle=True, drop_last=True,
+                       generator=torch.Generator().manual_seed(1))
+    return train, DataLoader(TensorDataset(x[:batch], y[:batch]), batch_size=batch)
+
+
+class HostReadTrap(L.Callback):
+    """Armed from the start of a training step to the start of the next, except on the steps
+    that log (global step a multiple of `every`), where the logger and progress bar may read."""
+
+    def __init__(self, every: int):
+        self.every, self.armed, self.armed_steps = every, False, 0
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self.armed = (trainer.global_step + 1) % self.every != 0
+        self.armed_steps += self.armed
+
+    def on_train_epoch_end(self, trainer, pl_module):
+        self.armed = False
+
+
+def test_training_steps_read_nothing_on_the_host(tmp_path, monkeypatch):
+    # The configured callbacks (checkpoints, LR monitor, throughput, progress bar) and CSV
+    # logger, the CIFAR recipe's mixup/cutmix; any tensor-to-Python read in a step that does
+    # not log would be a host sync on the GPU.
+    cfg = compose_cfg(tmp_path, ["data=synthetic", "trainer=cpu", "trainer.log_every_n_steps=4"])
+    trap = HostReadTrap(every=4)
+    callbacks = [trap, *(instantiate(c, _convert_="all") for c in cfg.callbacks.values())]
+    trainer = L.Trainer(accelerator="cpu", max_steps=12, log_every_n_steps=4, callbacks=callbacks,
+                        logger=CSVLogger(tmp_path), limit_val_batches=1, num_sanity_val_steps=0,
+                        gradient_clip_val=1.0, default_root_dir=tmp_path)
+    # fused: PyTorch's CPU single-tensor AdamW reads its step count with .item(), CUDA's does not
+    module = ViTModule("vit_micro_patch4_32", num_classes=10, attention="sdpa", mixup_alpha=0.8, cutmix_alpha=1.0,
+                       optimizer=partial(torch.optim.AdamW, lr=1e-3, weight_decay=0.05, fused=True))
+    for name in ("item", "tolist", "__bool__", "__float__", "__int__"):
+        def trapped(self, *args, _orig=getattr(torch.Tensor, name), _name=name, **kwargs):
+            if trap.armed:
+                raise AssertionError(f"Tensor.{_name}() in a training step that does not log")
+            return _orig(self, *args, **kwargs)
+        monkeypatch.setattr(torch.Tensor, name, trapped)
+    trainer.fit(module, *loaders())
+    assert trap.armed_steps == 9  # steps 1-3, 5-7, 9-11 of 12
+    assert trainer.global_step == 12
+    logged = trainer.logged_metrics
+    assert {"train/loss_step", "train/device/samples_per_sec"} <= set(logged)
+    # the throughput monitor reads the clock on logging steps only, yet counts every batch
+    assert (logged["train/batches"], logged["train/samples"]) == (12, 12 * 16)
+    assert torch.isfinite(torch.as_tensor(logged["train/loss_step"]))
+
+
+def fit_losses(compile_mode, attention: str, tmp_path: Path, steps: int = 3):
+    """Per-step training losses of `steps` steps from one seed, and the fitted module and trainer."""
+    L.seed_everything(0)
+    module = ViTModule("vit_micro_patch4_32", num_classes=10, attention=attention, compile=compile_mode)
+    losses = []
+
+    class Record(L.Callback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            losses.append(outputs["loss"].detach().clone())
+
+    trainer = L.Trainer(accelerator="cpu", max_steps=steps, callbacks=[Record()], logger=False,
+                        enable_checkpointing=False, enable_progress_bar=False, limit_val_batches=1,
+                        num_sanity_val_steps=0, default_root_dir=tmp_path)
+    trainer.fit(module, *loaders())
+    return torch.stack(losses), module, trainer
+
+
+@pytest.mark.slow  # inductor compiles the forward and backward graphs on the CPU: ~20-60 s
+@pytest.mark.parametrize("attention", ["sdpa", "naive"])
+def test_compiled_fit_matches_eager_and_its_checkpoint_loads_uncompiled(tmp_path, attention):
+    torch._dynamo.reset()
+    eager, _, _ = fit_losses(False, attention, tmp_path)
+    torch._dynamo.utils.counters.clear()
+    compiled, module, trainer = fit_losses("default", attention, tmp_path)
+    assert module.compile_mode == "default"
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] >= 1  # it did compile
+    torch.testing.assert_close(compiled, eager, rtol=1e-4, atol=1e-4)
+
+    # validation, with a partial last batch (40 = 16 + 16 + 8), runs eagerly: no graph is added
+    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    x, y = loaders()[0].dataset.tensors
+    (metrics,) = trainer.validate(module, DataLoader(TensorDataset(x[:40], y[:40]), batch_size=16), verbose=False)
+    assert 0.0 <= metrics["val/top1"] <= 1.0
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == graphs
+
+    path = tmp_path / "compiled.ckpt"
+    trainer.save_checkpoint(path)
+    loaded = load_checkpoint(path)  # hparams say compile=default: applied only when a fit starts
+    assert loaded.compile_mode is None
+    assert set(loaded.state_dict()) == set(module.state_dict())
+    assert not any("_orig_mod" in k for k in module.state_dict())
+    x = torch.randn(4, 3, 32, 32)
+    module.eval(), loaded.eval()
+    with torch.no_grad(), torch.compiler.set_stance("force_eager"):
+        torch.testing.assert_close(loaded(x), module(x))
+
+
+class SyncTrap(HostReadTrap):
+    """HostReadTrap on the GPU: CUDA's sync debug mode raises on any synchronizing call
+    (.item(), a blocking copy to the host, torch.unique, ...) while armed. Armed only after the
+    first logging step, once compiling and CUDA-graph recording are done."""
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self.armed = trainer.global_step > self.every and (trainer.global_step + 1) % self.every != 0
+        self.armed_steps += self.armed
+        torch.cuda.set_sync_debug_mode("error" if self.armed else "default")
+
+    def on_train_epoch_end(self, trainer, pl_module):
+        self.armed = False
+        torch.cuda.set_sync_debug_mode("default")
+
+    def on_validation_start(self, trainer, pl_module):
+        self.graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+
+    def on_validation_end(self, trainer, pl_module):
+        self.graphs_in_validation = torch._dynamo.utils.counters["stats"]["unique_graphs"] - self.graphs
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("attention", ["flash", "naive", "sdpa"])
+def test_cuda_graphs_fit_without_host_syncs(tmp_path, attention):
+    # compile=auto on CUDA is reduce-overhead (CUDA graphs); bf16 autocast; mixup/cutmix; the
+    # configured callbacks and logger. Validation, with a partial last batch, compiles nothing.
+    cfg = compose_cfg(tmp_path, ["data=synthetic", "trainer.log_every_n_steps=4"])
+    trap = SyncTrap(every=4)
+    callbacks = [trap, *(instantiate(c, _convert_="all") for c in cfg.callbacks.values())]
+    trainer = L.Trainer(accelerator="gpu", devices=1, precision="bf16-mixed", max_steps=16, log_every_n_steps=4,
+                        callbacks=callbacks, logger=CSVLogger(tmp_path), val_check_interval=8,
+                        num_sanity_val_steps=0, gradient_clip_val=1.0, default_root_dir=tmp_path)
+    module = ViTModule("vit_micro_patch4_32", num_classes=10, attention=attention, mixup_alpha=0.8, cutmix_alpha=1.0)
+    train, _ = loaders(n_train=512)
+    train = DataLoader(train.dataset, batch_size=16, shuffle=True, drop_last=True, pin_memory=True)
+    val = DataLoader(TensorDataset(*(t[:40] for t in train.dataset.tensors)), batch_size=16, pin_memory=True)
+    torch._dynamo.reset()
+    trainer.fit(module, train, val)
+    assert module.compile_mode == "reduce-overhead"
+    assert trainer.optimizers[0].defaults["fused"] is True
+    assert trap.armed_steps == 8  # steps 6-8, 10-12, 14-16 less the validation's
+    assert trap.graphs_in_validation == 0
+    assert 0.0 <= float(trainer.callback_metrics["val/top1"]) <= 1.0
+    assert torch.isfinite(torch.as_tensor(trainer.logged_metrics["train/loss_step"]))

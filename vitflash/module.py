@@ -9,6 +9,7 @@ Lightning Trainer; see configs/trainer/.
 from __future__ import annotations
 
 import logging
+from contextlib import nullcontext
 from functools import partial
 from pathlib import Path
 from typing import Callable
@@ -32,6 +33,7 @@ log = logging.getLogger(__name__)
 
 ATTENTION_CHOICES = ("auto", *ATTENTION_IMPLS)
 HALF_PRECISIONS = ("bf16-mixed", "16-mixed", "bf16-true", "16-true")
+COMPILE_CHOICES = ("auto", "false", "default", "reduce-overhead")
 
 # `${if_cuda:a,b}` in the configs: a where a CUDA GPU is visible, else b (the Trainer's precision).
 if not OmegaConf.has_resolver("if_cuda"):
@@ -56,6 +58,33 @@ def resolve_attention(name: str, cuda: bool) -> str:
     return name
 
 
+def resolve_compile(mode: str | bool | None, cuda: bool, accumulate_grad_batches: int = 1) -> str | None:
+    """The `torch.compile` mode to train with, or None for eager.
+
+    "auto" is "reduce-overhead" (CUDA graphs: the ViTs here are launch-bound at CIFAR sizes)
+    when `cuda`, else eager; false (YAML's `false` arrives as a bool) and None are eager.
+    CUDA graphs cannot accumulate gradients over batches (a replay overwrites the gradients
+    the previous batch left in the graph's memory, pytorch/pytorch#169545): with
+    accumulate_grad_batches > 1, "auto" is "default" and "reduce-overhead" is refused.
+    Raises ValueError for anything else, listing the choices.
+    """
+    if mode is None or mode is False:
+        mode = "false"
+    if mode not in COMPILE_CHOICES:
+        raise ValueError(f"unknown compile {mode!r}: choose one of {', '.join(COMPILE_CHOICES)}")
+    if mode == "auto":
+        if not cuda:
+            return None
+        return "reduce-overhead" if accumulate_grad_batches == 1 else "default"
+    if mode == "reduce-overhead" and accumulate_grad_batches > 1:
+        raise ValueError(
+            f"compile=reduce-overhead (CUDA graphs) cannot accumulate gradients over batches "
+            f"(trainer.accumulate_grad_batches={accumulate_grad_batches}): a replay overwrites the "
+            "previous batch's gradients. Set model.compile=default (or auto), or accumulate_grad_batches=1"
+        )
+    return None if mode == "false" else mode
+
+
 class ViTModule(L.LightningModule):
     """Image classification with a vitflash VisionTransformer, stored as `self.model`.
 
@@ -74,6 +103,10 @@ class ViTModule(L.LightningModule):
         label_smoothing: of the cross-entropy (and of mixup's soft targets).
         mixup_alpha, cutmix_alpha, mixup_prob, mixup_switch_prob: timm's Mixup; both alphas
             0 turn mixing off.
+        compile: "auto", "false", "default" or "reduce-overhead": `torch.compile` of the model
+            for training, applied in place at setup (state_dict keys do not change, so
+            checkpoints load either way); see `resolve_compile`. Validation and test run the
+            same weights eagerly.
     """
 
     def __init__(
@@ -95,8 +128,10 @@ class ViTModule(L.LightningModule):
         cutmix_alpha: float = 0.0,
         mixup_prob: float = 1.0,
         mixup_switch_prob: float = 0.5,
+        compile: str | bool | None = "auto",
     ):
         super().__init__()
+        resolve_compile(compile, cuda=False)  # a bad value stops here, before the model is built
         # plain values only, so `torch.load(weights_only=True)` reads the checkpoints
         self.save_hyperparameters(ignore=["optimizer"])
         self.optimizer_factory = optimizer
@@ -113,14 +148,17 @@ class ViTModule(L.LightningModule):
             )
         self.train_loss = SoftTargetCrossEntropy() if self.mixup else nn.CrossEntropyLoss(label_smoothing=label_smoothing)
         self.eval_loss = nn.CrossEntropyLoss()
+        # validate_args=False: the checks run torch.unique on the labels, a host sync every step
         metrics = MetricCollection({
-            "top1": MulticlassAccuracy(num_classes, top_k=1, average="micro"),
-            "top5": MulticlassAccuracy(num_classes, top_k=min(5, num_classes), average="micro"),
+            "top1": MulticlassAccuracy(num_classes, top_k=1, average="micro", validate_args=False),
+            "top5": MulticlassAccuracy(num_classes, top_k=min(5, num_classes), average="micro",
+                                       validate_args=False),
         })
         self.train_metrics = metrics.clone(prefix="train/")
         self.val_metrics = metrics.clone(prefix="val/")
         self.test_metrics = metrics.clone(prefix="test/")
         self.flops_per_batch = None  # read by Lightning's ThroughputMonitor (not measured)
+        self.compile_mode: str | None = None  # set at setup, when the device is known
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """(B, 3, H, W) images -> (B, num_classes) logits."""
@@ -143,24 +181,46 @@ class ViTModule(L.LightningModule):
                     f"attention=flash runs in bf16/fp16 but trainer.precision={self.trainer.precision}: "
                     "set trainer.precision=bf16-mixed (as trainer=gpu does) or choose attention=sdpa"
                 )
+        mode = resolve_compile(self.hparams.compile, cuda=on_cuda,
+                               accumulate_grad_batches=self.trainer.accumulate_grad_batches)
+        if stage == "fit" and mode and self.compile_mode is None:
+            # in place (nn.Module.compile): the module tree and state_dict keys stay as they are
+            self.model.compile(mode=mode)
+            self.compile_mode = mode
+            log.info("compile=%s -> torch.compile(mode=%r) for training", self.hparams.compile, mode)
 
+    # No host sync in a step: no .item(), metrics are updated on the device (`update`, not the
+    # forward that also computes a per-batch value), and the logged tensors become numbers
+    # only when the logger reads them (every trainer.log_every_n_steps). The loss is logged
+    # without prog_bar=True, which would make Lightning convert it after every batch;
+    # vitflash.callbacks.ProgressBar shows it when it redraws.
     def training_step(self, batch, batch_idx: int) -> torch.Tensor:
+        if self.compile_mode == "reduce-overhead":
+            # a new CUDA-graph iteration: the previous step's graph outputs (its logits, and the
+            # gradients Lightning clears only after this forward) may now be overwritten
+            torch.compiler.cudagraph_mark_step_begin()
         x, y = batch
         target = y
         if self.mixup is not None:
             x, target = self.mixup(x, y)  # target: (B, num_classes) soft labels
         logits = self(x)
         loss = self.train_loss(logits, target)
-        self.train_metrics(logits, y)  # against the unmixed labels: a rough guide under mixup
-        self.log("train/loss", loss, on_step=True, on_epoch=True, prog_bar=True)
+        # against the unmixed labels (a rough guide under mixup); read now, before the next
+        # replay of a CUDA graph could overwrite the logits
+        self.train_metrics.update(logits, y)
+        self.log("train/loss", loss, on_step=True, on_epoch=True)
         self.log_dict(self.train_metrics, on_step=False, on_epoch=True)
         return loss
 
     def _eval_step(self, batch, metrics: MetricCollection, stage: str) -> None:
         x, y = batch
-        logits = self(x)
+        # Eager even when training is compiled: a compiled eval would add graphs for
+        # inference mode and for the last, partial batch (and under CUDA graphs a second
+        # memory pool) to save little, since eval is a forward over a small part of the images.
+        with torch.compiler.set_stance("force_eager") if self.compile_mode else nullcontext():
+            logits = self(x)
         self.log(f"{stage}/loss", self.eval_loss(logits, y), prog_bar=True, sync_dist=True)
-        metrics(logits, y)
+        metrics.update(logits, y)
         self.log_dict(metrics, prog_bar=True)
 
     def validation_step(self, batch, batch_idx: int) -> None:
@@ -190,7 +250,12 @@ class ViTModule(L.LightningModule):
                                               no_weight_decay_list=no_decay, layer_decay=hp.layer_decay)
         else:
             groups = param_groups_weight_decay(self.model, weight_decay=weight_decay, no_weight_decay_list=no_decay)
-        optimizer = self.optimizer_factory(groups)
+        factory = self.optimizer_factory
+        if (self.device.type == "cuda" and getattr(factory, "func", None) in (torch.optim.AdamW, torch.optim.Adam)
+                and "fused" not in factory.keywords and "foreach" not in factory.keywords):
+            # the whole update in a few multi-tensor kernels, fewer launches than foreach's
+            factory = partial(factory, fused=True)
+        optimizer = factory(groups)
 
         total = int(self.trainer.estimated_stepping_batches)
         epochs = self.trainer.max_epochs if self.trainer.max_epochs and self.trainer.max_epochs > 0 else 1

@@ -1,0 +1,294 @@
+"""The real training loop against the bare training step of the same model, in one process.
+
+For each case (a data recipe, an attention path, a compile mode) the script composes
+configs/train.yaml through Hydra as scripts/train.py does, builds the same DataModule,
+ViTModule, Trainer, callbacks and logger, and fits for `warmup + repeats * steps` steps.
+Validation and checkpoints are off: they are per-epoch costs, not the loop under test.
+
+- loop img/s: a callback times `repeats` back-to-back windows of `steps` steps after the
+  warm-up (wall clock, the device synchronized at each window's ends). A window runs from
+  the end of one step to the end of another, so it holds as many batch fetches as steps.
+- bare-step img/s: when training ends (before Lightning moves the model back to the CPU),
+  the same model, compiled the same way, runs forward, cross-entropy, backward and the
+  loop's own optimizer step on the last batch, already on the device, under the Trainer's
+  precision (autocast); timed the same way, `repeats` windows of `steps` steps.
+- ratio: median loop img/s / median bare-step img/s.
+- gpu_busy: the mean GPU utilization during the loop windows, from `nvidia-smi` sampling
+  every 100 ms (NVML's share of time in which a kernel ran; torch.cuda.utilization()
+  without nvidia-smi); null where it cannot be read.
+
+    python scripts/bench_loop.py --data-root /tmp/data --out benchmarks/results
+    python scripts/bench_loop.py --quick --out /tmp/bench     # one tiny case, runs on a CPU
+
+writes loop_<gpu>.json and loop_<gpu>.md into --out. `--pipeline gpu` passes
+`data.pipeline=gpu` to the data config; `--override KEY=VALUE` passes any other override.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import shutil
+import statistics
+import subprocess
+import tempfile
+import threading
+import time
+from datetime import datetime
+from pathlib import Path
+
+import lightning as L
+import timm
+import torch
+import torch.nn.functional as F
+from hydra import compose, initialize_config_dir
+
+from bench_attention import command_line, environment, write_results  # scripts/ is on sys.path
+from train import build
+from vitflash.module import COMPILE_CHOICES
+from vitflash.ops import ATTENTION_IMPLS
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+
+# name: (model, batch, Hydra overrides). cifar10 is the issue's recipe (RandAugment, random
+# erasing, mixup/cutmix); imagenette the fine-tuning one, from random weights (the speed is
+# the same, and nothing is fetched).
+CASES = {
+    "cifar10": ("vit_tiny_patch4_32", 1024, ["experiment=cifar10_vit_tiny"]),
+    "imagenette": ("vit_small_patch16_224", 256, ["experiment=imagenette_finetune", "model.pretrained=null"]),
+    "synthetic": ("vit_micro_patch4_32", 32, ["data=synthetic"]),
+}
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class LoopTimer(L.Callback):
+    """Times `repeats` windows of `steps` training steps after `warmup` steps, then the bare
+    step of the same model (see the module docstring). Results: `loop_s`, `bare_s`
+    (seconds per window) and `windows` ((start, end) wall-clock times of the loop windows)."""
+
+    def __init__(self, warmup: int, steps: int, repeats: int, bare_warmup: int):
+        self.warmup, self.steps, self.repeats, self.bare_warmup = warmup, steps, repeats, bare_warmup
+        self.marks = {warmup - 1 + k * steps for k in range(repeats + 1)}  # batch ends that bound windows
+        self.times: list[float] = []
+        self.batch = None
+        self.loop_s: list[float] = []
+        self.bare_s: list[float] = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        step = trainer.global_step - 1  # this batch's step, counted from 0
+        if step in self.marks:
+            sync(pl_module.device)
+            self.times.append(time.time())  # the clock of nvidia-smi's timestamps (GpuBusy)
+        if step == max(self.marks):
+            x, y = batch
+            self.batch = (x.clone(), y.clone())
+
+    @property
+    def windows(self) -> list[tuple[float, float]]:
+        return list(zip(self.times[:-1], self.times[1:]))
+
+    def on_train_end(self, trainer, pl_module):
+        if len(self.times) != self.repeats + 1:
+            raise RuntimeError(f"the loop ran {trainer.global_step} steps, fewer than warmup + repeats * steps: "
+                               "does the dataset hold enough batches? (max_steps sets the length)")
+        self.loop_s = [b - a for a, b in self.windows]
+        step = self._bare_step(trainer, pl_module)
+        for _ in range(self.bare_warmup):
+            step()
+        for _ in range(self.repeats):
+            sync(pl_module.device)
+            start = time.perf_counter()
+            for _ in range(self.steps):
+                step()
+            sync(pl_module.device)
+            self.bare_s.append(time.perf_counter() - start)
+
+    def _bare_step(self, trainer, module):
+        x, y = self.batch
+        model, optimizer = module.model, trainer.optimizers[0]
+        cudagraphs = module.compile_mode == "reduce-overhead"
+
+        def step():
+            if cudagraphs:
+                torch.compiler.cudagraph_mark_step_begin()
+            with trainer.precision_plugin.forward_context():  # the loop's autocast
+                loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+
+        return step
+
+
+class GpuBusy:
+    """GPU utilization samples (NVML's percent of time in which a kernel ran) every
+    `interval_ms`: from `nvidia-smi -lms`, in its own process, so that sampling takes no time
+    from the loop's Python thread; else from torch.cuda.utilization() (pynvml) in a thread;
+    no samples without CUDA or either of them."""
+
+    def __init__(self, interval_ms: int = 100):
+        self.samples: list[tuple[float, float]] = []  # (time.time(), percent)
+        self.proc = None
+        self.running = True
+        if not torch.cuda.is_available():
+            return
+        if shutil.which("nvidia-smi"):
+            uuid = str(torch.cuda.get_device_properties(torch.cuda.current_device()).uuid)
+            self.proc = subprocess.Popen(
+                ["nvidia-smi", "--id=" + (uuid if uuid.startswith("GPU-") else "GPU-" + uuid),
+                 "--query-gpu=timestamp,utilization.gpu", "--format=csv,noheader,nounits", "-lms", str(interval_ms)],
+                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+            threading.Thread(target=self._read, daemon=True).start()
+        else:
+            threading.Thread(target=self._poll, args=(interval_ms / 1e3,), daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            try:
+                stamp, percent = line.split(",")
+                when = datetime.strptime(stamp.strip(), "%Y/%m/%d %H:%M:%S.%f").timestamp()  # local time
+                self.samples.append((when, float(percent)))
+            except ValueError:
+                continue  # e.g. "[N/A]"
+
+    def _poll(self, interval_s: float) -> None:
+        while self.running:
+            try:
+                self.samples.append((time.time(), float(torch.cuda.utilization())))
+            except Exception:  # no pynvml, or NVML refused: gpu_busy stays null
+                return
+            time.sleep(interval_s)
+
+    def stop(self) -> None:
+        self.running = False
+        if self.proc is not None:
+            self.proc.terminate()
+            self.proc.wait()
+
+    def mean(self, windows: list[tuple[float, float]]) -> float | None:
+        """Mean busy fraction (0-1) of the samples inside `windows`, or None if there are none."""
+        inside = [p for t, p in self.samples if any(a <= t <= b for a, b in windows)]
+        return statistics.mean(inside) / 100 if inside else None
+
+
+def compose_case(case: str, attention: str, compile_mode: str, args, out_dir: Path, max_steps: int):
+    model, batch, overrides = CASES[case]
+    overrides = [
+        *overrides, f"model.model_name={model}", f"data.batch_size={batch}", f"attention={attention}",
+        f"model.compile={compile_mode}", f"paths.output_dir={out_dir}", "logger=csv",
+        f"+trainer.max_steps={max_steps}", "trainer.max_epochs=null",
+        "+trainer.limit_val_batches=0", "+trainer.num_sanity_val_steps=0", "+trainer.enable_checkpointing=false",
+        "callbacks.model_checkpoint=null", "callbacks.last_checkpoint=null",
+    ]
+    if args.data_root:
+        overrides.append(f"paths.data_dir={args.data_root}")
+    if args.pipeline:
+        overrides.append(f"data.pipeline={args.pipeline}")
+    overrides += args.override
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+        return compose("train", overrides=overrides), overrides
+
+
+def run_case(case: str, attention: str, compile_mode: str, args) -> dict:
+    max_steps = args.warmup + args.repeats * args.steps
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg, overrides = compose_case(case, attention, compile_mode, args, Path(tmp), max_steps)
+        L.seed_everything(cfg.seed)
+        torch.set_float32_matmul_precision(cfg.matmul_precision)
+        timer = LoopTimer(args.warmup, args.steps, args.repeats, bare_warmup=max(args.warmup // 2, 2))
+        datamodule, module, trainer = build(cfg, extra_callbacks=[timer])
+        busy = GpuBusy()
+        try:
+            trainer.fit(module, datamodule=datamodule)
+        finally:
+            busy.stop()
+    batch = cfg.data.batch_size
+    loop = [batch * args.steps / s for s in timer.loop_s]
+    bare = [batch * args.steps / s for s in timer.bare_s]
+    row = {
+        "data": case, "model": cfg.model.model_name, "batch": batch, "attention": module.model.attention,
+        "compile": compile_mode, "compile_mode": module.compile_mode or "eager",
+        "pipeline": cfg.data.get("pipeline", "cpu"), "precision": str(trainer.precision),
+        "loop_img_per_s": statistics.median(loop), "step_img_per_s": statistics.median(bare),
+        "ratio": statistics.median(loop) / statistics.median(bare), "gpu_busy": busy.mean(timer.windows),
+        "loop_repeats": loop, "step_repeats": bare, "warmup": args.warmup, "steps": args.steps,
+        "overrides": overrides,
+    }
+    del datamodule, module, trainer, timer
+    torch._dynamo.reset()  # frees the compiled graphs and their CUDA-graph memory pools
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return row
+
+
+def spread(values: list[float]) -> str:
+    return f"{statistics.median(values):,.0f} ({min(values):,.0f}-{max(values):,.0f})"
+
+
+def markdown(rows: list[dict], env: dict, command: str, args) -> str:
+    lines = [f"# Training loop vs bare step on {env['gpu']}", "", f"Command: `{command}`", "",
+             f"torch {env['torch']}, triton {env['triton']}, lightning {env['lightning']}, timm {env['timm']}, "
+             f"CUDA {env['cuda']}; {env['date']}. Median (min-max) of {args.repeats} windows of {args.steps} "
+             f"steps after {args.warmup} warm-up steps. Loop: Lightning's fit with the configured data, "
+             "augmentation, callbacks and logger (no validation or checkpoints). Bare step: the same model and "
+             "optimizer on one batch already on the device. GPU busy: nvidia-smi utilization during the loop.", "",
+             "| data | pipeline | model | batch | attention | compile | loop img/s | bare step img/s | loop/bare | GPU busy |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        busy = "n/a" if r["gpu_busy"] is None else f"{100 * r['gpu_busy']:.0f}%"
+        lines.append(f"| {r['data']} | {r['pipeline']} | {r['model']} | {r['batch']} | {r['attention']} | "
+                     f"{r['compile_mode']} | {spread(r['loop_repeats'])} | {spread(r['step_repeats'])} | "
+                     f"{r['ratio']:.2f} | {busy} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    parser.add_argument("--data-root", help="the data root (paths.data_dir), holding cifar10/ and imagenette/")
+    parser.add_argument("--cases", nargs="+", choices=list(CASES), default=["cifar10", "imagenette"])
+    parser.add_argument("--attention", nargs="+", choices=ATTENTION_IMPLS,
+                        help=f"default: {' '.join(ATTENTION_IMPLS)} (--quick: sdpa)")
+    parser.add_argument("--compile", nargs="+", choices=COMPILE_CHOICES,
+                        help="model.compile values, each case runs with each; default: reduce-overhead false "
+                             "(--quick: false)")
+    parser.add_argument("--pipeline", help="passed as data.pipeline=<value> (gpu or cpu)")
+    parser.add_argument("--override", action="append", default=[], help="another Hydra override, KEY=VALUE")
+    parser.add_argument("--warmup", type=int, default=15, help="steps before the first window (compiling included)")
+    parser.add_argument("--steps", type=int, default=30, help="steps per timed window")
+    parser.add_argument("--repeats", type=int, default=3, help="timed windows per case")
+    parser.add_argument("--quick", action="store_true",
+                        help="one tiny case for a smoke test: synthetic data, vit_micro_patch4_32, b32, sdpa, eager")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.cases, args.warmup, args.steps = ["synthetic"], 1, 2
+    args.attention = args.attention or (["sdpa"] if args.quick else list(ATTENTION_IMPLS))
+    args.compile = args.compile or (["false"] if args.quick else ["reduce-overhead", "false"])
+    if min(args.warmup, args.steps, args.repeats) < 1:
+        parser.error("--warmup, --steps and --repeats must be at least 1")
+    if "flash" in args.attention and not torch.cuda.is_available():
+        parser.error("attention flash needs a CUDA GPU: choose --attention sdpa naive on this machine")
+
+    env = {**environment(), "lightning": L.__version__, "timm": timm.__version__}
+    command = command_line()
+    rows = []
+    for case in args.cases:
+        for compile_mode in args.compile:
+            for attention in args.attention:
+                rows.append(run_case(case, attention, compile_mode, args))
+                r = rows[-1]
+                print(f"{case} {r['model']} b{r['batch']} {r['attention']} compile={r['compile_mode']}: "
+                      f"loop {spread(r['loop_repeats'])} img/s, bare {spread(r['step_repeats'])} img/s, "
+                      f"ratio {r['ratio']:.2f}, GPU busy {r['gpu_busy']}", flush=True)
+                table = markdown(rows, env, command, args)
+                write_results(args.out, "loop", env, command, rows, table)  # after every case: a cut-off run keeps its rows
+    print(table)
+    return rows
+
+
+if __name__ == "__main__":
+    main()
