@@ -254,3 +254,28 @@ def test_ddp_shards_are_disjoint_and_complete():
         assert len(r0) == len(r1) == 48 and not r0 & r1 and r0 | r1 == set(range(96))
     assert list(train[0, 0]) != list(train[0, 1])  # a new permutation each epoch
     assert out["eval"] == 2  # 21 images: 11 per rank (one repeated), in batches of 8
+
+
+# ---- inside Lightning: the real configs, data.pipeline=gpu on the CPU ----
+
+
+def test_lightning_fit_with_the_gpu_pipeline_saves_and_resumes_its_state(tmp_path):
+    from test_configs import compose_cfg
+    from test_train import read_metrics, train
+
+    common = ["data=synthetic", "data.pipeline=gpu", "data.train_size=64", "data.test_size=16", "data.batch_size=16", "trainer=cpu",
+              "logger=csv", "model.attention=sdpa", "trainer.log_every_n_steps=1", "seed=3"]
+    metrics = train(compose_cfg(tmp_path, [*common, "trainer.max_epochs=2"]))
+    assert 0.0 <= metrics["test/top1"] <= 1.0 and "val/top1" in metrics
+    last = tmp_path / "out" / "checkpoints" / "last.ckpt"
+    ckpt = torch.load(last, map_location="cpu", weights_only=True)
+    assert ckpt["global_step"] == 2 * 4
+    state = {"epoch": 1, "batches": 4, "seed": 3}
+    assert ckpt["loops"]["fit_loop"]["state_dict"]["combined_loader"] == [state]  # the loader's own
+    assert ckpt["SyntheticDataModule"] == {"train_loader": state}  # and the DataModule's
+    train(compose_cfg(tmp_path / "resumed", [*common, "trainer.max_epochs=3", "test=false", f"ckpt_path={last}"]))
+    resumed = torch.load(tmp_path / "resumed" / "out" / "checkpoints" / "last.ckpt", map_location="cpu",
+                         weights_only=True)
+    assert resumed["loops"]["fit_loop"]["state_dict"]["combined_loader"] == [{"epoch": 2, "batches": 4, "seed": 3}]
+    steps = read_metrics(tmp_path / "resumed" / "out" / "csv" / "metrics.csv", "train/loss_step")
+    assert len(steps) == 4  # only the third epoch ran

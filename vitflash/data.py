@@ -191,6 +191,8 @@ class ImageDataModule(L.LightningDataModule):
         self.gpu_augment = GPUAugment(augment, img_size) if pipeline == "gpu" else None
         self.train_set = self.val_set = self.test_set = None
         self.arrays: GPUArrays | None = None
+        self._train_loader: GPULoader | None = None
+        self._train_state: dict | None = None
 
     def _load(self, stage: str | None) -> tuple[Dataset, Dataset, Dataset]:
         """Return (train, train_as_eval, test): train with the training transform, the same
@@ -271,10 +273,29 @@ class ImageDataModule(L.LightningDataModule):
         a = self.arrays
         images, labels, rows = getattr(a, split), getattr(a, f"{split}_labels"), getattr(a, f"{split}_rows")
         train = split == "train"
-        return GPULoader(images, labels, self.gpu_augment.train if train else self.gpu_augment.evaluate,
-                         self.batch_size if train else self.eval_batch_size, device=a.device, indices=rows,
-                         train=train, seed=self.shuffle_seed, rank=a.rank, world_size=a.world_size,
-                         epoch=self.trainer.current_epoch if self.trainer is not None and train else 0)
+        loader = GPULoader(images, labels, self.gpu_augment.train if train else self.gpu_augment.evaluate,
+                           self.batch_size if train else self.eval_batch_size, device=a.device, indices=rows,
+                           train=train, seed=self.shuffle_seed, rank=a.rank, world_size=a.world_size,
+                           epoch=self.trainer.current_epoch if self.trainer is not None and train else 0)
+        if train:
+            if self._train_state is not None:
+                loader.load_state_dict(self._train_state)
+                self._train_state = None
+            self._train_loader = loader
+        return loader
+
+    # The gpu train loader's state (epoch, batches taken, seed) also travels as the DataModule's:
+    # Lightning restores a DataModule before anything builds the train loader, but a loader's own
+    # state only if the loader is built after the loops are restored, which is not so when
+    # configure_optimizers asks for trainer.estimated_stepping_batches (as ViTModule does).
+    def state_dict(self) -> dict:
+        return {"train_loader": self._train_loader.state_dict()} if self._train_loader is not None else {}
+
+    def load_state_dict(self, state: dict) -> None:
+        self._train_state = state.get("train_loader")
+        if self._train_loader is not None and self._train_state is not None:
+            self._train_loader.load_state_dict(self._train_state)
+            self._train_state = None
 
     def _loader(self, dataset: Dataset, train: bool) -> DataLoader:
         return DataLoader(
