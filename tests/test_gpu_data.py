@@ -12,7 +12,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from PIL import Image, ImageEnhance, ImageOps
 
-from vitflash.data import Augment, SyntheticDataModule
+from vitflash.data import CIFAR_MEAN, CIFAR_STD, Augment
 from vitflash.gpu_augment import KINDS, GPUAugment, RandAugment, crop_resize, random_erasing, rrc_boxes
 from vitflash.gpu_data import GPULoader
 
@@ -279,3 +279,48 @@ def test_lightning_fit_with_the_gpu_pipeline_saves_and_resumes_its_state(tmp_pat
     assert resumed["loops"]["fit_loop"]["state_dict"]["combined_loader"] == [{"epoch": 2, "batches": 4, "seed": 3}]
     steps = read_metrics(tmp_path / "resumed" / "out" / "csv" / "metrics.csv", "train/loss_step")
     assert len(steps) == 4  # only the third epoch ran
+
+
+# ---- ImageFolder trees: the decoded cache ----
+
+COLOURS = {"cat": (200, 40, 40), "dog": (40, 200, 40), "frog": (40, 40, 200)}
+
+
+def write_jpeg_tree(split_dir, sizes=((40, 30), (30, 50), (64, 64))):
+    """JPEG files of one colour per class, of several sizes and aspect ratios."""
+    for name, colour in COLOURS.items():
+        (split_dir / name).mkdir(parents=True)
+        for i, size in enumerate(sizes):
+            Image.new("RGB", size, colour).save(split_dir / name / f"{i}.jpg", quality=95)
+
+
+def test_image_folder_cache_and_gpu_batches(tmp_path, monkeypatch):
+    from vitflash import data
+
+    write_jpeg_tree(tmp_path / "train")
+    write_jpeg_tree(tmp_path / "val", sizes=((20, 20), (50, 25)))
+    x, y, classes = data.cache_image_folder(tmp_path / "train", 16, num_workers=2)
+    assert x.shape == (9, 16, 16, 3) and x.dtype == np.uint8 and isinstance(x, np.memmap)
+    assert classes == list(COLOURS) and y.tolist() == [0, 0, 0, 1, 1, 1, 2, 2, 2]
+    assert np.abs(x.astype(int) - np.repeat(np.array(list(COLOURS.values())), 3, 0)[:, None, None]).max() <= 8
+    assert {p.name for p in tmp_path.iterdir()} == {"train", "val", "train-16px-uint8.npy", "train-16px-labels.npz"}
+
+    monkeypatch.setattr(data, "_decode_square", None)  # a second read must not decode
+    np.testing.assert_array_equal(data.cache_image_folder(tmp_path / "train", 16)[0], x)
+    monkeypatch.undo()
+    dm = data.ImageFolderDataModule(root=str(tmp_path), num_classes=3, img_size=12, batch_size=4, num_workers=0,
+                                    pipeline="gpu", cache_size=16, augment=Augment(auto_augment="rand-m9-mstd0.5-inc1",
+                                                                                   re_prob=0.25, crop_pct=0.875))
+    dm.prepare_data()
+    dm.setup("fit")
+    (xb, yb), = list(dm.train_dataloader())[:1]
+    assert xb.shape == (4, 3, 12, 12) and yb.dtype == torch.int64 and len(dm.train_dataloader()) == 2
+    val = list(dm.val_dataloader())
+    assert [len(b[1]) for b in val] == [4, 2]  # the val folder, the last batch kept
+    mean, std = torch.tensor(CIFAR_MEAN).view(3, 1, 1), torch.tensor(CIFAR_STD).view(3, 1, 1)
+    colours = torch.tensor(list(COLOURS.values()), dtype=torch.float).view(3, 3, 1, 1) / 255
+    expected = (colours[val[0][1]] - mean) / std
+    assert (val[0][0] - expected).abs().max() < 0.2  # one colour per image, normalized
+
+    with pytest.raises(ValueError, match="set data.cache_size"):
+        data.ImageFolderDataModule(root=str(tmp_path), num_classes=3, img_size=12, pipeline="gpu")

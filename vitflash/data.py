@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import logging
 import os
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -141,6 +143,67 @@ def load_image_folder(folder: Path, num_workers: int = 0) -> tuple[np.ndarray, n
     os.replace(tmp, cache)
     log.info("decoded %d images of %s into %s", len(labels), folder, cache)
     return images, labels, tree.classes
+
+
+def _decode_square(path: str, size: int) -> np.ndarray:
+    """One image file -> (size, size, 3) uint8: the short side resized to size, the centre cropped."""
+    with Image.open(path) as img:
+        img.draft("RGB", (size, size))  # JPEG: decode at the smallest DCT scale still covering size
+        img = img.convert("RGB")
+        w, h = img.size
+        nw, nh = max(size, round(w * size / min(w, h))), max(size, round(h * size / min(w, h)))
+        img = img.resize((nw, nh), Image.Resampling.BICUBIC)  # PIL's resize filters (anti-aliases) when shrinking
+        left, top = (nw - size) // 2, (nh - size) // 2
+        return np.asarray(img.crop((left, top, left + size, top + size)))
+
+
+def cache_image_folder(folder: Path, size: int, num_workers: int = 0) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    """Decode an ImageFolder split of any image sizes once into (N, size, size, 3) uint8 (short
+    side resized to size, centre-cropped square), in `num_workers` processes with a progress bar.
+
+    The cache lies beside the folder: `<folder>-<size>px-uint8.npy` (the images, returned memory-
+    mapped, so a split larger than RAM can be streamed) and `<folder>-<size>px-labels.npz` (labels,
+    classes), each written to a temporary file and renamed, labels last: a cache is complete when
+    its labels file exists, and reused while the class list and the number of files match.
+    """
+    tree = datasets.ImageFolder(str(folder))  # lists the files; nothing is decoded here
+    images_path = folder.parent / f"{folder.name}-{size}px-uint8.npy"
+    labels_path = folder.parent / f"{folder.name}-{size}px-labels.npz"
+    if labels_path.exists() and images_path.exists():
+        with np.load(labels_path) as z:
+            if list(z["classes"]) == tree.classes and len(z["labels"]) == len(tree):
+                return np.load(images_path, mmap_mode="c"), z["labels"], tree.classes
+        log.info("%s is stale (the folder changed): decoding again", labels_path)
+    paths = [p for p, _ in tree.samples]
+    tmp = images_path.with_name(images_path.name + ".tmp.npy")
+    out = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.uint8, shape=(len(paths), size, size, 3))
+    decode = partial(_decode_square, size=size)
+    with ProcessPoolExecutor(num_workers) if num_workers > 0 else _Inline() as pool:
+        images = pool.map(decode, paths, chunksize=64)
+        for i, img in enumerate(tqdm(images, total=len(paths), desc=f"decoding {folder} at {size}px", unit="img")):
+            out[i] = img
+    out.flush()
+    del out
+    os.replace(tmp, images_path)
+    labels = np.asarray(tree.targets, np.int64)
+    tmp = labels_path.with_name(labels_path.name + ".tmp.npz")
+    np.savez(tmp, labels=labels, classes=np.asarray(tree.classes))
+    os.replace(tmp, labels_path)
+    log.info("decoded %d images of %s into %s", len(paths), folder, images_path)
+    return np.load(images_path, mmap_mode="c"), labels, tree.classes
+
+
+class _Inline:
+    """ProcessPoolExecutor's map in this process (num_workers=0)."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def map(self, fn, items, chunksize=1):
+        return map(fn, items)
 
 
 class ImageDataModule(L.LightningDataModule):
@@ -384,13 +447,20 @@ class ImageFolderDataModule(ImageDataModule):
     """An ImageFolder tree in the ImageNet layout: `root/train/<class>/*`, `root/val/<class>/*`
     (or `root/test/<class>/*`). Images are read as RGB (greyscale ones are converted).
 
-    in_memory: decode once into a uint8 array (images must all have one size).
+    in_memory: decode once into a uint8 array (images must all have one size); cpu pipeline.
+    cache_size: the gpu pipeline's cache: every image resized to this short side and centre-
+        cropped square, decoded once (`cache_image_folder`); the crops to img_size happen on the
+        device.
     """
 
     def __init__(self, root: str, train_dir: str = "train", test_dir: str | None = None,
-                 in_memory: bool = False, **kwargs):
+                 in_memory: bool = False, cache_size: int | None = None, **kwargs):
         super().__init__(**kwargs)
+        if self.pipeline == "gpu" and not cache_size:
+            raise ValueError("data.pipeline=gpu reads ImageFolder trees from a decoded cache: set data.cache_size "
+                             "(the short side kept, e.g. 160 or 256; at least img_size for full-resolution crops)")
         self.root, self.train_dir, self.test_dir, self.in_memory = Path(root), train_dir, test_dir, in_memory
+        self.cache_size = cache_size
 
     def _split_dirs(self) -> tuple[Path, Path]:
         names = [self.test_dir] if self.test_dir else ["val", "test"]
@@ -406,16 +476,28 @@ class ImageFolderDataModule(ImageDataModule):
         return train, test
 
     def prepare_data(self) -> None:
-        if self.in_memory:
-            for folder in self._split_dirs():
+        # rank 0 only: decode (writing the cache) before the other ranks read it
+        for folder in self._split_dirs():
+            if self.pipeline == "gpu":
+                cache_image_folder(folder, self.cache_size, num_workers=self.num_workers)
+            elif self.in_memory:
                 load_image_folder(folder, num_workers=self.num_workers)
+
+    def _load_arrays(self, stage: str | None):
+        train_dir, test_dir = self._split_dirs()
+        if self.pipeline == "gpu":
+            (x, y, classes), (xt, yt, test_classes) = (cache_image_folder(d, self.cache_size) for d in (train_dir, test_dir))
+        else:
+            (x, y, classes), (xt, yt, test_classes) = (load_image_folder(d) for d in (train_dir, test_dir))
+        self._check_classes(len(classes), train_dir)
+        if test_classes != classes:
+            raise ValueError(f"{test_dir} and {train_dir} have different class folders")
+        return x, y, xt, yt
 
     def _load(self, stage: str | None):
         train_dir, test_dir = self._split_dirs()
         if self.in_memory:
-            (x, y, classes), (xt, yt, _) = (load_image_folder(d) for d in (train_dir, test_dir))
-            self._check_classes(len(classes), train_dir)
-            return self._arrays_to_splits(x, y, xt, yt)
+            return self._arrays_to_splits(*self._load_arrays(stage))
         train = datasets.ImageFolder(str(train_dir), transform=self.train_transform)
         self._check_classes(len(train.classes), train_dir)
         test = datasets.ImageFolder(str(test_dir), transform=self.eval_transform)
