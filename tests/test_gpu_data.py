@@ -13,7 +13,7 @@ import torch.multiprocessing as mp
 from PIL import Image, ImageEnhance, ImageOps
 
 from vitflash.data import CIFAR_MEAN, CIFAR_STD, Augment
-from vitflash.gpu_augment import KINDS, GPUAugment, RandAugment, crop_resize, random_erasing, rrc_boxes
+from vitflash.gpu_augment import KINDS, OP_FNS, GPUAugment, RandAugment, crop_resize, random_erasing, rrc_boxes
 from vitflash.gpu_data import GPULoader
 
 
@@ -108,41 +108,55 @@ def test_random_erasing_per_sample():
 # ---- RandAugment: the batched ops against PIL's (timm's ops are PIL's) ----
 
 
-def one_op(x: torch.Tensor, kind: str, arg: float) -> torch.Tensor:
-    ra = RandAugment("rand-m9-mstd0.5-inc1")
-    B = x.shape[0]
-    return ra._layer(x, torch.full((B,), KINDS.index(kind)), torch.full((B,), float(arg)),
-                     torch.full((1, 3, 1, 1), 0.5))
-
-
 @pytest.mark.parametrize("kind,arg,pil", [
     ("invert", 0, ImageOps.invert),
     ("solarize", 100, lambda im: ImageOps.solarize(im, 100)),
+    ("solarize_add", 60, None),
     ("posterize", 2, lambda im: ImageOps.posterize(im, 2)),
     ("equalize", 0, ImageOps.equalize),
     ("autocontrast", 0, ImageOps.autocontrast),
     ("brightness", 1.6, lambda im: ImageEnhance.Brightness(im).enhance(1.6)),
     ("color", 0.3, lambda im: ImageEnhance.Color(im).enhance(0.3)),
     ("contrast", 1.5, lambda im: ImageEnhance.Contrast(im).enhance(1.5)),
+    ("sharpness", 1.9, lambda im: ImageEnhance.Sharpness(im).enhance(1.9)),
 ])
 def test_point_and_colour_ops_match_pil(kind, arg, pil):
     rng = np.random.default_rng(0)
     img = (rng.random((12, 12, 3)) * 180 + 30).astype(np.uint8)
+    if pil is None:  # timm's solarize_add: add to the pixels below 128
+        pil = lambda im: Image.fromarray(np.where(img < 128, np.minimum(img.astype(int) + 60, 255), img).astype(np.uint8))
     x = torch.from_numpy(img).permute(2, 0, 1)[None].float() / 255
-    out = one_op(x, kind, arg)[0].permute(1, 2, 0).numpy() * 255
+    out = OP_FNS[kind](x, torch.tensor([float(arg)]), torch.full((1, 3, 1, 1), 0.5))[0].permute(1, 2, 0).numpy() * 255
     # PIL rounds to uint8 in between; contrast uses an integer mean
     assert np.abs(out - np.asarray(pil(Image.fromarray(img)), np.float32)).max() <= 3.0, kind
 
 
+def test_geometric_ops_move_the_image():
+    x = coordinate_images(2, 16).permute(0, 3, 1, 2).float() / 255
+    fill = torch.full((1, 3, 1, 1), 0.5)
+    shifted = OP_FNS["translate_x"](x, torch.tensor([0.25, -0.25]), fill)  # a quarter of the width
+    assert torch.allclose(shifted[0, 1, :, :12], x[0, 1, :, 4:], atol=1e-5)  # reads 4 px to the right
+    assert torch.allclose(shifted[0, :, :, 12:], fill[0].expand(3, 16, 4), atol=1e-5)  # filled with the mean
+    assert torch.allclose(shifted[1, 1, :, 4:], x[1, 1, :, :12], atol=1e-5)
+    turned = OP_FNS["rotate"](x, torch.tensor([90.0, 0.0]), fill)
+    assert torch.allclose(turned[1], x[1], atol=1e-5)
+    assert torch.allclose(turned[0], torch.rot90(x[0], 1, (1, 2)), atol=1e-5)  # counter-clockwise, as PIL's
+
+
 def test_rand_augment_draws_its_own_op_per_sample():
     ra = RandAugment("rand-m9-mstd0.5-inc1")
-    kinds, args = ra._params(4000, gen())
+    kinds, args = ra.params(4000, gen())
     assert kinds.shape == (4000, 2)
     applied = kinds >= 0
     assert abs(applied.float().mean().item() - 0.5) < 0.03  # timm's p=0.5 per layer
     assert len(kinds[applied].unique()) == len(set(ra.kinds))  # every op kind is drawn
     rot = args[kinds == KINDS.index("rotate")]
     assert rot.abs().max() <= 30 and (rot > 0).any() and (rot < 0).any() and rot.unique().numel() > 10
+    # identical images, one op each (p=1): they come out differently, every one changed
+    x = torch.rand(1, 3, 16, 16, generator=gen(3)).expand(60, 3, 16, 16).contiguous()
+    out = RandAugment("rand-n1-m9-p1.0")(x, torch.full((1, 3, 1, 1), 0.5), gen())
+    assert len({tuple(o.flatten()[:64].mul(255).round().tolist()) for o in out}) > 12  # 15 ops, some signed
+    assert ((out - x).flatten(1).abs().amax(1) > 0.01).all()
     aug = GPUAugment(Augment(train_crop="pad", auto_augment="rand-m9-mstd0.5-inc1", re_prob=0.25), 16)
     x = torch.randint(0, 256, (64, 16, 16, 3), dtype=torch.uint8)
     out = aug.train(x, gen())
@@ -228,6 +242,7 @@ def test_streamed_batches_equal_resident_ones():
 
 
 def _shard_worker(rank: int, world: int, port: int, out: dict):
+    torch.set_num_threads(1)  # a forked child must not enter the parent's OpenMP pool
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
@@ -246,8 +261,10 @@ def test_ddp_shards_are_disjoint_and_complete():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    out = mp.Manager().dict()
-    mp.spawn(_shard_worker, args=(2, port, out), nprocs=2)
+    # forked, not spawned: the processes start at once instead of importing torch and the package again
+    ctx = mp.get_context("fork")
+    out = ctx.Manager().dict()
+    mp.start_processes(_shard_worker, args=(2, port, out), nprocs=2, start_method="fork")
     train = np.array(out["train"])  # (rank, epoch, samples)
     for epoch in range(2):
         r0, r1 = set(train[0, epoch]), set(train[1, epoch])
@@ -265,8 +282,8 @@ def test_lightning_fit_with_the_gpu_pipeline_saves_and_resumes_its_state(tmp_pat
 
     common = ["data=synthetic", "data.pipeline=gpu", "data.train_size=64", "data.test_size=16", "data.batch_size=16", "trainer=cpu",
               "logger=csv", "model.attention=sdpa", "trainer.log_every_n_steps=1", "seed=3"]
-    metrics = train(compose_cfg(tmp_path, [*common, "trainer.max_epochs=2"]))
-    assert 0.0 <= metrics["test/top1"] <= 1.0 and "val/top1" in metrics
+    metrics = train(compose_cfg(tmp_path, [*common, "trainer.max_epochs=2", "test=false"]))
+    assert 0.0 <= metrics["val/top1"] <= 1.0 and torch.isfinite(torch.tensor(metrics["train/loss_epoch"]))
     last = tmp_path / "out" / "checkpoints" / "last.ckpt"
     ckpt = torch.load(last, map_location="cpu", weights_only=True)
     assert ckpt["global_step"] == 2 * 4

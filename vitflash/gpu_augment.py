@@ -12,9 +12,9 @@ the work wherever it is batched: torchvision.ops.roi_align crops-and-resizes one
 v2 functionals give equalize, autocontrast and the "degenerate" images that PIL's enhance ops
 blend with, and timm parses the `auto_augment` string into its op list.
 
-Every per-sample choice is a `torch.where` over the whole batch, so no shape depends on the
-data and nothing waits on the device (no host synchronisation per batch). All random numbers
-come from the `torch.Generator` passed in, on the images' device.
+Per-sample choices are `torch.where` masks or fixed slices of a shuffled batch (RandAugment),
+so no shape depends on the data and nothing waits on the device (no host synchronisation per
+batch). All random numbers come from the `torch.Generator` passed in, on the images' device.
 """
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 import torch.nn.functional as nnf
 from torchvision.ops import roi_align
@@ -181,15 +182,66 @@ OPS = {
     "SharpnessIncreasing": _Op("sharpness", **_ENHANCE_INC),
 }
 KINDS = sorted({op.kind for op in OPS.values()})
-_AFFINE = ("rotate", "shear_x", "shear_y", "translate_x", "translate_y")
-_BLEND = ("brightness", "color", "contrast", "sharpness")
+
+
+def _affine(x: torch.Tensor, theta: torch.Tensor, fill: torch.Tensor) -> torch.Tensor:
+    """x (b, C, H, W) resampled through theta (b, 2, 3) (normalized coordinates, output -> input);
+    what falls outside is fill (1, C, 1, 1)."""
+    grid = nnf.affine_grid(theta, list(x.shape), align_corners=False)
+    # zero padding of (x - fill) fills the uncovered area with the fill colour
+    return nnf.grid_sample(x - fill, grid, mode="bilinear", padding_mode="zeros", align_corners=False) + fill
+
+
+def _matrix(a=None, b=None, c=None, d=None, e=None, f=None, like: torch.Tensor | None = None) -> torch.Tensor:
+    """(b, 2, 3) affine matrices [[a, b, c], [d, e, f]] from (b,) tensors (None: the identity's entry)."""
+    zero, one = torch.zeros_like(like), torch.ones_like(like)
+    rows = [[a, b, c], [d, e, f]]
+    eye = [[one, zero, zero], [zero, one, zero]]
+    return torch.stack([torch.stack([v if v is not None else eye[i][j] for j, v in enumerate(r)], -1)
+                        for i, r in enumerate(rows)], 1)
+
+
+def _rotate(x, deg, fill):
+    rad = torch.deg2rad(deg)
+    return _affine(x, _matrix(torch.cos(rad), -torch.sin(rad), None, torch.sin(rad), torch.cos(rad), like=deg), fill)
+
+
+# kind -> f(x (b, 3, H, W) in [0, 1], arg (b,), fill (1, 3, 1, 1)) -> (b, 3, H, W), as PIL's ops
+OP_FNS = {
+    "autocontrast": lambda x, arg, fill: TF.autocontrast(x),
+    "equalize": lambda x, arg, fill: TF.equalize(x),
+    "invert": lambda x, arg, fill: 1 - x,
+    "posterize": lambda x, bits, fill: (  # keep the high `bits` bits of the 8-bit value
+        (x * 255).round_().to(torch.int32) & (256 - torch.exp2(8 - bits)).to(torch.int32).view(-1, 1, 1, 1)
+    ).to(x.dtype) / 255,
+    "solarize": lambda x, thresh, fill: torch.where(x * 255 >= thresh.view(-1, 1, 1, 1), 1 - x, x),
+    "solarize_add": lambda x, add, fill: torch.where(x * 255 < 128, (x + add.view(-1, 1, 1, 1) / 255).clamp_(max=1), x),
+    # PIL's enhance ops blend with a degenerate image: black, mean grey, greyscale, smoothed
+    "brightness": lambda x, f, fill: _blend(x, torch.zeros_like(x), f),
+    "contrast": lambda x, f, fill: _blend(x, _contrast_mean(x), f),
+    "color": lambda x, f, fill: _blend(x, TF.rgb_to_grayscale(x), f),
+    "sharpness": lambda x, f, fill: _blend(x, TF.adjust_sharpness(x, 0.0), f),
+    # geometric ops about the centre: shear and translate as PIL's affine transforms
+    "rotate": _rotate,
+    "shear_x": lambda x, v, fill: _affine(x, _matrix(b=v, like=v), fill),
+    "shear_y": lambda x, v, fill: _affine(x, _matrix(d=v, like=v), fill),
+    "translate_x": lambda x, v, fill: _affine(x, _matrix(c=2 * v, like=v), fill),
+    "translate_y": lambda x, v, fill: _affine(x, _matrix(f=2 * v, like=v), fill),
+}
 
 
 class RandAugment:
     """timm's RandAugment (`rand_augment_transform(config)`: e.g. "rand-m9-mstd0.5-inc1"; "n1" with
     "mstd101" is TrivialAugment-like) on a batch, every sample drawing its own ops, whether each
-    applies (timm's p=0.5) and its magnitude. Geometric ops rotate/shear about the image centre and
-    fill with the mean colour (timm's img_mean); they resample bilinearly."""
+    applies (timm's p=0.5) and its magnitude. Geometric ops fill with the mean colour (timm's
+    img_mean) and resample bilinearly.
+
+    Each op runs on its own samples only, without a data-dependent shape: every layer shuffles
+    the batch and gives op k a fixed slice of it (slices sized by the op weights), so a sample's
+    op is uniformly random (as timm's choice) while the ops of one batch are balanced. Running
+    every op on the whole batch and keeping a mask's worth would cost ~15x the work; selecting
+    the samples of each op by a mask would wait on the device for their number.
+    """
 
     def __init__(self, config: str):
         from timm.data.auto_augment import rand_augment_transform
@@ -203,27 +255,31 @@ class RandAugment:
             raise ValueError(f"auto_augment={config!r} uses {', '.join(missing)}, which the gpu pipeline "
                              f"lacks (it has {', '.join(sorted(OPS))}): set data.pipeline=cpu")
         self.num_layers = ra.num_layers
-        self.weights = None if ra.choice_weights is None else torch.as_tensor(ra.choice_weights, dtype=torch.float)
+        weights = [1.0] * len(ra.ops) if ra.choice_weights is None else list(ra.choice_weights)
+        self.cumulative = np.cumsum(weights) / np.sum(weights)  # slice ends as fractions of the batch
         ops = [OPS[op.name] for op in ra.ops]
         self.kinds = [op.kind for op in ops]
         hp = ra.ops[0].hparams  # one config string: every op shares magnitude, std and bound
         self.mstd = hp.get("magnitude_std", 0.0)
         self.mmax = hp.get("magnitude_max") or 10.0
-        table = [[op.a, op.b, op.c, float(op.signed), float(op.floor), op.lo, op.hi, o.prob, o.magnitude,
-                  float(KINDS.index(op.kind))] for op, o in zip(ops, ra.ops)]
-        self._table = torch.tensor(table, dtype=torch.float64)
-        self._on: dict[torch.device, torch.Tensor] = {}
+        self._table = torch.tensor([[op.a, op.b, op.c, float(op.signed), float(op.floor), op.lo, op.hi, o.prob,
+                                     o.magnitude, float(KINDS.index(op.kind))] for op, o in zip(ops, ra.ops)])
+        self._slots: dict[tuple[int, torch.device], tuple[list[int], torch.Tensor]] = {}
 
-    def _params(self, B: int, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-        """(kind (B, layers) index into KINDS or -1 for no op, arg (B, layers) float)."""
-        dev = g.device
-        if dev not in self._on:
-            self._on[dev] = self._table.to(dev, torch.float32)
-        table = self._on[dev]
-        K, L = len(table), self.num_layers
-        weights = torch.ones(K, device=dev) if self.weights is None else self.weights.to(dev)
-        op = torch.multinomial(weights.expand(B, K), L, replacement=self.weights is None, generator=g)
-        a, b, c, signed, floor, lo, hi, prob, mag, kind = table[op].unbind(-1)  # each (B, L)
+    def _slices(self, B: int, device: torch.device) -> tuple[list[int], torch.Tensor]:
+        """(bounds: op k owns slots bounds[k]:bounds[k+1] of a shuffled batch, (B, 10) table rows)."""
+        if (B, device) not in self._slots:
+            bounds = [0, *np.round(self.cumulative * B).astype(int).tolist()]
+            op = torch.repeat_interleave(torch.arange(len(self.kinds)), torch.tensor(np.diff(bounds)))
+            self._slots[B, device] = bounds, self._table[op].to(device)
+        return self._slots[B, device]
+
+    def params(self, B: int, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        """(kind (B, layers): index into KINDS of slot b's op, or -1 where it does not apply; arg
+        (B, layers) the op's argument from its magnitude, as timm's level functions)."""
+        dev, L = g.device, self.num_layers
+        _, table = self._slices(B, dev)
+        a, b, c, signed, floor, lo, hi, prob, mag, kind = (t[:, None] for t in table.unbind(-1))  # each (B, 1)
         u = torch.rand(3, B, L, generator=g, device=dev)
         if self.mstd == math.inf:
             mag = u[0] * mag
@@ -233,78 +289,24 @@ class RandAugment:
         level = torch.where(floor > 0, level.floor(), level)
         sign = torch.where((signed > 0) & (u[1] > 0.5), -1.0, 1.0)
         arg = torch.maximum(torch.minimum(a + c * sign * level, hi), lo)
-        kind = torch.where(u[2] < prob, kind, -1.0).long()
-        return kind, arg
+        return torch.where(u[2] < prob, kind, -1.0).long(), arg
 
     def __call__(self, x: torch.Tensor, fill: torch.Tensor, g: torch.Generator) -> torch.Tensor:
         """x (B, 3, H, W) float in [0, 1]; fill (1, 3, 1, 1) -> same shape."""
-        kinds, args = self._params(x.shape[0], g)
+        B = x.shape[0]
+        bounds, _ = self._slices(B, x.device)
+        kinds, args = self.params(B, g)
         for layer in range(self.num_layers):
-            x = self._layer(x, kinds[:, layer], args[:, layer], fill)
+            perm = torch.randperm(B, generator=g, device=x.device)
+            y = x[perm]  # slot j holds sample perm[j]
+            for k, name in enumerate(self.kinds):
+                s = slice(bounds[k], bounds[k + 1])
+                if s.start == s.stop:
+                    continue
+                applies = (kinds[s, layer] >= 0).view(-1, 1, 1, 1)
+                y[s] = torch.where(applies, OP_FNS[name](y[s], args[s, layer], fill), y[s])
+            x = torch.empty_like(y).index_copy_(0, perm, y)
         return x
-
-    def _layer(self, x: torch.Tensor, kind: torch.Tensor, arg: torch.Tensor, fill: torch.Tensor) -> torch.Tensor:
-        present = set(self.kinds)
-
-        def sel(*names):  # (B, 1, 1, 1) bool: the samples whose op is one of names
-            m = torch.zeros_like(kind, dtype=torch.bool)
-            for n in names:
-                m |= kind == KINDS.index(n)
-            return m.view(-1, 1, 1, 1)
-
-        def argof(name, default):
-            return torch.where(kind == KINDS.index(name), arg, default)
-
-        # per-image statistics: torchvision's ops are batched; they run on all, the chosen keep them
-        if "equalize" in present:
-            x = torch.where(sel("equalize"), TF.equalize(x), x)
-        if "autocontrast" in present:
-            x = torch.where(sel("autocontrast"), TF.autocontrast(x), x)
-        # point ops, with per-sample arguments that leave the other samples unchanged
-        if "invert" in present:
-            x = torch.where(sel("invert"), 1 - x, x)
-        if "posterize" in present:
-            keep = 256 - torch.exp2(8 - argof("posterize", 8.0))  # the bit mask of `bits` high bits
-            q = (x * 255).round_().to(torch.int32) & keep.to(torch.int32).view(-1, 1, 1, 1)
-            x = torch.where(sel("posterize"), q.to(x.dtype) / 255, x)
-        if "solarize" in present:
-            x = torch.where(x * 255 >= argof("solarize", 256.0).view(-1, 1, 1, 1), 1 - x, x)
-        if "solarize_add" in present:
-            add = argof("solarize_add", 0.0).view(-1, 1, 1, 1) / 255
-            x = torch.where(x * 255 < 128, (x + add).clamp_(max=1), x)
-        # PIL's enhance ops blend with a degenerate image: black, grey mean, greyscale, smoothed
-        blends = [n for n in _BLEND if n in present]
-        if blends:
-            deg = torch.zeros_like(x)
-            if "contrast" in present:
-                deg = torch.where(sel("contrast"), _contrast_mean(x), deg)
-            if "color" in present:
-                deg = torch.where(sel("color"), TF.rgb_to_grayscale(x), deg)
-            if "sharpness" in present:
-                deg = torch.where(sel("sharpness"), TF.adjust_sharpness(x, 0.0), deg)
-            chosen = sel(*blends)
-            x = torch.where(chosen, _blend(x, deg, torch.where(chosen.view(-1), arg, 1.0)), x)
-        if any(n in present for n in _AFFINE):
-            x = torch.where(sel(*_AFFINE), self._affine(x, kind, arg, fill), x)
-        return x
-
-    @staticmethod
-    def _affine(x: torch.Tensor, kind: torch.Tensor, arg: torch.Tensor, fill: torch.Tensor) -> torch.Tensor:
-        """One affine_grid + grid_sample for all geometric ops: each sample's matrix in normalized
-        coordinates (output -> input), the identity for samples without one."""
-
-        def argof(name):
-            return torch.where(kind == KINDS.index(name), arg, 0.0)
-
-        rad = torch.deg2rad(argof("rotate"))
-        cos, sin = torch.cos(rad), torch.sin(rad)
-        theta = torch.stack([
-            torch.stack([cos, -sin + argof("shear_x"), 2 * argof("translate_x")], -1),
-            torch.stack([sin + argof("shear_y"), cos, 2 * argof("translate_y")], -1),
-        ], 1)  # (B, 2, 3)
-        grid = nnf.affine_grid(theta, list(x.shape), align_corners=False)
-        # zero padding of (x - fill) fills the uncovered area with the fill colour
-        return nnf.grid_sample(x - fill, grid, mode="bilinear", padding_mode="zeros", align_corners=False) + fill
 
 
 # ---------------------------------------------------------------------------------------------
