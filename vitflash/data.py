@@ -219,7 +219,7 @@ class ImageDataModule(L.LightningDataModule):
         pipeline: "cpu" (DataLoader worker processes decode and transform PIL images) or "gpu"
             (uint8 arrays on the training device, batches augmented there by
             vitflash.gpu_augment; see vitflash.gpu_data).
-        shuffle_seed: of the gpu pipeline's per-epoch order and augmentation.
+        shuffle_seed: of the gpu pipeline's per-epoch order and augmentation (None: 0).
         gpu_storage: where the gpu pipeline keeps the images: "device", "stream" (host memory or
             a memory-mapped cache, copied in per batch) or "auto" (device when they take at most
             half of the free device memory).
@@ -247,7 +247,7 @@ class ImageDataModule(L.LightningDataModule):
         self.num_classes, self.img_size = num_classes, img_size
         self.batch_size, self.eval_batch_size = batch_size, eval_batch_size or batch_size
         self.num_workers, self.val_size, self.split_seed = num_workers, val_size, split_seed
-        self.pipeline, self.shuffle_seed, self.gpu_storage = pipeline, shuffle_seed, gpu_storage
+        self.pipeline, self.shuffle_seed, self.gpu_storage = pipeline, shuffle_seed or 0, gpu_storage
         augment = augment or Augment()
         self.train_transform = augment.train_transform(img_size)
         self.eval_transform = augment.eval_transform(img_size)

@@ -127,6 +127,14 @@ def random_erasing(x: torch.Tensor, prob: float, g: torch.Generator, min_area: f
     return torch.where(mask[:, None], noise, x)
 
 
+def to_float(images: torch.Tensor) -> torch.Tensor:
+    """uint8 (B, H, W, C) -> float32 (B, C, H, W) in [0, 1], contiguous (one copy kernel converts
+    and transposes, so every batch has the strides of the cpu pipeline's)."""
+    B, H, W, C = images.shape
+    x = torch.empty((B, C, H, W), dtype=torch.float32, device=images.device)
+    return x.copy_(images.permute(0, 3, 1, 2)).div_(255)
+
+
 def _blend(x: torch.Tensor, degenerate: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
     """PIL's ImageEnhance: degenerate + factor * (x - degenerate), factor (B,), clamped to [0, 1]."""
     return (degenerate + factor.view(-1, 1, 1, 1) * (x - degenerate)).clamp_(0, 1)
@@ -328,6 +336,7 @@ class GPUAugment:
         # as timm's create_transform: color jitter is off when an auto-augment policy is on
         self.jitter = 0.0 if augment.auto_augment else float(augment.color_jitter or 0.0)
         self._consts: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._boxes: dict[tuple, torch.Tensor] = {}
 
     def _mean_std(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         if device not in self._consts:  # once per device: no copy per batch
@@ -342,9 +351,9 @@ class GPUAugment:
         B, H, W, _ = images.shape
         mean, std = self._mean_std(images.device)
         if a.train_crop == "pad":
-            x = pad_crop_flip(images, S, S // 8, a.hflip, g).permute(0, 3, 1, 2).float().div_(255)
+            x = to_float(pad_crop_flip(images, S, S // 8, a.hflip, g))
         else:
-            x = images.permute(0, 3, 1, 2).float().div_(255)
+            x = to_float(images)
             x = crop_resize(x, rrc_boxes(B, H, W, a.scale, a.ratio, g), S)
             flip = torch.rand(B, 1, 1, 1, generator=g, device=x.device) < a.hflip
             x = torch.where(flip, x.flip(-1), x)
@@ -365,11 +374,14 @@ class GPUAugment:
         S = self.img_size
         B, H, W, _ = images.shape
         mean, std = self._mean_std(images.device)
-        x = images.permute(0, 3, 1, 2).float().div_(255)
+        x = to_float(images)
         # timm's eval transform: Resize(floor(S / crop_pct)) of the short side, CenterCrop(S); as
         # one box of the source image resized once
         side = S * min(H, W) / math.floor(S / self.augment.crop_pct)
         if not (H == W == S and side == S):
-            box = torch.tensor([(W - side) / 2, (H - side) / 2, (W + side) / 2, (H + side) / 2], device=x.device)
-            x = crop_resize(x, box.expand(B, 4), S)
+            key = (H, W, x.device)
+            if key not in self._boxes:  # made once: no copy to the device per batch
+                self._boxes[key] = torch.tensor([(W - side) / 2, (H - side) / 2, (W + side) / 2, (H + side) / 2],
+                                                device=x.device)
+            x = crop_resize(x, self._boxes[key].expand(B, 4), S)
         return (x - mean) / std
