@@ -341,3 +341,49 @@ def test_image_folder_cache_and_gpu_batches(tmp_path, monkeypatch):
 
     with pytest.raises(ValueError, match="set data.cache_size"):
         data.ImageFolderDataModule(root=str(tmp_path), num_classes=3, img_size=12, pipeline="gpu")
+
+
+def test_the_gpu_pipeline_holds_out_the_cpu_pipelines_val_split():
+    from vitflash.data import SyntheticDataModule
+
+    kw = dict(num_classes=10, img_size=8, batch_size=16, num_workers=0, train_size=100, test_size=20, val_size=30)
+    cpu, gpu = SyntheticDataModule(**kw), SyntheticDataModule(**kw, pipeline="gpu", gpu_storage="stream")
+    cpu.setup("fit")
+    gpu.setup("fit")
+    assert gpu.arrays.val_rows == cpu.val_set.indices and gpu.arrays.train_rows == cpu.train_set.indices
+    assert gpu.arrays.device == torch.device("cpu") and gpu.arrays.world_size == 1
+    val = list(gpu.val_dataloader())
+    assert [len(y) for _, y in val] == [16, 14]
+    assert torch.equal(torch.cat([y for _, y in val]), torch.as_tensor(cpu.val_set.dataset.labels[cpu.val_set.indices]))
+    assert len(gpu.train_dataloader()) == 70 // 16 and len(gpu.test_dataloader()) == 2
+
+
+def test_bad_pipeline_options_name_the_choices():
+    from vitflash.data import SyntheticDataModule
+    from vitflash.gpu_data import choose_storage
+
+    with pytest.raises(ValueError, match=r"data.pipeline='gpux': choose one of cpu, gpu"):
+        SyntheticDataModule(num_classes=10, img_size=8, pipeline="gpux")
+    with pytest.raises(ValueError, match=r"data.gpu_storage='ram': choose one of auto, device, stream"):
+        SyntheticDataModule(num_classes=10, img_size=8, pipeline="gpu", gpu_storage="ram")
+    assert choose_storage("auto", 10**12, torch.device("cpu")) == "device"  # host memory is where it is anyway
+    with pytest.raises(ValueError, match="lower data.batch_size"):
+        make_loader(n=10, batch=16)
+
+
+def test_ranks_come_from_the_trainer():
+    from types import SimpleNamespace
+
+    from vitflash.data import SyntheticDataModule
+
+    loaders = []
+    for rank in range(2):
+        dm = SyntheticDataModule(num_classes=10, img_size=8, batch_size=8, num_workers=0, train_size=64, test_size=20,
+                                 pipeline="gpu", shuffle_seed=4)
+        dm.trainer = SimpleNamespace(strategy=SimpleNamespace(root_device=torch.device("cpu")), global_rank=rank,
+                                     world_size=2, current_epoch=3)
+        dm.setup("fit")
+        loaders.append(dm.train_dataloader())
+    assert [(l.rank, l.world_size, l.epoch, len(l)) for l in loaders] == [(0, 2, 3, 4), (1, 2, 3, 4)]
+    rows = [set(l._rank_indices(3).tolist()) for l in loaders]  # the images of epoch 3
+    assert not rows[0] & rows[1] and rows[0] | rows[1] == set(range(64))

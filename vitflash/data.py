@@ -7,6 +7,10 @@ RandAugment, random erasing) and torchvision (the padded crop used on CIFAR).
 Small datasets of fixed-size images (CIFAR) are decoded once into uint8 arrays (N, H, W, 3)
 kept in memory; the arrays of a JPEG tree are cached as `<split>-uint8.npz` beside the split
 folder, so only the first run pays for decoding.
+
+`pipeline="gpu"` replaces the DataLoader: the uint8 arrays go to the training device (ImageFolder
+trees through a cache of fixed-size squares, `cache_image_folder`) and vitflash.gpu_data's
+loaders yield batches augmented there by vitflash.gpu_augment, with the same recipe (`Augment`).
 """
 from __future__ import annotations
 
