@@ -176,6 +176,10 @@ class GPULoader:
         that last read it is done) when the device is a GPU."""
         if self.device.type != "cuda":
             return self.images.index_select(0, idx)
+        with torch.cuda.device(self.device):  # this thread's CUDA calls go to the loader's GPU, not GPU 0
+            return self._gather_pinned(idx, j)
+
+    def _gather_pinned(self, idx: torch.Tensor, j: int) -> torch.Tensor:
         if not self._pinned:
             shape = (self.batch_size, *self.images.shape[1:])
             self._pinned = [torch.empty(shape, dtype=torch.uint8, pin_memory=True) for _ in range(3)]
