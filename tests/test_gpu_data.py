@@ -387,3 +387,22 @@ def test_ranks_come_from_the_trainer():
     assert [(l.rank, l.world_size, l.epoch, len(l)) for l in loaders] == [(0, 2, 3, 4), (1, 2, 3, 4)]
     rows = [set(l._rank_indices(3).tolist()) for l in loaders]  # the images of epoch 3
     assert not rows[0] & rows[1] and rows[0] | rows[1] == set(range(64))
+
+
+# ---- on a CUDA GPU: the same loader, resident and streamed through pinned memory ----
+
+
+@pytest.mark.gpu
+def test_on_cuda_resident_and_streamed_batches_agree():
+    aug = GPUAugment(Augment(train_crop="rrc", auto_augment="rand-m9-mstd0.5-inc1", re_prob=0.25), 24)
+    images = torch.randint(0, 256, (200, 32, 32, 3), dtype=torch.uint8, generator=gen(7))
+    kw = dict(transform=aug.train, batch_size=16, device="cuda", train=True, seed=1)
+    resident = GPULoader(images.cuda(), torch.arange(200), **kw)
+    streamed = GPULoader(images, torch.arange(200), **kw)  # host images: pinned staging + copy
+    assert streamed.streamed and not resident.streamed
+    for epoch in range(2):
+        for (xa, ya), (xb, yb) in zip(resident, streamed, strict=True):
+            assert xa.is_cuda and ya.is_cuda and xa.dtype == torch.float32 and xa.shape == (16, 3, 24, 24)
+            assert torch.equal(ya, yb) and torch.equal(xa, xb)
+    again = GPULoader(images.cuda(), torch.arange(200), **kw)
+    assert torch.equal(next(iter(again))[0], next(iter(GPULoader(images.cuda(), torch.arange(200), **kw)))[0])

@@ -68,7 +68,7 @@ class GPUArrays:
     val_rows: list[int] | None
     test: torch.Tensor
     test_labels: torch.Tensor
-    test_rows: None = None
+    test_rows: list[int] | None = None
 
 
 class GPULoader:
