@@ -489,10 +489,8 @@ class ImageFolderDataModule(ImageDataModule):
 
     def _load_arrays(self, stage: str | None):
         train_dir, test_dir = self._split_dirs()
-        if self.pipeline == "gpu":
-            (x, y, classes), (xt, yt, test_classes) = (cache_image_folder(d, self.cache_size) for d in (train_dir, test_dir))
-        else:
-            (x, y, classes), (xt, yt, test_classes) = (load_image_folder(d) for d in (train_dir, test_dir))
+        decode = partial(cache_image_folder, size=self.cache_size) if self.pipeline == "gpu" else load_image_folder
+        (x, y, classes), (xt, yt, test_classes) = decode(train_dir), decode(test_dir)
         self._check_classes(len(classes), train_dir)
         if test_classes != classes:
             raise ValueError(f"{test_dir} and {train_dir} have different class folders")

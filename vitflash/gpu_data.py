@@ -102,7 +102,7 @@ class GPULoader:
         self.device = torch.device(device)
         self.images, self.transform, self.batch_size, self.train = images, transform, batch_size, train
         self.labels = labels.to(self.device, torch.int64)
-        self.indices = torch.arange(len(labels)) if indices is None else torch.as_tensor(indices, dtype=torch.int64).cpu()
+        self.indices = torch.arange(len(labels)) if indices is None else torch.as_tensor(indices).long().cpu()
         self.seed, self.rank, self.world_size = seed, rank, world_size
         self.epoch, self.batches, self._resumed = epoch, 0, False
         self.streamed = images.device != self.device if stream is None else stream
