@@ -280,7 +280,7 @@ def test_lightning_fit_with_the_gpu_pipeline_saves_and_resumes_its_state(tmp_pat
     from test_configs import compose_cfg
     from test_train import read_metrics, train
 
-    common = ["data=synthetic", "data.pipeline=gpu", "data.train_size=64", "data.test_size=16", "data.batch_size=16", "trainer=cpu",
+    common = ["data=synthetic", "data.pipeline=gpu", "data.train_size=32", "data.test_size=8", "data.batch_size=8", "trainer=cpu",
               "logger=csv", "model.attention=sdpa", "trainer.log_every_n_steps=1", "seed=3"]
     metrics = train(compose_cfg(tmp_path, [*common, "trainer.max_epochs=2", "test=false"]))
     assert 0.0 <= metrics["val/top1"] <= 1.0 and torch.isfinite(torch.tensor(metrics["train/loss_epoch"]))
