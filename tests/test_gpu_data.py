@@ -406,3 +406,25 @@ def test_on_cuda_resident_and_streamed_batches_agree():
             assert torch.equal(ya, yb) and torch.equal(xa, xb)
     again = GPULoader(images.cuda(), torch.arange(200), **kw)
     assert torch.equal(next(iter(again))[0], next(iter(GPULoader(images.cuda(), torch.arange(200), **kw)))[0])
+
+
+def test_datamodule_state_restores_the_train_loader_mid_epoch():
+    from vitflash.data import SyntheticDataModule
+
+    def datamodule():
+        dm = SyntheticDataModule(num_classes=10, img_size=8, batch_size=8, num_workers=0, train_size=64, test_size=8,
+                                 pipeline="gpu", shuffle_seed=2, augment=Augment(train_crop="pad", re_prob=0.5))
+        dm.setup("fit")
+        return dm
+
+    a = datamodule()
+    it = iter(a.train_dataloader())
+    next(it), next(it), next(it)
+    state = a.state_dict()  # what Lightning writes into a checkpoint
+    assert state == {"train_loader": {"epoch": 0, "batches": 3, "seed": 2}}
+    expected = take(a._train_loader, 7, it)  # the rest of epoch 0 (5 batches), then epoch 1
+    b = datamodule()
+    b.load_state_dict(state)  # Lightning restores the DataModule before it builds the loaders
+    got = take(b.train_dataloader(), 7)
+    for (xe, ye), (xg, yg) in zip(expected, got, strict=True):
+        assert torch.equal(xe, xg) and torch.equal(ye, yg)
