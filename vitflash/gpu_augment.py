@@ -200,18 +200,26 @@ def _affine(x: torch.Tensor, theta: torch.Tensor, fill: torch.Tensor) -> torch.T
     return nnf.grid_sample(x - fill, grid, mode="bilinear", padding_mode="zeros", align_corners=False) + fill
 
 
-def _matrix(a=None, b=None, c=None, d=None, e=None, f=None, like: torch.Tensor | None = None) -> torch.Tensor:
-    """(b, 2, 3) affine matrices [[a, b, c], [d, e, f]] from (b,) tensors (None: the identity's entry)."""
-    zero, one = torch.zeros_like(like), torch.ones_like(like)
-    rows = [[a, b, c], [d, e, f]]
-    eye = [[one, zero, zero], [zero, one, zero]]
-    return torch.stack([torch.stack([v if v is not None else eye[i][j] for j, v in enumerate(r)], -1)
-                        for i, r in enumerate(rows)], 1)
+_GEOMETRIC = ("rotate", "shear_x", "shear_y", "translate_x", "translate_y")
 
 
-def _rotate(x, deg, fill):
-    rad = torch.deg2rad(deg)
-    return _affine(x, _matrix(torch.cos(rad), -torch.sin(rad), None, torch.sin(rad), torch.cos(rad), like=deg), fill)
+def _geometric(x: torch.Tensor, kind: torch.Tensor, arg: torch.Tensor, fill: torch.Tensor) -> torch.Tensor:
+    """The geometric ops, mixed in one batch: sample i rotates (arg degrees, counter-clockwise),
+    shears (arg) or translates (arg x the side) by its kind (b,) (an index into KINDS), about the
+    centre, in one affine_grid + grid_sample."""
+
+    def of(name):
+        return torch.where(kind == KINDS.index(name), arg, 0.0)
+
+    rad = torch.deg2rad(of("rotate"))
+    cos, sin = torch.cos(rad), torch.sin(rad)
+    theta = torch.stack([cos, -sin + of("shear_x"), 2 * of("translate_x"),
+                         sin + of("shear_y"), cos, 2 * of("translate_y")], -1).view(-1, 2, 3)
+    return _affine(x, theta, fill)
+
+
+def _one_geometric(name: str):
+    return lambda x, arg, fill: _geometric(x, torch.full_like(arg, KINDS.index(name), dtype=torch.long), arg, fill)
 
 
 # kind -> f(x (b, 3, H, W) in [0, 1], arg (b,), fill (1, 3, 1, 1)) -> (b, 3, H, W), as PIL's ops
@@ -229,12 +237,8 @@ OP_FNS = {
     "contrast": lambda x, f, fill: _blend(x, _contrast_mean(x), f),
     "color": lambda x, f, fill: _blend(x, TF.rgb_to_grayscale(x), f),
     "sharpness": lambda x, f, fill: _blend(x, TF.adjust_sharpness(x, 0.0), f),
-    # geometric ops about the centre: shear and translate as PIL's affine transforms
-    "rotate": _rotate,
-    "shear_x": lambda x, v, fill: _affine(x, _matrix(b=v, like=v), fill),
-    "shear_y": lambda x, v, fill: _affine(x, _matrix(d=v, like=v), fill),
-    "translate_x": lambda x, v, fill: _affine(x, _matrix(c=2 * v, like=v), fill),
-    "translate_y": lambda x, v, fill: _affine(x, _matrix(f=2 * v, like=v), fill),
+    # geometric ops about the centre (RandAugment runs them together, see _geometric)
+    **{name: _one_geometric(name) for name in _GEOMETRIC},
 }
 
 
@@ -264,14 +268,18 @@ class RandAugment:
                              f"lacks (it has {', '.join(sorted(OPS))}): set data.pipeline=cpu")
         self.num_layers = ra.num_layers
         weights = [1.0] * len(ra.ops) if ra.choice_weights is None else list(ra.choice_weights)
+        # the geometric ops last, so their slots form one block resampled in one call
+        order = sorted(range(len(ra.ops)), key=lambda i: OPS[ra.ops[i].name].kind in _GEOMETRIC)
+        timm_ops, weights = [ra.ops[i] for i in order], [weights[i] for i in order]
         self.cumulative = np.cumsum(weights) / np.sum(weights)  # slice ends as fractions of the batch
-        ops = [OPS[op.name] for op in ra.ops]
+        ops = [OPS[op.name] for op in timm_ops]
         self.kinds = [op.kind for op in ops]
+        self.n_pointwise = sum(k not in _GEOMETRIC for k in self.kinds)  # ops before the geometric block
         hp = ra.ops[0].hparams  # one config string: every op shares magnitude, std and bound
         self.mstd = hp.get("magnitude_std", 0.0)
         self.mmax = hp.get("magnitude_max") or 10.0
         self._table = torch.tensor([[op.a, op.b, op.c, float(op.signed), float(op.floor), op.lo, op.hi, o.prob,
-                                     o.magnitude, float(KINDS.index(op.kind))] for op, o in zip(ops, ra.ops)])
+                                     o.magnitude, float(KINDS.index(op.kind))] for op, o in zip(ops, timm_ops)])
         self._slots: dict[tuple[int, torch.device], tuple[list[int], torch.Tensor]] = {}
 
     def _slices(self, B: int, device: torch.device) -> tuple[list[int], torch.Tensor]:
@@ -307,12 +315,15 @@ class RandAugment:
         for layer in range(self.num_layers):
             perm = torch.randperm(B, generator=g, device=x.device)
             y = x[perm]  # slot j holds sample perm[j]
-            for k, name in enumerate(self.kinds):
-                s = slice(bounds[k], bounds[k + 1])
+            n = self.n_pointwise
+            blocks = [(name, slice(bounds[k], bounds[k + 1])) for k, name in enumerate(self.kinds[:n])]
+            blocks.append(("geometric", slice(bounds[n], bounds[-1])))
+            for name, s in blocks:
                 if s.start == s.stop:
                     continue
-                applies = (kinds[s, layer] >= 0).view(-1, 1, 1, 1)
-                y[s] = torch.where(applies, OP_FNS[name](y[s], args[s, layer], fill), y[s])
+                kind, arg = kinds[s, layer], args[s, layer]
+                out = _geometric(y[s], kind, arg, fill) if name == "geometric" else OP_FNS[name](y[s], arg, fill)
+                y[s] = torch.where((kind >= 0).view(-1, 1, 1, 1), out, y[s])
             x = torch.empty_like(y).index_copy_(0, perm, y)
         return x
 
