@@ -249,8 +249,9 @@ class RandAugment:
     img_mean) and resample bilinearly.
 
     Each op runs on its own samples only, without a data-dependent shape: every layer shuffles
-    the batch and gives op k a fixed slice of it (slices sized by the op weights), so a sample's
-    op is uniformly random (as timm's choice) while the ops of one batch are balanced. Running
+    the batch and gives op k a fixed slice of it (slices sized by the op weights; the geometric
+    ops' slices form one block, resampled in one call), so a sample's op is uniformly random (as
+    timm's choice) while the ops of one batch are balanced. Running
     every op on the whole batch and keeping a mask's worth would cost ~15x the work; selecting
     the samples of each op by a mask would wait on the device for their number.
     """
