@@ -7,12 +7,18 @@ RandAugment, random erasing) and torchvision (the padded crop used on CIFAR).
 Small datasets of fixed-size images (CIFAR) are decoded once into uint8 arrays (N, H, W, 3)
 kept in memory; the arrays of a JPEG tree are cached as `<split>-uint8.npz` beside the split
 folder, so only the first run pays for decoding.
+
+`pipeline="gpu"` replaces the DataLoader: the uint8 arrays go to the training device (ImageFolder
+trees through a cache of fixed-size squares, `cache_image_folder`) and vitflash.gpu_data's
+loaders yield batches augmented there by vitflash.gpu_augment, with the same recipe (`Augment`).
 """
 from __future__ import annotations
 
 import logging
 import os
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -26,10 +32,14 @@ from torchvision import datasets
 from torchvision import transforms as T
 from tqdm.auto import tqdm
 
+from vitflash.gpu_augment import GPUAugment
+from vitflash.gpu_data import STORAGES, GPUArrays, GPULoader, choose_storage
+
 log = logging.getLogger(__name__)
 
 CIFAR_MEAN = (0.4914, 0.4822, 0.4465)
 CIFAR_STD = (0.2470, 0.2435, 0.2616)
+PIPELINES = ("cpu", "gpu")
 
 
 def _prepare_hint(data_root: Path, archive: str) -> str:
@@ -41,7 +51,7 @@ def _prepare_hint(data_root: Path, archive: str) -> str:
 class Augment:
     """How images become (3, img_size, img_size) normalized tensors.
 
-    Training: train_crop "rrc" (timm's random-resized crop over `scale`, the ImageNet recipe)
+    Training: train_crop "rrc" (timm's random-resized crop over `scale` and aspect `ratio`, the ImageNet recipe)
     or "pad" (a random crop of the image padded by img_size/8, the CIFAR recipe), a flip with
     probability hflip, then timm's RandAugment (`auto_augment`, e.g. "rand-m9-mstd0.5-inc1"),
     color jitter and random erasing (`re_prob`). Evaluation resizes to img_size / crop_pct and
@@ -50,6 +60,7 @@ class Augment:
 
     train_crop: str = "rrc"
     scale: Sequence[float] = (0.08, 1.0)
+    ratio: Sequence[float] = (3 / 4, 4 / 3)
     hflip: float = 0.5
     color_jitter: float = 0.0
     auto_augment: str | None = None
@@ -65,7 +76,7 @@ class Augment:
 
     def train_transform(self, img_size: int) -> Callable[[Image.Image], torch.Tensor]:
         primary, secondary, final = create_transform(
-            img_size, is_training=True, scale=tuple(self.scale), hflip=self.hflip,
+            img_size, is_training=True, scale=tuple(self.scale), ratio=tuple(self.ratio), hflip=self.hflip,
             color_jitter=self.color_jitter, auto_augment=self.auto_augment, re_prob=self.re_prob,
             re_mode="pixel", interpolation=self.interpolation, mean=tuple(self.mean),
             std=tuple(self.std), separate=True,
@@ -138,6 +149,67 @@ def load_image_folder(folder: Path, num_workers: int = 0) -> tuple[np.ndarray, n
     return images, labels, tree.classes
 
 
+def _decode_square(path: str, size: int) -> np.ndarray:
+    """One image file -> (size, size, 3) uint8: the short side resized to size, the centre cropped."""
+    with Image.open(path) as img:
+        img.draft("RGB", (size, size))  # JPEG: decode at the smallest DCT scale still covering size
+        img = img.convert("RGB")
+        w, h = img.size
+        nw, nh = max(size, round(w * size / min(w, h))), max(size, round(h * size / min(w, h)))
+        img = img.resize((nw, nh), Image.Resampling.BICUBIC)  # PIL's resize filters (anti-aliases) when shrinking
+        left, top = (nw - size) // 2, (nh - size) // 2
+        return np.asarray(img.crop((left, top, left + size, top + size)))
+
+
+def cache_image_folder(folder: Path, size: int, num_workers: int = 0) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    """Decode an ImageFolder split of any image sizes once into (N, size, size, 3) uint8 (short
+    side resized to size, centre-cropped square), in `num_workers` processes with a progress bar.
+
+    The cache lies beside the folder: `<folder>-<size>px-uint8.npy` (the images, returned memory-
+    mapped, so a split larger than RAM can be streamed) and `<folder>-<size>px-labels.npz` (labels,
+    classes), each written to a temporary file and renamed, labels last: a cache is complete when
+    its labels file exists, and reused while the class list and the number of files match.
+    """
+    tree = datasets.ImageFolder(str(folder))  # lists the files; nothing is decoded here
+    images_path = folder.parent / f"{folder.name}-{size}px-uint8.npy"
+    labels_path = folder.parent / f"{folder.name}-{size}px-labels.npz"
+    if labels_path.exists() and images_path.exists():
+        with np.load(labels_path) as z:
+            if list(z["classes"]) == tree.classes and len(z["labels"]) == len(tree):
+                return np.load(images_path, mmap_mode="c"), z["labels"], tree.classes
+        log.info("%s is stale (the folder changed): decoding again", labels_path)
+    paths = [p for p, _ in tree.samples]
+    tmp = images_path.with_name(images_path.name + ".tmp.npy")
+    out = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.uint8, shape=(len(paths), size, size, 3))
+    decode = partial(_decode_square, size=size)
+    with ProcessPoolExecutor(num_workers) if num_workers > 0 else _Inline() as pool:
+        images = pool.map(decode, paths, chunksize=64)
+        for i, img in enumerate(tqdm(images, total=len(paths), desc=f"decoding {folder} at {size}px", unit="img")):
+            out[i] = img
+    out.flush()
+    del out
+    os.replace(tmp, images_path)
+    labels = np.asarray(tree.targets, np.int64)
+    tmp = labels_path.with_name(labels_path.name + ".tmp.npz")
+    np.savez(tmp, labels=labels, classes=np.asarray(tree.classes))
+    os.replace(tmp, labels_path)
+    log.info("decoded %d images of %s into %s", len(paths), folder, images_path)
+    return np.load(images_path, mmap_mode="c"), labels, tree.classes
+
+
+class _Inline:
+    """ProcessPoolExecutor's map in this process (num_workers=0)."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def map(self, fn, items, chunksize=1):
+        return map(fn, items)
+
+
 class ImageDataModule(L.LightningDataModule):
     """Loaders and transforms shared by every dataset; subclasses provide `_load(stage)`.
 
@@ -148,6 +220,13 @@ class ImageDataModule(L.LightningDataModule):
         val_size: images held out of the training split for validation (0: validate on
             the test split, as ImageNet recipes do).
         augment: the transforms (default: `Augment()`).
+        pipeline: "cpu" (DataLoader worker processes decode and transform PIL images) or "gpu"
+            (uint8 arrays on the training device, batches augmented there by
+            vitflash.gpu_augment; see vitflash.gpu_data).
+        shuffle_seed: of the gpu pipeline's per-epoch order and augmentation (None: 0).
+        gpu_storage: where the gpu pipeline keeps the images: "device", "stream" (host memory or
+            a memory-mapped cache, copied in per batch) or "auto" (device when they take at most
+            half of the free device memory).
     """
 
     def __init__(
@@ -160,19 +239,36 @@ class ImageDataModule(L.LightningDataModule):
         val_size: int = 0,
         split_seed: int = 0,
         augment: Augment | None = None,
+        pipeline: str = "cpu",
+        shuffle_seed: int = 0,
+        gpu_storage: str = "auto",
     ):
         super().__init__()
+        if pipeline not in PIPELINES:
+            raise ValueError(f"data.pipeline={pipeline!r}: choose one of {', '.join(PIPELINES)}")
+        if gpu_storage not in STORAGES:
+            raise ValueError(f"data.gpu_storage={gpu_storage!r}: choose one of {', '.join(STORAGES)}")
         self.num_classes, self.img_size = num_classes, img_size
         self.batch_size, self.eval_batch_size = batch_size, eval_batch_size or batch_size
         self.num_workers, self.val_size, self.split_seed = num_workers, val_size, split_seed
+        self.pipeline, self.shuffle_seed, self.gpu_storage = pipeline, shuffle_seed or 0, gpu_storage
         augment = augment or Augment()
         self.train_transform = augment.train_transform(img_size)
         self.eval_transform = augment.eval_transform(img_size)
+        self.gpu_augment = GPUAugment(augment, img_size) if pipeline == "gpu" else None
         self.train_set = self.val_set = self.test_set = None
+        self.arrays: GPUArrays | None = None
+        self._train_loader: GPULoader | None = None
+        self._train_state: dict | None = None
 
     def _load(self, stage: str | None) -> tuple[Dataset, Dataset, Dataset]:
         """Return (train, train_as_eval, test): train with the training transform, the same
         images with the eval transform (the source of the held-out val split), test."""
+        return self._arrays_to_splits(*self._load_arrays(stage))
+
+    def _load_arrays(self, stage: str | None) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Train images (N, H, W, 3) uint8 (an array or a memory-mapped file), labels (N,), test
+        images and labels: what the gpu pipeline (and `_load` by default) reads."""
         raise NotImplementedError
 
     def _arrays_to_splits(self, x: np.ndarray, y: np.ndarray, xt: np.ndarray, yt: np.ndarray):
@@ -188,20 +284,85 @@ class ImageDataModule(L.LightningDataModule):
                 f"set data.num_classes={found}"
             )
 
+    def _split(self, n: int) -> tuple[list[int], list[int]] | None:
+        """(train rows, held-out val rows) of n training images, or None when val_size is 0."""
+        if self.val_size <= 0:
+            return None
+        if self.val_size >= n:
+            raise ValueError(f"val_size={self.val_size} leaves no training images of {n}")
+        order = torch.randperm(n, generator=torch.Generator().manual_seed(self.split_seed)).tolist()
+        return order[self.val_size:], order[: self.val_size]
+
     def setup(self, stage: str | None = None) -> None:
-        if self.train_set is not None:
+        if self.train_set is not None or self.arrays is not None:
+            return
+        if self.pipeline == "gpu":
+            self._setup_gpu(stage)
             return
         train, train_eval, test = self._load(stage)
-        if self.val_size <= 0:
+        split = self._split(len(train))
+        if split is None:
             self.train_set, self.val_set = train, test
         else:
-            if self.val_size >= len(train):
-                raise ValueError(f"val_size={self.val_size} leaves no training images of {len(train)}")
-            g = torch.Generator().manual_seed(self.split_seed)
-            order = torch.randperm(len(train), generator=g).tolist()
-            self.train_set = Subset(train, order[self.val_size:])
-            self.val_set = Subset(train_eval, order[: self.val_size])
+            self.train_set, self.val_set = Subset(train, split[0]), Subset(train_eval, split[1])
         self.test_set = test
+
+    # ---- the gpu pipeline ----
+
+    def _placement(self) -> tuple[torch.device, int, int]:
+        """(device, rank, world size): the trainer's, or without one the GPU if any, alone."""
+        if self.trainer is not None:
+            return self.trainer.strategy.root_device, self.trainer.global_rank, self.trainer.world_size
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu"), 0, 1
+
+    def _setup_gpu(self, stage: str | None) -> None:
+        x, y, xt, yt = self._load_arrays(stage)
+        split = self._split(len(y))
+        device, rank, world = self._placement()
+        storage = choose_storage(self.gpu_storage, x.nbytes + xt.nbytes, device)
+
+        def place(a):  # a memory-mapped array stays mapped until it is moved
+            t = torch.from_numpy(np.ascontiguousarray(a))
+            return t.to(device) if storage == "device" else t
+
+        train, test = place(x), place(xt)
+        val = (train, split[1]) if split else (test, None)
+        self.arrays = GPUArrays(device=device, rank=rank, world_size=world, train=train,
+                                train_labels=torch.from_numpy(np.asarray(y, np.int64)),
+                                train_rows=split[0] if split else None, val=val[0],
+                                val_labels=torch.from_numpy(np.asarray(y if split else yt, np.int64)),
+                                val_rows=val[1], test=test, test_labels=torch.from_numpy(np.asarray(yt, np.int64)))
+        log.info("gpu pipeline: %d train, %d val, %d test images of %s in %s storage on %s (rank %d of %d)",
+                 len(split[0]) if split else len(y), len(split[1]) if split else len(yt), len(yt),
+                 tuple(x.shape[1:]), storage, device, rank, world)
+
+    def _gpu_loader(self, split: str) -> GPULoader:
+        a = self.arrays
+        images, labels, rows = getattr(a, split), getattr(a, f"{split}_labels"), getattr(a, f"{split}_rows")
+        train = split == "train"
+        loader = GPULoader(images, labels, self.gpu_augment.train if train else self.gpu_augment.evaluate,
+                           self.batch_size if train else self.eval_batch_size, device=a.device, indices=rows,
+                           train=train, seed=self.shuffle_seed, rank=a.rank, world_size=a.world_size,
+                           epoch=self.trainer.current_epoch if self.trainer is not None and train else 0)
+        if train:
+            if self._train_state is not None:
+                loader.load_state_dict(self._train_state)
+                self._train_state = None
+            self._train_loader = loader
+        return loader
+
+    # The gpu train loader's state (epoch, batches taken, seed) also travels as the DataModule's:
+    # Lightning restores a DataModule before anything builds the train loader, but a loader's own
+    # state only if the loader is built after the loops are restored, which is not so when
+    # configure_optimizers asks for trainer.estimated_stepping_batches (as ViTModule does).
+    def state_dict(self) -> dict:
+        return {"train_loader": self._train_loader.state_dict()} if self._train_loader is not None else {}
+
+    def load_state_dict(self, state: dict) -> None:
+        self._train_state = state.get("train_loader")
+        if self._train_loader is not None and self._train_state is not None:
+            self._train_loader.load_state_dict(self._train_state)
+            self._train_state = None
 
     def _loader(self, dataset: Dataset, train: bool) -> DataLoader:
         return DataLoader(
@@ -214,14 +375,14 @@ class ImageDataModule(L.LightningDataModule):
             pin_memory=torch.cuda.is_available(),
         )
 
-    def train_dataloader(self) -> DataLoader:
-        return self._loader(self.train_set, train=True)
+    def train_dataloader(self) -> DataLoader | GPULoader:
+        return self._gpu_loader("train") if self.arrays else self._loader(self.train_set, train=True)
 
-    def val_dataloader(self) -> DataLoader:
-        return self._loader(self.val_set, train=False)
+    def val_dataloader(self) -> DataLoader | GPULoader:
+        return self._gpu_loader("val") if self.arrays else self._loader(self.val_set, train=False)
 
-    def test_dataloader(self) -> DataLoader:
-        return self._loader(self.test_set, train=False)
+    def test_dataloader(self) -> DataLoader | GPULoader:
+        return self._gpu_loader("test") if self.arrays else self._loader(self.test_set, train=False)
 
 
 class CIFARDataModule(ImageDataModule):
@@ -280,23 +441,30 @@ class CIFARDataModule(ImageDataModule):
         for train in (True, False):
             self._arrays(train, download=self.download)
 
-    def _load(self, stage: str | None):
+    def _load_arrays(self, stage: str | None):
         (x, y), (xt, yt) = self._arrays(True), self._arrays(False)
         self._check_classes(int(y.max()) + 1, self.root / self.name)
-        return self._arrays_to_splits(x, y, xt, yt)
+        return x, y, xt, yt
 
 
 class ImageFolderDataModule(ImageDataModule):
     """An ImageFolder tree in the ImageNet layout: `root/train/<class>/*`, `root/val/<class>/*`
     (or `root/test/<class>/*`). Images are read as RGB (greyscale ones are converted).
 
-    in_memory: decode once into a uint8 array (images must all have one size).
+    in_memory: decode once into a uint8 array (images must all have one size); cpu pipeline.
+    cache_size: the gpu pipeline's cache: every image resized to this short side and centre-
+        cropped square, decoded once (`cache_image_folder`); the crops to img_size happen on the
+        device.
     """
 
     def __init__(self, root: str, train_dir: str = "train", test_dir: str | None = None,
-                 in_memory: bool = False, **kwargs):
+                 in_memory: bool = False, cache_size: int | None = None, **kwargs):
         super().__init__(**kwargs)
+        if self.pipeline == "gpu" and not cache_size:
+            raise ValueError("data.pipeline=gpu reads ImageFolder trees from a decoded cache: set data.cache_size "
+                             "(the short side kept, e.g. 160 or 256; at least img_size for full-resolution crops)")
         self.root, self.train_dir, self.test_dir, self.in_memory = Path(root), train_dir, test_dir, in_memory
+        self.cache_size = cache_size
 
     def _split_dirs(self) -> tuple[Path, Path]:
         names = [self.test_dir] if self.test_dir else ["val", "test"]
@@ -312,16 +480,26 @@ class ImageFolderDataModule(ImageDataModule):
         return train, test
 
     def prepare_data(self) -> None:
-        if self.in_memory:
-            for folder in self._split_dirs():
+        # rank 0 only: decode (writing the cache) before the other ranks read it
+        for folder in self._split_dirs():
+            if self.pipeline == "gpu":
+                cache_image_folder(folder, self.cache_size, num_workers=self.num_workers)
+            elif self.in_memory:
                 load_image_folder(folder, num_workers=self.num_workers)
+
+    def _load_arrays(self, stage: str | None):
+        train_dir, test_dir = self._split_dirs()
+        decode = partial(cache_image_folder, size=self.cache_size) if self.pipeline == "gpu" else load_image_folder
+        (x, y, classes), (xt, yt, test_classes) = decode(train_dir), decode(test_dir)
+        self._check_classes(len(classes), train_dir)
+        if test_classes != classes:
+            raise ValueError(f"{test_dir} and {train_dir} have different class folders")
+        return x, y, xt, yt
 
     def _load(self, stage: str | None):
         train_dir, test_dir = self._split_dirs()
         if self.in_memory:
-            (x, y, classes), (xt, yt, _) = (load_image_folder(d) for d in (train_dir, test_dir))
-            self._check_classes(len(classes), train_dir)
-            return self._arrays_to_splits(x, y, xt, yt)
+            return self._arrays_to_splits(*self._load_arrays(stage))
         train = datasets.ImageFolder(str(train_dir), transform=self.train_transform)
         self._check_classes(len(train.classes), train_dir)
         test = datasets.ImageFolder(str(test_dir), transform=self.eval_transform)
@@ -343,8 +521,8 @@ class SyntheticDataModule(ImageDataModule):
         noise = rng.integers(0, 256, (n, self.img_size, self.img_size, 3))
         return ((templates[labels] + noise) // 2).astype(np.uint8), labels
 
-    def _load(self, stage: str | None):
+    def _load_arrays(self, stage: str | None):
         rng = np.random.default_rng(self.seed)
         templates = rng.integers(0, 256, (self.num_classes, self.img_size, self.img_size, 3))
         (x, y), (xt, yt) = self._images(self.train_size, rng, templates), self._images(self.test_size, rng, templates)
-        return self._arrays_to_splits(x, y, xt, yt)
+        return x, y, xt, yt

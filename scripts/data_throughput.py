@@ -1,0 +1,75 @@
+"""Images per second of the gpu data pipeline alone (no model): GPULoader + GPUAugment with the
+augmentation of a real recipe, on random uint8 images of the recipe's dataset shape.
+
+    python scripts/data_throughput.py                                  # the recipes below, on CUDA
+    python scripts/data_throughput.py --storage stream --batches 50    # host images copied in per batch
+
+Each case times `--batches` training batches after a warm-up epoch's first batches, with the
+device synchronised before and after, and prints one Markdown row: recipe, images of the split,
+batch, storage, img/s. Compare with the bare training step of the same batch (bench_loop.py):
+the data path is cheap enough when its img/s is many times the step's.
+"""
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import torch
+from hydra import compose, initialize_config_dir
+from hydra.utils import instantiate
+
+import vitflash  # noqa: F401  (registers the ${if_cuda:...} resolver)
+from vitflash.gpu_augment import GPUAugment
+from vitflash.gpu_data import GPULoader
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+# (experiment, images in the training split, side of the stored images, batch)
+CASES = [("cifar10_vit_tiny", 45_000, 32, 1024), ("cifar10_vit_tiny", 45_000, 32, 256),
+         ("imagenette_finetune", 9_469, 224, 256)]
+
+
+def augment_of(experiment: str):
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+        cfg = compose("train", overrides=[f"experiment={experiment}"])
+    return instantiate(cfg.data.augment, _convert_="all"), cfg.data.img_size
+
+
+def measure(experiment: str, n: int, side: int, batch: int, storage: str, batches: int, device: torch.device) -> float:
+    augment, img_size = augment_of(experiment)
+    images = torch.randint(0, 256, (n, side, side, 3), dtype=torch.uint8)
+    images = images.to(device) if storage == "device" else images.pin_memory() if device.type == "cuda" else images
+    loader = GPULoader(images, torch.zeros(n, dtype=torch.int64), GPUAugment(augment, img_size).train, batch,
+                       device=device, train=True, stream=storage == "stream")
+    it = iter(loader)
+    for _ in range(3):  # warm-up: allocator, cuDNN/roi_align first calls
+        next(it)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    sync()
+    start, done = time.perf_counter(), 0
+    while done < batches:
+        for x, y in it:
+            done += 1
+            if done == batches:
+                break
+        it = iter(loader)
+    sync()
+    return batches * batch / (time.perf_counter() - start)
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--storage", choices=["device", "stream"], default="device")
+    p.add_argument("--batches", type=int, default=100)
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    args = p.parse_args(argv)
+    device = torch.device(args.device)
+    print(f"device: {torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}, torch {torch.__version__}")
+    print("| recipe | images | batch | storage | img/s |\n|---|---:|---:|---|---:|")
+    for experiment, n, side, batch in CASES:
+        rate = measure(experiment, n, side, batch, args.storage, args.batches, device)
+        print(f"| {experiment} ({side}px) | {n} | {batch} | {args.storage} | {rate:,.0f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,430 @@
+"""The gpu pipeline (vitflash.gpu_augment, vitflash.gpu_data) on CPU tensors: per-sample
+augmentation, order, resume, DDP sharding over gloo, a Lightning fit, the ImageFolder cache."""
+from __future__ import annotations
+
+import os
+import socket
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from PIL import Image, ImageEnhance, ImageOps
+
+from vitflash.data import CIFAR_MEAN, CIFAR_STD, Augment
+from vitflash.gpu_augment import KINDS, OP_FNS, GPUAugment, RandAugment, crop_resize, random_erasing, rrc_boxes
+from vitflash.gpu_data import GPULoader
+
+
+def gen(seed: int = 0) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def coordinate_images(n: int, size: int) -> torch.Tensor:
+    """(n, size, size, 3) uint8: channel 0 holds 100 + row, channel 1 holds 100 + column, channel 2
+    the image's number, so a crop tells where it came from and which image."""
+    ar = torch.arange(size)
+    x = torch.empty(n, size, size, 3, dtype=torch.uint8)
+    x[..., 0] = 100 + ar[:, None]
+    x[..., 1] = 100 + ar[None, :]
+    x[..., 2] = torch.arange(n)[:, None, None]
+    return x
+
+
+NO_NORM = dict(mean=(0.0, 0.0, 0.0), std=(1 / 255, 1 / 255, 1 / 255))  # normalized == pixel value
+
+
+def test_pad_crop_offsets_are_per_sample_and_span_the_range():
+    aug = GPUAugment(Augment(train_crop="pad", hflip=0.0, **NO_NORM), 32)
+    out = aug.train(coordinate_images(2000, 32), gen())  # (B, 3, 32, 32), pad 4
+    # the middle pixel never comes from the reflected border: it gives the offset itself
+    out = out.round()
+    top = out[:, 0, 16, 16] - 100 - 16
+    left = out[:, 1, 16, 16] - 100 - 16
+    assert set(top.long().tolist()) == set(range(-4, 5)) == set(left.long().tolist())
+    assert (top != top[0]).any() and (left != left[0]).any()
+    counts = torch.bincount((top + 4).long(), minlength=9).float()
+    assert counts.min() > 0.6 * counts.mean()  # uniform over the 9 offsets
+    # a reflected border: row -1 of the padded image is row 1
+    first = out[top == -1][:, 0, 0, 16]
+    assert (first == 101).all()
+
+
+@pytest.mark.parametrize("p", [0.5, 0.2])
+def test_flip_rate_is_p(p):
+    for crop in ("pad", "rrc"):
+        aug = GPUAugment(Augment(train_crop=crop, hflip=p, scale=(1.0, 1.0), ratio=(1.0, 1.0), **NO_NORM), 16)
+        out = aug.train(coordinate_images(4000, 16), gen(1))
+        flipped = out[:, 1, 8, 0] > out[:, 1, 8, -1]  # columns run backwards
+        assert abs(flipped.float().mean().item() - p) < 0.03, crop
+
+
+def test_random_resized_crop_boxes_follow_scale_and_ratio():
+    boxes = rrc_boxes(5000, 40, 60, scale=(0.1, 0.5), ratio=(0.5, 2.0), g=gen())
+    w, h = boxes[:, 2] - boxes[:, 0], boxes[:, 3] - boxes[:, 1]
+    assert (boxes[:, :2] >= 0).all() and (boxes[:, 2] <= 60).all() and (boxes[:, 3] <= 40).all()
+    area = w * h / (40 * 60)
+    assert area.min() > 0.08 and area.max() < 0.53  # rounding of w and h aside
+    assert (w / h).min() > 0.45 and (w / h).max() < 2.2
+    assert boxes[:, 0].unique().numel() > 20 and boxes[:, 1].unique().numel() > 10  # offsets spread
+    # the whole image as the box gives the image back; a half box is the half, upsampled
+    x = torch.rand(2, 3, 8, 8)
+    assert torch.allclose(crop_resize(x, torch.tensor([[0.0, 0, 8, 8]] * 2), 8), x)
+    half = crop_resize(x, torch.tensor([[0.0, 0, 4, 8]] * 2), 8)  # left half, 4 -> 8 columns
+    assert torch.allclose(half[..., 1], 0.75 * x[..., 0] + 0.25 * x[..., 1], atol=1e-6)  # at x = 0.25
+    assert torch.allclose(half[..., 4], 0.25 * x[..., 1] + 0.75 * x[..., 2], atol=1e-6)  # at x = 1.75
+
+
+def test_constant_image_normalizes_to_the_expected_value():
+    mean, std = (0.5, 0.4, 0.3), (0.25, 0.2, 0.1)
+    x = torch.full((4, 20, 20, 3), 255, dtype=torch.uint8)
+    expected = torch.tensor([(1 - m) / s for m, s in zip(mean, std)]).view(1, 3, 1, 1).expand(4, 3, 16, 16)
+    for crop in ("pad", "rrc"):
+        aug = GPUAugment(Augment(train_crop=crop, mean=mean, std=std), 16)
+        train = aug.train(x[:, :16, :16] if crop == "pad" else x, gen())
+        assert train.dtype == torch.float32 and torch.allclose(train, expected, atol=1e-5)
+    assert torch.allclose(GPUAugment(Augment(crop_pct=0.875, mean=mean, std=std), 16).evaluate(x), expected, atol=1e-5)
+
+
+def test_eval_is_resize_and_center_crop():
+    # crop_pct 0.5 on 16px images to 8px: the central 8x8 pixels, unchanged
+    x = torch.randint(0, 256, (3, 16, 16, 3), dtype=torch.uint8)
+    out = GPUAugment(Augment(crop_pct=0.5, **NO_NORM), 8).evaluate(x)
+    assert torch.allclose(out, x[:, 4:12, 4:12].permute(0, 3, 1, 2).float(), atol=1e-3)
+
+
+def test_random_erasing_per_sample():
+    x = torch.zeros(2000, 3, 16, 16)
+    out = random_erasing(x, 0.25, gen())
+    erased = (out != 0).flatten(1)
+    rate = erased.any(1).float().mean().item()
+    assert abs(rate - 0.25) < 0.03
+    area = erased[erased.any(1)].float().mean(1)
+    assert 0.01 < area.min() and area.max() < 0.4 and area.std() > 0.03  # boxes of their own size (1/3 at most, before rounding)
+    assert torch.equal(random_erasing(x, 0.0, gen()), x)
+
+
+# ---- RandAugment: the batched ops against PIL's (timm's ops are PIL's) ----
+
+
+@pytest.mark.parametrize("kind,arg,pil", [
+    ("invert", 0, ImageOps.invert),
+    ("solarize", 100, lambda im: ImageOps.solarize(im, 100)),
+    ("solarize_add", 60, None),
+    ("posterize", 2, lambda im: ImageOps.posterize(im, 2)),
+    ("equalize", 0, ImageOps.equalize),
+    ("autocontrast", 0, ImageOps.autocontrast),
+    ("brightness", 1.6, lambda im: ImageEnhance.Brightness(im).enhance(1.6)),
+    ("color", 0.3, lambda im: ImageEnhance.Color(im).enhance(0.3)),
+    ("contrast", 1.5, lambda im: ImageEnhance.Contrast(im).enhance(1.5)),
+    ("sharpness", 1.9, lambda im: ImageEnhance.Sharpness(im).enhance(1.9)),
+])
+def test_point_and_colour_ops_match_pil(kind, arg, pil):
+    rng = np.random.default_rng(0)
+    img = (rng.random((12, 12, 3)) * 180 + 30).astype(np.uint8)
+    if pil is None:  # timm's solarize_add: add to the pixels below 128
+        pil = lambda im: Image.fromarray(np.where(img < 128, np.minimum(img.astype(int) + 60, 255), img).astype(np.uint8))
+    x = torch.from_numpy(img).permute(2, 0, 1)[None].float() / 255
+    out = OP_FNS[kind](x, torch.tensor([float(arg)]), torch.full((1, 3, 1, 1), 0.5))[0].permute(1, 2, 0).numpy() * 255
+    # PIL rounds to uint8 in between; contrast uses an integer mean
+    assert np.abs(out - np.asarray(pil(Image.fromarray(img)), np.float32)).max() <= 3.0, kind
+
+
+def test_geometric_ops_move_the_image():
+    x = coordinate_images(2, 16).permute(0, 3, 1, 2).float() / 255
+    fill = torch.full((1, 3, 1, 1), 0.5)
+    shifted = OP_FNS["translate_x"](x, torch.tensor([0.25, -0.25]), fill)  # a quarter of the width
+    assert torch.allclose(shifted[0, 1, :, :12], x[0, 1, :, 4:], atol=1e-5)  # reads 4 px to the right
+    assert torch.allclose(shifted[0, :, :, 12:], fill[0].expand(3, 16, 4), atol=1e-5)  # filled with the mean
+    assert torch.allclose(shifted[1, 1, :, 4:], x[1, 1, :, :12], atol=1e-5)
+    turned = OP_FNS["rotate"](x, torch.tensor([90.0, 0.0]), fill)
+    assert torch.allclose(turned[1], x[1], atol=1e-5)
+    assert torch.allclose(turned[0], torch.rot90(x[0], 1, (1, 2)), atol=1e-5)  # counter-clockwise, as PIL's
+
+
+def test_rand_augment_draws_its_own_op_per_sample():
+    ra = RandAugment("rand-m9-mstd0.5-inc1")
+    kinds, args = ra.params(4000, gen())
+    assert kinds.shape == (4000, 2)
+    applied = kinds >= 0
+    assert abs(applied.float().mean().item() - 0.5) < 0.03  # timm's p=0.5 per layer
+    assert len(kinds[applied].unique()) == len(set(ra.kinds))  # every op kind is drawn
+    rot = args[kinds == KINDS.index("rotate")]
+    assert rot.abs().max() <= 30 and (rot > 0).any() and (rot < 0).any() and rot.unique().numel() > 10
+    # identical images, one op each (p=1): they come out differently, every one changed
+    x = torch.rand(1, 3, 16, 16, generator=gen(3)).expand(60, 3, 16, 16).contiguous()
+    out = RandAugment("rand-n1-m9-p1.0")(x, torch.full((1, 3, 1, 1), 0.5), gen())
+    assert len({tuple(o.flatten()[:64].mul(255).round().tolist()) for o in out}) > 12  # 15 ops, some signed
+    assert (out != x).flatten(1).any(1).all()
+    aug = GPUAugment(Augment(train_crop="pad", auto_augment="rand-m9-mstd0.5-inc1", re_prob=0.25), 16)
+    x = torch.randint(0, 256, (64, 16, 16, 3), dtype=torch.uint8)
+    out = aug.train(x, gen())
+    assert out.shape == (64, 3, 16, 16) and torch.isfinite(out).all()
+    assert torch.equal(out, aug.train(x, gen()))  # same seed, same batch
+    assert not torch.equal(out, aug.train(x, gen(1)))
+
+
+def test_unsupported_policy_says_what_to_do():
+    with pytest.raises(ValueError, match="data.pipeline=cpu"):
+        GPUAugment(Augment(auto_augment="original"), 32)
+    with pytest.raises(ValueError, match="GaussianBlur.*data.pipeline=cpu"):
+        RandAugment("rand-m9-t3a")
+
+
+# ---- the loader: order, seeds, resume ----
+
+
+def make_loader(n=100, batch=8, seed=0, **kw) -> GPULoader:
+    """Labels are the row numbers, so a batch says which images it holds."""
+    aug = GPUAugment(Augment(train_crop="pad", auto_augment="rand-m5-inc1", **NO_NORM), 8)
+    images = torch.randint(0, 256, (n, 8, 8, 3), dtype=torch.uint8, generator=gen(7))
+    train = kw.pop("train", True)
+    return GPULoader(images, torch.arange(n), aug.train if train else aug.evaluate, batch, train=train,
+                     seed=seed, **kw)
+
+
+def rows(loader) -> list[list[int]]:
+    return [y.tolist() for _, y in loader]
+
+
+def test_train_loader_shuffles_each_epoch_and_drops_the_last_batch():
+    loader = make_loader(indices=torch.arange(10, 100))
+    assert len(loader) == 90 // 8
+    epoch0, epoch1 = rows(loader), rows(loader)
+    assert all(len(b) == 8 for b in epoch0) and len(epoch0) == 11
+    seen = sum(epoch0, [])
+    assert len(set(seen)) == 88 and min(seen) >= 10
+    assert epoch0 != epoch1 and loader.epoch == 1
+    assert rows(make_loader(indices=torch.arange(10, 100))) == epoch0  # same seed, same order
+    assert rows(make_loader(indices=torch.arange(10, 100), seed=1)) != epoch0
+    x, y = next(iter(make_loader()))
+    assert x.shape == (8, 3, 8, 8) and x.dtype == torch.float32 and y.dtype == torch.int64
+
+
+def test_eval_loader_keeps_order_and_the_last_batch():
+    loader = make_loader(n=20, train=False)
+    assert rows(loader) == [list(range(8)), list(range(8, 16)), list(range(16, 20))]
+
+
+def take(loader: GPULoader, n: int, it=None) -> list:
+    """The next n batches, epoch after epoch, as a training loop calls iter() once per epoch."""
+    out, it = [], it or iter(loader)
+    while len(out) < n:
+        try:
+            out.append(next(it))
+        except StopIteration:
+            it = iter(loader)
+    return out
+
+
+@pytest.mark.parametrize("stop", [3, 12])  # mid-epoch, and at the end of the epoch (12 batches)
+def test_resume_from_state_dict_is_exact(stop):
+    a = make_loader()
+    it = iter(a)
+    for _ in range(stop):
+        next(it)
+    state = a.state_dict()
+    assert state == {"epoch": 0, "batches": stop, "seed": 0}
+    expected = take(a, 15, it)  # into the next epoch
+    b = make_loader(seed=5)  # the seed comes from the state
+    b.load_state_dict(state)
+    got = take(b, 15)
+    for (xe, ye), (xg, yg) in zip(expected, got, strict=True):
+        assert torch.equal(ye, yg) and torch.equal(xe, xg)
+
+
+def test_streamed_batches_equal_resident_ones():
+    a, b = make_loader(), make_loader(stream=True)
+    assert b.streamed
+    for (xa, ya), (xb, yb) in zip(a, b):
+        assert torch.equal(xa, xb) and torch.equal(ya, yb)
+
+
+def _shard_worker(rank: int, world: int, port: int, out: dict):
+    torch.set_num_threads(1)  # a forked child must not enter the parent's OpenMP pool
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        loader = make_loader(n=96, batch=8, rank=rank, world_size=world)
+        mine = torch.tensor([sum(rows(loader), []), sum(rows(loader), [])])  # (epochs, samples)
+        gathered = [torch.zeros_like(mine) for _ in range(world)]
+        dist.all_gather(gathered, mine)  # the ranks compare what they saw through gloo
+        if rank == 0:
+            out["train"] = torch.stack(gathered).tolist()
+            out["eval"] = len(make_loader(n=21, train=False, rank=rank, world_size=world))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_ddp_shards_are_disjoint_and_complete():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    # forked, not spawned: the processes start at once instead of importing torch and the package again
+    ctx = mp.get_context("fork")
+    out = ctx.Manager().dict()
+    mp.start_processes(_shard_worker, args=(2, port, out), nprocs=2, start_method="fork")
+    train = np.array(out["train"])  # (rank, epoch, samples)
+    for epoch in range(2):
+        r0, r1 = set(train[0, epoch]), set(train[1, epoch])
+        assert len(r0) == len(r1) == 48 and not r0 & r1 and r0 | r1 == set(range(96))
+    assert list(train[0, 0]) != list(train[0, 1])  # a new permutation each epoch
+    assert out["eval"] == 2  # 21 images: 11 per rank (one repeated), in batches of 8
+
+
+# ---- inside Lightning: the real configs, data.pipeline=gpu on the CPU ----
+
+
+def test_lightning_fit_with_the_gpu_pipeline_saves_and_resumes_its_state(tmp_path):
+    from test_configs import compose_cfg
+    from test_train import read_metrics, train
+
+    common = ["data=synthetic", "data.pipeline=gpu", "data.train_size=32", "data.test_size=8", "data.batch_size=8", "trainer=cpu",
+              "logger=csv", "model.attention=sdpa", "trainer.log_every_n_steps=1", "seed=3"]
+    metrics = train(compose_cfg(tmp_path, [*common, "trainer.max_epochs=2", "test=false"]))
+    assert 0.0 <= metrics["val/top1"] <= 1.0 and torch.isfinite(torch.tensor(metrics["train/loss_epoch"]))
+    last = tmp_path / "out" / "checkpoints" / "last.ckpt"
+    ckpt = torch.load(last, map_location="cpu", weights_only=True)
+    assert ckpt["global_step"] == 2 * 4
+    state = {"epoch": 1, "batches": 4, "seed": 3}
+    assert ckpt["loops"]["fit_loop"]["state_dict"]["combined_loader"] == [state]  # the loader's own
+    assert ckpt["SyntheticDataModule"] == {"train_loader": state}  # and the DataModule's
+    train(compose_cfg(tmp_path / "resumed", [*common, "trainer.max_epochs=3", "test=false", f"ckpt_path={last}"]))
+    resumed = torch.load(tmp_path / "resumed" / "out" / "checkpoints" / "last.ckpt", map_location="cpu",
+                         weights_only=True)
+    assert resumed["loops"]["fit_loop"]["state_dict"]["combined_loader"] == [{"epoch": 2, "batches": 4, "seed": 3}]
+    steps = read_metrics(tmp_path / "resumed" / "out" / "csv" / "metrics.csv", "train/loss_step")
+    assert len(steps) == 4  # only the third epoch ran
+
+
+# ---- ImageFolder trees: the decoded cache ----
+
+COLOURS = {"cat": (200, 40, 40), "dog": (40, 200, 40), "frog": (40, 40, 200)}
+
+
+def write_jpeg_tree(split_dir, sizes=((40, 30), (30, 50), (64, 64))):
+    """JPEG files of one colour per class, of several sizes and aspect ratios."""
+    for name, colour in COLOURS.items():
+        (split_dir / name).mkdir(parents=True)
+        for i, size in enumerate(sizes):
+            Image.new("RGB", size, colour).save(split_dir / name / f"{i}.jpg", quality=95)
+
+
+def test_image_folder_cache_and_gpu_batches(tmp_path, monkeypatch):
+    from vitflash import data
+
+    write_jpeg_tree(tmp_path / "train")
+    write_jpeg_tree(tmp_path / "val", sizes=((20, 20), (50, 25)))
+    x, y, classes = data.cache_image_folder(tmp_path / "train", 16, num_workers=2)
+    assert x.shape == (9, 16, 16, 3) and x.dtype == np.uint8 and isinstance(x, np.memmap)
+    assert classes == list(COLOURS) and y.tolist() == [0, 0, 0, 1, 1, 1, 2, 2, 2]
+    assert np.abs(x.astype(int) - np.repeat(np.array(list(COLOURS.values())), 3, 0)[:, None, None]).max() <= 8
+    assert {p.name for p in tmp_path.iterdir()} == {"train", "val", "train-16px-uint8.npy", "train-16px-labels.npz"}
+
+    monkeypatch.setattr(data, "_decode_square", None)  # a second read must not decode
+    np.testing.assert_array_equal(data.cache_image_folder(tmp_path / "train", 16)[0], x)
+    monkeypatch.undo()
+    dm = data.ImageFolderDataModule(root=str(tmp_path), num_classes=3, img_size=12, batch_size=4, num_workers=0,
+                                    pipeline="gpu", cache_size=16, augment=Augment(auto_augment="rand-m9-mstd0.5-inc1",
+                                                                                   re_prob=0.25, crop_pct=0.875))
+    dm.prepare_data()
+    dm.setup("fit")
+    (xb, yb), = list(dm.train_dataloader())[:1]
+    assert xb.shape == (4, 3, 12, 12) and yb.dtype == torch.int64 and len(dm.train_dataloader()) == 2
+    val = list(dm.val_dataloader())
+    assert [len(b[1]) for b in val] == [4, 2]  # the val folder, the last batch kept
+    mean, std = torch.tensor(CIFAR_MEAN).view(3, 1, 1), torch.tensor(CIFAR_STD).view(3, 1, 1)
+    colours = torch.tensor(list(COLOURS.values()), dtype=torch.float).view(3, 3, 1, 1) / 255
+    expected = (colours[val[0][1]] - mean) / std
+    assert (val[0][0] - expected).abs().max() < 0.2  # one colour per image, normalized
+
+    with pytest.raises(ValueError, match="set data.cache_size"):
+        data.ImageFolderDataModule(root=str(tmp_path), num_classes=3, img_size=12, pipeline="gpu")
+
+
+def test_the_gpu_pipeline_holds_out_the_cpu_pipelines_val_split():
+    from vitflash.data import SyntheticDataModule
+
+    kw = dict(num_classes=10, img_size=8, batch_size=16, num_workers=0, train_size=100, test_size=20, val_size=30)
+    cpu, gpu = SyntheticDataModule(**kw), SyntheticDataModule(**kw, pipeline="gpu", gpu_storage="stream")
+    cpu.setup("fit")
+    gpu.setup("fit")
+    assert gpu.arrays.val_rows == cpu.val_set.indices and gpu.arrays.train_rows == cpu.train_set.indices
+    assert gpu.arrays.device == torch.device("cpu") and gpu.arrays.world_size == 1
+    val = list(gpu.val_dataloader())
+    assert [len(y) for _, y in val] == [16, 14]
+    assert torch.equal(torch.cat([y for _, y in val]), torch.as_tensor(cpu.val_set.dataset.labels[cpu.val_set.indices]))
+    assert len(gpu.train_dataloader()) == 70 // 16 and len(gpu.test_dataloader()) == 2
+
+
+def test_bad_pipeline_options_name_the_choices():
+    from vitflash.data import SyntheticDataModule
+    from vitflash.gpu_data import choose_storage
+
+    with pytest.raises(ValueError, match=r"data.pipeline='gpux': choose one of cpu, gpu"):
+        SyntheticDataModule(num_classes=10, img_size=8, pipeline="gpux")
+    with pytest.raises(ValueError, match=r"data.gpu_storage='ram': choose one of auto, device, stream"):
+        SyntheticDataModule(num_classes=10, img_size=8, pipeline="gpu", gpu_storage="ram")
+    assert choose_storage("auto", 10**12, torch.device("cpu")) == "device"  # host memory is where it is anyway
+    with pytest.raises(ValueError, match="lower data.batch_size"):
+        make_loader(n=10, batch=16)
+
+
+def test_ranks_come_from_the_trainer():
+    from types import SimpleNamespace
+
+    from vitflash.data import SyntheticDataModule
+
+    loaders = []
+    for rank in range(2):
+        dm = SyntheticDataModule(num_classes=10, img_size=8, batch_size=8, num_workers=0, train_size=64, test_size=20,
+                                 pipeline="gpu", shuffle_seed=4)
+        dm.trainer = SimpleNamespace(strategy=SimpleNamespace(root_device=torch.device("cpu")), global_rank=rank,
+                                     world_size=2, current_epoch=3)
+        dm.setup("fit")
+        loaders.append(dm.train_dataloader())
+    assert [(l.rank, l.world_size, l.epoch, len(l)) for l in loaders] == [(0, 2, 3, 4), (1, 2, 3, 4)]
+    rows = [set(l._rank_indices(3).tolist()) for l in loaders]  # the images of epoch 3
+    assert not rows[0] & rows[1] and rows[0] | rows[1] == set(range(64))
+
+
+# ---- on a CUDA GPU: the same loader, resident and streamed through pinned memory ----
+
+
+@pytest.mark.gpu
+def test_on_cuda_resident_and_streamed_batches_agree():
+    aug = GPUAugment(Augment(train_crop="rrc", auto_augment="rand-m9-mstd0.5-inc1", re_prob=0.25), 24)
+    images = torch.randint(0, 256, (200, 32, 32, 3), dtype=torch.uint8, generator=gen(7))
+    kw = dict(transform=aug.train, batch_size=16, device="cuda", train=True, seed=1)
+    resident = GPULoader(images.cuda(), torch.arange(200), **kw)
+    streamed = GPULoader(images, torch.arange(200), **kw)  # host images: pinned staging + copy
+    assert streamed.streamed and not resident.streamed
+    for epoch in range(2):
+        for (xa, ya), (xb, yb) in zip(resident, streamed, strict=True):
+            assert xa.is_cuda and ya.is_cuda and xa.dtype == torch.float32 and xa.shape == (16, 3, 24, 24)
+            assert torch.equal(ya, yb) and torch.equal(xa, xb)
+    again = GPULoader(images.cuda(), torch.arange(200), **kw)
+    assert torch.equal(next(iter(again))[0], next(iter(GPULoader(images.cuda(), torch.arange(200), **kw)))[0])
+
+
+def test_datamodule_state_restores_the_train_loader_mid_epoch():
+    from vitflash.data import SyntheticDataModule
+
+    def datamodule():
+        dm = SyntheticDataModule(num_classes=10, img_size=8, batch_size=8, num_workers=0, train_size=64, test_size=8,
+                                 pipeline="gpu", shuffle_seed=2, augment=Augment(train_crop="pad", re_prob=0.5))
+        dm.setup("fit")
+        return dm
+
+    a = datamodule()
+    it = iter(a.train_dataloader())
+    next(it), next(it), next(it)
+    state = a.state_dict()  # what Lightning writes into a checkpoint
+    assert state == {"train_loader": {"epoch": 0, "batches": 3, "seed": 2}}
+    expected = take(a._train_loader, 7, it)  # the rest of epoch 0 (5 batches), then epoch 1
+    b = datamodule()
+    b.load_state_dict(state)  # Lightning restores the DataModule before it builds the loaders
+    got = take(b.train_dataloader(), 7)
+    for (xe, ye), (xg, yg) in zip(expected, got, strict=True):
+        assert torch.equal(xe, xg) and torch.equal(ye, yg)

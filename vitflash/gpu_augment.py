@@ -1,0 +1,399 @@
+"""Augmentation of uint8 image batches where they lie (the GPU), each sample drawing its own parameters.
+
+    uint8 (B, H, W, 3) -> crop + flip -> float (B, 3, S, S) in [0, 1] -> RandAugment or color
+    jitter -> normalize -> random erasing -> float32 (B, 3, S, S)
+
+The recipe is `vitflash.data.Augment`'s, the one the cpu pipeline runs with timm and torchvision
+on PIL images, here as batched tensor ops. Written by hand because the libraries lack it:
+torchvision.transforms.v2 functionals take one parameter set per call (one crop box, one angle,
+one brightness factor for the whole batch), timm's RandAugment works on PIL images and its
+RandomErasing loops over the batch in Python, and kornia is not a dependency. Library code does
+the work wherever it is batched: torchvision.ops.roi_align crops-and-resizes one box per sample,
+v2 functionals give equalize, autocontrast and the "degenerate" images that PIL's enhance ops
+blend with, and timm parses the `auto_augment` string into its op list.
+
+Per-sample choices are `torch.where` masks or fixed slices of a shuffled batch (RandAugment),
+so no shape depends on the data and nothing waits on the device (no host synchronisation per
+batch). All random numbers come from the `torch.Generator` passed in, on the images' device.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+import torch.nn.functional as nnf
+from torchvision.ops import roi_align
+from torchvision.transforms.v2 import functional as TF
+
+if TYPE_CHECKING:
+    from vitflash.data import Augment
+
+
+def _uniform(lo: float, hi: float, shape, g: torch.Generator) -> torch.Tensor:
+    return lo + (hi - lo) * torch.rand(shape, generator=g, device=g.device)
+
+
+def _first_valid(ok: torch.Tensor, *values: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Of (B, tries) candidates, each row's first valid one (row 0 where none is valid)."""
+    first = ok.int().argmax(1, keepdim=True)  # argmax returns the first maximum
+    return tuple(v.gather(1, first).squeeze(1) for v in values)
+
+
+def _reflect(i: torch.Tensor, n: int) -> torch.Tensor:
+    """Indices into a side of n pixels as padding_mode="reflect" reads them (edge not repeated)."""
+    i = i.abs()
+    return torch.where(i >= n, 2 * (n - 1) - i, i)
+
+
+def pad_crop_flip(x: torch.Tensor, size: int, pad: int, hflip: float, g: torch.Generator) -> torch.Tensor:
+    """torchvision's RandomCrop(size, padding=pad, padding_mode="reflect") + RandomHorizontalFlip.
+
+    x (B, H, W, C) uint8 -> (B, size, size, C) uint8: one integer gather, no resampling.
+    """
+    B, H, W, _ = x.shape
+    if pad >= min(H, W) or min(H, W) + 2 * pad < size:
+        raise ValueError(f"a {size}px crop with padding {pad} does not fit images of {H}x{W}")
+    dev = x.device
+    top = torch.randint(0, H + 2 * pad - size + 1, (B, 1), generator=g, device=dev) - pad
+    left = torch.randint(0, W + 2 * pad - size + 1, (B, 1), generator=g, device=dev) - pad
+    ar = torch.arange(size, device=dev)
+    flip = torch.rand(B, 1, generator=g, device=dev) < hflip
+    rows = _reflect(top + ar, H)
+    cols = _reflect(left + torch.where(flip, ar.flip(0), ar), W)
+    return x[torch.arange(B, device=dev)[:, None, None], rows[:, :, None], cols[:, None, :]]
+
+
+def rrc_boxes(B: int, H: int, W: int, scale, ratio, g: torch.Generator) -> torch.Tensor:
+    """torchvision's RandomResizedCrop.get_params for B samples at once: 10 tries each, the first
+    that fits, else the central crop of the clamped aspect ratio. Returns (B, 4) boxes x1, y1, x2, y2
+    in pixels."""
+    area = H * W
+    target = area * _uniform(scale[0], scale[1], (B, 10), g)
+    aspect = torch.exp(_uniform(math.log(ratio[0]), math.log(ratio[1]), (B, 10), g))
+    w = torch.sqrt(target * aspect).round()
+    h = torch.sqrt(target / aspect).round()
+    ok = (w > 0) & (h > 0) & (w <= W) & (h <= H)
+    w, h = _first_valid(ok, w, h)
+    found = ok.any(1)
+    # the fallback of torchvision, for all samples (the image size is one for the batch)
+    in_ratio = W / H
+    if in_ratio < min(ratio):
+        fw, fh = W, round(W / min(ratio))
+    elif in_ratio > max(ratio):
+        fw, fh = round(H * max(ratio)), H
+    else:
+        fw, fh = W, H
+    w = torch.where(found, w, torch.full_like(w, fw))
+    h = torch.where(found, h, torch.full_like(h, fh))
+    u = torch.rand(B, 2, generator=g, device=g.device)
+    top = torch.where(found, (u[:, 0] * (H - h + 1)).floor(), torch.full_like(h, (H - fh) // 2))
+    left = torch.where(found, (u[:, 1] * (W - w + 1)).floor(), torch.full_like(w, (W - fw) // 2))
+    return torch.stack([left, top, left + w, top + h], 1)
+
+
+def crop_resize(x: torch.Tensor, boxes: torch.Tensor, size: int) -> torch.Tensor:
+    """Crop box i of image i and resize it to size x size: x (B, C, H, W) float, boxes (B, 4)
+    x1, y1, x2, y2 -> (B, C, size, size). Bilinear; a box larger than the output averages
+    ceil(box/size)^2 samples per pixel (roi_align's adaptive sampling), which anti-aliases."""
+    idx = torch.arange(len(boxes), device=x.device, dtype=boxes.dtype)[:, None]
+    return roi_align(x, torch.cat([idx, boxes.to(x.dtype)], 1), output_size=size, spatial_scale=1.0,
+                     sampling_ratio=-1, aligned=True)
+
+
+def random_erasing(x: torch.Tensor, prob: float, g: torch.Generator, min_area: float = 0.02,
+                   max_area: float = 1 / 3, min_aspect: float = 0.3) -> torch.Tensor:
+    """timm's RandomErasing(mode="pixel", max_count=1) per sample: with probability prob, a box
+    of area in [min_area, max_area] of the image and log-uniform aspect is replaced by N(0, 1)
+    noise. x (B, C, H, W) normalized -> same."""
+    B, C, H, W = x.shape
+    target = H * W * _uniform(min_area, max_area, (B, 10), g)
+    aspect = torch.exp(_uniform(math.log(min_aspect), -math.log(min_aspect), (B, 10), g))
+    h = torch.sqrt(target * aspect).round()
+    w = torch.sqrt(target / aspect).round()
+    ok = (w < W) & (h < H)
+    h, w = _first_valid(ok, h, w)
+    erase = (torch.rand(B, generator=g, device=x.device) < prob) & ok.any(1)
+    u = torch.rand(B, 2, generator=g, device=x.device)
+    top, left = (u[:, 0] * (H - h + 1)).floor(), (u[:, 1] * (W - w + 1)).floor()
+    ys = torch.arange(H, device=x.device)
+    xs = torch.arange(W, device=x.device)
+    in_rows = (ys >= top[:, None]) & (ys < (top + h)[:, None])  # (B, H)
+    in_cols = (xs >= left[:, None]) & (xs < (left + w)[:, None])  # (B, W)
+    mask = erase[:, None, None] & in_rows[:, :, None] & in_cols[:, None, :]  # (B, H, W)
+    noise = torch.randn(x.shape, generator=g, device=x.device, dtype=x.dtype)
+    return torch.where(mask[:, None], noise, x)
+
+
+def to_float(images: torch.Tensor) -> torch.Tensor:
+    """uint8 (B, H, W, C) -> float32 (B, C, H, W) in [0, 1], contiguous (one copy kernel converts
+    and transposes, so every batch has the strides of the cpu pipeline's)."""
+    B, H, W, C = images.shape
+    x = torch.empty((B, C, H, W), dtype=torch.float32, device=images.device)
+    return x.copy_(images.permute(0, 3, 1, 2)).div_(255)
+
+
+def _blend(x: torch.Tensor, degenerate: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
+    """PIL's ImageEnhance: degenerate + factor * (x - degenerate), factor (B,), clamped to [0, 1]."""
+    return (degenerate + factor.view(-1, 1, 1, 1) * (x - degenerate)).clamp_(0, 1)
+
+
+def _contrast_mean(x: torch.Tensor) -> torch.Tensor:
+    return TF.rgb_to_grayscale(x).mean((-3, -2, -1), keepdim=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# RandAugment with timm's op set and magnitudes, one op draw and magnitude per sample
+
+
+@dataclass(frozen=True)
+class _Op:
+    """One of timm's RandAugment ops: its kind and timm's LEVEL_TO_ARG mapping written as
+    arg = clamp(a + c * sign * round_down?(b * magnitude / 10), lo, hi), so that the argument of
+    every sample comes out of one vectorized expression (timm's level functions take one float)."""
+
+    kind: str
+    a: float = 0.0
+    b: float = 0.0
+    c: float = 1.0
+    signed: bool = False
+    floor: bool = False
+    lo: float = -math.inf
+    hi: float = math.inf
+
+
+_ENHANCE = dict(a=0.1, b=1.8)  # [0.1, 1.9]
+_ENHANCE_INC = dict(a=1.0, b=0.9, signed=True, lo=0.1)  # 1 -/+ up to 0.9
+OPS = {
+    "AutoContrast": _Op("autocontrast"),
+    "Equalize": _Op("equalize"),
+    "Invert": _Op("invert"),
+    "Rotate": _Op("rotate", b=30.0, signed=True),  # degrees
+    "ShearX": _Op("shear_x", b=0.3, signed=True),
+    "ShearY": _Op("shear_y", b=0.3, signed=True),
+    "TranslateXRel": _Op("translate_x", b=0.45, signed=True),  # fraction of the side (translate_pct)
+    "TranslateYRel": _Op("translate_y", b=0.45, signed=True),
+    "Posterize": _Op("posterize", b=4.0, floor=True),  # bits kept
+    "PosterizeIncreasing": _Op("posterize", a=4.0, b=4.0, c=-1.0, floor=True),
+    "Solarize": _Op("solarize", b=256.0, floor=True, hi=256.0),  # threshold on 0..255
+    "SolarizeIncreasing": _Op("solarize", a=256.0, b=256.0, c=-1.0, floor=True, lo=0.0),
+    "SolarizeAdd": _Op("solarize_add", b=110.0, floor=True, hi=128.0),
+    "Color": _Op("color", **_ENHANCE),
+    "ColorIncreasing": _Op("color", **_ENHANCE_INC),
+    "Contrast": _Op("contrast", **_ENHANCE),
+    "ContrastIncreasing": _Op("contrast", **_ENHANCE_INC),
+    "Brightness": _Op("brightness", **_ENHANCE),
+    "BrightnessIncreasing": _Op("brightness", **_ENHANCE_INC),
+    "Sharpness": _Op("sharpness", **_ENHANCE),
+    "SharpnessIncreasing": _Op("sharpness", **_ENHANCE_INC),
+}
+KINDS = sorted({op.kind for op in OPS.values()})
+
+
+def _affine(x: torch.Tensor, theta: torch.Tensor, fill: torch.Tensor) -> torch.Tensor:
+    """x (b, C, H, W) resampled through theta (b, 2, 3) (normalized coordinates, output -> input);
+    what falls outside is fill (1, C, 1, 1)."""
+    grid = nnf.affine_grid(theta, list(x.shape), align_corners=False)
+    # zero padding of (x - fill) fills the uncovered area with the fill colour
+    return nnf.grid_sample(x - fill, grid, mode="bilinear", padding_mode="zeros", align_corners=False) + fill
+
+
+_GEOMETRIC = ("rotate", "shear_x", "shear_y", "translate_x", "translate_y")
+
+
+def _geometric(x: torch.Tensor, kind: torch.Tensor, arg: torch.Tensor, fill: torch.Tensor) -> torch.Tensor:
+    """The geometric ops, mixed in one batch: sample i rotates (arg degrees, counter-clockwise),
+    shears (arg) or translates (arg x the side) by its kind (b,) (an index into KINDS), about the
+    centre, in one affine_grid + grid_sample."""
+
+    def of(name):
+        return torch.where(kind == KINDS.index(name), arg, 0.0)
+
+    rad = torch.deg2rad(of("rotate"))
+    cos, sin = torch.cos(rad), torch.sin(rad)
+    theta = torch.stack([cos, -sin + of("shear_x"), 2 * of("translate_x"),
+                         sin + of("shear_y"), cos, 2 * of("translate_y")], -1).view(-1, 2, 3)
+    return _affine(x, theta, fill)
+
+
+def _one_geometric(name: str):
+    return lambda x, arg, fill: _geometric(x, torch.full_like(arg, KINDS.index(name), dtype=torch.long), arg, fill)
+
+
+# kind -> f(x (b, 3, H, W) in [0, 1], arg (b,), fill (1, 3, 1, 1)) -> (b, 3, H, W), as PIL's ops
+OP_FNS = {
+    "autocontrast": lambda x, arg, fill: TF.autocontrast(x),
+    "equalize": lambda x, arg, fill: TF.equalize(x),
+    "invert": lambda x, arg, fill: 1 - x,
+    "posterize": lambda x, bits, fill: (  # keep the high `bits` bits of the 8-bit value
+        (x * 255).round_().to(torch.int32) & (256 - torch.exp2(8 - bits)).to(torch.int32).view(-1, 1, 1, 1)
+    ).to(x.dtype) / 255,
+    "solarize": lambda x, thresh, fill: torch.where(x * 255 >= thresh.view(-1, 1, 1, 1), 1 - x, x),
+    "solarize_add": lambda x, add, fill: torch.where(x * 255 < 128, (x + add.view(-1, 1, 1, 1) / 255).clamp_(max=1), x),
+    # PIL's enhance ops blend with a degenerate image: black, mean grey, greyscale, smoothed
+    "brightness": lambda x, f, fill: _blend(x, torch.zeros_like(x), f),
+    "contrast": lambda x, f, fill: _blend(x, _contrast_mean(x), f),
+    "color": lambda x, f, fill: _blend(x, TF.rgb_to_grayscale(x), f),
+    "sharpness": lambda x, f, fill: _blend(x, TF.adjust_sharpness(x, 0.0), f),
+    # geometric ops about the centre (RandAugment runs them together, see _geometric)
+    **{name: _one_geometric(name) for name in _GEOMETRIC},
+}
+
+
+class RandAugment:
+    """timm's RandAugment (`rand_augment_transform(config)`: e.g. "rand-m9-mstd0.5-inc1"; "n1" with
+    "mstd101" is TrivialAugment-like) on a batch, every sample drawing its own ops, whether each
+    applies (timm's p=0.5) and its magnitude. Geometric ops fill with the mean colour (timm's
+    img_mean) and resample bilinearly.
+
+    Each op runs on its own samples only, without a data-dependent shape: every layer shuffles
+    the batch and gives op k a fixed slice of it (slices sized by the op weights; the geometric
+    ops' slices form one block, resampled in one call), so a sample's op is uniformly random (as
+    timm's choice) while the ops of one batch are balanced. Running
+    every op on the whole batch and keeping a mask's worth would cost ~15x the work; selecting
+    the samples of each op by a mask would wait on the device for their number.
+    """
+
+    def __init__(self, config: str):
+        from timm.data.auto_augment import rand_augment_transform
+
+        if not config.startswith("rand"):
+            raise ValueError(f"auto_augment={config!r}: the gpu pipeline runs timm's RandAugment "
+                             "('rand-...', e.g. 'rand-m9-mstd0.5-inc1'); for other policies set data.pipeline=cpu")
+        ra = rand_augment_transform(config, {})
+        missing = sorted({op.name for op in ra.ops} - set(OPS))
+        if missing:
+            raise ValueError(f"auto_augment={config!r} uses {', '.join(missing)}, which the gpu pipeline "
+                             f"lacks (it has {', '.join(sorted(OPS))}): set data.pipeline=cpu")
+        self.num_layers = ra.num_layers
+        weights = [1.0] * len(ra.ops) if ra.choice_weights is None else list(ra.choice_weights)
+        # the geometric ops last, so their slots form one block resampled in one call
+        order = sorted(range(len(ra.ops)), key=lambda i: OPS[ra.ops[i].name].kind in _GEOMETRIC)
+        timm_ops, weights = [ra.ops[i] for i in order], [weights[i] for i in order]
+        self.cumulative = np.cumsum(weights) / np.sum(weights)  # slice ends as fractions of the batch
+        ops = [OPS[op.name] for op in timm_ops]
+        self.kinds = [op.kind for op in ops]
+        self.n_pointwise = sum(k not in _GEOMETRIC for k in self.kinds)  # ops before the geometric block
+        hp = ra.ops[0].hparams  # one config string: every op shares magnitude, std and bound
+        self.mstd = hp.get("magnitude_std", 0.0)
+        self.mmax = hp.get("magnitude_max") or 10.0
+        self._table = torch.tensor([[op.a, op.b, op.c, float(op.signed), float(op.floor), op.lo, op.hi, o.prob,
+                                     o.magnitude, float(KINDS.index(op.kind))] for op, o in zip(ops, timm_ops)])
+        self._slots: dict[tuple[int, torch.device], tuple[list[int], torch.Tensor]] = {}
+
+    def _slices(self, B: int, device: torch.device) -> tuple[list[int], torch.Tensor]:
+        """(bounds: op k owns slots bounds[k]:bounds[k+1] of a shuffled batch, (B, 10) table rows)."""
+        if (B, device) not in self._slots:
+            bounds = [0, *np.round(self.cumulative * B).astype(int).tolist()]
+            op = torch.repeat_interleave(torch.arange(len(self.kinds)), torch.tensor(np.diff(bounds)))
+            self._slots[B, device] = bounds, self._table[op].to(device)
+        return self._slots[B, device]
+
+    def params(self, B: int, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        """(kind (B, layers): index into KINDS of slot b's op, or -1 where it does not apply; arg
+        (B, layers) the op's argument from its magnitude, as timm's level functions)."""
+        dev, L = g.device, self.num_layers
+        _, table = self._slices(B, dev)
+        a, b, c, signed, floor, lo, hi, prob, mag, kind = (t[:, None] for t in table.unbind(-1))  # each (B, 1)
+        u = torch.rand(3, B, L, generator=g, device=dev)
+        if self.mstd == math.inf:
+            mag = u[0] * mag
+        elif self.mstd > 0:
+            mag = mag + self.mstd * torch.randn(B, L, generator=g, device=dev)
+        level = b * mag.clamp(0, self.mmax) / 10
+        level = torch.where(floor > 0, level.floor(), level)
+        sign = torch.where((signed > 0) & (u[1] > 0.5), -1.0, 1.0)
+        arg = torch.maximum(torch.minimum(a + c * sign * level, hi), lo)
+        return torch.where(u[2] < prob, kind, -1.0).long(), arg
+
+    def __call__(self, x: torch.Tensor, fill: torch.Tensor, g: torch.Generator) -> torch.Tensor:
+        """x (B, 3, H, W) float in [0, 1]; fill (1, 3, 1, 1) -> same shape."""
+        B = x.shape[0]
+        bounds, _ = self._slices(B, x.device)
+        kinds, args = self.params(B, g)
+        for layer in range(self.num_layers):
+            perm = torch.randperm(B, generator=g, device=x.device)
+            y = x[perm]  # slot j holds sample perm[j]
+            n = self.n_pointwise
+            blocks = [(name, slice(bounds[k], bounds[k + 1])) for k, name in enumerate(self.kinds[:n])]
+            blocks.append(("geometric", slice(bounds[n], bounds[-1])))
+            for name, s in blocks:
+                if s.start == s.stop:
+                    continue
+                kind, arg = kinds[s, layer], args[s, layer]
+                out = _geometric(y[s], kind, arg, fill) if name == "geometric" else OP_FNS[name](y[s], arg, fill)
+                y[s] = torch.where((kind >= 0).view(-1, 1, 1, 1), out, y[s])
+            x = torch.empty_like(y).index_copy_(0, perm, y)
+        return x
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+class GPUAugment:
+    """`Augment` (the cpu pipeline's recipe) as batched ops on uint8 batches, on their device.
+
+    train: crop ("pad": padded random crop, or "rrc": random-resized crop over scale/ratio) and
+    flip with probability hflip, then RandAugment (auto_augment) or else color jitter
+    (brightness/contrast/saturation, in that order), normalize, random erasing (re_prob).
+    evaluate: resize the short side to img_size / crop_pct and center-crop img_size (one box,
+    resampled once), normalize.
+    """
+
+    def __init__(self, augment: Augment, img_size: int):
+        self.augment, self.img_size = augment, img_size
+        self.rand_augment = RandAugment(augment.auto_augment) if augment.auto_augment else None
+        # as timm's create_transform: color jitter is off when an auto-augment policy is on
+        self.jitter = 0.0 if augment.auto_augment else float(augment.color_jitter or 0.0)
+        self._consts: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._boxes: dict[tuple, torch.Tensor] = {}
+
+    def _mean_std(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        if device not in self._consts:  # once per device: no copy per batch
+            self._consts[device] = tuple(torch.tensor(v, dtype=torch.float32, device=device).view(1, 3, 1, 1)
+                                         for v in (self.augment.mean, self.augment.std))
+        return self._consts[device]
+
+    def train(self, images: torch.Tensor, g: torch.Generator) -> torch.Tensor:
+        """images (B, H, W, 3) uint8 -> (B, 3, img_size, img_size) float32, augmented and normalized.
+        g: a generator on images.device."""
+        a, S = self.augment, self.img_size
+        B, H, W, _ = images.shape
+        mean, std = self._mean_std(images.device)
+        if a.train_crop == "pad":
+            x = to_float(pad_crop_flip(images, S, S // 8, a.hflip, g))
+        else:
+            x = to_float(images)
+            x = crop_resize(x, rrc_boxes(B, H, W, a.scale, a.ratio, g), S)
+            flip = torch.rand(B, 1, 1, 1, generator=g, device=x.device) < a.hflip
+            x = torch.where(flip, x.flip(-1), x)
+        if self.rand_augment is not None:
+            x = self.rand_augment(x, mean, g)
+        elif self.jitter > 0:
+            f = _uniform(max(0.0, 1 - self.jitter), 1 + self.jitter, (3, B), g)
+            x = _blend(x, torch.zeros_like(x), f[0])
+            x = _blend(x, _contrast_mean(x), f[1])
+            x = _blend(x, TF.rgb_to_grayscale(x), f[2])
+        x = (x - mean) / std
+        if a.re_prob > 0:
+            x = random_erasing(x, a.re_prob, g)
+        return x
+
+    def evaluate(self, images: torch.Tensor) -> torch.Tensor:
+        """images (B, H, W, 3) uint8 -> (B, 3, img_size, img_size) float32, normalized."""
+        S = self.img_size
+        B, H, W, _ = images.shape
+        mean, std = self._mean_std(images.device)
+        x = to_float(images)
+        # timm's eval transform: Resize(floor(S / crop_pct)) of the short side, CenterCrop(S); as
+        # one box of the source image resized once
+        side = S * min(H, W) / math.floor(S / self.augment.crop_pct)
+        if not (H == W == S and side == S):
+            key = (H, W, x.device)
+            if key not in self._boxes:  # made once: no copy to the device per batch
+                self._boxes[key] = torch.tensor([(W - side) / 2, (H - side) / 2, (W + side) / 2, (H + side) / 2],
+                                                device=x.device)
+            x = crop_resize(x, self._boxes[key].expand(B, 4), S)
+        return (x - mean) / std

@@ -1,0 +1,198 @@
+"""Batches from uint8 images held on the training device (or streamed to it), augmented there.
+
+`GPULoader` is what the DataModules' train/val/test_dataloader return under `data.pipeline=gpu`:
+an iterable with `__len__` yielding (images (B, 3, S, S) float32 normalized, labels (B,) int64)
+already on the device. It replaces torch's DataLoader + worker processes: indexing a uint8 array
+on the GPU and augmenting the batch in tensor ops (vitflash.gpu_augment) costs microseconds per
+batch, where decoding and transforming PIL images costs milliseconds per image.
+
+Order and randomness: every epoch one permutation from a generator seeded with (seed, epoch),
+the same on every DDP rank; rank r takes every world_size-th index of it, as DistributedSampler
+does. The augmentation generator of batch k is seeded with (seed, epoch, rank, k). The whole
+state of a loader is therefore (epoch, batches yielded, seed): `state_dict()` holds them, and a
+loader given it by `load_state_dict()` yields the same batches the saved one would have next
+(Lightning saves and restores that state in its checkpoints for loaders with those methods).
+"""
+from __future__ import annotations
+
+import logging
+import math
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+import numpy as np
+import torch
+
+log = logging.getLogger(__name__)
+
+STORAGES = ("auto", "device", "stream")
+
+
+def _seed(*entropy: int) -> int:
+    """A 63-bit seed mixed from integers (numpy's SeedSequence: nearby inputs give unrelated seeds)."""
+    return int(np.random.SeedSequence([int(e) for e in entropy]).generate_state(1, np.uint64)[0] >> 1)
+
+
+def choose_storage(storage: str, nbytes: int, device: torch.device, fraction: float = 0.5) -> str:
+    """"device" (the images move to `device` once) or "stream" (they stay in host memory or a
+    memory-mapped file and every batch is copied in). "auto" picks "device" where the images take
+    at most `fraction` of the free device memory (always on the CPU)."""
+    if storage not in STORAGES:
+        raise ValueError(f"data.gpu_storage={storage!r}: choose one of {', '.join(STORAGES)}")
+    if storage != "auto":
+        return storage
+    if device.type != "cuda":
+        return "device"
+    free, _ = torch.cuda.mem_get_info(device)
+    choice = "device" if nbytes <= fraction * free else "stream"
+    log.info("data.gpu_storage=auto -> %s (images %.1f GiB, %.1f GiB free on %s)", choice, nbytes / 2**30,
+             free / 2**30, device)
+    return choice
+
+
+@dataclass
+class GPUArrays:
+    """What a DataModule's gpu pipeline reads: images (N, H, W, 3) uint8 and labels (N,) int64
+    per split, `*_rows` the rows of a split (None: all; the held-out val split shares the train
+    images), the device and this process's place among the DDP processes."""
+
+    device: torch.device
+    rank: int
+    world_size: int
+    train: torch.Tensor
+    train_labels: torch.Tensor
+    train_rows: list[int] | None
+    val: torch.Tensor
+    val_labels: torch.Tensor
+    val_rows: list[int] | None
+    test: torch.Tensor
+    test_labels: torch.Tensor
+    test_rows: list[int] | None = None
+
+
+class GPULoader:
+    """Batches of `images[indices]` on `device`, augmented there.
+
+    Args:
+        images: (N, H, W, 3) uint8, on `device` (storage "device") or in host memory, e.g. a
+            memory-mapped array (storage "stream": every batch is gathered on the host into pinned
+            memory and copied in, the next batch prepared by a thread while this one trains).
+        labels: (N,) int64.
+        transform: train (`(uint8 (B, H, W, 3), generator) -> (B, 3, S, S)`) or evaluation
+            (`uint8 (B, H, W, 3) -> (B, 3, S, S)`) of vitflash.gpu_augment.GPUAugment.
+        batch_size: per process.
+        indices: the rows of images this loader reads (default all), e.g. the training split.
+        train: shuffle each epoch, drop the last partial batch (static shapes for CUDA graphs,
+            equal steps on every rank) and augment; else read in order, keep the last batch.
+        seed: of the permutations and the augmentation.
+        rank, world_size: the DDP process and the number of processes; each rank reads a disjoint
+            slice (evaluation pads with repeated images to equal counts, as DistributedSampler).
+        epoch: the epoch the first iteration belongs to.
+        stream: gather batches on the host and copy them in (default: when images are not on device).
+    """
+
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor, transform: Callable, batch_size: int,
+                 device: torch.device | str = "cpu", indices: torch.Tensor | None = None, train: bool = False,
+                 seed: int = 0, rank: int = 0, world_size: int = 1, epoch: int = 0, stream: bool | None = None):
+        if images.dtype != torch.uint8 or images.ndim != 4 or images.shape[-1] != 3:
+            raise ValueError(f"images must be (N, H, W, 3) uint8, got {tuple(images.shape)} {images.dtype}")
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} of world size {world_size}")
+        self.device = torch.device(device)
+        self.images, self.transform, self.batch_size, self.train = images, transform, batch_size, train
+        self.labels = labels.to(self.device, torch.int64)
+        self.indices = torch.arange(len(labels)) if indices is None else torch.as_tensor(indices).long().cpu()
+        self.seed, self.rank, self.world_size = seed, rank, world_size
+        self.epoch, self.batches, self._resumed = epoch, 0, False
+        self.streamed = images.device != self.device if stream is None else stream
+        n = len(self.indices)
+        self.per_rank = n // world_size if train else math.ceil(n / world_size)
+        if len(self) == 0:
+            raise ValueError(f"{n} images make no batch of {batch_size} on each of {world_size} process(es): "
+                             "lower data.batch_size")
+        self._generator = torch.Generator(self.device)
+        self._pinned: list[torch.Tensor] = []
+        self._events: list = []
+
+    def __len__(self) -> int:
+        if self.train:
+            return self.per_rank // self.batch_size
+        return math.ceil(self.per_rank / self.batch_size)
+
+    # ---- state (Lightning calls these through its checkpoints) ----
+
+    def state_dict(self) -> dict[str, int]:
+        """epoch, batches already yielded in it, seed."""
+        return {"epoch": self.epoch, "batches": self.batches, "seed": self.seed}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.epoch, self.batches, self.seed = int(state["epoch"]), int(state["batches"]), int(state["seed"])
+        self._resumed = True  # the next iteration continues this epoch where it was left
+
+    # ---- iteration ----
+
+    def _rank_indices(self, epoch: int) -> torch.Tensor:
+        """(per_rank,) rows of images for this rank and epoch."""
+        order = self.indices
+        if self.train:
+            perm = torch.randperm(len(order), generator=torch.Generator().manual_seed(_seed(self.seed, epoch)))
+            order = order[perm][: self.per_rank * self.world_size]
+        elif self.world_size > 1:  # pad by wrapping around, as DistributedSampler does
+            order = order[torch.arange(self.per_rank * self.world_size) % len(order)]
+        return order[self.rank :: self.world_size]
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        # A new iteration starts a new epoch unless nothing of this one was taken yet (Lightning
+        # calls iter() more than once per epoch) or a restored state says where to continue. An
+        # epoch left before its end (limit_train_batches) counts as done, as with a DataLoader.
+        if self.batches >= len(self) or (self.batches > 0 and not self._resumed):
+            self.epoch, self.batches = self.epoch + 1, 0
+        self._resumed = False
+        return self._iterate(self.epoch, self.batches)
+
+    def _iterate(self, epoch: int, start: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        rows = self._rank_indices(epoch)
+        if not self.streamed:
+            rows_dev = rows.to(self.device, non_blocking=True)
+            for k in range(start, len(self)):
+                idx = rows_dev[k * self.batch_size : (k + 1) * self.batch_size]
+                yield self._finish(epoch, k, self.images[idx], self.labels[idx])
+            return
+        batches = [rows[k * self.batch_size : (k + 1) * self.batch_size] for k in range(start, len(self))]
+        with ThreadPoolExecutor(1) as pool:  # gathers batch k+1 on the host while batch k trains
+            pending = pool.submit(self._gather, batches[0], 0) if batches else None
+            for j, k in enumerate(range(start, len(self))):
+                staged = pending.result()
+                if j + 1 < len(batches):
+                    pending = pool.submit(self._gather, batches[j + 1], j + 1)
+                images = staged.to(self.device, non_blocking=True)
+                if self._events:
+                    self._events[j % len(self._events)].record()
+                yield self._finish(epoch, k, images, self.labels[batches[j].to(self.device)])
+
+    def _gather(self, idx: torch.Tensor, j: int) -> torch.Tensor:
+        """Host rows idx into a staging buffer: pinned memory (one of three, reused once the copy
+        that last read it is done) when the device is a GPU."""
+        if self.device.type != "cuda":
+            return self.images.index_select(0, idx)
+        with torch.cuda.device(self.device):  # this thread's CUDA calls go to the loader's GPU, not GPU 0
+            return self._gather_pinned(idx, j)
+
+    def _gather_pinned(self, idx: torch.Tensor, j: int) -> torch.Tensor:
+        if not self._pinned:
+            shape = (self.batch_size, *self.images.shape[1:])
+            self._pinned = [torch.empty(shape, dtype=torch.uint8, pin_memory=True) for _ in range(3)]
+            self._events = [torch.cuda.Event() for _ in range(3)]
+        slot = j % 3
+        self._events[slot].synchronize()  # this thread waits, not the training loop
+        out = self._pinned[slot][: len(idx)]
+        torch.index_select(self.images, 0, idx, out=out)
+        return out
+
+    def _finish(self, epoch: int, k: int, images: torch.Tensor, labels: torch.Tensor):
+        self.batches = k + 1  # counted before the batch is handed out: a checkpoint taken after it includes it
+        if not self.train:
+            return self.transform(images), labels
+        self._generator.manual_seed(_seed(self.seed, epoch, self.rank, k))
+        return self.transform(images, self._generator), labels
