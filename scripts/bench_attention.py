@@ -314,10 +314,10 @@ def main() -> None:
                                 for k, v in row[impl].items() if not k.endswith("spread")},
                   flush=True)
         results.append(row)
-
-    table = markdown(results, latency, env, command)
-    write_results(args.out, "attention", env, command,
-                  {"latency": latency, "shapes": results}, table)
+        # after every shape, so that a run stopped by a time limit keeps what it measured
+        table = markdown(results, latency, env, command)
+        write_results(args.out, "attention", env, command,
+                      {"latency": latency, "shapes": results}, table)
     print(table)
 
 
