@@ -96,12 +96,14 @@ def test_every_config_gpu(monkeypatch, N, D):
     """Every autotuning candidate, not only the winner, keeps to the rule."""
     qkv, do = _packed_inputs(3 * 4, N, 2, D, torch.bfloat16, seed=N + D)
     fwd0, bwd0 = launch.heuristic("fwd", N, D), launch.heuristic("bwd", N, D)
-    for fwd in launch.candidates("fwd", N, D, bh=3 * 2 * 4):
-        _force(monkeypatch, fwd, bwd0)
-        _assert_within_rule(qkv, do)
-    for bwd in launch.candidates("bwd", N, D):
-        _force(monkeypatch, fwd0, bwd)
-        _assert_within_rule(qkv, do)
+    pairs = [(fwd, bwd0) for fwd in launch.candidates("fwd", N, D, bh=3 * 2 * 4)]
+    pairs += [(fwd0, bwd) for bwd in launch.candidates("bwd", N, D)]
+    for fwd, bwd in pairs:
+        _force(monkeypatch, fwd, bwd)
+        try:
+            _assert_within_rule(qkv, do)
+        except Exception as err:  # name the candidate: a list entry that fails must go
+            raise AssertionError(f"forward {fwd} / backward {bwd}: {err}") from err
 
 
 @pytest.mark.parametrize("D", [8, 40, 96, 256])

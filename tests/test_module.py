@@ -28,9 +28,11 @@ def test_resolve_attention():
         resolve_attention("Flash", cuda=True)
 
 
-def optimizer_of(module: ViTModule, total_steps: int = 100, max_epochs: int = 10):
+def optimizer_of(module: ViTModule, total_steps: int = 100, max_epochs: int = 10,
+                 precision: str = "bf16-mixed"):
     """configure_optimizers() as the Trainer would call it for a run of total_steps."""
-    fake = SimpleNamespace(estimated_stepping_batches=total_steps, max_epochs=max_epochs)
+    fake = SimpleNamespace(estimated_stepping_batches=total_steps, max_epochs=max_epochs,
+                           precision=precision)
     with mock.patch.object(ViTModule, "trainer", new_callable=mock.PropertyMock, return_value=fake):
         out = module.configure_optimizers()
     return out["optimizer"], out["lr_scheduler"]["scheduler"]
@@ -127,17 +129,31 @@ def test_bad_compile_value_is_refused_before_building(tmp_path):
 
 
 def test_adamw_is_fused_on_cuda_only():
-    def fused(module, on):
+    def fused(module, on, precision="bf16-mixed"):
         with mock.patch.object(ViTModule, "device", new_callable=mock.PropertyMock, return_value=torch.device(on)):
-            return optimizer_of(module)[0].defaults.get("fused")
+            return optimizer_of(module, precision=precision)[0].defaults.get("fused")
 
     assert fused(make(), "cuda") is True
     assert not fused(make(), "cpu")
+    assert not fused(make(), "cuda", "16-mixed")  # fp16's scaler: clipping needs unscaled grads
     explicit = ViTModule("vit_micro_patch4_32", num_classes=10, attention="sdpa",
                          optimizer=partial(torch.optim.AdamW, lr=1e-3, fused=False))
     assert fused(explicit, "cuda") is False  # the config's choice stands
     sgd = ViTModule("vit_micro_patch4_32", num_classes=10, attention="sdpa", optimizer=partial(torch.optim.SGD, lr=0.1))
     assert fused(sgd, "cuda") is None
+
+
+def test_fused_optimizer_clips_gradients_itself():
+    """Lightning refuses to clip for a fused optimizer under mixed precision; without a
+    gradient scaler the module clips the true gradients itself, to the norm asked for."""
+    module = make()
+    for p in module.parameters():
+        p.grad = torch.full_like(p, 10.0)
+    opt = torch.optim.AdamW(module.parameters(), lr=1e-3)
+    opt.defaults["fused"] = True  # as configure_optimizers makes it on CUDA
+    module.configure_gradient_clipping(opt, gradient_clip_val=1.0, gradient_clip_algorithm="norm")
+    total = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in module.parameters()]))
+    assert total == pytest.approx(1.0, rel=1e-4)
 
 
 def loaders(n_train: int = 256, batch: int = 16) -> tuple[DataLoader, DataLoader]:

@@ -117,8 +117,10 @@ def candidates(op: str, n: int, d: int, bh: int = 1) -> list[Candidate]:
         if keys <= SHORT_FWD_MAX and keys * bd <= 256 * 128:
             out += [short_fwd(n, m, w) for m in (16, 32, 64, 128) for w in (4, 8)
                     if m <= max(16, _pow2(n)) and m * keys <= 128 * 160]
+            # pipelined: `st` copies of the Q, K, V tiles in shared memory; keep under ~160 KB
             out += [short_fwd(n, m, 4, g, st) for m in (32, 64) for g, st in ((4, 2), (8, 3))
-                    if m <= max(16, _pow2(n)) and bh % g == 0]
+                    if m <= max(16, _pow2(n)) and bh % g == 0
+                    and st * (m + 2 * keys) * bd * 2 <= 160 * 1024]
     elif op == "bwd":
         names = ("BLOCK_M1", "BLOCK_N1", "BLOCK_M2", "BLOCK_N2")
         if bd <= 64:
