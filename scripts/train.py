@@ -17,6 +17,7 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
+from vitflash.cli import run_session
 from vitflash.module import read_checkpoint
 
 log = logging.getLogger(__name__)
@@ -32,6 +33,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
         read_checkpoint(cfg.ckpt_path)  # a missing or corrupt file stops the run before any work
 
     datamodule = instantiate(cfg.data, _convert_="all")
+    datamodule.check_data()  # a missing dataset stops the run before pretrained weights are fetched
     module = instantiate(cfg.model, _convert_="all")
     callbacks = [instantiate(c, _convert_="all") for c in (cfg.get("callbacks") or {}).values()]
     loggers = [instantiate(c, _convert_="all") for c in (cfg.get("logger") or {}).values()]
@@ -53,7 +55,8 @@ def train(cfg: DictConfig) -> dict[str, float]:
 
 @hydra.main(version_base="1.3", config_path="../configs", config_name="train")
 def main(cfg: DictConfig) -> float | None:
-    metrics = train(cfg)
+    with run_session():  # quiet output; no run folder left by a run that fails at the start
+        metrics = train(cfg)
     return metrics.get("val/top1")  # the objective of a sweeper plugin
 
 

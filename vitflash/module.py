@@ -194,9 +194,11 @@ class ViTModule(L.LightningModule):
 
         total = int(self.trainer.estimated_stepping_batches)
         epochs = self.trainer.max_epochs if self.trainer.max_epochs and self.trainer.max_epochs > 0 else 1
-        warmup = min(round(hp.warmup_epochs * total / epochs), total - 1)
+        # A warmup longer than a short (debug) run is cut to half of it, leaving the cosine
+        # at least two steps (a one-step cosine is flat, and timm warns about it).
+        warmup = min(round(hp.warmup_epochs * total / epochs), total // 2)
         scheduler = CosineLRScheduler(
-            optimizer, t_initial=max(total - warmup, 1), lr_min=hp.min_lr, warmup_t=warmup,
+            optimizer, t_initial=max(total - warmup, 2), lr_min=hp.min_lr, warmup_t=warmup,
             warmup_lr_init=hp.warmup_lr, warmup_prefix=True, t_in_epochs=False,
         )
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}

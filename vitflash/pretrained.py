@@ -20,9 +20,12 @@ import json
 import math
 import os
 import pickle
+import socket
+import urllib.parse
 from collections.abc import Mapping
 from pathlib import Path
 
+import huggingface_hub
 import safetensors.torch
 import timm
 import torch
@@ -317,6 +320,24 @@ def _create_from_timm(
             f"timm's weights {full!r} are not on the Hugging Face hub ({cfg.get('url')}); "
             f"choose another tag, or convert them with timm and pass the file"
         )
+    # timm fetches model.safetensors (a hf_hub_filename of the cfg overrides it)
+    filename = cfg.get("hf_hub_filename") or "model.safetensors"
+    offline_hint = (
+        f"On a machine that is online, fetch {filename} of the hub repository {hub_id} "
+        f"(https://huggingface.co/{hub_id}/resolve/main/{filename}, or `huggingface-cli download "
+        f"{hub_id} {filename}`), copy it here and pass its path: "
+        f"model.pretrained=/path/to/{filename} (Python: create_model({name!r}, pretrained=path))"
+    )
+    if not huggingface_hub.constants.HF_HUB_OFFLINE:
+        cached = huggingface_hub.try_to_load_from_cache(hub_id, filename)
+        if isinstance(cached, str):
+            # timm reads the hub's cached copy (a plain state dict): no request at all
+            cfg.update(file=cached, custom_load=False)
+        elif not _hub_reachable():
+            raise RuntimeError(
+                f"cannot reach the Hugging Face hub ({huggingface_hub.constants.ENDPOINT}) to fetch "
+                f"timm weights {full!r}, and they are not in its cache. {offline_hint}"
+            )
     kwargs = {"num_classes": cfg["num_classes"], "img_size": cfg["input_size"][-1]}
     kwargs.update(sizes, **overrides)
     model = build_model(name, attention, **kwargs)
@@ -327,13 +348,23 @@ def _create_from_timm(
     except Exception as e:
         raise RuntimeError(
             f"could not fetch timm weights {full!r} from the Hugging Face hub "
-            f"({type(e).__name__}: {e}). If this machine is offline, download "
-            f"model.safetensors from https://huggingface.co/{hub_id} on a machine that is "
-            f"online, copy it here and pass its path: "
-            f"create_model({name!r}, pretrained='path/to/model.safetensors')"
+            f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}). {offline_hint}"
         ) from e
     model.pretrained_cfg = {k: v for k, v in cfg.items() if k != "state_dict"}
     return model
+
+
+def _hub_reachable(timeout: float = 2.0) -> bool:
+    """Whether a TCP connection to the hub's host opens within `timeout` seconds (nothing is
+    sent). Without it, timm's fetch through huggingface_hub retries an unreachable hub for
+    about 50 s (five retries for model.safetensors, five for pytorch_model.bin)."""
+    url = urllib.parse.urlsplit(huggingface_hub.constants.ENDPOINT)
+    port = url.port or (443 if url.scheme == "https" else 80)
+    try:
+        socket.create_connection((url.hostname, port), timeout=timeout).close()
+    except OSError:
+        return False
+    return True
 
 
 # ---------------------------------------------------------------------------------------
