@@ -1,5 +1,6 @@
 """scripts/train.py and scripts/eval.py end to end on the CPU: every attention path that runs
-here, real CIFAR-10 images, resume, evaluation, errors, DDP over gloo and a multirun sweep."""
+here, real CIFAR-10 images, resume, evaluation, errors, DDP over gloo (a multirun sweep:
+test_report.py)."""
 from __future__ import annotations
 
 import csv
@@ -180,7 +181,7 @@ def test_corrupt_checkpoint(cifar_run, tmp_path):
 
 
 # --------------------------------------------------------------------------------------
-# Processes: DDP over gloo, a multirun sweep
+# Processes: DDP over gloo
 
 
 def test_ddp_two_processes_on_cpu(tmp_path):
@@ -192,29 +193,3 @@ def test_ddp_two_processes_on_cpu(tmp_path):
     assert "Starting with 2 processes" in result.stderr + result.stdout
     ckpt = torch.load(tmp_path / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
     assert ckpt["global_step"] == 256 // (32 * 2)  # each process saw half of the images
-
-
-def test_multirun_sweeps_attention(tmp_path):
-    result = run_cli("train", "-m", "attention=naive,sdpa", *SMOKE, "debug=default", f"hydra.sweep.dir={tmp_path}")
-    assert result.returncode == 0, result.stderr[-3000:]
-    for job, attention in ((0, "naive"), (1, "sdpa")):
-        assert f"attention={attention}" in (tmp_path / str(job) / ".hydra" / "overrides.yaml").read_text()
-        assert read_metrics(tmp_path / str(job) / "csv" / "metrics.csv", "test/top1")
-
-    # scripts/report.py puts the two jobs side by side, one row each, with their own figures.
-    report = load_script("report")
-    table = report.main([str(tmp_path), "--out", str(tmp_path / "report.md")])
-    assert (tmp_path / "report.md").read_text() == table
-    rows = [line for line in table.splitlines()[2:] if line.startswith("|")]
-    assert len(rows) == 2
-    for job, attention in ((0, "naive"), (1, "sdpa")):
-        top1 = read_metrics(tmp_path / str(job) / "csv" / "metrics.csv", "test/top1")[-1][2]
-        cells = [c.strip() for c in rows[job].strip("|").split("|")]
-        assert cells[0] == str(job) and f"attention={attention}" in cells[1]
-        assert cells[4] == f"{100 * top1:.2f}%"
-
-
-def test_report_names_a_folder_without_runs(tmp_path):
-    result = run_cli("report", str(tmp_path))
-    assert result.returncode != 0
-    assert "holds no training run" in result.stderr and "csv/metrics.csv" in result.stderr
