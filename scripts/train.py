@@ -18,7 +18,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig
 
 from vitflash.cli import run_session
-from vitflash.module import read_checkpoint
+from vitflash.pretrained import read_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +30,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
         L.seed_everything(cfg.seed, workers=True)
     torch.set_float32_matmul_precision(cfg.matmul_precision)
     if cfg.get("ckpt_path"):
-        read_checkpoint(cfg.ckpt_path)  # a missing or corrupt file stops the run before any work
+        read_checkpoint(cfg.ckpt_path, training=True)  # a missing or corrupt file stops the run before any work
 
     datamodule = instantiate(cfg.data, _convert_="all")
     datamodule.check_data()  # a missing dataset stops the run before pretrained weights are fetched

@@ -202,6 +202,14 @@ def test_export_from_a_model_and_the_cli(tmp_path, capsys):
     b = safetensors.torch.load_file(str(tmp_path / "b.safetensors"))
     assert a.keys() == b.keys() == model.state_dict().keys()
     assert all(torch.equal(a[k], b[k]) for k in a)
+    # created like any file, with the user's umask (safetensors' save_file gives 0600)
+    old_umask = os.umask(0o022)
+    try:
+        export_timm(model, tmp_path / "c.safetensors")
+    finally:
+        os.umask(old_umask)
+    assert (tmp_path / "c.safetensors").stat().st_mode & 0o777 == 0o644
+    assert safetensors.torch.load_file(str(tmp_path / "c.safetensors")).keys() == a.keys()
 
 
 def test_read_checkpoint_unwraps_lightning_and_reports_hyper_parameters(tmp_path):

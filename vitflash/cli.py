@@ -8,13 +8,16 @@
 `run_session` hides the messages a user cannot act on (each filter below says why it is
 safe), prints vitflash's own log lines from rank zero only under DDP, and removes the run
 folder Hydra made when the run fails before it has written any result. `ModelSummary` is
-Lightning's model summary without the FLOPs column it cannot fill for this model.
+Lightning's model summary without the FLOPs column it cannot fill for this model;
+`host_peak_rss_gib` is the host memory figure eval.py prints.
 """
 from __future__ import annotations
 
 import contextlib
 import logging
+import resource
 import shutil
+import sys
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -93,6 +96,13 @@ def run_session() -> Iterator[None]:
     except BaseException:
         remove_empty_run_folder()
         raise
+
+
+def host_peak_rss_gib() -> float:
+    """Peak resident memory of this process so far, in GiB: the whole process (Python,
+    model, data in memory), the host-side figure eval.py reports next to GPU memory."""
+    kib_or_bytes = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return kib_or_bytes / (2**30 if sys.platform == "darwin" else 2**20)  # bytes on macOS, KiB on Linux
 
 
 class ModelSummary(_LightningModelSummary):

@@ -26,7 +26,7 @@ from torchmetrics.classification import MulticlassAccuracy
 
 import vitflash
 from vitflash.ops import ATTENTION_IMPLS
-from vitflash.pretrained import load_file
+from vitflash.pretrained import read_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -208,22 +208,13 @@ class ViTModule(L.LightningModule):
         scheduler.step_update(num_updates=self.global_step)
 
 
-def read_checkpoint(path: str | Path) -> dict:
-    """A checkpoint written by scripts/train.py, loaded on the CPU (vitflash.pretrained reads
-    the file; missing, corrupt and foreign files get errors that say what to do)."""
-    ckpt = load_file(path)
-    if not isinstance(ckpt, dict) or "state_dict" not in ckpt or "model_name" not in ckpt.get("hyper_parameters", {}):
-        raise ValueError(f"{path} is not a checkpoint of scripts/train.py: it has no ViTModule hyper-parameters")
-    return ckpt
-
-
 def load_checkpoint(path: str | Path, attention: str | None = None) -> ViTModule:
     """A ViTModule with the weights of checkpoint `path`; `attention` overrides the path it
     was trained with. Pretrained weights are not fetched again (the checkpoint has them)."""
-    ckpt = read_checkpoint(path)
-    hparams = {**ckpt["hyper_parameters"], "pretrained": None}
+    state_dict, hparams = read_checkpoint(path, training=True)
+    hparams = {**hparams, "pretrained": None}
     if attention is not None:
         hparams["attention"] = attention
     module = ViTModule(**hparams)
-    module.load_state_dict(ckpt["state_dict"])
+    module.model.load_state_dict(state_dict)  # the network's weights: the module's other state is not saved
     return module

@@ -52,15 +52,25 @@ class CheckpointError(ValueError):
 # Reading files
 
 
-def read_checkpoint(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], dict]:
+def read_checkpoint(
+    path: str | os.PathLike, training: bool = False
+) -> tuple[dict[str, torch.Tensor], dict]:
     """Read a checkpoint file into (state_dict with timm/vitflash names, hyper_parameters).
 
     Accepts .safetensors and torch.save files holding a state dict, a {"state_dict": ...}
     or {"model": ...} dict, or a Lightning checkpoint (keys `model.*` of its state_dict are
     the network; `hyper_parameters` is returned, {} when absent). DDP/torch.compile
-    prefixes are removed with timm's `clean_state_dict`.
+    prefixes are removed with timm's `clean_state_dict`. With `training`, the file must be
+    a checkpoint of scripts/train.py (a Lightning checkpoint with the ViTModule's
+    hyper-parameters), as resuming and scripts/eval.py need.
     """
     obj = load_file(path)
+    if training and not (isinstance(obj, Mapping) and "state_dict" in obj
+                         and "model_name" in (obj.get("hyper_parameters") or {})):
+        raise CheckpointError(
+            f"{path} is not a checkpoint of scripts/train.py (it has no ViTModule "
+            "hyper-parameters): pass <run>/checkpoints/last.ckpt or the best .ckpt of a run; "
+            "plain weights go to model.pretrained=")
     hparams: dict = {}
     if isinstance(obj, nn.Module):
         obj = obj.state_dict()
@@ -425,7 +435,9 @@ def export_timm(
     tensors = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
     metadata = {"format": "pt", "vitflash_model": model.preset or "", "timm_model": arch_name,
                 "timm_kwargs": json.dumps(kwargs)}  # fmt: skip
-    safetensors.torch.save_file(tensors, str(out), metadata=metadata)
+    # safetensors' save_file writes through a private temporary file and keeps its mode
+    # (0600); a plain write creates the file as any other, with the user's umask.
+    out.write_bytes(safetensors.torch.save(tensors, metadata=metadata))
     c = model.config
     # Some timm default tags point at .npz files read by a custom loader (custom_load); the
     # overlay must switch it off, or timm would read the .safetensors file as an .npz.
