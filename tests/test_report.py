@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from test_train import load_script, read_metrics, run_cli
+from test_train import assert_quiet, load_script, read_metrics, run_cli
 
 report = load_script("report")
 SWEEP = ["data=synthetic", "logger=csv", "trainer=cpu", "debug=default"]  # 1 epoch of 4 batches
@@ -20,6 +20,7 @@ def sweep(tmp_path_factory) -> tuple[Path, Path]:
     root = tmp_path_factory.mktemp("sweep")
     result = run_cli("train", "-m", "attention=sdpa,naive", *SWEEP, f"hydra.sweep.dir={root / 'sweep'}")
     assert result.returncode == 0, result.stderr[-3000:]
+    assert_quiet(result.stderr + result.stdout)
     # the resume repeats the job's overrides and points ckpt_path into its folder
     result = run_cli("train", "attention=naive", *SWEEP, "trainer.max_epochs=2",
                      f"ckpt_path={root / 'sweep' / '1' / 'checkpoints' / 'last.ckpt'}", f"hydra.run.dir={root / 'resumed'}")

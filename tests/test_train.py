@@ -47,6 +47,14 @@ def read_metrics(path: Path, column: str) -> list[tuple[int, int, float]]:
 
 
 SMOKE = ["data=synthetic", "logger=csv", "trainer=cpu"]
+# Lines Lightning, torch and timm print on every run that a user can do nothing about
+NOISE = ("Tip:", "LeafSpec", "Total Flops", "FLOPs", "Cosine annealing scheduler will have no effect",
+         "sync_dist", "DistributedSampler", "Warning", "warn")
+
+
+def assert_quiet(output: str) -> None:
+    noisy = [line for line in output.splitlines() if any(n in line for n in NOISE)]
+    assert not noisy, noisy
 
 
 @pytest.mark.parametrize("attention", ["naive", "sdpa"])
@@ -65,8 +73,9 @@ def test_fast_dev_run_on_each_cpu_path(tmp_path, monkeypatch, attention):
 def test_flash_without_cuda_stops_at_start(tmp_path):
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA, where attention=flash runs")
-    result = run_cli("train", *SMOKE, "debug=fdr", "attention=flash", f"hydra.run.dir={tmp_path}")
+    result = run_cli("train", *SMOKE, "debug=fdr", "attention=flash", f"hydra.run.dir={tmp_path / 'run'}")
     assert result.returncode != 0
+    assert not (tmp_path / "run").exists()  # a run that fails at the start leaves no folder
     assert "attention=flash needs a CUDA GPU" in result.stderr
     assert all(f"attention={alt}" in result.stderr for alt in ("sdpa", "naive", "auto"))
 
@@ -192,5 +201,8 @@ def test_ddp_two_processes_on_cpu(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     assert "distributed_backend=gloo" in result.stderr + result.stdout
     assert "Starting with 2 processes" in result.stderr + result.stdout
+    # nothing a user cannot act on, and each line once, not once per process
+    assert_quiet(result.stderr + result.stdout)
+    assert (result.stderr + result.stdout).count("best checkpoint") == 1
     ckpt = torch.load(tmp_path / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
     assert ckpt["global_step"] == 256 // (32 * 2)  # each process saw half of the images
