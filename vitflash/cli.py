@@ -28,7 +28,7 @@ from lightning.pytorch.utilities import rank_zero_only
 
 # Messages Lightning and torch print on every run that say nothing about the user's run.
 _IGNORED_WARNINGS = (
-    # Lightning 2.6 calls a torch pytree API that torch 2.10+ deprecates: Lightning's to fix.
+    # Lightning 2.6 calls a torch pytree API that newer torch deprecates: Lightning's to fix.
     r".*isinstance\(treespec, LeafSpec\)",
     # train/loss is logged per step and averaged per epoch on each process; syncing it
     # would cost an all-reduce every step. The top-1/top-5 metrics are torchmetrics, which
@@ -44,8 +44,6 @@ _IGNORED_INFO = ("💡 Tip:",)
 # Files Hydra writes into a run folder before the run starts; a folder holding nothing else
 # has no result in it.
 _HYDRA_BOOKKEEPING = {".hydra", "train.log", "eval.log"}
-
-log = logging.getLogger(__name__)
 
 
 class _DropLines(logging.Filter):
@@ -65,7 +63,7 @@ def quiet() -> None:
     drop = _DropLines()
     # Lightning logs through its own handler (it does not propagate); everything else
     # (vitflash, __main__, timm) reaches the root handlers Hydra installs.
-    for logger in (logging.getLogger(), logging.getLogger("lightning.pytorch"), logging.getLogger("lightning.fabric")):
+    for logger in (logging.getLogger(), logging.getLogger("lightning.pytorch")):
         for handler in logger.handlers:
             if not any(isinstance(f, _DropLines) for f in handler.filters):
                 handler.addFilter(drop)
