@@ -18,7 +18,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig
 
 from vitflash.cli import run_session
-from vitflash.pretrained import read_checkpoint
+from vitflash.module import read_checkpoint
 
 log = logging.getLogger(__name__)
 

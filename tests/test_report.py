@@ -11,7 +11,8 @@ import pytest
 from test_train import assert_quiet, load_script, read_metrics, run_cli
 
 report = load_script("report")
-SWEEP = ["data=synthetic", "logger=csv", "trainer=cpu", "debug=default"]  # 1 epoch of 4 batches
+# 1 epoch of 4 batches; the default trainer (CPU here), whose precision is ${if_cuda:...}
+SWEEP = ["data=synthetic", "logger=csv", "debug=default"]
 
 
 @pytest.fixture(scope="module")
