@@ -27,10 +27,11 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(autouse=True)
-def hub_offline(monkeypatch):
-    """No test may reach the hub: a fetch fails at once instead of retrying for ~47 s."""
+def hub_offline(monkeypatch, tmp_path_factory):
+    """No test may reach the hub (a fetch fails at once) or read this machine's hub cache."""
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path_factory.mktemp("hub_cache")))
 
 
 def _perturb_(model: torch.nn.Module, seed: int) -> torch.nn.Module:
@@ -232,6 +233,8 @@ def test_timm_tag_goes_through_timms_hub_loader(monkeypatch):
         return {k: v.clone() for k, v in source.state_dict().items()}
 
     monkeypatch.setattr(timm.models._builder, "load_state_dict_from_hf", fake_hub_download)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)  # the hub is faked:
+    monkeypatch.setattr(vitflash.pretrained, "_hub_reachable", lambda: True)  # no traffic
     full = vitflash.create_model("vit_tiny_patch16_224", pretrained="augreg_in21k", depth=1)
     tuned = vitflash.create_model("vit_tiny_patch16_224", depth=1, num_classes=10,
                                   pretrained="vit_tiny_patch16_224.augreg_in21k")  # fmt: skip
@@ -301,7 +304,7 @@ def test_timm_tag_offline_says_how_to_pass_a_file():
     with pytest.raises(RuntimeError) as e:
         vitflash.create_model("vit_tiny_patch16_224", pretrained="augreg_in21k_ft_in1k", depth=1)
     msg = str(e.value)
-    assert "could not fetch timm weights 'vit_tiny_patch16_224.augreg_in21k_ft_in1k'" in msg
+    assert "HF_HUB_OFFLINE is set and timm weights 'vit_tiny_patch16_224.augreg_in21k_ft_in1k'" in msg
     assert "huggingface.co/timm/vit_tiny_patch16_224.augreg_in21k_ft_in1k" in msg
     assert "model.pretrained=/path/to/model.safetensors" in msg
     assert msg.count("\n") == 0  # one line, not the hub's multi-line explanation

@@ -338,16 +338,14 @@ def _create_from_timm(
         f"{hub_id} {filename}`), copy it here and pass its path: "
         f"model.pretrained=/path/to/{filename} (Python: create_model({name!r}, pretrained=path))"
     )
-    if not huggingface_hub.constants.HF_HUB_OFFLINE:
-        cached = huggingface_hub.try_to_load_from_cache(hub_id, filename)
-        if isinstance(cached, str):
-            # timm reads the hub's cached copy (a plain state dict): no request at all
-            cfg.update(file=cached, custom_load=False)
-        elif not _hub_reachable():
-            raise RuntimeError(
-                f"cannot reach the Hugging Face hub ({huggingface_hub.constants.ENDPOINT}) to fetch "
-                f"timm weights {full!r}, and they are not in its cache. {offline_hint}"
-            )
+    cached = huggingface_hub.try_to_load_from_cache(hub_id, filename)
+    if isinstance(cached, str):
+        # timm reads the hub's cached copy (a plain state dict): no request at all
+        cfg.update(file=cached, custom_load=False)
+    elif huggingface_hub.constants.HF_HUB_OFFLINE or not _hub_reachable():
+        why = ("HF_HUB_OFFLINE is set" if huggingface_hub.constants.HF_HUB_OFFLINE
+               else f"cannot reach the Hugging Face hub ({huggingface_hub.constants.ENDPOINT})")
+        raise RuntimeError(f"{why} and timm weights {full!r} are not in the hub's local cache. {offline_hint}")
     kwargs = {"num_classes": cfg["num_classes"], "img_size": cfg["input_size"][-1]}
     kwargs.update(sizes, **overrides)
     model = build_model(name, attention, **kwargs)
