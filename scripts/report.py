@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import os
 import re
 import statistics
 import sys
@@ -198,7 +199,7 @@ def summarize(pieces: list[Path], targets: tuple[float, ...] = ()) -> tuple[dict
     times = _values(rows, "train/time")
     summary = {
         "run": pieces[0].name,
-        "pieces": [str(p) for p in pieces],
+        "pieces": [os.path.relpath(p) for p in pieces],  # relative: the report may be committed
         "dataset": choices.get("data", (config.get("data") or {}).get("name", "n/a")),
         "model": (config.get("model") or {}).get("model_name"),
         "attention": _attention(last, config),

@@ -63,7 +63,8 @@ def test_report_joins_the_resumed_run_and_reads_back(sweep, tmp_path):
     assert sorted(by_attention) == ["naive", "sdpa"]  # job 1 and its resume are one run
 
     sdpa, naive = by_attention["sdpa"], by_attention["naive"]
-    assert naive["pieces"] == [str(jobs / "1"), str(resumed)] and sdpa["pieces"] == [str(jobs / "0")]
+    assert [Path(p).resolve() for p in naive["pieces"]] == [(jobs / "1").resolve(), resumed.resolve()]
+    assert [Path(p).resolve() for p in sdpa["pieces"]] == [(jobs / "0").resolve()]
     assert (sdpa["epochs"], naive["epochs"]) == (1, 2)  # the test row (logged at epoch=1) is not an epoch
     assert sdpa["dataset"] == naive["dataset"] == "synthetic"
     assert sdpa["test_top1"] == _last(jobs / "0", "test/top1")
