@@ -17,6 +17,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
+from vitflash.cli import host_peak_rss_gib, run_session
 from vitflash.module import load_checkpoint
 
 log = logging.getLogger(__name__)
@@ -52,6 +53,7 @@ def evaluate(cfg: DictConfig) -> dict:
         "top5": metrics[prefix + "top5"],
         "loss": metrics[prefix + "loss"],
         "peak_mem_gib": torch.cuda.max_memory_allocated(trainer.strategy.root_device) / 2**30 if on_cuda else None,
+        "host_peak_rss_gib": host_peak_rss_gib(),  # the process's peak RSS, on CPU and GPU alike
     }
     if HydraConfig.initialized():
         out = Path(HydraConfig.get().runtime.output_dir) / "eval.json"
@@ -63,7 +65,8 @@ def evaluate(cfg: DictConfig) -> dict:
 
 @hydra.main(version_base="1.3", config_path="../configs", config_name="eval")
 def main(cfg: DictConfig) -> None:
-    evaluate(cfg)
+    with run_session():  # quiet output; no run folder left by a run that fails at the start
+        evaluate(cfg)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Export a vitflash or Lightning checkpoint as a .safetensors file that timm loads.
 
-    python scripts/export_timm.py logs/train/.../checkpoints/last.ckpt --out vit.safetensors
+    python scripts/export_timm.py outputs/train/runs/<time>/checkpoints/last.ckpt --out vit.safetensors
     python scripts/export_timm.py weights.pth --model vit_small_patch4_32 --out vit.safetensors
 
 Prints the `timm.create_model(...)` call that loads the file and gives the same logits.

@@ -1,16 +1,31 @@
-"""Compare training runs side by side: accuracy, throughput and peak memory per run.
+"""Compare training runs: accuracy, throughput, memory and time, as a table, JSON and plots.
 
-    python scripts/train.py -m attention=flash,naive trainer=gpu      # one job per path
-    python scripts/report.py outputs/train/multiruns/<time>           # -> a markdown table
+    python scripts/train.py -m attention=flash,sdpa,naive trainer=gpu      # one job per path
+    python scripts/report.py outputs/train/multiruns/<time> --out report --plot --targets 0.9 0.93
 
-Takes run folders of scripts/train.py, or sweep folders holding them (one subfolder per
-job), reads each run's overrides (.hydra/overrides.yaml) and its CSVLogger metrics
-(csv/metrics.csv), prints one row per run and, with --out, writes the table to a file.
+Takes run folders of scripts/train.py, or folders holding them (a sweep's jobs, a task's
+runs/). Reads each run's config (.hydra/) and its CSVLogger metrics (csv/metrics.csv).
+A run continued by `ckpt_path=<earlier run>/checkpoints/last.ckpt` lives in a new folder:
+the report follows ckpt_path back through the earlier folders and joins the pieces into
+one run (training time and curves continue; the earlier folders need not be listed).
+
+Prints the markdown table. With --out DIR it writes DIR/report.md, DIR/summary.json (one
+row per run: run, dataset, model, attention, epochs, best_val_top1, test_top1, test_top5,
+img_per_s, peak_gib, train_wall_s, time_to_top1) and DIR/curves.csv (per epoch: training
+time, train loss, val loss and top-1); --plot adds curves.png (train loss and val top-1 per
+run, overlaid), speed_memory.png (bars of train img/s and peak GPU memory) and
+time_to_accuracy.png (val top-1 against training time).
+
+Times are Lightning's ThroughputMonitor `train/time`: training only (validation excluded),
+up to the last logged step (trainer.log_every_n_steps).
 """
 from __future__ import annotations
 
 import argparse
 import csv
+import json
+import os
+import re
 import statistics
 import sys
 from pathlib import Path
@@ -18,8 +33,15 @@ from pathlib import Path
 import yaml
 
 METRICS_FILE = Path("csv") / "metrics.csv"
-COLUMNS = ("run", "overrides", "epochs", "best val/top1", "test/top1", "test/top5",
-           "train img/s (median)", "peak GiB")
+CURVE_FIELDS = ("run", "epoch", "step", "train_time_s", "train_loss", "val_loss", "val_top1")
+
+
+class ReportError(Exception):
+    """Input the report cannot use; the message says what to pass instead."""
+
+
+# ---------------------------------------------------------------------------------------
+# Finding runs and the pieces of resumed runs
 
 
 def find_runs(paths: list[Path]) -> list[Path]:
@@ -27,79 +49,315 @@ def find_runs(paths: list[Path]) -> list[Path]:
     runs = []
     for path in paths:
         if (path / METRICS_FILE).is_file():
-            runs.append(path)
+            runs.append(path.resolve())
             continue
         jobs = sorted((p for p in path.iterdir() if (p / METRICS_FILE).is_file()),
                       key=lambda p: (len(p.name), p.name)) if path.is_dir() else []
         if not jobs:
-            raise FileNotFoundError(
+            raise ReportError(
                 f"{path} holds no training run: expected {METRICS_FILE} in it or in its "
                 "subfolders (run folders of scripts/train.py with logger=csv)")
-        runs.extend(jobs)
+        runs.extend(p.resolve() for p in jobs)
     return runs
 
 
-def _column(rows: list[dict], name: str) -> list[float]:
-    return [float(r[name]) for r in rows if r.get(name)]
+def _yaml(path: Path):
+    return yaml.safe_load(path.read_text()) if path.is_file() else None
 
 
-def summarize(run: Path) -> dict:
-    """One run's figures; a figure the run did not log is None."""
+def resumed_from(run: Path, known: list[Path]) -> Path | None:
+    """The run folder whose checkpoint `run` resumed from (its ckpt_path), or None.
+
+    ckpt_path is as typed on the command line: absolute, or relative to where train.py ran;
+    a relative one that does not resolve from here is matched against `known` folders by
+    its last two parts (e.g. runs/<time>)."""
+    ckpt = (_yaml(run / ".hydra" / "config.yaml") or {}).get("ckpt_path")
+    if not ckpt:
+        return None
+    folder = Path(ckpt).parent.parent  # <run>/checkpoints/<file>.ckpt
+    if (folder / METRICS_FILE).is_file():
+        return folder.resolve()
+    tail = folder.parts[-2:]
+    return next((k for k in known if k.parts[-len(tail):] == tail), None)
+
+
+def chains(runs: list[Path]) -> list[list[Path]]:
+    """One list per run, its pieces oldest first; a folder another listed run resumed from
+    is a piece of that run, not a run of its own."""
+    earlier = {}
+    for run in runs:
+        folder, seen = run, {run}
+        while (prev := resumed_from(folder, runs)) is not None and prev not in seen:
+            earlier[folder] = prev
+            seen.add(prev)
+            folder = prev
+    continued = set(earlier.values())
+    result = []
+    for run in runs:
+        if run in continued:
+            continue
+        pieces = [run]
+        while pieces[0] in earlier:
+            pieces.insert(0, earlier[pieces[0]])
+        result.append(pieces)
+    return result
+
+
+# ---------------------------------------------------------------------------------------
+# One run's figures
+
+
+def _float(value: str | None) -> float | None:
+    return float(value) if value not in (None, "") else None
+
+
+def _read_rows(run: Path) -> list[dict]:
     with (run / METRICS_FILE).open() as f:
-        rows = list(csv.DictReader(f))
-    overrides_file = run / ".hydra" / "overrides.yaml"
-    overrides = yaml.safe_load(overrides_file.read_text()) if overrides_file.is_file() else []
+        return [{k: _float(v) for k, v in row.items()} for row in csv.DictReader(f)]
 
-    def last(name):
-        values = _column(rows, name)
-        return values[-1] if values else None
 
-    val = _column(rows, "val/top1")
-    speed = _column(rows, "train/device/samples_per_sec")
-    peak = _column(rows, "train/peak_mem_gib") + _column(rows, "test/peak_mem_gib")
-    epochs = _column(rows, "epoch")
-    return {
-        "run": run.name,
-        "overrides": " ".join(o for o in overrides or [] if not o.startswith("hydra.")),
+def _values(rows: list[dict], name: str) -> list[float]:
+    return [r[name] for r in rows if r.get(name) is not None]
+
+
+def _join(pieces: list[Path]) -> list[dict]:
+    """The metrics rows of all pieces as one run: a piece's rows replace the earlier pieces'
+    from its first step on, and its `train/time` continues the earlier pieces' clock."""
+    joined: list[dict] = []
+    for piece in pieces:
+        rows = _read_rows(piece)
+        # the first training step of this piece (the throughput rows of validation and
+        # test count their own steps from 1)
+        start = min((r["step"] for r in rows if r.get("train/loss_step") is not None
+                     or r.get("train/time") is not None), default=0)
+        joined = [r for r in joined if r.get("step") is not None and r["step"] < start]
+        offset = max(_values(joined, "train/time"), default=0.0)
+        for r in rows:
+            if r.get("train/time") is not None:
+                r["train/time"] += offset
+        joined += rows
+    return joined
+
+
+def _attention(run: Path, config: dict) -> str:
+    """The attention path the run used: attention=auto is settled when training starts,
+    and vitflash.module logs the choice ("attention=auto -> sdpa") to <run>/train.log."""
+    chosen = (config.get("model") or {}).get("attention", "n/a")
+    log = run / "train.log"
+    if chosen == "auto" and log.is_file():
+        found = re.search(r"attention=auto -> (\w+)", log.read_text())
+        if found:
+            return found.group(1)
+    return chosen
+
+
+def _time_at(rows: list[dict], step: float) -> float | None:
+    """Training time at the last logged step <= `step`."""
+    times = [(r["step"], r["train/time"]) for r in rows if r.get("train/time") is not None and r["step"] <= step]
+    return max(times)[1] if times else None
+
+
+def _img_per_s(rows: list[dict], pieces: list[Path]) -> float | None:
+    """Median of the ThroughputMonitor's windows (all processes under DDP); for runs too
+    short to fill a window (debug runs), samples over time between the first and last
+    logged step of each piece, per process."""
+    for name in ("train/samples_per_sec", "train/device/samples_per_sec"):
+        if values := _values(rows, name):
+            return statistics.median(values)
+    samples = seconds = 0.0
+    for piece in pieces:
+        logged = [(r["train/time"], r["train/samples"]) for r in _read_rows(piece)
+                  if r.get("train/time") is not None and r.get("train/samples") is not None]
+        if len(logged) >= 2:
+            samples += logged[-1][1] - logged[0][1]
+            seconds += logged[-1][0] - logged[0][0]
+    return samples / seconds if seconds > 0 else None
+
+
+def summarize(pieces: list[Path], targets: tuple[float, ...] = ()) -> tuple[dict, list[dict]]:
+    """(summary row, per-epoch curve rows) of one run made of `pieces` (oldest first)."""
+    last = pieces[-1]
+    config = _yaml(last / ".hydra" / "config.yaml") or {}
+    choices = ((_yaml(last / ".hydra" / "hydra.yaml") or {}).get("hydra") or {}).get("runtime", {}).get("choices", {})
+    overrides = _yaml(last / ".hydra" / "overrides.yaml") or []
+    rows = _join(pieces)
+
+    # The test split is scored after fitting, in a row of its own logged at epoch = the
+    # epoch count: only training rows say how many epochs ran.
+    epochs = _values([r for r in rows if r.get("train/loss_epoch") is not None], "epoch")
+    curves = []
+    for r in rows:
+        if r.get("val/top1") is None:
+            continue
+        train_loss = next((t["train/loss_epoch"] for t in rows
+                           if t.get("train/loss_epoch") is not None and t.get("epoch") == r["epoch"]), None)
+        curves.append({"run": pieces[0].name, "epoch": int(r["epoch"]), "step": int(r["step"]),
+                       "train_time_s": _time_at(rows, r["step"]), "train_loss": train_loss,
+                       "val_loss": r.get("val/loss"), "val_top1": r["val/top1"]})
+    tests = [r for r in rows if r.get("test/top1") is not None]
+    peak = _values(rows, "train/peak_mem_gib") + _values(rows, "test/peak_mem_gib")
+    times = _values(rows, "train/time")
+    summary = {
+        "run": pieces[0].name,
+        "pieces": [os.path.relpath(p) for p in pieces],  # relative: the report may be committed
+        "dataset": choices.get("data", (config.get("data") or {}).get("name", "n/a")),
+        "model": (config.get("model") or {}).get("model_name"),
+        "attention": _attention(last, config),
+        "overrides": " ".join(o for o in overrides if not o.startswith(("hydra.", "ckpt_path="))),
         "epochs": int(max(epochs)) + 1 if epochs else None,
-        "best val/top1": max(val) if val else None,
-        "test/top1": last("test/top1"),
-        "test/top5": last("test/top5"),
-        "train img/s (median)": statistics.median(speed) if speed else None,
-        "peak GiB": max(peak) if peak else None,
+        "best_val_top1": max((c["val_top1"] for c in curves), default=None),
+        "test_top1": tests[-1]["test/top1"] if tests else None,
+        "test_top5": tests[-1].get("test/top5") if tests else None,
+        "img_per_s": _img_per_s(rows, pieces),
+        "peak_gib": max(peak) if peak else None,
+        "train_wall_s": max(times) if times else None,
+        "time_to_top1": {
+            f"{t:g}": min((c["train_time_s"] for c in curves
+                           if c["val_top1"] >= t and c["train_time_s"] is not None), default=None)
+            for t in targets
+        },
     }
+    return summary, curves
+
+
+# ---------------------------------------------------------------------------------------
+# Output
+
+
+def _fmt(value, kind: str) -> str:
+    if value is None:
+        return "n/a"
+    if kind == "pct":
+        return f"{100 * value:.2f}%"
+    if kind == "int":
+        return f"{value:,.0f}"
+    if kind == "gib":
+        return f"{value:.2f}"
+    if kind == "s":
+        return f"{value:,.1f}"
+    return str(value)
 
 
 def markdown(summaries: list[dict]) -> str:
-    def fmt(key, value):
-        if value is None:
-            return "n/a"
-        if key.endswith("top1") or key.endswith("top5"):
-            return f"{100 * value:.2f}%"
-        if key == "train img/s (median)":
-            return f"{value:,.0f}"
-        if key == "peak GiB":
-            return f"{value:.2f}"
-        return str(value)
-
-    lines = ["| " + " | ".join(COLUMNS) + " |", "|---" * len(COLUMNS) + "|"]
-    lines += ["| " + " | ".join(fmt(k, s[k]) for k in COLUMNS) + " |" for s in summaries]
+    """The summary rows as a markdown table."""
+    columns = [("run", "run", ""), ("dataset", "dataset", ""), ("model", "model", ""),
+               ("attention", "attention", ""), ("epochs", "epochs", ""),
+               ("best val top-1", "best_val_top1", "pct"), ("test top-1", "test_top1", "pct"),
+               ("test top-5", "test_top5", "pct"), ("train img/s", "img_per_s", "int"),
+               ("peak GiB", "peak_gib", "gib"), ("train time (s)", "train_wall_s", "s")]
+    targets = summaries[0]["time_to_top1"] if summaries else {}
+    lines = ["| " + " | ".join([c[0] for c in columns] + [f"time to {100 * float(t):g}% (s)" for t in targets]
+                               + ["overrides"]) + " |"]
+    lines.append("|---" * (len(columns) + len(targets) + 1) + "|")
+    for s in summaries:
+        cells = [_fmt(s[key], kind) for _, key, kind in columns]
+        cells += [_fmt(s["time_to_top1"][t], "s") for t in targets]
+        cells.append(s["overrides"] or "(defaults)")
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
-def main(argv: list[str] | None = None) -> str:
+def _label(summary: dict, summaries: list[dict]) -> str:
+    attentions = [s["attention"] for s in summaries]
+    return summary["attention"] if attentions.count(summary["attention"]) == 1 else f"{summary['run']} ({summary['attention']})"
+
+
+def plot(summaries: list[dict], curves: list[dict], out: Path) -> list[Path]:
+    """Write curves.png, speed_memory.png and time_to_accuracy.png into `out`."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, no display
+    import matplotlib.pyplot as plt
+    import matplotlib.ticker
+
+    labels = {s["run"]: _label(s, summaries) for s in summaries}
+    by_run = {s["run"]: [c for c in curves if c["run"] == s["run"]] for s in summaries}
+    written = []
+
+    fig, (loss_ax, top1_ax) = plt.subplots(1, 2, figsize=(11, 4))
+    for run, points in by_run.items():
+        epochs = [c["epoch"] + 1 for c in points]
+        loss_ax.plot(epochs, [c["train_loss"] for c in points], marker="o", label=f"{labels[run]} train")
+        loss_ax.plot(epochs, [c["val_loss"] for c in points], marker="x", linestyle="--", label=f"{labels[run]} val")
+        top1_ax.plot(epochs, [100 * c["val_top1"] for c in points], marker="o", label=labels[run])
+    loss_ax.set(xlabel="epoch", ylabel="loss", title="loss")
+    top1_ax.set(xlabel="epoch", ylabel="val top-1 (%)", title="validation top-1")
+    for ax in (loss_ax, top1_ax):
+        ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    written.append(_save(fig, out / "curves.png"))
+
+    fig, (speed_ax, mem_ax) = plt.subplots(1, 2, figsize=(11, 4))
+    names = [labels[s["run"]] for s in summaries]
+    speed_ax.bar(names, [s["img_per_s"] or 0 for s in summaries])
+    speed_ax.set(ylabel="images / s", title="training throughput")
+    mem_ax.bar(names, [s["peak_gib"] or 0 for s in summaries])
+    mem_ax.set(ylabel="GiB", title="peak GPU memory (0: not on a GPU)")
+    for ax in (speed_ax, mem_ax):
+        ax.tick_params(axis="x", labelrotation=20)
+    written.append(_save(fig, out / "speed_memory.png"))
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for run, points in by_run.items():
+        timed = [c for c in points if c["train_time_s"] is not None]
+        ax.plot([c["train_time_s"] for c in timed], [100 * c["val_top1"] for c in timed], marker="o", label=labels[run])
+    for t in summaries[0]["time_to_top1"] if summaries else {}:
+        ax.axhline(100 * float(t), color="grey", linestyle=":", linewidth=1)
+    ax.set(xlabel="training time (s)", ylabel="val top-1 (%)", title="time to accuracy")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    written.append(_save(fig, out / "time_to_accuracy.png"))
+    return written
+
+
+def _save(fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    return path
+
+
+def write(summaries: list[dict], curves: list[dict], out: Path, command: str, with_plots: bool) -> None:
+    """report.md, summary.json, curves.csv and (with_plots) the PNGs, into folder `out`."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "summary.json").write_text(json.dumps(summaries, indent=2) + "\n")
+    with (out / "curves.csv").open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=CURVE_FIELDS)
+        writer.writeheader()
+        writer.writerows(curves)
+    text = [f"# Training runs\n\n`{command}`\n\n", markdown(summaries)]
+    text.append("\nTimes: training only (validation excluded), from Lightning's ThroughputMonitor. "
+                "img/s: all processes under DDP; per process for runs too short to fill its window.\n")
+    if with_plots:
+        for png in plot(summaries, curves, out):
+            text.append(f"\n![{png.stem}]({png.name})\n")
+    (out / "report.md").write_text("".join(text))
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("paths", nargs="+", type=Path, help="run or sweep folders")
-    parser.add_argument("--out", type=Path, help="also write the table here")
+    parser.add_argument("--out", type=Path, help="folder for report.md, summary.json, curves.csv (and PNGs)")
+    parser.add_argument("--plot", action="store_true", help="also write PNG plots into --out (needs matplotlib)")
+    parser.add_argument("--targets", type=float, nargs="*", default=[],
+                        help="val top-1 levels (e.g. 0.9 0.93) whose training time to reach is reported")
     args = parser.parse_args(argv)
+    if args.plot and not args.out:
+        parser.error("--plot writes PNG files: give the folder with --out")
     try:
-        table = markdown([summarize(run) for run in find_runs(args.paths)])
-    except FileNotFoundError as err:
+        results = [summarize(pieces, tuple(args.targets)) for pieces in chains(find_runs(args.paths))]
+    except ReportError as err:
         sys.exit(f"report.py: {err}")
+    summaries = [s for s, _ in results]
+    curves = [c for _, run_curves in results for c in run_curves]
     if args.out:
-        args.out.write_text(table)
-    print(table, end="")
-    return table
+        command = "python scripts/report.py " + " ".join(sys.argv[1:] if argv is None else argv)
+        write(summaries, curves, args.out, command, args.plot)
+    print(markdown(summaries), end="")
+    return summaries
 
 
 if __name__ == "__main__":

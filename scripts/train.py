@@ -17,6 +17,7 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
+from vitflash.cli import run_session
 from vitflash.module import read_checkpoint
 
 log = logging.getLogger(__name__)
@@ -27,6 +28,7 @@ def build(cfg: DictConfig, extra_callbacks: list[L.Callback] = ()) -> tuple[L.Li
     `extra_callbacks`, and loggers) that `cfg` describes; a callback or logger set to null
     is left out."""
     datamodule = instantiate(cfg.data, _convert_="all")
+    datamodule.check_data()  # a missing dataset stops the run before pretrained weights are fetched
     module = instantiate(cfg.model, _convert_="all")
     callbacks = [instantiate(c, _convert_="all") for c in (cfg.get("callbacks") or {}).values() if c is not None]
     loggers = [instantiate(c, _convert_="all") for c in (cfg.get("logger") or {}).values() if c is not None]
@@ -42,7 +44,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
         L.seed_everything(cfg.seed, workers=True)
     torch.set_float32_matmul_precision(cfg.matmul_precision)
     if cfg.get("ckpt_path"):
-        read_checkpoint(cfg.ckpt_path)  # a missing or corrupt file stops the run before any work
+        read_checkpoint(cfg.ckpt_path, training=True)  # a missing or corrupt file stops the run before any work
 
     datamodule, module, trainer = build(cfg)
     trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
@@ -61,7 +63,8 @@ def train(cfg: DictConfig) -> dict[str, float]:
 
 @hydra.main(version_base="1.3", config_path="../configs", config_name="train")
 def main(cfg: DictConfig) -> float | None:
-    metrics = train(cfg)
+    with run_session():  # quiet output; no run folder left by a run that fails at the start
+        metrics = train(cfg)
     return metrics.get("val/top1")  # the objective of a sweeper plugin
 
 

@@ -20,16 +20,18 @@ import torch
 from timm.layers import resample_abs_pos_embed
 
 import vitflash
+import vitflash.pretrained
 from vitflash.pretrained import CheckpointError, export_timm, read_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(autouse=True)
-def hub_offline(monkeypatch):
-    """No test may reach the hub: a fetch fails at once instead of retrying for ~47 s."""
+def hub_offline(monkeypatch, tmp_path_factory):
+    """No test may reach the hub (a fetch fails at once) or read this machine's hub cache."""
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path_factory.mktemp("hub_cache")))
 
 
 def _perturb_(model: torch.nn.Module, seed: int) -> torch.nn.Module:
@@ -201,6 +203,14 @@ def test_export_from_a_model_and_the_cli(tmp_path, capsys):
     b = safetensors.torch.load_file(str(tmp_path / "b.safetensors"))
     assert a.keys() == b.keys() == model.state_dict().keys()
     assert all(torch.equal(a[k], b[k]) for k in a)
+    # created like any file, with the user's umask (safetensors' save_file gives 0600)
+    old_umask = os.umask(0o022)
+    try:
+        export_timm(model, tmp_path / "c.safetensors")
+    finally:
+        os.umask(old_umask)
+    assert (tmp_path / "c.safetensors").stat().st_mode & 0o777 == 0o644
+    assert safetensors.torch.load_file(str(tmp_path / "c.safetensors")).keys() == a.keys()
 
 
 def test_read_checkpoint_unwraps_lightning_and_reports_hyper_parameters(tmp_path):
@@ -223,6 +233,8 @@ def test_timm_tag_goes_through_timms_hub_loader(monkeypatch):
         return {k: v.clone() for k, v in source.state_dict().items()}
 
     monkeypatch.setattr(timm.models._builder, "load_state_dict_from_hf", fake_hub_download)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)  # the hub is faked:
+    monkeypatch.setattr(vitflash.pretrained, "_hub_reachable", lambda: True)  # no traffic
     full = vitflash.create_model("vit_tiny_patch16_224", pretrained="augreg_in21k", depth=1)
     tuned = vitflash.create_model("vit_tiny_patch16_224", depth=1, num_classes=10,
                                   pretrained="vit_tiny_patch16_224.augreg_in21k")  # fmt: skip
@@ -292,9 +304,47 @@ def test_timm_tag_offline_says_how_to_pass_a_file():
     with pytest.raises(RuntimeError) as e:
         vitflash.create_model("vit_tiny_patch16_224", pretrained="augreg_in21k_ft_in1k", depth=1)
     msg = str(e.value)
-    assert "could not fetch timm weights 'vit_tiny_patch16_224.augreg_in21k_ft_in1k'" in msg
+    assert "HF_HUB_OFFLINE is set and timm weights 'vit_tiny_patch16_224.augreg_in21k_ft_in1k'" in msg
     assert "huggingface.co/timm/vit_tiny_patch16_224.augreg_in21k_ft_in1k" in msg
-    assert "pretrained='path/to/model.safetensors'" in msg
+    assert "model.pretrained=/path/to/model.safetensors" in msg
+    assert msg.count("\n") == 0  # one line, not the hub's multi-line explanation
+
+
+def test_unreachable_hub_fails_at_once(monkeypatch):
+    """Online mode with the hub unreachable: one connect attempt (faked here: no traffic),
+    then the error names the override and the exact hub file, with no retries."""
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    attempts = []
+
+    def unreachable(address, timeout):
+        attempts.append((address, timeout))
+        raise OSError("Name or service not known")
+
+    monkeypatch.setattr(vitflash.pretrained.socket, "create_connection", unreachable)
+    monkeypatch.setattr(timm.models._builder, "load_state_dict_from_hf",
+                        lambda *a, **k: pytest.fail("timm must not be asked to fetch from an unreachable hub"))
+    with pytest.raises(RuntimeError) as e:
+        vitflash.create_model("vit_small_patch16_224", pretrained="augreg_in21k", depth=1)
+    assert attempts == [(("huggingface.co", 443), 2.0)]
+    msg = str(e.value)
+    assert "cannot reach the Hugging Face hub" in msg and "'vit_small_patch16_224.augreg_in21k'" in msg
+    assert "fetch model.safetensors of the hub repository timm/vit_small_patch16_224.augreg_in21k" in msg
+    assert "model.pretrained=/path/to/model.safetensors" in msg
+
+
+def test_weights_in_the_hub_cache_load_without_the_hub(tmp_path, monkeypatch):
+    """A file huggingface_hub cached earlier is read directly: no connect check, no request."""
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.setattr(vitflash.pretrained, "_hub_reachable", lambda: pytest.fail("the hub was contacted"))
+    source = _timm_model("vit_tiny_patch16_224", depth=1, num_classes=21843)
+    repo = tmp_path / "models--timm--vit_tiny_patch16_224.augreg_in21k"  # huggingface_hub's cache layout
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text("0" * 40)
+    (repo / "snapshots" / ("0" * 40)).mkdir(parents=True)
+    _save(source.state_dict(), repo / "snapshots" / ("0" * 40) / "model", "safetensors")
+    model = vitflash.create_model("vit_tiny_patch16_224", pretrained="augreg_in21k", depth=1)
+    assert all(torch.equal(v, source.state_dict()[k]) for k, v in model.state_dict().items())
 
 
 def test_unknown_timm_tag_lists_the_known_ones():

@@ -1,5 +1,6 @@
 """scripts/train.py and scripts/eval.py end to end on the CPU: every attention path that runs
-here, real CIFAR-10 images, resume, evaluation, errors, DDP over gloo and a multirun sweep."""
+here, real CIFAR-10 images, resume, evaluation, errors, DDP over gloo (a multirun sweep:
+test_report.py)."""
 from __future__ import annotations
 
 import csv
@@ -46,6 +47,14 @@ def read_metrics(path: Path, column: str) -> list[tuple[int, int, float]]:
 
 
 SMOKE = ["data=synthetic", "logger=csv", "trainer=cpu"]
+# Lines Lightning, torch and timm print on every run that a user can do nothing about
+NOISE = ("Tip:", "LeafSpec", "Total Flops", "FLOPs", "Cosine annealing scheduler will have no effect",
+         "sync_dist", "DistributedSampler", "Warning", "warn")
+
+
+def assert_quiet(output: str) -> None:
+    noisy = [line for line in output.splitlines() if any(n in line for n in NOISE)]
+    assert not noisy, noisy
 
 
 @pytest.mark.parametrize("attention", ["naive", "sdpa"])
@@ -64,8 +73,9 @@ def test_fast_dev_run_on_each_cpu_path(tmp_path, monkeypatch, attention):
 def test_flash_without_cuda_stops_at_start(tmp_path):
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA, where attention=flash runs")
-    result = run_cli("train", *SMOKE, "debug=fdr", "attention=flash", f"hydra.run.dir={tmp_path}")
+    result = run_cli("train", *SMOKE, "debug=fdr", "attention=flash", f"hydra.run.dir={tmp_path / 'run'}")
     assert result.returncode != 0
+    assert not (tmp_path / "run").exists()  # a run that fails at the start leaves no folder
     assert "attention=flash needs a CUDA GPU" in result.stderr
     assert all(f"attention={alt}" in result.stderr for alt in ("sdpa", "naive", "auto"))
 
@@ -157,7 +167,8 @@ def test_eval_reproduces_the_test_score(cifar_run, cifar_slice, tmp_path):
     common = [f"ckpt_path={best}", f"paths.data_dir={cifar_slice}", f"data.val_size={VAL_SIZE}", "data.num_workers=0",
               "trainer=cpu"]
     result = evaluate(compose_cfg(tmp_path, [*common, "attention=naive"], "eval"))
-    assert result["attention"] == "naive" and result["peak_mem_gib"] is None
+    assert result["attention"] == "naive" and result["peak_mem_gib"] is None  # no GPU
+    assert 0.1 < result["host_peak_rss_gib"] < 64  # this process, with torch loaded
     # train.py tested this checkpoint with sdpa; naive may flip at most a near-tie
     assert abs(result["top1"] - metrics["test/top1"]) <= 1 / (10 * TEST_PER_CLASS)
     val = evaluate(compose_cfg(tmp_path, [*common, "split=val"], "eval"))
@@ -180,7 +191,7 @@ def test_corrupt_checkpoint(cifar_run, tmp_path):
 
 
 # --------------------------------------------------------------------------------------
-# Processes: DDP over gloo, a multirun sweep
+# Processes: DDP over gloo
 
 
 def test_ddp_two_processes_on_cpu(tmp_path):
@@ -190,31 +201,8 @@ def test_ddp_two_processes_on_cpu(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     assert "distributed_backend=gloo" in result.stderr + result.stdout
     assert "Starting with 2 processes" in result.stderr + result.stdout
+    # nothing a user cannot act on, and each line once, not once per process
+    assert_quiet(result.stderr + result.stdout)
+    assert (result.stderr + result.stdout).count("best checkpoint") == 1
     ckpt = torch.load(tmp_path / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
     assert ckpt["global_step"] == 256 // (32 * 2)  # each process saw half of the images
-
-
-def test_multirun_sweeps_attention(tmp_path):
-    result = run_cli("train", "-m", "attention=naive,sdpa", *SMOKE, "debug=default", f"hydra.sweep.dir={tmp_path}")
-    assert result.returncode == 0, result.stderr[-3000:]
-    for job, attention in ((0, "naive"), (1, "sdpa")):
-        assert f"attention={attention}" in (tmp_path / str(job) / ".hydra" / "overrides.yaml").read_text()
-        assert read_metrics(tmp_path / str(job) / "csv" / "metrics.csv", "test/top1")
-
-    # scripts/report.py puts the two jobs side by side, one row each, with their own figures.
-    report = load_script("report")
-    table = report.main([str(tmp_path), "--out", str(tmp_path / "report.md")])
-    assert (tmp_path / "report.md").read_text() == table
-    rows = [line for line in table.splitlines()[2:] if line.startswith("|")]
-    assert len(rows) == 2
-    for job, attention in ((0, "naive"), (1, "sdpa")):
-        top1 = read_metrics(tmp_path / str(job) / "csv" / "metrics.csv", "test/top1")[-1][2]
-        cells = [c.strip() for c in rows[job].strip("|").split("|")]
-        assert cells[0] == str(job) and f"attention={attention}" in cells[1]
-        assert cells[4] == f"{100 * top1:.2f}%"
-
-
-def test_report_names_a_folder_without_runs(tmp_path):
-    result = run_cli("report", str(tmp_path))
-    assert result.returncode != 0
-    assert "holds no training run" in result.stderr and "csv/metrics.csv" in result.stderr

@@ -277,6 +277,11 @@ class ImageDataModule(L.LightningDataModule):
         return (ArrayDataset(x, y, self.train_transform), ArrayDataset(x, y, self.eval_transform),
                 ArrayDataset(xt, yt, self.eval_transform))
 
+    def check_data(self) -> None:
+        """Raise FileNotFoundError, naming the command that fixes it, when the dataset is not
+        on disk. Cheap (no image is read): train.py calls it before building the model,
+        which may fetch pretrained weights."""
+
     def _check_classes(self, found: int, where: object) -> None:
         if found != self.num_classes:
             raise ValueError(
@@ -436,6 +441,9 @@ class CIFARDataModule(ImageDataModule):
         images, labels, _ = load_image_folder(self.root / self.name / split, num_workers=self.num_workers)
         return images, labels
 
+    def check_data(self) -> None:
+        self._source()
+
     def prepare_data(self) -> None:
         # rank 0 only: download or decode (writing the cache) before the other ranks read it
         for train in (True, False):
@@ -478,6 +486,9 @@ class ImageFolderDataModule(ImageDataModule):
                 + " (and the same for each train shard)"
             )
         return train, test
+
+    def check_data(self) -> None:
+        self._split_dirs()
 
     def prepare_data(self) -> None:
         # rank 0 only: decode (writing the cache) before the other ranks read it

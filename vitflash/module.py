@@ -27,7 +27,7 @@ from torchmetrics.classification import MulticlassAccuracy
 
 import vitflash
 from vitflash.ops import ATTENTION_IMPLS
-from vitflash.pretrained import load_file
+from vitflash.pretrained import read_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -262,9 +262,11 @@ class ViTModule(L.LightningModule):
 
         total = int(self.trainer.estimated_stepping_batches)
         epochs = self.trainer.max_epochs if self.trainer.max_epochs and self.trainer.max_epochs > 0 else 1
-        warmup = min(round(hp.warmup_epochs * total / epochs), total - 1)
+        # A warmup longer than a short (debug) run is cut to half of it, leaving the cosine
+        # at least two steps (a one-step cosine is flat, and timm warns about it).
+        warmup = min(round(hp.warmup_epochs * total / epochs), total // 2)
         scheduler = CosineLRScheduler(
-            optimizer, t_initial=max(total - warmup, 1), lr_min=hp.min_lr, warmup_t=warmup,
+            optimizer, t_initial=max(total - warmup, 2), lr_min=hp.min_lr, warmup_t=warmup,
             warmup_lr_init=hp.warmup_lr, warmup_prefix=True, t_in_epochs=False,
         )
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
@@ -287,22 +289,13 @@ class ViTModule(L.LightningModule):
         scheduler.step_update(num_updates=self.global_step)
 
 
-def read_checkpoint(path: str | Path) -> dict:
-    """A checkpoint written by scripts/train.py, loaded on the CPU (vitflash.pretrained reads
-    the file; missing, corrupt and foreign files get errors that say what to do)."""
-    ckpt = load_file(path)
-    if not isinstance(ckpt, dict) or "state_dict" not in ckpt or "model_name" not in ckpt.get("hyper_parameters", {}):
-        raise ValueError(f"{path} is not a checkpoint of scripts/train.py: it has no ViTModule hyper-parameters")
-    return ckpt
-
-
 def load_checkpoint(path: str | Path, attention: str | None = None) -> ViTModule:
     """A ViTModule with the weights of checkpoint `path`; `attention` overrides the path it
     was trained with. Pretrained weights are not fetched again (the checkpoint has them)."""
-    ckpt = read_checkpoint(path)
-    hparams = {**ckpt["hyper_parameters"], "pretrained": None}
+    state_dict, hparams = read_checkpoint(path, training=True)
+    hparams = {**hparams, "pretrained": None}
     if attention is not None:
         hparams["attention"] = attention
     module = ViTModule(**hparams)
-    module.load_state_dict(ckpt["state_dict"])
+    module.model.load_state_dict(state_dict)  # the network's weights: the module's other state is not saved
     return module

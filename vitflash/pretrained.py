@@ -20,9 +20,12 @@ import json
 import math
 import os
 import pickle
+import socket
+import urllib.parse
 from collections.abc import Mapping
 from pathlib import Path
 
+import huggingface_hub
 import safetensors.torch
 import timm
 import torch
@@ -49,15 +52,25 @@ class CheckpointError(ValueError):
 # Reading files
 
 
-def read_checkpoint(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], dict]:
+def read_checkpoint(
+    path: str | os.PathLike, training: bool = False
+) -> tuple[dict[str, torch.Tensor], dict]:
     """Read a checkpoint file into (state_dict with timm/vitflash names, hyper_parameters).
 
     Accepts .safetensors and torch.save files holding a state dict, a {"state_dict": ...}
     or {"model": ...} dict, or a Lightning checkpoint (keys `model.*` of its state_dict are
     the network; `hyper_parameters` is returned, {} when absent). DDP/torch.compile
-    prefixes are removed with timm's `clean_state_dict`.
+    prefixes are removed with timm's `clean_state_dict`. With `training`, the file must be
+    a checkpoint of scripts/train.py (a Lightning checkpoint with the ViTModule's
+    hyper-parameters), as resuming and scripts/eval.py need.
     """
     obj = load_file(path)
+    if training and not (isinstance(obj, Mapping) and "state_dict" in obj
+                         and "model_name" in (obj.get("hyper_parameters") or {})):
+        raise CheckpointError(
+            f"{path} is not a checkpoint of scripts/train.py (it has no ViTModule "
+            "hyper-parameters): pass <run>/checkpoints/last.ckpt or the best .ckpt of a run; "
+            "plain weights go to model.pretrained=")
     hparams: dict = {}
     if isinstance(obj, nn.Module):
         obj = obj.state_dict()
@@ -317,6 +330,22 @@ def _create_from_timm(
             f"timm's weights {full!r} are not on the Hugging Face hub ({cfg.get('url')}); "
             f"choose another tag, or convert them with timm and pass the file"
         )
+    # timm fetches model.safetensors (a hf_hub_filename of the cfg overrides it)
+    filename = cfg.get("hf_hub_filename") or "model.safetensors"
+    offline_hint = (
+        f"On a machine that is online, fetch {filename} of the hub repository {hub_id} "
+        f"(https://huggingface.co/{hub_id}/resolve/main/{filename}, or `huggingface-cli download "
+        f"{hub_id} {filename}`), copy it here and pass its path: "
+        f"model.pretrained=/path/to/{filename} (Python: create_model({name!r}, pretrained=path))"
+    )
+    cached = huggingface_hub.try_to_load_from_cache(hub_id, filename)
+    if isinstance(cached, str):
+        # timm reads the hub's cached copy (a plain state dict): no request at all
+        cfg.update(file=cached, custom_load=False)
+    elif huggingface_hub.constants.HF_HUB_OFFLINE or not _hub_reachable():
+        why = ("HF_HUB_OFFLINE is set" if huggingface_hub.constants.HF_HUB_OFFLINE
+               else f"cannot reach the Hugging Face hub ({huggingface_hub.constants.ENDPOINT})")
+        raise RuntimeError(f"{why} and timm weights {full!r} are not in the hub's local cache. {offline_hint}")
     kwargs = {"num_classes": cfg["num_classes"], "img_size": cfg["input_size"][-1]}
     kwargs.update(sizes, **overrides)
     model = build_model(name, attention, **kwargs)
@@ -327,13 +356,23 @@ def _create_from_timm(
     except Exception as e:
         raise RuntimeError(
             f"could not fetch timm weights {full!r} from the Hugging Face hub "
-            f"({type(e).__name__}: {e}). If this machine is offline, download "
-            f"model.safetensors from https://huggingface.co/{hub_id} on a machine that is "
-            f"online, copy it here and pass its path: "
-            f"create_model({name!r}, pretrained='path/to/model.safetensors')"
+            f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}). {offline_hint}"
         ) from e
     model.pretrained_cfg = {k: v for k, v in cfg.items() if k != "state_dict"}
     return model
+
+
+def _hub_reachable(timeout: float = 2.0) -> bool:
+    """Whether a TCP connection to the hub's host opens within `timeout` seconds (nothing is
+    sent). Without it, timm's fetch through huggingface_hub retries an unreachable hub for
+    about 50 s (five retries for model.safetensors, five for pytorch_model.bin)."""
+    url = urllib.parse.urlsplit(huggingface_hub.constants.ENDPOINT)
+    port = url.port or (443 if url.scheme == "https" else 80)
+    try:
+        socket.create_connection((url.hostname, port), timeout=timeout).close()
+    except OSError:
+        return False
+    return True
 
 
 # ---------------------------------------------------------------------------------------
@@ -394,7 +433,9 @@ def export_timm(
     tensors = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
     metadata = {"format": "pt", "vitflash_model": model.preset or "", "timm_model": arch_name,
                 "timm_kwargs": json.dumps(kwargs)}  # fmt: skip
-    safetensors.torch.save_file(tensors, str(out), metadata=metadata)
+    # safetensors' save_file writes through a private temporary file and keeps its mode
+    # (0600); a plain write creates the file as any other, with the user's umask.
+    out.write_bytes(safetensors.torch.save(tensors, metadata=metadata))
     c = model.config
     # Some timm default tags point at .npz files read by a custom loader (custom_load); the
     # overlay must switch it off, or timm would read the .safetensors file as an .npz.

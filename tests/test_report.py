@@ -1,0 +1,95 @@
+"""scripts/report.py on a real sweep made on the CPU: a train.py -m job per attention path,
+one of them continued by resume in a new folder; what it writes is read back and checked
+against the runs' own metrics.csv."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from test_train import assert_quiet, load_script, read_metrics, run_cli
+
+report = load_script("report")
+# 1 epoch of 4 batches; the default trainer (CPU here), whose precision is ${if_cuda:...}
+SWEEP = ["data=synthetic", "logger=csv", "debug=default"]
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory) -> tuple[Path, Path]:
+    """(sweep folder with jobs 0: sdpa and 1: naive, the folder of job 1 resumed for a 2nd epoch)."""
+    root = tmp_path_factory.mktemp("sweep")
+    result = run_cli("train", "-m", "attention=sdpa,naive", *SWEEP, f"hydra.sweep.dir={root / 'sweep'}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert_quiet(result.stderr + result.stdout)
+    # the resume repeats the job's overrides and points ckpt_path into its folder
+    result = run_cli("train", "attention=naive", *SWEEP, "trainer.max_epochs=2",
+                     f"ckpt_path={root / 'sweep' / '1' / 'checkpoints' / 'last.ckpt'}", f"hydra.run.dir={root / 'resumed'}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    return root / "sweep", root / "resumed"
+
+
+def _last(run: Path, column: str) -> float:
+    return read_metrics(run / "csv" / "metrics.csv", column)[-1][2]
+
+
+def _img_per_s(run: Path) -> tuple[float, float]:
+    """(samples, seconds) between the first and last logged training step of a run."""
+    samples = read_metrics(run / "csv" / "metrics.csv", "train/samples")
+    times = read_metrics(run / "csv" / "metrics.csv", "train/time")
+    return samples[-1][2] - samples[0][2], times[-1][2] - times[0][2]
+
+
+def test_sweep_jobs_have_their_overrides(sweep):
+    jobs, _ = sweep
+    for job, attention in ((0, "sdpa"), (1, "naive")):
+        assert f"attention={attention}" in (jobs / str(job) / ".hydra" / "overrides.yaml").read_text()
+        assert read_metrics(jobs / str(job) / "csv" / "metrics.csv", "test/top1")
+
+
+def test_report_joins_the_resumed_run_and_reads_back(sweep, tmp_path):
+    jobs, resumed = sweep
+    out = tmp_path / "report"
+    summaries = report.main([str(jobs), str(resumed), "--out", str(out), "--plot", "--targets", "0"])
+
+    written = {p.name for p in out.iterdir()}
+    assert written == {"report.md", "summary.json", "curves.csv", "curves.png", "speed_memory.png",
+                       "time_to_accuracy.png"}
+    for png in ("curves.png", "speed_memory.png", "time_to_accuracy.png"):
+        assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and (out / png).stat().st_size > 10_000
+    rows = json.loads((out / "summary.json").read_text())
+    assert rows == json.loads(json.dumps(summaries))
+    by_attention = {r["attention"]: r for r in rows}
+    assert sorted(by_attention) == ["naive", "sdpa"]  # job 1 and its resume are one run
+
+    sdpa, naive = by_attention["sdpa"], by_attention["naive"]
+    assert [Path(p).resolve() for p in naive["pieces"]] == [(jobs / "1").resolve(), resumed.resolve()]
+    assert [Path(p).resolve() for p in sdpa["pieces"]] == [(jobs / "0").resolve()]
+    assert (sdpa["epochs"], naive["epochs"]) == (1, 2)  # the test row (logged at epoch=1) is not an epoch
+    assert sdpa["dataset"] == naive["dataset"] == "synthetic"
+    assert sdpa["test_top1"] == _last(jobs / "0", "test/top1")
+    assert naive["test_top1"] == _last(resumed, "test/top1")  # the last piece's test
+    assert sdpa["best_val_top1"] == max(v for *_, v in read_metrics(jobs / "0" / "csv" / "metrics.csv", "val/top1"))
+
+    # training time continues across the pieces; debug runs are too short for the
+    # throughput window, so img/s is samples over time between logged steps
+    assert sdpa["train_wall_s"] == pytest.approx(_last(jobs / "0", "train/time"))
+    assert naive["train_wall_s"] == pytest.approx(_last(jobs / "1", "train/time") + _last(resumed, "train/time"))
+    samples, seconds = _img_per_s(jobs / "0")
+    assert sdpa["img_per_s"] == pytest.approx(samples / seconds)
+    (s1, t1), (s2, t2) = _img_per_s(jobs / "1"), _img_per_s(resumed)
+    assert naive["img_per_s"] == pytest.approx((s1 + s2) / (t1 + t2))
+    assert sdpa["peak_gib"] is None  # no GPU here
+    # every run reaches top-1 >= 0 at its first validation, after its first epoch
+    assert naive["time_to_top1"] == {"0": pytest.approx(_last(jobs / "1", "train/time"))}
+
+    table = (out / "report.md").read_text()
+    assert f"{100 * sdpa['test_top1']:.2f}%" in table and f"{100 * naive['test_top1']:.2f}%" in table
+    curves = (out / "curves.csv").read_text().splitlines()
+    assert len(curves) == 1 + 1 + 2  # header, one epoch of job 0, two of job 1 + resume
+
+
+def test_report_names_a_folder_without_runs(tmp_path):
+    result = run_cli("report", str(tmp_path))
+    assert result.returncode != 0
+    assert "holds no training run" in result.stderr and "csv/metrics.csv" in result.stderr

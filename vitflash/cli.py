@@ -1,0 +1,134 @@
+"""What a run of scripts/train.py or scripts/eval.py prints, and what it leaves on disk.
+
+    @hydra.main(...)
+    def main(cfg):
+        with run_session():
+            train(cfg)
+
+`run_session` hides the messages a user cannot act on (each filter below says why it is
+safe), prints vitflash's own log lines from rank zero only under DDP, and removes the run
+folder Hydra made when the run fails before it has written any result. `ModelSummary` is
+Lightning's model summary without the FLOPs column it cannot fill for this model;
+`host_peak_rss_gib` is the host memory figure eval.py prints.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import resource
+import shutil
+import sys
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+
+from hydra.core.hydra_config import HydraConfig
+from lightning.pytorch.callbacks import ModelSummary as _LightningModelSummary
+from lightning.pytorch.utilities import rank_zero_only
+
+# Messages Lightning and torch print on every run that say nothing about the user's run.
+_IGNORED_WARNINGS = (
+    # Lightning 2.6 calls a torch pytree API that newer torch deprecates: Lightning's to fix.
+    r".*isinstance\(treespec, LeafSpec\)",
+    # train/loss is logged per step and averaged per epoch on each process; syncing it
+    # would cost an all-reduce every step. The top-1/top-5 metrics are torchmetrics, which
+    # sync across processes once per epoch, and val/test loss are logged with sync_dist.
+    r".*sync_dist=True.*when logging on epoch level in distributed setting",
+    # Under DDP, DistributedSampler pads the test set to a multiple of the process count:
+    # at most (processes - 1) repeated images (none on CIFAR's 10,000 with 2, 4 or 8 GPUs).
+    # eval.py with trainer.devices=1 scores every image exactly once.
+    r".*Using `DistributedSampler` with the dataloaders. During `trainer.test\(\)`",
+)
+# Lightning's advertisements for its cloud services (info lines, not warnings).
+_IGNORED_INFO = ("💡 Tip:",)
+# Files Hydra writes into a run folder before the run starts; a folder holding nothing else
+# has no result in it.
+_HYDRA_BOOKKEEPING = {".hydra", "train.log", "eval.log"}
+
+
+class _DropLines(logging.Filter):
+    """Drops Lightning's tips, and on DDP ranks other than zero every record below ERROR
+    (each process would print the same line again)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if str(record.msg).startswith(_IGNORED_INFO):
+            return False
+        return rank_zero_only.rank == 0 or record.levelno >= logging.ERROR
+
+
+def quiet() -> None:
+    """Install the warning and log filters (idempotent)."""
+    for pattern in _IGNORED_WARNINGS:
+        warnings.filterwarnings("ignore", message=pattern)
+    drop = _DropLines()
+    # Lightning logs through its own handler (it does not propagate); everything else
+    # (vitflash, __main__, timm) reaches the root handlers Hydra installs.
+    for logger in (logging.getLogger(), logging.getLogger("lightning.pytorch")):
+        for handler in logger.handlers:
+            if not any(isinstance(f, _DropLines) for f in handler.filters):
+                handler.addFilter(drop)
+    # Lightning's tips go through its rank-zero logger.
+    logger = logging.getLogger("lightning.pytorch.utilities.rank_zero")
+    if not any(isinstance(f, _DropLines) for f in logger.filters):
+        logger.addFilter(drop)
+
+
+def remove_empty_run_folder() -> bool:
+    """Delete this Hydra job's output folder if it holds only Hydra's bookkeeping (the run
+    failed before writing checkpoints or metrics). Returns whether it was deleted."""
+    if not HydraConfig.initialized() or rank_zero_only.rank != 0:
+        return False
+    folder = Path(HydraConfig.get().runtime.output_dir)
+    if not folder.is_dir() or any(p.name not in _HYDRA_BOOKKEEPING for p in folder.iterdir()):
+        return False
+    shutil.rmtree(folder, ignore_errors=True)
+    return True
+
+
+@contextlib.contextmanager
+def run_session() -> Iterator[None]:
+    """Quiet output for the block; on an exception, no empty run folder is left behind."""
+    quiet()
+    try:
+        yield
+    except BaseException:
+        remove_empty_run_folder()
+        raise
+
+
+def host_peak_rss_gib() -> float:
+    """Peak resident memory of this process so far, in GiB: the whole process (Python,
+    model, data in memory), the host-side figure eval.py reports next to GPU memory."""
+    kib_or_bytes = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return kib_or_bytes / (2**30 if sys.platform == "darwin" else 2**20)  # bytes on macOS, KiB on Linux
+
+
+class ModelSummary(_LightningModelSummary):
+    """Lightning's model summary without FLOPs: Lightning counts them only by running an
+    `example_input_array` under torch's FlopCounterMode, which cannot see the Triton kernel
+    (flash would show fewer FLOPs than naive for the same model), so the column would read
+    0 or mislead. Parameters, sizes and modes are Lightning's."""
+
+    @staticmethod
+    def summarize(summary_data, *args, **kwargs) -> None:
+        summary_data = [column for column in summary_data if column[0] != "FLOPs"]
+        with _without_total_flops():
+            _LightningModelSummary.summarize(summary_data, *args, **kwargs)
+
+
+class _DropTotalFlops(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.msg, str):
+            record.msg = "\n".join(line for line in record.msg.split("\n") if not line.endswith("Total Flops"))
+        return True
+
+
+@contextlib.contextmanager
+def _without_total_flops() -> Iterator[None]:
+    logger = logging.getLogger(_LightningModelSummary.__module__)
+    drop = _DropTotalFlops()
+    logger.addFilter(drop)
+    try:
+        yield
+    finally:
+        logger.removeFilter(drop)
