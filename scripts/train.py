@@ -6,10 +6,13 @@
     python scripts/train.py ckpt_path=<run>/checkpoints/last.ckpt  # resume
 
 Every run writes config, checkpoints and metrics into its own folder (configs/hydra/).
+A resumed run continues exactly where the checkpoint stopped (vitflash/checkpoint.py); bad
+values and checkpoints that cannot resume this config stop before any data is read.
 """
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import hydra
 import lightning as L
@@ -17,6 +20,8 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
+from vitflash.checkpoint import RNGState, check_resume, run_file
+from vitflash.cli import check_trainer, short_errors
 from vitflash.module import read_checkpoint
 
 log = logging.getLogger(__name__)
@@ -25,15 +30,20 @@ log = logging.getLogger(__name__)
 def train(cfg: DictConfig) -> dict[str, float]:
     """Fit and test as `cfg` (a composed configs/train.yaml) says; returns the last logged
     metrics (train/*, val/*, and test/* of the best checkpoint)."""
+    check_trainer(cfg.trainer)
     if cfg.get("seed") is not None:
         L.seed_everything(cfg.seed, workers=True)
     torch.set_float32_matmul_precision(cfg.matmul_precision)
-    if cfg.get("ckpt_path"):
-        read_checkpoint(cfg.ckpt_path)  # a missing or corrupt file stops the run before any work
+    # a missing, corrupt or foreign file stops the run before any work
+    ckpt = read_checkpoint(cfg.ckpt_path) if cfg.get("ckpt_path") else None
 
     datamodule = instantiate(cfg.data, _convert_="all")
     module = instantiate(cfg.model, _convert_="all")
+    if ckpt is not None:
+        check_resume(ckpt, module, cfg.ckpt_path, cfg.trainer.get("max_epochs"))
+        del ckpt  # Lightning reads the file again, through configs/trainer's AtomicCheckpointIO
     callbacks = [instantiate(c, _convert_="all") for c in (cfg.get("callbacks") or {}).values()]
+    callbacks.append(RNGState())  # not a config choice: exact resume depends on it
     loggers = [instantiate(c, _convert_="all") for c in (cfg.get("logger") or {}).values()]
     trainer: L.Trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False, _convert_="all")
 
@@ -41,21 +51,38 @@ def train(cfg: DictConfig) -> dict[str, float]:
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
 
     if cfg.get("test"):
-        best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
-        if not best:
-            log.warning("no best checkpoint was saved (e.g. fast_dev_run): testing the weights in memory")
-        trainer.test(module, datamodule=datamodule, ckpt_path=best or None)
+        best = load_best(trainer, module)
+        trainer.test(module, datamodule=datamodule)
         metrics.update({k: float(v) for k, v in trainer.callback_metrics.items()})
         if best:
             log.info("best checkpoint %s: test/top1 %.4f", best, metrics.get("test/top1", float("nan")))
     return metrics
 
 
+def load_best(trainer: L.Trainer, module: L.LightningModule) -> Path | None:
+    """Load the best checkpoint's weights into `module` and return its path; None (testing the
+    weights in memory) when there is none. The path is ModelCheckpoint's best_model_path, which
+    a resumed checkpoint can set to anything: only a file inside this run's checkpoint folder is
+    loaded, and weights only."""
+    callback = trainer.checkpoint_callback
+    named = callback.best_model_path if callback else ""
+    best = run_file(named, [callback.dirpath] if callback else [])
+    if named and best is None:
+        raise ValueError(
+            f"refusing to load the best checkpoint {named!r}: it is not a file inside this run's "
+            f"checkpoint folder {callback.dirpath}. The run's checkpoints are saved; score one with "
+            "`python scripts/eval.py ckpt_path=<run>/checkpoints/<file>.ckpt`")
+    if best is None:
+        log.warning("no best checkpoint was saved (e.g. fast_dev_run): testing the weights in memory")
+        return None
+    module.load_state_dict(read_checkpoint(best)["state_dict"])
+    return best
+
+
 @hydra.main(version_base="1.3", config_path="../configs", config_name="train")
+@short_errors
 def main(cfg: DictConfig) -> float | None:
     metrics = train(cfg)
     return metrics.get("val/top1")  # the objective of a sweeper plugin
-
-
 if __name__ == "__main__":
     main()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
@@ -21,7 +22,7 @@ import numpy as np
 import torch
 from PIL import Image
 from timm.data import create_transform
-from torch.utils.data import DataLoader, Dataset, Subset
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset, get_worker_info
 from torchvision import datasets
 from torchvision import transforms as T
 from tqdm.auto import tqdm
@@ -148,6 +149,8 @@ class ImageDataModule(L.LightningDataModule):
         val_size: images held out of the training split for validation (0: validate on
             the test split, as ImageNet recipes do).
         augment: the transforms (default: `Augment()`).
+        expected_sizes: (train, test) image counts the data must have (e.g. CIFAR's
+            (50000, 10000)), so an incomplete copy is caught before training; None skips it.
     """
 
     def __init__(
@@ -160,8 +163,17 @@ class ImageDataModule(L.LightningDataModule):
         val_size: int = 0,
         split_seed: int = 0,
         augment: Augment | None = None,
+        expected_sizes: Sequence[int] | None = None,
     ):
         super().__init__()
+        for name, value, least in (("num_classes", num_classes, 1), ("img_size", img_size, 1),
+                                   ("batch_size", batch_size, 1), ("num_workers", num_workers, 0),
+                                   ("val_size", val_size, 0)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < least:
+                raise ValueError(f"data.{name}={value!r} is not a whole number >= {least}: set it to one "
+                                 f"(the dataset's config in configs/data/ shows the usual value)")
+        self.expected_sizes = tuple(expected_sizes) if expected_sizes else None
+        self._resume: dict | None = None  # the train loader's position, from a checkpoint
         self.num_classes, self.img_size = num_classes, img_size
         self.batch_size, self.eval_batch_size = batch_size, eval_batch_size or batch_size
         self.num_workers, self.val_size, self.split_seed = num_workers, val_size, split_seed
@@ -184,14 +196,27 @@ class ImageDataModule(L.LightningDataModule):
     def _check_classes(self, found: int, where: object) -> None:
         if found != self.num_classes:
             raise ValueError(
-                f"{where} has {found} classes but data.num_classes={self.num_classes}: "
-                f"set data.num_classes={found}"
+                f"{where} has {found} classes but data.num_classes={self.num_classes}: the data there "
+                f"is incomplete or another dataset. Unpack it again with scripts/prepare_data.py (see "
+                f"the data section of the README); only if it really has {found} classes, set "
+                f"data.num_classes={found}"
+            )
+
+    def _check_sizes(self, train: Dataset, test: Dataset) -> None:
+        found = (len(train), len(test))
+        if self.expected_sizes and found != self.expected_sizes:
+            raise ValueError(
+                f"the data has {found[0]} training and {found[1]} test images but "
+                f"{self.expected_sizes[0]} and {self.expected_sizes[1]} are expected "
+                f"(data.expected_sizes): the copy is incomplete. Unpack it again with "
+                f"scripts/prepare_data.py; for a deliberate subset set data.expected_sizes=null"
             )
 
     def setup(self, stage: str | None = None) -> None:
         if self.train_set is not None:
             return
         train, train_eval, test = self._load(stage)
+        self._check_sizes(train, test)
         if self.val_size <= 0:
             self.train_set, self.val_set = train, test
         else:
@@ -212,10 +237,35 @@ class ImageDataModule(L.LightningDataModule):
             num_workers=self.num_workers,
             persistent_workers=self.num_workers > 0,
             pin_memory=torch.cuda.is_available(),
+            # its own generator: making an iterator then draws nothing from the global torch RNG
+            generator=torch.Generator().manual_seed(self.split_seed),
         )
 
     def train_dataloader(self) -> DataLoader:
-        return self._loader(self.train_set, train=True)
+        # Shuffling and augmentation drawn from (seed, epoch, index) alone, so a resumed run
+        # sees the same batches, augmented alike (see ResumableSampler).
+        sampler = ResumableSampler(self.train_set, seed=torch.initial_seed())
+        if self._resume:
+            sampler.load_state_dict(self._resume)
+            self._resume = None
+        self._train_sampler = sampler
+        return DataLoader(
+            SeededSamples(self.train_set), batch_size=self.batch_size, sampler=sampler, drop_last=True,
+            num_workers=self.num_workers, persistent_workers=self.num_workers > 0,
+            pin_memory=torch.cuda.is_available(), generator=torch.Generator().manual_seed(self.split_seed),
+        )
+
+    def state_dict(self) -> dict:
+        """Where the training loader stands (saved in every checkpoint by Lightning)."""
+        sampler, trainer = getattr(self, "_train_sampler", None), self.trainer
+        if sampler is None or trainer is None:
+            return {}
+        progress = trainer.fit_loop.epoch_loop.batch_progress.current
+        return sampler.state_dict(batches_done=progress.processed, batches_per_epoch=trainer.num_training_batches,
+                                  batch_size=self.batch_size)
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self._resume = dict(state_dict) or None
 
     def val_dataloader(self) -> DataLoader:
         return self._loader(self.val_set, train=False)
@@ -348,3 +398,82 @@ class SyntheticDataModule(ImageDataModule):
         templates = rng.integers(0, 256, (self.num_classes, self.img_size, self.img_size, 3))
         (x, y), (xt, yt) = self._images(self.train_size, rng, templates), self._images(self.test_size, rng, templates)
         return self._arrays_to_splits(x, y, xt, yt)
+
+
+class SeededSamples(Dataset):
+    """`dataset` indexed by (index, seed) pairs: each sample is transformed with python's,
+    numpy's and torch's global generators seeded by its own seed, so its augmentation depends on
+    nothing else (not the worker it lands in, not what ran before). In the main process the
+    generators' states are put back after each batch: the model's draws (dropout, mixup) then
+    form one stream that a checkpoint can save and restore.
+    """
+
+    def __init__(self, dataset: Dataset):
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, item: tuple[int, int]):
+        return self.__getitems__([item])[0]
+
+    def __getitems__(self, items: list[tuple[int, int]]) -> list:
+        # DataLoader calls this once per batch, so the states are saved once per batch.
+        main = get_worker_info() is None
+        if main:
+            saved = random.getstate(), np.random.get_state(), torch.get_rng_state()
+        try:
+            out = []
+            for index, seed in items:
+                random.seed(seed)
+                np.random.seed(seed)
+                torch.random.default_generator.manual_seed(seed)  # CPU only: transforms run there
+                out.append(self.dataset[index])
+            return out
+        finally:
+            if main:
+                random.setstate(saved[0])
+                np.random.set_state(saved[1])
+                torch.set_rng_state(saved[2])
+
+
+class ResumableSampler(DistributedSampler):
+    """The training order: a shuffle drawn from (seed, epoch) alone, each index paired with the
+    seed of its augmentation, drawn from (seed, epoch, index); `state_dict` says where an epoch
+    stands, and a sampler given it starts there. Under DDP each process takes every
+    world-size-th index of the shared order, as DistributedSampler does; being one, Lightning
+    calls its `set_epoch` and does not wrap it.
+
+    torch's samplers draw their order from the global generator when an iterator is made, and
+    DataLoader workers seed from it too: a run resumed mid-epoch would see other batches.
+    """
+
+    def __init__(self, dataset: Dataset, seed: int = 0):
+        distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+        super().__init__(dataset, num_replicas=None if distributed else 1, rank=None if distributed else 0,
+                         shuffle=True, seed=seed, drop_last=False)
+        self.start = 0  # samples of this process to skip in the current epoch (resume)
+
+    def set_epoch(self, epoch: int) -> None:
+        if epoch != self.epoch:
+            self.start = 0  # a resume position belongs to its own epoch
+        super().set_epoch(epoch)
+
+    def __iter__(self):
+        g = torch.Generator().manual_seed(self.seed + self.epoch)
+        order = torch.randperm(len(self.dataset), generator=g).tolist()
+        order += order[: self.total_size - len(order)]  # pad to a multiple of the world size
+        mine = order[self.rank : self.total_size : self.num_replicas]
+        start, self.start = self.start, 0
+        for index in mine[start:]:
+            seed = np.random.SeedSequence((self.seed, self.epoch, index)).generate_state(1)[0]
+            yield index, int(seed)
+
+    def state_dict(self, batches_done: int, batches_per_epoch: int | float, batch_size: int) -> dict:
+        """The position after `batches_done` batches of `batch_size` in an epoch of `batches_per_epoch`."""
+        if batches_done >= batches_per_epoch:  # the epoch is over: the next one starts afresh
+            return {"seed": self.seed, "epoch": self.epoch + 1, "start": 0}
+        return {"seed": self.seed, "epoch": self.epoch, "start": batches_done * batch_size}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.seed, self.epoch, self.start = state["seed"], state["epoch"], state["start"]
