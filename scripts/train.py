@@ -42,9 +42,10 @@ def train(cfg: DictConfig) -> dict[str, float]:
     if ckpt is not None:
         check_resume(ckpt, module, cfg.ckpt_path, cfg.trainer.get("max_epochs"))
         del ckpt  # Lightning reads the file again, through configs/trainer's AtomicCheckpointIO
-    callbacks = [instantiate(c, _convert_="all") for c in (cfg.get("callbacks") or {}).values()]
+    # an entry set to null (callbacks.progress_bar=null) is switched off
+    callbacks = [instantiate(c, _convert_="all") for c in (cfg.get("callbacks") or {}).values() if c is not None]
     callbacks.append(RNGState())  # not a config choice: exact resume depends on it
-    loggers = [instantiate(c, _convert_="all") for c in (cfg.get("logger") or {}).values()]
+    loggers = [instantiate(c, _convert_="all") for c in (cfg.get("logger") or {}).values() if c is not None]
     trainer: L.Trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False, _convert_="all")
 
     trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))

@@ -120,7 +120,9 @@ def load_image_folder(folder: Path, num_workers: int = 0) -> tuple[np.ndarray, n
             if list(z["classes"]) == tree.classes and len(z["labels"]) == len(tree):
                 return z["images"], z["labels"], tree.classes
         log.info("%s is stale (the folder changed): decoding again", cache)
-    loader = DataLoader(tree, batch_size=500, num_workers=num_workers, collate_fn=_stack)
+    # its own generator: a run that decodes draws nothing more from the global RNG than one that reads the cache
+    loader = DataLoader(tree, batch_size=500, num_workers=num_workers, collate_fn=_stack,
+                        generator=torch.Generator())
     chunks = []
     try:
         for batch in tqdm(loader, desc=f"decoding {folder}", unit="batch"):
@@ -129,6 +131,11 @@ def load_image_folder(folder: Path, num_workers: int = 0) -> tuple[np.ndarray, n
         raise ValueError(
             f"{folder} holds images of different sizes, which cannot be kept as one array: "
             "set data.in_memory=false to decode them on the fly"
+        ) from e
+    except OSError as e:  # PIL: an empty or damaged file
+        raise ValueError(
+            f"cannot decode an image under {folder} ({e}): the copy is damaged or half-unpacked. "
+            "Unpack it again with scripts/prepare_data.py"
         ) from e
     images = np.concatenate([c[0] for c in chunks])
     labels = np.concatenate([c[1] for c in chunks])
@@ -353,11 +360,16 @@ class ImageFolderDataModule(ImageDataModule):
         test = next((self.root / n for n in names if (self.root / n).is_dir()), None)
         train = self.root / self.train_dir
         if not train.is_dir() or test is None:
+            archive = f"{self.root.name}-val.tar.gz"
+            # name the shared archive only where there is one (Imagenette, not ImageNet)
+            hint = (_prepare_hint(self.root.parent, archive) + " (and the same for each train shard)"
+                    if (Path("../shared/data") / archive).is_file() else
+                    f"Put the dataset there in that layout (`python scripts/prepare_data.py --archive "
+                    f"<your archive> --root {self.root.parent}` unpacks a tar of it), or point "
+                    f"data.root at it")
             raise FileNotFoundError(
                 f"no ImageFolder tree at {self.root}: expected {train}/<class>/ and "
-                f"{self.root}/{'|'.join(names)}/<class>/. "
-                + _prepare_hint(self.root.parent, f"{self.root.name}-val.tar.gz")
-                + " (and the same for each train shard)"
+                f"{self.root}/{'|'.join(names)}/<class>/. " + hint
             )
         return train, test
 
