@@ -12,6 +12,7 @@ values and checkpoints that cannot resume this config stop before any data is re
 from __future__ import annotations
 
 import logging
+import warnings
 from pathlib import Path
 
 import hydra
@@ -45,6 +46,9 @@ def train(cfg: DictConfig) -> dict[str, float]:
     # an entry set to null (callbacks.progress_bar=null) is switched off
     callbacks = [instantiate(c, _convert_="all") for c in (cfg.get("callbacks") or {}).values() if c is not None]
     callbacks.append(RNGState())  # not a config choice: exact resume depends on it
+    # Lightning asks the DataLoader for a position; vitflash's DataModules keep it themselves
+    # (ResumableSampler), so its "dataloader is not resumable" warning does not apply.
+    warnings.filterwarnings("ignore", message="You're resuming from a checkpoint that ended before the epoch ended")
     loggers = [instantiate(c, _convert_="all") for c in (cfg.get("logger") or {}).values() if c is not None]
     trainer: L.Trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False, _convert_="all")
 

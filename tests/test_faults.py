@@ -1,0 +1,274 @@
+"""Faults and bad inputs, each answered clearly and none accepted silently:
+
+- a run SIGKILLed at an epoch boundary or mid-epoch and resumed ends with the same weights,
+  bit for bit, as an uninterrupted one (naive and sdpa, synthetic and real CIFAR-10 images);
+- a kill while a checkpoint is written leaves the old file or the new one, whole;
+- paths recorded inside a checkpoint (best_model_path) are never loaded from outside the run;
+- archives that are truncated or damaged unpack nothing;
+- bad values, checkpoints and data stop before any work with a message naming the value, the
+  reason and the fix.
+"""
+from __future__ import annotations
+
+import csv
+import os
+import re
+import signal
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from test_configs import compose_cfg
+from test_train import CIFAR_ARCHIVE, SMOKE, cifar_slice, evaluate, load_script, run_cli, train  # noqa: F401
+
+import vitflash.checkpoint as ckpt_io
+from vitflash.pretrained import CheckpointError
+
+REPO = Path(__file__).resolve().parents[1]
+TESTS = Path(__file__).resolve().parent
+prepare = load_script("prepare_data")
+
+# 3 steps per epoch, 2 epochs; every random consumer on: augmentation (pad crop, flip), drop
+# path, dropout, mixup/cutmix (numpy's global RNG), warmup then cosine.
+STEPS, EPOCHS, KILL_AT = 3, 2, 5  # the kill lands mid-epoch 1, after its 2nd step
+RUN = ["trainer=cpu", "test=false", "callbacks.progress_bar=null", f"trainer.max_epochs={EPOCHS}", "++trainer.limit_val_batches=1",
+       "trainer.log_every_n_steps=1", "model.drop_path_rate=0.1", "model.drop_rate=0.1",
+       "model.mixup_alpha=0.8", "model.cutmix_alpha=1.0", "model.warmup_epochs=0.5",
+       "callbacks.step_checkpoint.every_n_train_steps=1"]
+# 16 px images in batches of 8 (17 tokens): each step costs milliseconds, not seconds
+DATA = {
+    "synthetic": ["data=synthetic", f"data.train_size={8 * STEPS}", "data.test_size=16", "data.batch_size=8",
+                  "data.img_size=16"],
+    "cifar": ["data.val_size=80", "data.batch_size=8", "data.img_size=16", "data.num_workers=0",
+              "data.expected_sizes=null", f"++trainer.limit_train_batches={STEPS}"],
+}
+
+
+def subprocess_env(**extra) -> dict:
+    # the same thread count as this process: CPU sums may be split differently across threads
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(TESTS)]), "HYDRA_FULL_ERROR": "0",
+            "OMP_NUM_THREADS": str(torch.get_num_threads()), **extra}
+
+
+def state(path: Path) -> dict[str, torch.Tensor]:
+    """Everything a checkpoint holds that decides the rest of the run: weights, AdamW moments,
+    random generator states, the loader's position."""
+    ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    opt = ckpt["optimizer_states"][0]["state"]
+    rng = ckpt["callbacks"]["RNGState"]
+    return {**ckpt["state_dict"], **{f"adam.{i}.{k}": v for i, s in opt.items() for k, v in s.items()},
+            "rng.torch": rng["torch"], "rng.numpy": rng["numpy"]["keys"],
+            "rng.python": torch.tensor(rng["python"][1]), "global_step": torch.tensor(ckpt["global_step"]),
+            **{f"loader.{k}": torch.tensor(v) for k, v in ckpt[next(k for k in ckpt if k.endswith("DataModule"))].items()}}
+
+
+def assert_identical(a: Path, b: Path, what: str) -> None:
+    sa, sb = state(a), state(b)
+    assert sa.keys() == sb.keys()
+    differ = [k for k in sa if not torch.equal(sa[k], sb[k])]
+    assert not differ, f"{what}: {len(differ)} of {len(sa)} tensors differ, e.g. {differ[:3]}"
+
+
+@pytest.mark.parametrize("data", ["synthetic", "cifar"])
+@pytest.mark.parametrize("attention", ["naive", "sdpa"])
+def test_sigkill_then_resume_is_bit_identical(request, tmp_path, data, attention):
+    """A run SIGKILLed mid-epoch 1 leaves a checkpoint per step and last.ckpt (end of epoch 0);
+    resumed from the epoch boundary and from mid-epoch, training reaches the kill point in the
+    same state, bit for bit, as the uninterrupted process did: weights, AdamW moments, RNGs,
+    loader position (from there on the same state gives the same run)."""
+    overrides = [*RUN, *DATA[data], f"attention={attention}"]
+    if data == "cifar":
+        overrides.append(f"paths.data_dir={request.getfixturevalue('cifar_slice')}")
+    killed = tmp_path / "killed"
+    result = subprocess.run(
+        [sys.executable, "scripts/train.py", *overrides, f"hydra.run.dir={killed}",
+         "callbacks.step_checkpoint.save_top_k=-1", "callbacks.step_checkpoint.filename='{step}'",
+         "+callbacks.kill._target_=killswitch.KillAtStep", f"+callbacks.kill.step={KILL_AT}"],
+        cwd=REPO, capture_output=True, text=True, timeout=300, env=subprocess_env())
+    assert result.returncode == -signal.SIGKILL, result.stderr[-3000:]
+    folder = killed / "checkpoints"
+    assert torch.load(folder / "last.ckpt", weights_only=True)["global_step"] == STEPS  # end of epoch 0
+    uninterrupted = folder / f"step={KILL_AT}.ckpt"
+
+    for i, start in enumerate(["last.ckpt", f"step={KILL_AT - 1}.ckpt"]):  # an epoch boundary, mid-epoch
+        out = tmp_path / f"resumed{i}"
+        train(compose_cfg(out, [*overrides, f"ckpt_path='{folder / start}'", "callbacks.step_checkpoint.save_top_k=-1",
+                                "callbacks.step_checkpoint.filename='{step}'",
+                                "+callbacks.stop._target_=killswitch.StopAtStep", f"+callbacks.stop.step={KILL_AT}"]))
+        assert_identical(uninterrupted, out / "out" / "checkpoints" / f"step={KILL_AT}.ckpt", f"resumed from {start}")
+
+
+# --------------------------------------------------------------------------------------
+# Bad values: each stops before any data is read, naming the value, the reason and the fix
+
+TINY = ["data=synthetic", "data.train_size=24", "data.test_size=16", "data.batch_size=8", "data.img_size=16",
+        "trainer=cpu", "trainer.max_epochs=1", "callbacks.progress_bar=null", "attention=sdpa"]
+NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+
+BAD_VALUES = [
+    (["data.num_classes=-1"], "data.num_classes=-1 is not a whole number >= 1"),
+    (["data.num_classes=0"], "data.num_classes=0 is not a whole number >= 1"),
+    (["data.num_classes=abc"], "data.num_classes='abc' is not a whole number"),
+    (["data.img_size=0"], "data.img_size=0 is not a whole number >= 1"),
+    (["data.batch_size=0"], "data.batch_size=0 is not a whole number >= 1"),
+    (["++data.val_size=-5"], "data.val_size=-5 is not a whole number >= 0"),
+    (["data.num_workers=-1"], "data.num_workers=-1 is not a whole number >= 0"),
+    (["model.num_classes=-1"], r"num_classes=-1 is not a whole number >= 0 \(0 leaves the head out\)"),
+    (["model.img_size=0"], "img_size=0 is not a whole number >= 1"),
+    (["model.img_size=-4"], "img_size=-4 is not a whole number >= 1"),
+    (["model.img_size=30"], "image size 30 is not divisible by patch size 4"),
+    (["model.drop_path_rate=1.5"], r"drop_path_rate=1.5 is not in \[0, 1\)"),
+    (["model.model_name=vit_nope"], "unknown model 'vit_nope': choose one of"),
+    (["trainer.max_epochs=abc"], "trainer.max_epochs='abc' is not a whole number >= 1 .* trainer.max_epochs=10"),
+    (["trainer.max_epochs=0"], "trainer.max_epochs=0 is not a whole number"),
+    (["++trainer.limit_train_batches=-1"], "trainer.limit_train_batches=-1 is neither a fraction"),
+    (["++trainer.limit_val_batches=abc"], "trainer.limit_val_batches='abc' is neither a fraction"),
+    pytest.param(["trainer=gpu"], "trainer.accelerator=gpu .* needs a CUDA GPU.* use trainer=cpu", marks=NO_CUDA),
+    pytest.param(["trainer=cpu", "attention=flash"], "attention=flash needs a CUDA GPU", marks=NO_CUDA),
+    (["data=imagenet"], r"no ImageFolder tree at .*imagenet: .*Put the dataset there in that layout"),
+    (["data=cifar10"], r"cifar10 not found under .*prepare_data.py --archive"),
+]
+
+
+@pytest.mark.parametrize("overrides, message", BAD_VALUES, ids=lambda v: " ".join(v) if isinstance(v, list) else "")
+def test_bad_value_stops_before_any_work(tmp_path, overrides, message):
+    base = TINY[5:] if overrides[0].startswith("data=") else TINY  # another dataset: not synthetic's keys
+    cfg = compose_cfg(tmp_path, [*base, *overrides])
+    with pytest.raises(Exception) as error:
+        train(cfg)
+    cause = error.value.__cause__ or error.value  # hydra's instantiate wraps constructor errors
+    assert isinstance(cause, (ValueError, TypeError, OSError, RuntimeError)), repr(cause)
+    assert re.search(message, str(cause)), str(cause)
+    assert not (tmp_path / "out" / "checkpoints").exists()  # nothing trained
+
+
+def test_config_errors_are_one_short_message(tmp_path):
+    """On the command line a config error is one paragraph, no traceback; HYDRA_FULL_ERROR=1
+    brings the traceback back."""
+    args = [sys.executable, "scripts/train.py", *TINY, "trainer.max_epochs=abc", f"hydra.run.dir={tmp_path}"]
+    short = subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=120, env=subprocess_env())
+    assert short.returncode == 1
+    assert "Error: trainer.max_epochs='abc' is not a whole number" in short.stderr
+    assert "Traceback" not in short.stderr and len(short.stderr.strip().splitlines()) <= 3, short.stderr
+    full = subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=120,
+                          env=subprocess_env(HYDRA_FULL_ERROR="1"))
+    assert full.returncode != 0 and "Traceback" in full.stderr and "trainer.max_epochs='abc'" in full.stderr
+
+
+# --------------------------------------------------------------------------------------
+# Checkpoints given to train.py (resume) and eval.py
+
+
+@pytest.fixture(scope="module")
+def tiny_ckpt(tmp_path_factory) -> Path:
+    """last.ckpt of a 1-epoch (3-step) run on the TINY config."""
+    out = tmp_path_factory.mktemp("tiny")
+    train(compose_cfg(out, [*TINY, "test=false"]))
+    return out / "out" / "checkpoints" / "last.ckpt"
+
+
+def crafted(src: Path, dst: Path, edit) -> Path:
+    ckpt = torch.load(src, map_location="cpu", weights_only=True)
+    edit(ckpt)
+    torch.save(ckpt, dst)
+    return dst
+
+
+def poison(value: float):
+    def edit(ckpt):
+        ckpt["state_dict"]["model.blocks.0.attn.qkv.weight"][0, 0] = value
+    return edit
+
+
+RESUME_FAULTS = {
+    "another architecture": (["model.model_name=vit_tiny_patch4_32"], None,
+                             "was trained with another model .*model_name: checkpoint 'vit_micro_patch4_32'.*"
+                             "model.pretrained="),
+    "another class count": (["data.num_classes=5"], None, "num_classes: checkpoint 10, config 5"),
+    "NaN weights": ([], poison(float("nan")), "holds NaN or inf weights .*blocks.0.attn.qkv.weight"),
+    "no epochs left": (["trainer.max_epochs=1"], None, "has finished 1 epochs and trainer.max_epochs=1: there is nothing"),
+    "a folder": ([], "folder", "is a folder, not a file: pass a checkpoint file inside it"),
+    "a missing file": ([], "missing", "does not exist: check the path"),
+    "a truncated file": ([], "truncated", "it is truncated, corrupt, or not a PyTorch"),
+    "weights without hyper-parameters": ([], "weights", "is not a checkpoint of scripts/train.py"),
+}
+
+
+@pytest.mark.parametrize("fault", list(RESUME_FAULTS))
+def test_resume_from_a_bad_checkpoint_stops_at_once(tiny_ckpt, tmp_path, fault):
+    overrides, edit, message = RESUME_FAULTS[fault]
+    path = tmp_path / "bad.ckpt"
+    if edit == "folder":
+        path = tiny_ckpt.parent
+    elif edit == "truncated":
+        path.write_bytes(tiny_ckpt.read_bytes()[:4000])
+    elif edit == "weights":
+        torch.save(torch.load(tiny_ckpt, weights_only=True)["state_dict"], path)
+    elif callable(edit):
+        crafted(tiny_ckpt, path, edit)
+    elif edit is None:
+        path = tiny_ckpt
+    cfg = compose_cfg(tmp_path, [*TINY, "trainer.max_epochs=2", *overrides, f"ckpt_path={path}"])
+    with pytest.raises((ValueError, OSError)) as error:
+        train(cfg)
+    assert re.search(message, str(error.value)), str(error.value)
+    assert not (tmp_path / "out" / "checkpoints").exists()
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_eval_refuses_non_finite_weights(tiny_ckpt, tmp_path, value):
+    bad = crafted(tiny_ckpt, tmp_path / "bad.ckpt", poison(value))
+    with pytest.raises(CheckpointError, match="holds NaN or inf weights"):
+        evaluate(compose_cfg(tmp_path, [f"ckpt_path={bad}", *TINY[:5], "trainer=cpu"], "eval"))
+    if value != value:  # once on the command line: a non-zero exit, not "loss: NaN" and 0
+        result = run_cli("eval", f"ckpt_path={bad}", *TINY[:5], "trainer=cpu", f"hydra.run.dir={tmp_path}")
+        assert result.returncode == 1 and "holds NaN or inf weights" in result.stderr, result.stderr[-2000:]
+
+
+class Payload:
+    """Unpickled in full, this touches a file: proof that a path was loaded unsafely."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return Path.touch, (self.marker,)
+
+
+@pytest.mark.parametrize("where", ["an http URL", "a file outside the run"])
+def test_paths_inside_a_checkpoint_are_not_followed(tiny_ckpt, tmp_path, caplog, where):
+    marker = tmp_path / "payload-ran"
+    payload = tmp_path / "elsewhere" / "best.ckpt"
+    payload.parent.mkdir()
+    torch.save({"state_dict": {}, "x": Payload(marker)}, payload)
+    target = "http://127.0.0.1:9/best.ckpt" if where == "an http URL" else str(payload)
+
+    def edit(ckpt):
+        for state in ckpt["callbacks"].values():
+            if "best_model_path" in state:
+                state.update(best_model_path=target, best_k_models={target: torch.tensor(1.0)})
+    resumed = crafted(tiny_ckpt, tmp_path / "crafted.ckpt", edit)
+    with caplog.at_level("WARNING"):
+        metrics = train(compose_cfg(tmp_path, [*TINY, "trainer.max_epochs=2", f"ckpt_path={resumed}"]))
+    assert not marker.exists()
+    assert f"ignoring the checkpoint paths '{target}'" in caplog.text
+    assert "test/top1" in metrics  # tested this run's own best checkpoint instead
+    assert payload.is_file()  # and deleted nothing it named
+
+
+def test_resume_with_more_epochs_replans_the_schedule(tiny_ckpt, tmp_path, caplog):
+    """The 1-epoch run ended its cosine at min_lr; resumed with max_epochs=3 the cosine is
+    stretched over 9 steps, so the 4th step runs at the new plan's LR, not at min_lr."""
+    with caplog.at_level("INFO"):
+        train(compose_cfg(tmp_path, [*TINY, "trainer.max_epochs=3", "test=false", "trainer.log_every_n_steps=1",
+                                     f"ckpt_path={tiny_ckpt}"]))
+    assert "LR schedule re-planned from 3 to 9 steps" in caplog.text
+    rows = csv.DictReader((tmp_path / "out" / "csv" / "metrics.csv").open())
+    lrs = [float(v) for r in rows for k, v in r.items() if k.startswith("lr-") and v]
+    min_lr = compose_cfg(tmp_path, TINY).model.min_lr
+    assert lrs and lrs[0] > 10 * min_lr, lrs
