@@ -272,3 +272,180 @@ def test_resume_with_more_epochs_replans_the_schedule(tiny_ckpt, tmp_path, caplo
     lrs = [float(v) for r in rows for k, v in r.items() if k.startswith("lr-") and v]
     min_lr = compose_cfg(tmp_path, TINY).model.min_lr
     assert lrs and lrs[0] > 10 * min_lr, lrs
+
+
+# --------------------------------------------------------------------------------------
+# Writing checkpoints: a kill at any moment leaves the old file or the new one, whole
+
+SAVER = """
+import sys, torch
+from vitflash.checkpoint import AtomicCheckpointIO
+io, path = AtomicCheckpointIO(), sys.argv[1]
+for i in range(1000):
+    print("saving", i, flush=True)
+    io.save_checkpoint({"i": i, "w": torch.full((4_000_000,), float(i))}, path)
+"""
+
+
+@pytest.mark.parametrize("moment", ["while writing", "between writes"])
+def test_kill_during_checkpoint_write_leaves_a_whole_file(tmp_path, moment):
+    path = tmp_path / "last.ckpt"
+    # $TMPDIR on no filesystem at all: the temporary file must live beside the checkpoint
+    child = subprocess.Popen([sys.executable, "-c", SAVER, str(path)], stdout=subprocess.PIPE, text=True,
+                             env=subprocess_env(TMPDIR=str(tmp_path / "no-such-dir")))
+    try:
+        for line in child.stdout:
+            if line.strip() == "saving 3":
+                break
+        if moment == "between writes":
+            time.sleep(0.05)
+        child.send_signal(signal.SIGKILL)
+    finally:
+        child.wait(timeout=60)
+    assert child.returncode == -signal.SIGKILL
+    ckpt = ckpt_io.AtomicCheckpointIO().load_checkpoint(path)
+    assert ckpt["i"] >= 2 and torch.equal(ckpt["w"], torch.full((4_000_000,), float(ckpt["i"])))
+
+
+def test_failed_write_keeps_the_old_checkpoint(tmp_path):
+    io, path = ckpt_io.AtomicCheckpointIO(), tmp_path / "last.ckpt"
+    io.save_checkpoint({"i": 1}, path)
+    with pytest.raises(Exception):
+        io.save_checkpoint({"i": 2, "unpicklable": lambda: None}, path)
+    assert io.load_checkpoint(path) == {"i": 1}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt"]  # no temporary file left
+    assert oct(path.stat().st_mode & 0o777) == oct(0o666 & ~_umask())
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def test_checkpoint_io_refuses_remote_and_foreign_paths(tmp_path):
+    io = ckpt_io.AtomicCheckpointIO()
+    with pytest.raises(CheckpointError, match="not a local file: vitflash resumes only from local"):
+        io.load_checkpoint("http://127.0.0.1:9/last.ckpt")
+    precious = tmp_path / "notes.txt"
+    precious.write_text("keep")
+    with pytest.raises(CheckpointError, match="refusing to delete"):
+        io.remove_checkpoint(precious)
+    assert precious.read_text() == "keep"
+
+
+# --------------------------------------------------------------------------------------
+# Unpacking archives: nothing lands in the root unless the whole archive reads back intact
+
+
+def jpeg_tree(root: Path, classes: int, per_class: dict[str, int], name: str = "cifar10") -> Path:
+    """root/<name>/<split>/<class>/<i>.jpg: 32x32 JPEGs, `per_class[split]` per class."""
+    from PIL import Image
+
+    for split, n in per_class.items():
+        for c in range(classes):
+            folder = root / name / split / f"class{c}"
+            folder.mkdir(parents=True, exist_ok=True)
+            for i in range(n):
+                Image.new("RGB", (32, 32), (25 * c, 7 * i, 100)).save(folder / f"{i}.jpg")
+    return root
+
+
+@pytest.fixture(scope="module")
+def archive(tmp_path_factory) -> Path:
+    """A tar.gz of a small JPEG tree (3 classes x 4 train / 2 test images)."""
+    folder = tmp_path_factory.mktemp("archive")
+    tree = jpeg_tree(folder / "src", 3, {"train": 4, "test": 2})
+    path = folder / "tiny.tar.gz"
+    with tarfile.open(path, "w:gz") as tar:
+        tar.add(tree / "cifar10", arcname="cifar10")
+    return path
+
+
+def damaged(archive: Path, folder: Path, how: str) -> Path:
+    data = bytearray(archive.read_bytes())
+    if how == "truncated":
+        data = data[: len(data) // 2]
+    elif how == "flipped CRC byte":
+        data[-8] ^= 0xFF  # gzip's trailer: CRC32 of the uncompressed tar
+    elif how == "flipped byte mid-stream":
+        data[len(data) // 2] ^= 0x01
+    elif how == "not a tar":
+        data = bytearray(os.urandom(2048))
+    path = folder / "damaged" / archive.name
+    path.parent.mkdir(exist_ok=True)
+    path.write_bytes(bytes(data))
+    return path
+
+
+@pytest.mark.parametrize("how", ["truncated", "flipped CRC byte", "flipped byte mid-stream", "not a tar"])
+def test_damaged_archive_unpacks_nothing(archive, tmp_path, capsys, how):
+    root = tmp_path / "data"
+    prepare.main(["--archive", str(archive), "--root", str(root)])  # a good copy first
+    before = sorted(p.relative_to(root) for p in root.rglob("*"))
+    with pytest.raises(SystemExit, match="truncated, damaged or not a tar archive. Nothing was unpacked"):
+        prepare.main(["--archive", str(damaged(archive, tmp_path, how)), "--root", str(root)])
+    assert sorted(p.relative_to(root) for p in root.rglob("*")) == before  # the good tree is intact
+    fresh = tmp_path / "fresh"
+    with pytest.raises(SystemExit):
+        prepare.main(["--archive", str(damaged(archive, tmp_path, how)), "--root", str(fresh)])
+    assert not any(fresh.iterdir())  # no partial tree to train on
+
+
+def test_archive_checked_against_sha256sums(archive, tmp_path):
+    import hashlib
+
+    bad = damaged(archive, tmp_path, "flipped byte mid-stream")
+    (bad.parent / "SHA256SUMS").write_text(f"{hashlib.sha256(archive.read_bytes()).hexdigest()}  {archive.name}\n")
+    with pytest.raises(SystemExit, match="does not match its checksum in .*SHA256SUMS: the copy is damaged"):
+        prepare.main(["--archive", str(bad), "--root", str(tmp_path / "data")])
+    assert not (tmp_path / "data").exists()
+
+
+def test_archive_faults_named_clearly(archive, tmp_path, capsys):
+    # a --root that is a file
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    with pytest.raises(SystemExit):
+        prepare.main(["--archive", str(archive), "--root", str(afile)])
+    assert "--root" in capsys.readouterr().err and afile.read_text() == "x"
+    # a missing archive
+    with pytest.raises(SystemExit, match="does not exist"):
+        prepare.main(["--archive", str(tmp_path / "nope.tar.gz"), "--root", str(tmp_path / "data")])
+    # a member that would land outside the root
+    evil = tmp_path / "evil.tar.gz"
+    with tarfile.open(evil, "w:gz") as tar:
+        tar.add(archive, arcname="cifar10/ok.bin")
+        tar.add(archive, arcname="../escaped.bin")
+    with pytest.raises(SystemExit, match="refusing to unpack .*Nothing was unpacked"):
+        prepare.main(["--archive", str(evil), "--root", str(tmp_path / "data")])
+    assert not (tmp_path / "escaped.bin").exists() and not (tmp_path / "data" / "cifar10").exists()
+    # a temporary folder left by a killed unpack is removed, and the archive unpacks
+    stale = tmp_path / "data" / f".unpacking-{archive.name}-killed"
+    (stale / "cifar10").mkdir(parents=True)
+    prepare.main(["--archive", str(archive), "--root", str(tmp_path / "data")])
+    assert not stale.exists() and len(list((tmp_path / "data" / "cifar10" / "train").rglob("*.jpg"))) == 12
+
+
+# --------------------------------------------------------------------------------------
+# Data that does not match the config: the error points at the data
+
+
+def cifar_module(root: Path, **kwargs):
+    from vitflash.data import CIFARDataModule
+
+    return CIFARDataModule(root=str(root), num_classes=10, img_size=32, batch_size=4, num_workers=0, **kwargs)
+
+
+def test_incomplete_dataset_points_at_the_data(tmp_path):
+    few_classes = jpeg_tree(tmp_path / "a", 6, {"train": 2, "test": 1})  # a half-unpacked tree
+    with pytest.raises(ValueError, match="has 6 classes but data.num_classes=10: the data there is incomplete.*"
+                                         "Unpack it again with scripts/prepare_data.py"):
+        cifar_module(few_classes).setup("fit")
+    few_images = jpeg_tree(tmp_path / "b", 10, {"train": 2, "test": 1})
+    with pytest.raises(ValueError, match="has 20 training and 10 test images but 50000 and 10000 are expected"):
+        cifar_module(few_images, expected_sizes=[50000, 10000]).setup("fit")
+    empty_jpeg = jpeg_tree(tmp_path / "c", 10, {"train": 2, "test": 1})
+    (empty_jpeg / "cifar10" / "train" / "class3" / "1.jpg").write_bytes(b"")
+    with pytest.raises(ValueError, match="cannot decode an image under .*train .*damaged or half-unpacked"):
+        cifar_module(empty_jpeg).setup("fit")

@@ -66,6 +66,8 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             Path(tmp).unlink(missing_ok=True)
             raise
         _fsync_dir(path.parent)  # the rename itself reaches the disk
+        for stale in path.parent.glob(f".{path.name}.*.tmp"):  # left by a writer that was killed
+            stale.unlink(missing_ok=True)
 
     def load_checkpoint(self, path, map_location=None, weights_only=None) -> dict[str, Any]:
         if _is_remote(path):
