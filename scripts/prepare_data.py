@@ -46,6 +46,8 @@ def check_sha256(archive: Path) -> None:
 def unpack(archive: Path, root: Path) -> None:
     """Extract a tar archive (any compression) into root, refusing unsafe members; nothing
     lands in root unless the whole archive reads back intact."""
+    if archive.is_dir():
+        raise SystemExit(f"archive {archive} is a folder: pass the .tar.gz file itself")
     if not archive.is_file():
         raise SystemExit(f"archive {archive} does not exist (the shared archives are in ../shared/data)")
     if not hasattr(tarfile, "data_filter"):
