@@ -26,6 +26,7 @@ from test_configs import compose_cfg
 from test_train import CIFAR_ARCHIVE, SMOKE, cifar_slice, evaluate, load_script, run_cli, train  # noqa: F401
 
 import vitflash.checkpoint as ckpt_io
+import vitflash.ops
 from vitflash.pretrained import CheckpointError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -454,3 +455,12 @@ def test_incomplete_dataset_points_at_the_data(tmp_path):
     (empty_jpeg / "cifar10" / "train" / "class3" / "1.jpg").write_bytes(b"")
     with pytest.raises(ValueError, match="cannot decode an image under .*train .*damaged or half-unpacked"):
         cifar_module(empty_jpeg).setup("fit")
+
+
+@pytest.mark.parametrize("scale, error", [("abc", TypeError), (float("nan"), ValueError), (-1.0, ValueError)])
+def test_bad_softmax_scale_named_on_every_path(scale, error):
+    q = torch.randn(1, 4, 2, 8)
+    for fn, x in ((vitflash.ops.naive_attention, q), (vitflash.ops.sdpa_attention, q),
+                  (vitflash.ops.flash_attention, q.half())):
+        with pytest.raises(error, match=rf"softmax_scale={re.escape(repr(scale))} is not a"):
+            fn(x, x, x, scale)

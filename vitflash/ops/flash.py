@@ -45,6 +45,8 @@ import torch
 import triton
 import triton.language as tl
 
+from vitflash.ops.reference import check_softmax_scale
+
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
 MAX_HEAD_DIM = 256
 LOG2E = 1.4426950408889634
@@ -614,6 +616,7 @@ def _check_inputs(q, k, v) -> None:
 
 
 def _scale(softmax_scale: float | None, d: int) -> float:
+    softmax_scale = check_softmax_scale(softmax_scale)
     return float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(d)
 
 
