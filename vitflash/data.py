@@ -181,6 +181,7 @@ class ImageDataModule(L.LightningDataModule):
                                  f"(the dataset's config in configs/data/ shows the usual value)")
         self.expected_sizes = tuple(expected_sizes) if expected_sizes else None
         self._resume: dict | None = None  # the train loader's position, from a checkpoint
+        self._train_sampler: ResumableSampler | None = None
         self.num_classes, self.img_size = num_classes, img_size
         self.batch_size, self.eval_batch_size = batch_size, eval_batch_size or batch_size
         self.num_workers, self.val_size, self.split_seed = num_workers, val_size, split_seed
@@ -236,10 +237,19 @@ class ImageDataModule(L.LightningDataModule):
         self.test_set = test
 
     def _loader(self, dataset: Dataset, train: bool) -> DataLoader:
+        sampler = None
+        if train:
+            # Shuffling and augmentation drawn from (seed, epoch, index) alone, so a resumed run
+            # sees the same batches, augmented alike (see ResumableSampler).
+            sampler = self._train_sampler = ResumableSampler(dataset, seed=torch.initial_seed())
+            if self._resume:
+                sampler.load_state_dict(self._resume)
+                self._resume = None
+            dataset = SeededSamples(dataset)
         return DataLoader(
             dataset,
             batch_size=self.batch_size if train else self.eval_batch_size,
-            shuffle=train,
+            sampler=sampler,
             drop_last=train,  # mixup needs even batches; equal steps on every DDP rank
             num_workers=self.num_workers,
             persistent_workers=self.num_workers > 0,
@@ -249,22 +259,11 @@ class ImageDataModule(L.LightningDataModule):
         )
 
     def train_dataloader(self) -> DataLoader:
-        # Shuffling and augmentation drawn from (seed, epoch, index) alone, so a resumed run
-        # sees the same batches, augmented alike (see ResumableSampler).
-        sampler = ResumableSampler(self.train_set, seed=torch.initial_seed())
-        if self._resume:
-            sampler.load_state_dict(self._resume)
-            self._resume = None
-        self._train_sampler = sampler
-        return DataLoader(
-            SeededSamples(self.train_set), batch_size=self.batch_size, sampler=sampler, drop_last=True,
-            num_workers=self.num_workers, persistent_workers=self.num_workers > 0,
-            pin_memory=torch.cuda.is_available(), generator=torch.Generator().manual_seed(self.split_seed),
-        )
+        return self._loader(self.train_set, train=True)
 
     def state_dict(self) -> dict:
         """Where the training loader stands (saved in every checkpoint by Lightning)."""
-        sampler, trainer = getattr(self, "_train_sampler", None), self.trainer
+        sampler, trainer = self._train_sampler, self.trainer
         if sampler is None or trainer is None:
             return {}
         progress = trainer.fit_loop.epoch_loop.batch_progress.current
