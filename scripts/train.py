@@ -26,6 +26,9 @@ from vitflash.cli import check_trainer, short_errors
 from vitflash.module import read_checkpoint
 
 log = logging.getLogger(__name__)
+# Lightning asks the DataLoader for its position; vitflash's DataModules keep it themselves
+# (vitflash.data.ResumableSampler), so its "dataloader is not resumable" warning does not apply.
+warnings.filterwarnings("ignore", message="You're resuming from a checkpoint that ended before the epoch ended")
 
 
 def train(cfg: DictConfig) -> dict[str, float]:
@@ -46,9 +49,6 @@ def train(cfg: DictConfig) -> dict[str, float]:
     # an entry set to null (callbacks.progress_bar=null) is switched off
     callbacks = [instantiate(c, _convert_="all") for c in (cfg.get("callbacks") or {}).values() if c is not None]
     callbacks.append(RNGState())  # not a config choice: exact resume depends on it
-    # Lightning asks the DataLoader for a position; vitflash's DataModules keep it themselves
-    # (ResumableSampler), so its "dataloader is not resumable" warning does not apply.
-    warnings.filterwarnings("ignore", message="You're resuming from a checkpoint that ended before the epoch ended")
     loggers = [instantiate(c, _convert_="all") for c in (cfg.get("logger") or {}).values() if c is not None]
     trainer: L.Trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False, _convert_="all")
 
