@@ -29,6 +29,9 @@ log = logging.getLogger(__name__)
 # Lightning asks the DataLoader for its position; vitflash's DataModules keep it themselves
 # (vitflash.data.ResumableSampler), so its "dataloader is not resumable" warning does not apply.
 warnings.filterwarnings("ignore", message="You're resuming from a checkpoint that ended before the epoch ended")
+# A resume writes into a new folder: RNGState drops the old run's checkpoint paths (and says so),
+# so ModelCheckpoint's "dirpath has changed ... only best_model_path will be reloaded" is untrue.
+warnings.filterwarnings("ignore", message="The dirpath has changed from")
 
 
 def train(cfg: DictConfig) -> dict[str, float]:

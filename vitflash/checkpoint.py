@@ -168,18 +168,27 @@ class RNGState(Callback):
         # best_model_path (any string, even an http:// URL) from the file and later load or
         # delete what it names.
         folders = [cb.dirpath for cb in trainer.checkpoint_callbacks if isinstance(cb, ModelCheckpoint)]
+        # where the resumed file lies: the previous run's own paths point there
+        source = [Path(trainer.ckpt_path).parent] if trainer.ckpt_path and not _is_remote(trainer.ckpt_path) else []
         for key, state in (checkpoint.get("callbacks") or {}).items():
             if not isinstance(state, dict) or "best_model_path" not in state:
                 continue
             named = [state.get(f) for f in _PATH_FIELDS] + list(state.get("best_k_models") or {})
             outside = [p for p in named if p and run_file(p, folders) is None]
-            if outside:
+            if not outside:
+                continue
+            foreign = [p for p in outside if _is_remote(p) or not Path(p).resolve().is_relative_to(
+                source[0].resolve() if source else Path("/nonexistent"))]
+            if foreign:
                 log.warning(
-                    "ignoring the checkpoint paths %s recorded in %s: only files inside this run's "
-                    "checkpoint folder (%s) are loaded; this run tracks its best checkpoint afresh",
-                    ", ".join(map(repr, outside)), key, ", ".join(map(str, folders)) or "none")
-                state.update(best_model_path="", kth_best_model_path="", last_model_path="",
-                             best_k_models={}, best_model_score=None, kth_value=None)
+                    "ignoring the checkpoint paths %s recorded in %s: they lie outside this run's checkpoint "
+                    "folder (%s) and the resumed checkpoint's; only files inside this run's folder are loaded",
+                    ", ".join(map(repr, foreign)), key, ", ".join(map(str, folders)) or "none")
+            else:
+                log.info("resumed into a new folder: the best checkpoint is tracked afresh in %s",
+                         ", ".join(map(str, folders)))
+            state.update(best_model_path="", kth_best_model_path="", last_model_path="",
+                         best_k_models={}, best_model_score=None, kth_value=None)
 
 
 def check_resume(ckpt: Mapping[str, Any], module: L.LightningModule, path: str | os.PathLike,
