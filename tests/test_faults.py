@@ -1,7 +1,8 @@
 """Faults and bad inputs, each answered clearly and none accepted silently:
 
-- a run SIGKILLed at an epoch boundary or mid-epoch and resumed ends with the same weights,
-  bit for bit, as an uninterrupted one (naive and sdpa, synthetic and real CIFAR-10 images);
+- a run SIGKILLed, resumed from its epoch-boundary or mid-epoch checkpoint, reaches the kill
+  point in the same state, bit for bit, as the uninterrupted process (naive and sdpa, synthetic
+  and real CIFAR-10 images), whatever the number of loader workers;
 - a kill while a checkpoint is written leaves the old file or the new one, whole;
 - paths recorded inside a checkpoint (best_model_path) are never loaded from outside the run;
 - archives that are truncated or damaged unpack nothing;
@@ -23,7 +24,7 @@ import pytest
 import torch
 
 from test_configs import compose_cfg
-from test_train import CIFAR_ARCHIVE, SMOKE, cifar_slice, evaluate, load_script, run_cli, train  # noqa: F401
+from test_train import cifar_slice, evaluate, load_script, run_cli, train  # noqa: F401 (cifar_slice: a fixture)
 
 import vitflash.checkpoint as ckpt_io
 import vitflash.ops
@@ -467,3 +468,25 @@ def test_bad_softmax_scale_named_on_every_path(scale, error):
                   (vitflash.ops.flash_attention, q.half())):
         with pytest.raises(error, match=rf"softmax_scale={re.escape(repr(scale))} is not a"):
             fn(x, x, x, scale)
+
+
+def test_loader_resumes_mid_epoch_with_workers():
+    """The training batches of an epoch, images included, do not depend on the number of loader
+    workers, and a loader restored to a mid-epoch position yields exactly the rest of the epoch."""
+    from vitflash.data import Augment, SyntheticDataModule
+
+    def loader(workers: int, state: dict | None = None):
+        dm = SyntheticDataModule(train_size=24, test_size=8, num_classes=4, img_size=16, batch_size=4,
+                                 num_workers=workers, augment=Augment(train_crop="pad"))
+        dm.setup("fit")
+        if state:
+            dm.load_state_dict(state)
+        dl = dm.train_dataloader()
+        dl.sampler.set_epoch(state["epoch"] if state else 1)
+        return list(dl)
+
+    whole = loader(0)
+    assert [torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(whole, loader(2))] == [True] * 6
+    rest = loader(2, {"seed": torch.initial_seed(), "epoch": 1, "start": 2 * 4})
+    assert len(rest) == 4 and all(torch.equal(a[0], b[0]) for a, b in zip(whole[2:], rest))
+    assert not torch.equal(whole[0][0], loader(0, {"seed": torch.initial_seed(), "epoch": 2, "start": 0})[0][0])
