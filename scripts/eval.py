@@ -17,7 +17,8 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
-from vitflash.cli import host_peak_rss_gib, run_session
+from vitflash.checkpoint import check_finite
+from vitflash.cli import check_trainer, host_peak_rss_gib, run_session, short_errors
 from vitflash.module import load_checkpoint
 
 log = logging.getLogger(__name__)
@@ -28,8 +29,10 @@ def evaluate(cfg: DictConfig) -> dict:
     """Evaluate cfg.ckpt_path on split cfg.split of cfg.data with attention cfg.model.attention."""
     if cfg.split not in SPLITS:
         raise ValueError(f"split={cfg.split!r}: choose one of {', '.join(SPLITS)}")
+    check_trainer(cfg.trainer)
     torch.set_float32_matmul_precision(cfg.matmul_precision)
     module = load_checkpoint(cfg.ckpt_path, attention=cfg.model.attention)
+    check_finite(module.state_dict(), cfg.ckpt_path)  # else the scores would be NaN, exit status 0
     datamodule = instantiate(cfg.data, _convert_="all")
     if module.hparams.num_classes != datamodule.num_classes:
         raise ValueError(
@@ -64,6 +67,7 @@ def evaluate(cfg: DictConfig) -> dict:
 
 
 @hydra.main(version_base="1.3", config_path="../configs", config_name="eval")
+@short_errors
 def main(cfg: DictConfig) -> None:
     with run_session():  # quiet output; no run folder left by a run that fails at the start
         evaluate(cfg)

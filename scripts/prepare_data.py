@@ -8,15 +8,20 @@
 The data root is --root, else $VITFLASH_DATA, else ./data (the default of configs/paths).
 An archive is checked against a SHA256SUMS file beside it when there is one, and unpacked
 with tarfile's "data" filter: members that would land outside the root, links pointing out
-of it and device files are refused.
+of it and device files are refused. It is unpacked into a temporary folder inside the root
+and moved into place only once the whole archive has been read, its compressed stream's own
+checksum (gzip's CRC) included: a truncated or damaged archive leaves the root as it was.
 """
 from __future__ import annotations
 
 import argparse
 import hashlib
 import os
+import shutil
 import sys
 import tarfile
+import tempfile
+import zlib
 from pathlib import Path
 
 from tqdm.auto import tqdm
@@ -39,20 +44,47 @@ def check_sha256(archive: Path) -> None:
 
 
 def unpack(archive: Path, root: Path) -> None:
-    """Extract a tar archive (any compression) into root, refusing unsafe members."""
+    """Extract a tar archive (any compression) into root, refusing unsafe members; nothing
+    lands in root unless the whole archive reads back intact."""
+    if archive.is_dir():
+        raise SystemExit(f"archive {archive} is a folder: pass the .tar.gz file itself")
     if not archive.is_file():
         raise SystemExit(f"archive {archive} does not exist (the shared archives are in ../shared/data)")
     if not hasattr(tarfile, "data_filter"):
         raise SystemExit("unpacking safely needs tarfile's extraction filters: use Python >= 3.10.12 or >= 3.11.4")
     root.mkdir(parents=True, exist_ok=True)
+    for stale in root.glob(f".unpacking-{archive.name}-*"):  # left by a killed run
+        shutil.rmtree(stale, ignore_errors=True)
+    # Beside the target, on its filesystem, so the final moves are renames.
+    tmp = Path(tempfile.mkdtemp(prefix=f".unpacking-{archive.name}-", dir=root))
     try:
-        with tarfile.open(archive) as tar:
-            for member in tqdm(tar, desc=f"unpacking {archive.name}", unit=" files", mininterval=1):
-                tar.extract(member, root, filter="data")
-    except tarfile.FilterError as e:
-        raise SystemExit(f"refusing to unpack {archive}: {e}") from e
-    except (tarfile.ReadError, EOFError, OSError) as e:
-        raise SystemExit(f"cannot read {archive} ({e}): it is truncated or not a tar archive") from e
+        try:
+            with tarfile.open(archive) as tar:
+                for member in tqdm(tar, desc=f"unpacking {archive.name}", unit=" files", mininterval=1):
+                    tar.extract(member, tmp, filter="data")
+                # Read to the end of the compressed stream: gzip/bz2/xz check their CRC there.
+                while tar.fileobj.read(1 << 20):
+                    pass
+        except tarfile.FilterError as e:
+            raise SystemExit(f"refusing to unpack {archive}: {e}. Nothing was unpacked") from e
+        except (tarfile.TarError, EOFError, OSError, zlib.error) as e:
+            raise SystemExit(
+                f"cannot read {archive} ({type(e).__name__}: {e}): it is truncated, damaged or not a tar "
+                f"archive. Nothing was unpacked into {root}; copy the archive again") from e
+        _move_into(tmp, root)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _move_into(src: Path, dst: Path) -> None:
+    """Rename each top-level entry of src into dst (one rename for a new dataset folder); where
+    a folder exists already (e.g. a second shard of one tree), merge file by file."""
+    for entry in sorted(src.iterdir()):
+        target = dst / entry.name
+        if entry.is_dir() and target.is_dir():
+            _move_into(entry, target)
+        else:
+            os.replace(entry, target)
 
 
 def download(name: str, root: Path) -> None:
@@ -80,12 +112,15 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if not args.archive and not args.download:
         parser.error("give --archive PATH ... or --download cifar10|cifar100")
+    if args.root.exists() and not args.root.is_dir():
+        parser.error(f"--root {args.root} is a file, not a folder: pass the folder to unpack into "
+                     "(it is created when missing)")
     for archive in args.archive:
         check_sha256(archive)
         unpack(archive, args.root)
     if args.download:
         download(args.download, args.root)
-    found = sorted(str(p.relative_to(args.root)) for p in args.root.glob("*/*") if p.is_dir())
+    found = sorted(str(p.relative_to(args.root)) for p in args.root.glob("[!.]*/*") if p.is_dir())
     print(f"{args.root} holds: {', '.join(found) or 'nothing'}", file=sys.stderr)
 
 

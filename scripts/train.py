@@ -6,10 +6,14 @@
     python scripts/train.py ckpt_path=<run>/checkpoints/last.ckpt  # resume
 
 Every run writes config, checkpoints and metrics into its own folder (configs/hydra/).
+A resumed run continues exactly where the checkpoint stopped (vitflash/checkpoint.py); bad
+values and checkpoints that cannot resume this config stop before any data is read.
 """
 from __future__ import annotations
 
 import logging
+import warnings
+from pathlib import Path
 
 import hydra
 import lightning as L
@@ -17,20 +21,33 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
-from vitflash.cli import run_session
+from vitflash.checkpoint import RNGState, check_resume, run_file
+from vitflash.cli import check_trainer, run_session, short_errors
 from vitflash.module import read_checkpoint
 
 log = logging.getLogger(__name__)
+# Lightning asks the DataLoader for its position; vitflash's DataModules keep it themselves
+# (vitflash.data.ResumableSampler), so its "dataloader is not resumable" warning does not apply.
+warnings.filterwarnings("ignore", message="You're resuming from a checkpoint that ended before the epoch ended")
+# A resume writes into a new folder: RNGState drops the old run's checkpoint paths (and says so),
+# so ModelCheckpoint's "dirpath has changed ... only best_model_path will be reloaded" is untrue.
+warnings.filterwarnings("ignore", message="The dirpath has changed from")
 
 
-def build(cfg: DictConfig, extra_callbacks: list[L.Callback] = ()) -> tuple[L.LightningDataModule, L.LightningModule, L.Trainer]:
-    """The DataModule, ViTModule and Trainer (with the configured callbacks, then
-    `extra_callbacks`, and loggers) that `cfg` describes; a callback or logger set to null
-    is left out."""
+def build(cfg: DictConfig, extra_callbacks: list[L.Callback] = (), ckpt: dict | None = None
+          ) -> tuple[L.LightningDataModule, L.LightningModule, L.Trainer]:
+    """The DataModule, ViTModule and Trainer (with the configured callbacks, vitflash's RNG
+    state callback, then `extra_callbacks`, and loggers) that `cfg` describes; a callback or
+    logger set to null is left out. `ckpt`, the checkpoint to resume from, is checked
+    against the config before the Trainer is built."""
     datamodule = instantiate(cfg.data, _convert_="all")
     datamodule.check_data()  # a missing dataset stops the run before pretrained weights are fetched
     module = instantiate(cfg.model, _convert_="all")
+    if ckpt is not None:
+        check_resume(ckpt, module, cfg.ckpt_path, cfg.trainer.get("max_epochs"))
+    # an entry set to null (callbacks.progress_bar=null) is switched off
     callbacks = [instantiate(c, _convert_="all") for c in (cfg.get("callbacks") or {}).values() if c is not None]
+    callbacks.append(RNGState())  # not a config choice: exact resume depends on it
     loggers = [instantiate(c, _convert_="all") for c in (cfg.get("logger") or {}).values() if c is not None]
     trainer: L.Trainer = instantiate(cfg.trainer, callbacks=[*callbacks, *extra_callbacks], logger=loggers or False,
                                      _convert_="all")
@@ -40,28 +57,48 @@ def build(cfg: DictConfig, extra_callbacks: list[L.Callback] = ()) -> tuple[L.Li
 def train(cfg: DictConfig) -> dict[str, float]:
     """Fit and test as `cfg` (a composed configs/train.yaml) says; returns the last logged
     metrics (train/*, val/*, and test/* of the best checkpoint)."""
+    check_trainer(cfg.trainer)
     if cfg.get("seed") is not None:
         L.seed_everything(cfg.seed, workers=True)
     torch.set_float32_matmul_precision(cfg.matmul_precision)
-    if cfg.get("ckpt_path"):
-        read_checkpoint(cfg.ckpt_path, training=True)  # a missing or corrupt file stops the run before any work
-
-    datamodule, module, trainer = build(cfg)
+    # a missing, corrupt or foreign file stops the run before any work
+    ckpt = read_checkpoint(cfg.ckpt_path, training=True) if cfg.get("ckpt_path") else None
+    datamodule, module, trainer = build(cfg, ckpt=ckpt)
+    del ckpt  # Lightning reads the file again, through configs/trainer's AtomicCheckpointIO
     trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
 
     if cfg.get("test"):
-        best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
-        if not best:
-            log.warning("no best checkpoint was saved (e.g. fast_dev_run): testing the weights in memory")
-        trainer.test(module, datamodule=datamodule, ckpt_path=best or None)
+        best = load_best(trainer, module)
+        trainer.test(module, datamodule=datamodule)
         metrics.update({k: float(v) for k, v in trainer.callback_metrics.items()})
         if best:
             log.info("best checkpoint %s: test/top1 %.4f", best, metrics.get("test/top1", float("nan")))
     return metrics
 
 
+def load_best(trainer: L.Trainer, module: L.LightningModule) -> Path | None:
+    """Load the best checkpoint's weights into `module` and return its path; None (testing the
+    weights in memory) when there is none. The path is ModelCheckpoint's best_model_path, which
+    a resumed checkpoint can set to anything: only a file inside this run's checkpoint folder is
+    loaded, and weights only."""
+    callback = trainer.checkpoint_callback
+    named = callback.best_model_path if callback else ""
+    best = run_file(named, [callback.dirpath] if callback else [])
+    if named and best is None:
+        raise ValueError(
+            f"refusing to load the best checkpoint {named!r}: it is not a file inside this run's "
+            f"checkpoint folder {callback.dirpath}. The run's checkpoints are saved; score one with "
+            "`python scripts/eval.py ckpt_path=<run>/checkpoints/<file>.ckpt`")
+    if best is None:
+        log.warning("no best checkpoint was saved (e.g. fast_dev_run): testing the weights in memory")
+        return None
+    module.load_state_dict(read_checkpoint(best)["state_dict"])
+    return best
+
+
 @hydra.main(version_base="1.3", config_path="../configs", config_name="train")
+@short_errors
 def main(cfg: DictConfig) -> float | None:
     with run_session():  # quiet output; no run folder left by a run that fails at the start
         metrics = train(cfg)

@@ -118,7 +118,7 @@ def cifar_slice(tmp_path_factory) -> Path:
 
 def cifar_overrides(data_root: Path) -> list[str]:
     return ["experiment=cifar10_quick", "trainer=cpu", f"paths.data_dir={data_root}", f"data.val_size={VAL_SIZE}",
-            f"data.batch_size={BATCH}", "data.num_workers=0", "trainer.limit_train_batches=1.0",
+            f"data.batch_size={BATCH}", "data.num_workers=0", "data.expected_sizes=null", "trainer.limit_train_batches=1.0",
             "trainer.log_every_n_steps=1", "model.warmup_epochs=0"]
 
 
@@ -165,7 +165,7 @@ def test_eval_reproduces_the_test_score(cifar_run, cifar_slice, tmp_path):
     metrics, out = cifar_run
     best = next(p for p in (out / "checkpoints").glob("*.ckpt") if p.name != "last.ckpt")
     common = [f"ckpt_path={best}", f"paths.data_dir={cifar_slice}", f"data.val_size={VAL_SIZE}", "data.num_workers=0",
-              "trainer=cpu"]
+              "data.expected_sizes=null", "trainer=cpu"]
     result = evaluate(compose_cfg(tmp_path, [*common, "attention=naive"], "eval"))
     assert result["attention"] == "naive" and result["peak_mem_gib"] is None  # no GPU
     assert 0.1 < result["host_peak_rss_gib"] < 64  # this process, with torch loaded

@@ -1,10 +1,14 @@
 """What a run of scripts/train.py or scripts/eval.py prints, and what it leaves on disk.
 
     @hydra.main(...)
+    @short_errors
     def main(cfg):
         with run_session():
             train(cfg)
 
+`short_errors` prints a config or data error as one message, `Error: <what, why, the fix>`,
+and exits with status 1; its traceback stays behind `HYDRA_FULL_ERROR=1`, as Hydra does for
+its own errors. `check_trainer` checks the composed Trainer config before any data is read.
 `run_session` hides the messages a user cannot act on (each filter below says why it is
 safe), prints vitflash's own log lines from rank zero only under DDP, and removes the run
 folder Hydra made when the run fails before it has written any result. `ModelSummary` is
@@ -14,17 +18,25 @@ Lightning's model summary without the FLOPs column it cannot fill for this model
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
+import os
 import resource
 import shutil
 import sys
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Callable
 
+import torch
 from hydra.core.hydra_config import HydraConfig
+from hydra.errors import InstantiationException
 from lightning.pytorch.callbacks import ModelSummary as _LightningModelSummary
 from lightning.pytorch.utilities import rank_zero_only
+from omegaconf import DictConfig
+from omegaconf.errors import OmegaConfBaseException
+
 
 # Messages Lightning and torch print on every run that say nothing about the user's run.
 _IGNORED_WARNINGS = (
@@ -132,3 +144,54 @@ def _without_total_flops() -> Iterator[None]:
         yield
     finally:
         logger.removeFilter(drop)
+
+
+# What a user's config or data can cause; anything else is a bug and keeps its traceback.
+USER_ERRORS = (ValueError, TypeError, OSError, RuntimeError, OmegaConfBaseException)
+
+
+def short_errors(main: Callable) -> Callable:
+    """Wrap a Hydra task function: user errors become one message on stderr and exit status 1."""
+
+    @functools.wraps(main)
+    def wrapper(cfg: DictConfig):
+        try:
+            return main(cfg)
+        except (InstantiationException, *USER_ERRORS) as e:
+            if os.environ.get("HYDRA_FULL_ERROR") == "1":
+                raise
+            # instantiate wraps the constructor's error; its message is the one to show
+            cause = e.__cause__ if isinstance(e, InstantiationException) and e.__cause__ else e
+            if not isinstance(cause, USER_ERRORS):
+                raise
+            print(f"Error: {cause}\n(set HYDRA_FULL_ERROR=1 for the traceback)", file=sys.stderr)
+            sys.exit(1)
+
+    return wrapper
+
+
+def _whole(value, least: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= least
+
+
+def check_trainer(trainer: DictConfig) -> None:
+    """Raise a ValueError for trainer settings Lightning would only trip over after the data
+    is set up: non-numeric epochs or batch limits, a GPU accelerator without CUDA."""
+    epochs = trainer.get("max_epochs")
+    if epochs is not None and not (_whole(epochs, 1) or epochs == -1):
+        raise ValueError(f"trainer.max_epochs={epochs!r} is not a whole number >= 1 (or -1 for no limit): "
+                         "pass e.g. trainer.max_epochs=10")
+    for key in ("limit_train_batches", "limit_val_batches", "limit_test_batches"):
+        value = trainer.get(key)
+        if value is None:
+            continue
+        fraction = isinstance(value, float) and 0.0 <= value <= 1.0
+        if not (fraction or _whole(value, 0)):
+            raise ValueError(f"trainer.{key}={value!r} is neither a fraction in [0, 1] nor a whole number "
+                             f"of batches: pass e.g. trainer.{key}=1.0 (all) or trainer.{key}=100")
+    accelerator = str(trainer.get("accelerator", "auto"))
+    if accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
+        raise ValueError(
+            f"trainer.accelerator={accelerator} (trainer=gpu) needs a CUDA GPU, and PyTorch sees none "
+            f"(torch.cuda.is_available() is False; torch {torch.__version__}): on this machine use "
+            "trainer=cpu, or trainer=default (the GPU when there is one, else the CPU)")

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import os
 from concurrent.futures import ProcessPoolExecutor
+import random
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -27,7 +28,7 @@ import numpy as np
 import torch
 from PIL import Image
 from timm.data import create_transform
-from torch.utils.data import DataLoader, Dataset, Subset
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset, get_worker_info
 from torchvision import datasets
 from torchvision import transforms as T
 from tqdm.auto import tqdm
@@ -130,7 +131,9 @@ def load_image_folder(folder: Path, num_workers: int = 0) -> tuple[np.ndarray, n
             if list(z["classes"]) == tree.classes and len(z["labels"]) == len(tree):
                 return z["images"], z["labels"], tree.classes
         log.info("%s is stale (the folder changed): decoding again", cache)
-    loader = DataLoader(tree, batch_size=500, num_workers=num_workers, collate_fn=_stack)
+    # its own generator: a run that decodes draws nothing more from the global RNG than one that reads the cache
+    loader = DataLoader(tree, batch_size=500, num_workers=num_workers, collate_fn=_stack,
+                        generator=torch.Generator())
     chunks = []
     try:
         for batch in tqdm(loader, desc=f"decoding {folder}", unit="batch"):
@@ -139,6 +142,11 @@ def load_image_folder(folder: Path, num_workers: int = 0) -> tuple[np.ndarray, n
         raise ValueError(
             f"{folder} holds images of different sizes, which cannot be kept as one array: "
             "set data.in_memory=false to decode them on the fly"
+        ) from e
+    except OSError as e:  # PIL: an empty or damaged file
+        raise ValueError(
+            f"cannot decode an image under {folder} ({e}): the copy is damaged or half-unpacked. "
+            "Unpack it again with scripts/prepare_data.py"
         ) from e
     images = np.concatenate([c[0] for c in chunks])
     labels = np.concatenate([c[1] for c in chunks])
@@ -227,6 +235,8 @@ class ImageDataModule(L.LightningDataModule):
         gpu_storage: where the gpu pipeline keeps the images: "device", "stream" (host memory or
             a memory-mapped cache, copied in per batch) or "auto" (device when they take at most
             half of the free device memory).
+        expected_sizes: (train, test) image counts the data must have (e.g. CIFAR's
+            (50000, 10000)), so an incomplete copy is caught before training; None skips it.
     """
 
     def __init__(
@@ -242,12 +252,22 @@ class ImageDataModule(L.LightningDataModule):
         pipeline: str = "cpu",
         shuffle_seed: int = 0,
         gpu_storage: str = "auto",
+        expected_sizes: Sequence[int] | None = None,
     ):
         super().__init__()
         if pipeline not in PIPELINES:
             raise ValueError(f"data.pipeline={pipeline!r}: choose one of {', '.join(PIPELINES)}")
         if gpu_storage not in STORAGES:
             raise ValueError(f"data.gpu_storage={gpu_storage!r}: choose one of {', '.join(STORAGES)}")
+        for name, value, least in (("num_classes", num_classes, 1), ("img_size", img_size, 1),
+                                   ("batch_size", batch_size, 1), ("num_workers", num_workers, 0),
+                                   ("val_size", val_size, 0)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < least:
+                raise ValueError(f"data.{name}={value!r} is not a whole number >= {least}: set it to one "
+                                 f"(the dataset's config in configs/data/ shows the usual value)")
+        self.expected_sizes = tuple(expected_sizes) if expected_sizes else None
+        self._resume: dict | None = None  # the train loader's position, from a checkpoint
+        self._train_sampler: ResumableSampler | None = None
         self.num_classes, self.img_size = num_classes, img_size
         self.batch_size, self.eval_batch_size = batch_size, eval_batch_size or batch_size
         self.num_workers, self.val_size, self.split_seed = num_workers, val_size, split_seed
@@ -285,8 +305,20 @@ class ImageDataModule(L.LightningDataModule):
     def _check_classes(self, found: int, where: object) -> None:
         if found != self.num_classes:
             raise ValueError(
-                f"{where} has {found} classes but data.num_classes={self.num_classes}: "
-                f"set data.num_classes={found}"
+                f"{where} has {found} classes but data.num_classes={self.num_classes}: the data there "
+                f"is incomplete or another dataset. Unpack it again with scripts/prepare_data.py (see "
+                f"the data section of the README); only if it really has {found} classes, set "
+                f"data.num_classes={found}"
+            )
+
+    def _check_sizes(self, train: Dataset, test: Dataset) -> None:
+        found = (len(train), len(test))
+        if self.expected_sizes and found != self.expected_sizes:
+            raise ValueError(
+                f"the data has {found[0]} training and {found[1]} test images but "
+                f"{self.expected_sizes[0]} and {self.expected_sizes[1]} are expected "
+                f"(data.expected_sizes): the copy is incomplete. Unpack it again with "
+                f"scripts/prepare_data.py; for a deliberate subset set data.expected_sizes=null"
             )
 
     def _split(self, n: int) -> tuple[list[int], list[int]] | None:
@@ -305,6 +337,7 @@ class ImageDataModule(L.LightningDataModule):
             self._setup_gpu(stage)
             return
         train, train_eval, test = self._load(stage)
+        self._check_sizes(train, test)
         split = self._split(len(train))
         if split is None:
             self.train_set, self.val_set = train, test
@@ -322,6 +355,7 @@ class ImageDataModule(L.LightningDataModule):
 
     def _setup_gpu(self, stage: str | None) -> None:
         x, y, xt, yt = self._load_arrays(stage)
+        self._check_sizes(y, yt)
         split = self._split(len(y))
         device, rank, world = self._placement()
         storage = choose_storage(self.gpu_storage, x.nbytes + xt.nbytes, device)
@@ -356,28 +390,51 @@ class ImageDataModule(L.LightningDataModule):
             self._train_loader = loader
         return loader
 
-    # The gpu train loader's state (epoch, batches taken, seed) also travels as the DataModule's:
-    # Lightning restores a DataModule before anything builds the train loader, but a loader's own
-    # state only if the loader is built after the loops are restored, which is not so when
-    # configure_optimizers asks for trainer.estimated_stepping_batches (as ViTModule does).
+    # The train loader's position travels as the DataModule's state. Lightning restores a
+    # DataModule before anything builds the train loader, but a loader's own state only if the
+    # loader is built after the loops are restored, which is not so when configure_optimizers
+    # asks for trainer.estimated_stepping_batches (as ViTModule does).
     def state_dict(self) -> dict:
-        return {"train_loader": self._train_loader.state_dict()} if self._train_loader is not None else {}
+        """Where the training loader stands (saved in every checkpoint by Lightning): the gpu
+        loader's (epoch, batches taken, seed), or the cpu path's ResumableSampler position."""
+        if self._train_loader is not None:
+            return {"train_loader": self._train_loader.state_dict()}
+        sampler, trainer = self._train_sampler, self.trainer
+        if sampler is None or trainer is None:
+            return {}
+        progress = trainer.fit_loop.epoch_loop.batch_progress.current
+        return sampler.state_dict(batches_done=progress.processed, batches_per_epoch=trainer.num_training_batches,
+                                  batch_size=self.batch_size)
 
     def load_state_dict(self, state: dict) -> None:
-        self._train_state = state.get("train_loader")
-        if self._train_loader is not None and self._train_state is not None:
+        if "train_loader" not in state:
+            self._resume = dict(state) or None
+            return
+        self._train_state = state["train_loader"]
+        if self._train_loader is not None:
             self._train_loader.load_state_dict(self._train_state)
             self._train_state = None
 
     def _loader(self, dataset: Dataset, train: bool) -> DataLoader:
+        sampler = None
+        if train:
+            # Shuffling and augmentation drawn from (seed, epoch, index) alone, so a resumed run
+            # sees the same batches, augmented alike (see ResumableSampler).
+            sampler = self._train_sampler = ResumableSampler(dataset, seed=torch.initial_seed())
+            if self._resume:
+                sampler.load_state_dict(self._resume)
+                self._resume = None
+            dataset = SeededSamples(dataset)
         return DataLoader(
             dataset,
             batch_size=self.batch_size if train else self.eval_batch_size,
-            shuffle=train,
+            sampler=sampler,
             drop_last=train,  # mixup needs even batches; equal steps on every DDP rank
             num_workers=self.num_workers,
             persistent_workers=self.num_workers > 0,
             pin_memory=torch.cuda.is_available(),
+            # its own generator: making an iterator then draws nothing from the global torch RNG
+            generator=torch.Generator().manual_seed(self.split_seed),
         )
 
     def train_dataloader(self) -> DataLoader | GPULoader:
@@ -479,11 +536,16 @@ class ImageFolderDataModule(ImageDataModule):
         test = next((self.root / n for n in names if (self.root / n).is_dir()), None)
         train = self.root / self.train_dir
         if not train.is_dir() or test is None:
+            archive = f"{self.root.name}-val.tar.gz"
+            # name the shared archive only where there is one (Imagenette, not ImageNet)
+            hint = (_prepare_hint(self.root.parent, archive) + " (and the same for each train shard)"
+                    if (Path("../shared/data") / archive).is_file() else
+                    f"Put the dataset there in that layout (`python scripts/prepare_data.py --archive "
+                    f"<your archive> --root {self.root.parent}` unpacks a tar of it), or point "
+                    f"data.root at it")
             raise FileNotFoundError(
                 f"no ImageFolder tree at {self.root}: expected {train}/<class>/ and "
-                f"{self.root}/{'|'.join(names)}/<class>/. "
-                + _prepare_hint(self.root.parent, f"{self.root.name}-val.tar.gz")
-                + " (and the same for each train shard)"
+                f"{self.root}/{'|'.join(names)}/<class>/. " + hint
             )
         return train, test
 
@@ -537,3 +599,82 @@ class SyntheticDataModule(ImageDataModule):
         templates = rng.integers(0, 256, (self.num_classes, self.img_size, self.img_size, 3))
         (x, y), (xt, yt) = self._images(self.train_size, rng, templates), self._images(self.test_size, rng, templates)
         return x, y, xt, yt
+
+
+class SeededSamples(Dataset):
+    """`dataset` indexed by (index, seed) pairs: each sample is transformed with python's,
+    numpy's and torch's global generators seeded by its own seed, so its augmentation depends on
+    nothing else (not the worker it lands in, not what ran before). In the main process the
+    generators' states are put back after each batch: the model's draws (dropout, mixup) then
+    form one stream that a checkpoint can save and restore.
+    """
+
+    def __init__(self, dataset: Dataset):
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, item: tuple[int, int]):
+        return self.__getitems__([item])[0]
+
+    def __getitems__(self, items: list[tuple[int, int]]) -> list:
+        # DataLoader calls this once per batch, so the states are saved once per batch.
+        main = get_worker_info() is None
+        if main:
+            saved = random.getstate(), np.random.get_state(), torch.get_rng_state()
+        try:
+            out = []
+            for index, seed in items:
+                random.seed(seed)
+                np.random.seed(seed)
+                torch.random.default_generator.manual_seed(seed)  # CPU only: transforms run there
+                out.append(self.dataset[index])
+            return out
+        finally:
+            if main:
+                random.setstate(saved[0])
+                np.random.set_state(saved[1])
+                torch.set_rng_state(saved[2])
+
+
+class ResumableSampler(DistributedSampler):
+    """The training order: a shuffle drawn from (seed, epoch) alone, each index paired with the
+    seed of its augmentation, drawn from (seed, epoch, index); `state_dict` says where an epoch
+    stands, and a sampler given it starts there. Under DDP each process takes every
+    world-size-th index of the shared order, as DistributedSampler does; being one, Lightning
+    calls its `set_epoch` and does not wrap it.
+
+    torch's samplers draw their order from the global generator when an iterator is made, and
+    DataLoader workers seed from it too: a run resumed mid-epoch would see other batches.
+    """
+
+    def __init__(self, dataset: Dataset, seed: int = 0):
+        distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+        super().__init__(dataset, num_replicas=None if distributed else 1, rank=None if distributed else 0,
+                         shuffle=True, seed=seed, drop_last=False)
+        self.start = 0  # samples of this process to skip in the current epoch (resume)
+
+    def set_epoch(self, epoch: int) -> None:
+        if epoch != self.epoch:
+            self.start = 0  # a resume position belongs to its own epoch
+        super().set_epoch(epoch)
+
+    def __iter__(self):
+        g = torch.Generator().manual_seed(self.seed + self.epoch)
+        order = torch.randperm(len(self.dataset), generator=g).tolist()
+        order += order[: self.total_size - len(order)]  # pad to a multiple of the world size
+        mine = order[self.rank : self.total_size : self.num_replicas]
+        start, self.start = self.start, 0
+        for index in mine[start:]:
+            seed = np.random.SeedSequence((self.seed, self.epoch, index)).generate_state(1)[0]
+            yield index, int(seed)
+
+    def state_dict(self, batches_done: int, batches_per_epoch: int | float, batch_size: int) -> dict:
+        """The position after `batches_done` batches of `batch_size` in an epoch of `batches_per_epoch`."""
+        if batches_done >= batches_per_epoch:  # the epoch is over: the next one starts afresh
+            return {"seed": self.seed, "epoch": self.epoch + 1, "start": 0}
+        return {"seed": self.seed, "epoch": self.epoch, "start": batches_done * batch_size}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.seed, self.epoch, self.start = state["seed"], state["epoch"], state["start"]

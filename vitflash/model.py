@@ -143,6 +143,23 @@ class Block(nn.Module):
         return x
 
 
+def _check_sizes(**values) -> None:
+    """Raise a ValueError for a size or rate no ViT can have, before anything is built
+    (num_classes=-1 would silently build a head-less model; img_size=0 fails only in forward)."""
+    for name, value in values.items():
+        if name.endswith("rate"):
+            ok, want = isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < 1, "in [0, 1)"
+        elif name == "mlp_ratio":
+            ok, want = isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0, "a number > 0"
+        else:
+            least = 0 if name == "num_classes" else 1
+            ok, want = isinstance(value, int) and not isinstance(value, bool) and value >= least, f"a whole number >= {least}"
+        if not ok:
+            hint = " (0 leaves the head out)" if name == "num_classes" else ""
+            raise ValueError(f"{name}={value!r} is not {want}{hint}: pass a valid {name}, or leave it out to "
+                             f"keep the preset's value")
+
+
 class VisionTransformer(nn.Module):
     """A ViT classifier with timm's parameter names.
 
@@ -185,6 +202,9 @@ class VisionTransformer(nn.Module):
         attention: str = "sdpa",
     ):
         super().__init__()
+        _check_sizes(img_size=img_size, patch_size=patch_size, in_chans=in_chans, embed_dim=embed_dim,
+                     depth=depth, num_heads=num_heads, num_classes=num_classes, mlp_ratio=mlp_ratio,
+                     drop_rate=drop_rate, proj_drop_rate=proj_drop_rate, drop_path_rate=drop_path_rate)
         if global_pool not in ("token", "avg"):
             raise ValueError(f"global_pool must be 'token' or 'avg', got {global_pool!r}")
         if global_pool == "token" and not class_token:

@@ -288,6 +288,28 @@ class ViTModule(L.LightningModule):
         # timm schedulers are driven by the number of optimizer updates, which also resumes right
         scheduler.step_update(num_updates=self.global_step)
 
+    # On resume the schedule is re-planned from the current config: timm's scheduler is a pure
+    # function of (plan, step), so the plan that configure_optimizers just made is kept and the
+    # checkpoint's (t_initial, warmup_t, ... of the old max_epochs) is not loaded over it.
+    # Same config: the same LRs, bit for bit; a larger trainer.max_epochs: the cosine is
+    # stretched to the new length from the step reached (the LR rises again), instead of the
+    # extra epochs running at min_lr.
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        states = checkpoint.get("lr_schedulers") or []
+        self._resumed_plan = [s.get("t_initial", 0) + s.get("warmup_t", 0) for s in states]
+        checkpoint["lr_schedulers"] = [{} for _ in states]  # timm's load_state_dict({}) keeps the new plan
+
+    def on_train_start(self) -> None:
+        planned = getattr(self, "_resumed_plan", None)
+        if not planned:
+            return
+        for config, old in zip(self.trainer.lr_scheduler_configs, planned):
+            new = config.scheduler.t_initial + config.scheduler.warmup_t
+            if new != old:
+                log.info("LR schedule re-planned from %d to %d steps (trainer.max_epochs changed)", old, new)
+            config.scheduler.step_update(num_updates=self.global_step)  # this step's LR under the plan
+        self._resumed_plan = None
+
 
 def load_checkpoint(path: str | Path, attention: str | None = None) -> ViTModule:
     """A ViTModule with the weights of checkpoint `path`; `attention` overrides the path it

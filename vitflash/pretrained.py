@@ -104,6 +104,10 @@ def load_file(path: str | os.PathLike):
     so vitflash never does that on its own.
     """
     path = Path(path)
+    if path.is_dir():
+        raise IsADirectoryError(
+            f"checkpoint {path} is a folder, not a file: pass a checkpoint file inside it "
+            "(a training run keeps them in <run dir>/checkpoints/, e.g. last.ckpt)")
     if not path.is_file():
         raise FileNotFoundError(
             f"checkpoint {path} does not exist: check the path (a training run keeps its "

@@ -19,13 +19,14 @@ is first imported), which is how CI tests them.
 from __future__ import annotations
 
 import math
-import numbers
 
 import torch
 
 from vitflash.ops import kernels
 from vitflash.ops import launch as _launch
 from vitflash.ops.launch import Candidate, Launch, block_d, choose
+
+from vitflash.ops.reference import check_softmax_scale
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
 MAX_HEAD_DIM = 256
@@ -211,14 +212,9 @@ def _check_sizes(B: int, N: int, H: int, D: int, shape: tuple) -> None:
         raise ValueError(f"empty input of shape {shape}: B, N and H must be >= 1")
 
 
-def _scale(softmax_scale, d: int) -> float:
-    if softmax_scale is None:
-        return 1.0 / math.sqrt(d)
-    if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, numbers.Real) \
-            or not math.isfinite(softmax_scale) or softmax_scale <= 0:
-        raise ValueError(f"softmax_scale={softmax_scale!r}: give a positive finite number "
-                         f"(default None means 1/sqrt(head dim) = {1.0 / math.sqrt(d):.4g})")
-    return float(softmax_scale)
+def _scale(softmax_scale: float | None, d: int) -> float:
+    softmax_scale = check_softmax_scale(softmax_scale)
+    return float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(d)
 
 
 def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

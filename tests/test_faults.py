@@ -1,0 +1,492 @@
+"""Faults and bad inputs, each answered clearly and none accepted silently:
+
+- a run SIGKILLed, resumed from its epoch-boundary or mid-epoch checkpoint, reaches the kill
+  point in the same state, bit for bit, as the uninterrupted process (naive and sdpa, synthetic
+  and real CIFAR-10 images), whatever the number of loader workers;
+- a kill while a checkpoint is written leaves the old file or the new one, whole;
+- paths recorded inside a checkpoint (best_model_path) are never loaded from outside the run;
+- archives that are truncated or damaged unpack nothing;
+- bad values, checkpoints and data stop before any work with a message naming the value, the
+  reason and the fix.
+"""
+from __future__ import annotations
+
+import csv
+import os
+import re
+import signal
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+import torch
+
+from test_configs import compose_cfg
+from test_train import cifar_slice, evaluate, load_script, run_cli, train  # noqa: F401 (cifar_slice: a fixture)
+
+import vitflash.checkpoint as ckpt_io
+import vitflash.ops
+from vitflash.pretrained import CheckpointError
+
+REPO = Path(__file__).resolve().parents[1]
+TESTS = Path(__file__).resolve().parent
+prepare = load_script("prepare_data")
+
+# 3 steps per epoch, 2 epochs; every random consumer on: augmentation (pad crop, flip), drop
+# path, dropout, mixup/cutmix (numpy's global RNG), warmup then cosine.
+STEPS, EPOCHS, KILL_AT = 3, 2, 5  # the kill lands mid-epoch 1, after its 2nd step
+RUN = ["trainer=cpu", "test=false", "callbacks.progress_bar=null", "++trainer.num_sanity_val_steps=0", f"trainer.max_epochs={EPOCHS}", "++trainer.limit_val_batches=1",
+       "trainer.log_every_n_steps=1", "model.drop_path_rate=0.1", "model.drop_rate=0.1",
+       "model.mixup_alpha=0.8", "model.cutmix_alpha=1.0", "model.warmup_epochs=0.5",
+       "callbacks.step_checkpoint.every_n_train_steps=1"]
+# 16 px images in batches of 8 (17 tokens): each step costs milliseconds, not seconds
+DATA = {
+    "synthetic": ["data=synthetic", f"data.train_size={8 * STEPS}", "data.test_size=16", "data.batch_size=8",
+                  "data.img_size=16"],
+    "cifar": ["data.val_size=80", "data.batch_size=8", "data.img_size=16", "data.num_workers=0",
+              "data.expected_sizes=null", f"++trainer.limit_train_batches={STEPS}"],
+}
+
+
+def subprocess_env(**extra) -> dict:
+    # the same thread count as this process: CPU sums may be split differently across threads
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(TESTS)]), "HYDRA_FULL_ERROR": "0",
+            "OMP_NUM_THREADS": str(torch.get_num_threads()), **extra}
+
+
+def state(path: Path) -> dict[str, torch.Tensor]:
+    """Everything a checkpoint holds that decides the rest of the run: weights, AdamW moments,
+    random generator states, the loader's position."""
+    ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    opt = ckpt["optimizer_states"][0]["state"]
+    rng = ckpt["callbacks"]["RNGState"]
+    return {**ckpt["state_dict"], **{f"adam.{i}.{k}": v for i, s in opt.items() for k, v in s.items()},
+            "rng.torch": rng["torch"], "rng.numpy": rng["numpy"]["keys"],
+            "rng.python": torch.tensor(rng["python"][1]), "global_step": torch.tensor(ckpt["global_step"]),
+            **{f"loader.{k}": torch.tensor(v) for k, v in ckpt[next(k for k in ckpt if k.endswith("DataModule"))].items()}}
+
+
+def assert_identical(a: Path, b: Path, what: str) -> None:
+    sa, sb = state(a), state(b)
+    assert sa.keys() == sb.keys()
+    differ = [k for k in sa if not torch.equal(sa[k], sb[k])]
+    assert not differ, f"{what}: {len(differ)} of {len(sa)} tensors differ, e.g. {differ[:3]}"
+
+
+@pytest.mark.parametrize("data", ["synthetic", "cifar"])
+@pytest.mark.parametrize("attention", ["naive", "sdpa"])
+def test_sigkill_then_resume_is_bit_identical(request, tmp_path, data, attention):
+    """A run SIGKILLed mid-epoch 1 leaves a checkpoint per step and last.ckpt (end of epoch 0);
+    resumed from the epoch boundary and from mid-epoch, training reaches the kill point in the
+    same state, bit for bit, as the uninterrupted process did: weights, AdamW moments, RNGs,
+    loader position (from there on the same state gives the same run)."""
+    overrides = [*RUN, *DATA[data], f"attention={attention}"]
+    if data == "cifar":
+        overrides.append(f"paths.data_dir={request.getfixturevalue('cifar_slice')}")
+    killed = tmp_path / "killed"
+    result = subprocess.run(
+        [sys.executable, "scripts/train.py", *overrides, f"hydra.run.dir={killed}",
+         "callbacks.step_checkpoint.save_top_k=-1", "callbacks.step_checkpoint.filename='{step}'",
+         "+callbacks.kill._target_=killswitch.KillAtStep", f"+callbacks.kill.step={KILL_AT}"],
+        cwd=REPO, capture_output=True, text=True, timeout=300, env=subprocess_env())
+    assert result.returncode == -signal.SIGKILL, result.stderr[-3000:]
+    folder = killed / "checkpoints"
+    assert torch.load(folder / "last.ckpt", weights_only=True)["global_step"] == STEPS  # end of epoch 0
+    uninterrupted = folder / f"step={KILL_AT}.ckpt"
+
+    for i, start in enumerate(["last.ckpt", f"step={KILL_AT - 1}.ckpt"]):  # an epoch boundary, mid-epoch
+        out = tmp_path / f"resumed{i}"
+        train(compose_cfg(out, [*overrides, f"ckpt_path='{folder / start}'", "callbacks.step_checkpoint.save_top_k=-1",
+                                "callbacks.step_checkpoint.filename='{step}'",
+                                "+callbacks.stop._target_=killswitch.StopAtStep", f"+callbacks.stop.step={KILL_AT}"]))
+        assert_identical(uninterrupted, out / "out" / "checkpoints" / f"step={KILL_AT}.ckpt", f"resumed from {start}")
+
+
+# --------------------------------------------------------------------------------------
+# Bad values: each stops before any data is read, naming the value, the reason and the fix
+
+TINY = ["data=synthetic", "data.train_size=24", "data.test_size=16", "data.batch_size=8", "data.img_size=16",
+        "trainer=cpu", "trainer.max_epochs=1", "callbacks.progress_bar=null", "attention=sdpa",
+        "++trainer.num_sanity_val_steps=0"]
+NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+
+BAD_VALUES = [
+    (["data.num_classes=-1"], "data.num_classes=-1 is not a whole number >= 1"),
+    (["data.num_classes=0"], "data.num_classes=0 is not a whole number >= 1"),
+    (["data.num_classes=abc"], "data.num_classes='abc' is not a whole number"),
+    (["data.img_size=0"], "data.img_size=0 is not a whole number >= 1"),
+    (["data.batch_size=0"], "data.batch_size=0 is not a whole number >= 1"),
+    (["++data.val_size=-5"], "data.val_size=-5 is not a whole number >= 0"),
+    (["data.num_workers=-1"], "data.num_workers=-1 is not a whole number >= 0"),
+    (["model.num_classes=-1"], r"num_classes=-1 is not a whole number >= 0 \(0 leaves the head out\)"),
+    (["model.img_size=0"], "img_size=0 is not a whole number >= 1"),
+    (["model.img_size=-4"], "img_size=-4 is not a whole number >= 1"),
+    (["model.img_size=30"], "image size 30 is not divisible by patch size 4"),
+    (["model.drop_path_rate=1.5"], r"drop_path_rate=1.5 is not in \[0, 1\)"),
+    (["model.model_name=vit_nope"], "unknown model 'vit_nope': choose one of"),
+    (["trainer.max_epochs=abc"], "trainer.max_epochs='abc' is not a whole number >= 1 .* trainer.max_epochs=10"),
+    (["trainer.max_epochs=0"], "trainer.max_epochs=0 is not a whole number"),
+    (["++trainer.limit_train_batches=-1"], "trainer.limit_train_batches=-1 is neither a fraction"),
+    (["++trainer.limit_val_batches=abc"], "trainer.limit_val_batches='abc' is neither a fraction"),
+    pytest.param(["trainer=gpu"], "trainer.accelerator=gpu .* needs a CUDA GPU.* use trainer=cpu", marks=NO_CUDA),
+    pytest.param(["trainer=cpu", "attention=flash"], "attention=flash needs a CUDA GPU", marks=NO_CUDA),
+    (["data=imagenet"], r"no ImageFolder tree at .*imagenet: .*Put the dataset there in that layout"),
+    (["data=cifar10"], r"cifar10 not found under .*prepare_data.py --archive"),
+]
+
+
+@pytest.mark.parametrize("overrides, message", BAD_VALUES, ids=lambda v: " ".join(v) if isinstance(v, list) else "")
+def test_bad_value_stops_before_any_work(tmp_path, overrides, message):
+    base = TINY[5:] if overrides[0].startswith("data=") else TINY  # another dataset: not synthetic's keys
+    cfg = compose_cfg(tmp_path, [*base, *overrides])
+    with pytest.raises(Exception) as error:
+        train(cfg)
+    cause = error.value.__cause__ or error.value  # hydra's instantiate wraps constructor errors
+    assert isinstance(cause, (ValueError, TypeError, OSError, RuntimeError)), repr(cause)
+    assert re.search(message, str(cause)), str(cause)
+    assert not (tmp_path / "out" / "checkpoints").exists()  # nothing trained
+
+
+def test_config_errors_are_one_short_message(monkeypatch, capsys):
+    """A config error is one paragraph on stderr and exit status 1, no traceback;
+    HYDRA_FULL_ERROR=1 brings the traceback back (the command line: see the eval test below)."""
+    from vitflash.cli import short_errors
+
+    def bad(cfg):
+        raise ValueError("trainer.max_epochs='abc' is not a whole number")
+
+    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
+    with pytest.raises(SystemExit) as exit_:
+        short_errors(bad)(None)
+    err = capsys.readouterr().err
+    assert exit_.value.code == 1 and err.startswith("Error: trainer.max_epochs='abc'") and "Traceback" not in err
+    monkeypatch.setenv("HYDRA_FULL_ERROR", "1")
+    with pytest.raises(ValueError, match="max_epochs"):
+        short_errors(bad)(None)
+
+
+# --------------------------------------------------------------------------------------
+# Checkpoints given to train.py (resume) and eval.py
+
+
+@pytest.fixture(scope="module")
+def tiny_ckpt(tmp_path_factory) -> Path:
+    """last.ckpt of a 1-epoch (3-step) run on the TINY config."""
+    out = tmp_path_factory.mktemp("tiny")
+    train(compose_cfg(out, [*TINY, "test=false"]))
+    return out / "out" / "checkpoints" / "last.ckpt"
+
+
+def crafted(src: Path, dst: Path, edit) -> Path:
+    ckpt = torch.load(src, map_location="cpu", weights_only=True)
+    edit(ckpt)
+    torch.save(ckpt, dst)
+    return dst
+
+
+def poison(value: float):
+    def edit(ckpt):
+        ckpt["state_dict"]["model.blocks.0.attn.qkv.weight"][0, 0] = value
+    return edit
+
+
+RESUME_FAULTS = {
+    "another architecture": (["model.model_name=vit_tiny_patch4_32"], None,
+                             "was trained with another model .*model_name: checkpoint 'vit_micro_patch4_32'.*"
+                             "model.pretrained="),
+    "another class count": (["data.num_classes=5"], None, "num_classes: checkpoint 10, config 5"),
+    "NaN weights": ([], poison(float("nan")), "holds NaN or inf weights .*blocks.0.attn.qkv.weight"),
+    "no epochs left": (["trainer.max_epochs=1"], None, "has finished 1 epochs and trainer.max_epochs=1: there is nothing"),
+    "a folder": ([], "folder", "is a folder, not a file: pass a checkpoint file inside it"),
+    "a missing file": ([], "missing", "does not exist: check the path"),
+    "a truncated file": ([], "truncated", "it is truncated, corrupt, or not a PyTorch"),
+    "weights without hyper-parameters": ([], "weights", "is not a checkpoint of scripts/train.py"),
+}
+
+
+@pytest.mark.parametrize("fault", list(RESUME_FAULTS))
+def test_resume_from_a_bad_checkpoint_stops_at_once(tiny_ckpt, tmp_path, fault):
+    overrides, edit, message = RESUME_FAULTS[fault]
+    path = tmp_path / "bad.ckpt"
+    if edit == "folder":
+        path = tiny_ckpt.parent
+    elif edit == "truncated":
+        path.write_bytes(tiny_ckpt.read_bytes()[:4000])
+    elif edit == "weights":
+        torch.save(torch.load(tiny_ckpt, weights_only=True)["state_dict"], path)
+    elif callable(edit):
+        crafted(tiny_ckpt, path, edit)
+    elif edit is None:
+        path = tiny_ckpt
+    cfg = compose_cfg(tmp_path, [*TINY, "trainer.max_epochs=2", *overrides, f"ckpt_path={path}"])
+    with pytest.raises((ValueError, OSError)) as error:
+        train(cfg)
+    assert re.search(message, str(error.value)), str(error.value)
+    assert not (tmp_path / "out" / "checkpoints").exists()
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_eval_refuses_non_finite_weights(tiny_ckpt, tmp_path, value):
+    bad = crafted(tiny_ckpt, tmp_path / "bad.ckpt", poison(value))
+    with pytest.raises(CheckpointError, match="holds NaN or inf weights"):
+        evaluate(compose_cfg(tmp_path, [f"ckpt_path={bad}", *TINY[:5], "trainer=cpu"], "eval"))
+    if value != value:  # once on the command line: exit status 1 and one message, not "loss: NaN" and 0
+        result = run_cli("eval", f"ckpt_path={bad}", *TINY[:5], "trainer=cpu", f"hydra.run.dir={tmp_path}")
+        assert result.returncode == 1 and "Error: checkpoint" in result.stderr, result.stderr[-2000:]
+        assert "holds NaN or inf weights" in result.stderr and "Traceback" not in result.stderr
+
+
+class Payload:
+    """Unpickled in full, this touches a file: proof that a path was loaded unsafely."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return Path.touch, (self.marker,)
+
+
+@pytest.mark.parametrize("where", ["an http URL", "a file outside the run"])
+def test_paths_inside_a_checkpoint_are_not_followed(tiny_ckpt, tmp_path, caplog, where):
+    marker = tmp_path / "payload-ran"
+    payload = tmp_path / "elsewhere" / "best.ckpt"
+    payload.parent.mkdir()
+    torch.save({"state_dict": {}, "x": Payload(marker)}, payload)
+    target = "http://127.0.0.1:9/best.ckpt" if where == "an http URL" else str(payload)
+
+    def edit(ckpt):
+        for state in ckpt["callbacks"].values():
+            if "best_model_path" in state:
+                state.update(best_model_path=target, best_k_models={target: torch.tensor(1.0)})
+    (tmp_path / "previous-run").mkdir()
+    resumed = crafted(tiny_ckpt, tmp_path / "previous-run" / "last.ckpt", edit)
+    with caplog.at_level("WARNING"):
+        metrics = train(compose_cfg(tmp_path, [*TINY, "trainer.max_epochs=2", f"ckpt_path={resumed}"]))
+    assert not marker.exists()
+    warned = [r.getMessage() for r in caplog.records if "ignoring the checkpoint paths" in r.getMessage()]
+    assert any(repr(target) in m for m in warned), caplog.text
+    assert "test/top1" in metrics  # tested this run's own best checkpoint instead
+    assert payload.is_file()  # and deleted nothing it named
+
+
+def test_resume_with_more_epochs_replans_the_schedule(tiny_ckpt, tmp_path, caplog):
+    """The 1-epoch run ended its cosine at min_lr; resumed with max_epochs=3 the cosine is
+    stretched over 9 steps, so the 4th step runs at the new plan's LR, not at min_lr."""
+    with caplog.at_level("INFO"):
+        train(compose_cfg(tmp_path, [*TINY, "trainer.max_epochs=3", "test=false", "trainer.log_every_n_steps=1",
+                                     f"ckpt_path={tiny_ckpt}"]))
+    assert "LR schedule re-planned from 3 to 9 steps" in caplog.text
+    assert "ignoring the checkpoint paths" not in caplog.text  # the previous run's own paths: no alarm
+    rows = csv.DictReader((tmp_path / "out" / "csv" / "metrics.csv").open())
+    lrs = [float(v) for r in rows for k, v in r.items() if k.startswith("lr-") and v]
+    min_lr = compose_cfg(tmp_path, TINY).model.min_lr
+    assert lrs and lrs[0] > 10 * min_lr, lrs
+
+
+# --------------------------------------------------------------------------------------
+# Writing checkpoints: a kill at any moment leaves the old file or the new one, whole
+
+SAVER = """
+import sys, torch
+from vitflash.checkpoint import AtomicCheckpointIO
+io, path = AtomicCheckpointIO(), sys.argv[1]
+for i in range(1000):
+    print("saving", i, flush=True)
+    io.save_checkpoint({"i": i, "w": torch.full((4_000_000,), float(i))}, path)
+"""
+
+
+def test_kill_during_checkpoint_write_leaves_a_whole_file(tmp_path):
+    path = tmp_path / "last.ckpt"
+    # $TMPDIR on no filesystem at all: the temporary file must live beside the checkpoint
+    child = subprocess.Popen([sys.executable, "-c", SAVER, str(path)], stdout=subprocess.PIPE, text=True,
+                             env=subprocess_env(TMPDIR=str(tmp_path / "no-such-dir")))
+    try:
+        for line in child.stdout:
+            if line.strip() == "saving 3":
+                break
+        child.send_signal(signal.SIGKILL)  # while the 4th checkpoint (16 MB) is being written
+    finally:
+        child.wait(timeout=60)
+    assert child.returncode == -signal.SIGKILL
+    ckpt = ckpt_io.AtomicCheckpointIO().load_checkpoint(path)
+    assert ckpt["i"] >= 2 and torch.equal(ckpt["w"], torch.full((4_000_000,), float(ckpt["i"])))
+
+
+def test_failed_write_keeps_the_old_checkpoint(tmp_path):
+    io, path = ckpt_io.AtomicCheckpointIO(), tmp_path / "last.ckpt"
+    io.save_checkpoint({"i": 1}, path)
+    with pytest.raises(Exception):
+        io.save_checkpoint({"i": 2, "unpicklable": lambda: None}, path)
+    assert io.load_checkpoint(path) == {"i": 1}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt"]  # no temporary file left
+    assert oct(path.stat().st_mode & 0o777) == oct(0o666 & ~_umask())
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def test_checkpoint_io_refuses_remote_and_foreign_paths(tmp_path):
+    io = ckpt_io.AtomicCheckpointIO()
+    with pytest.raises(CheckpointError, match="not a local file: vitflash resumes only from local"):
+        io.load_checkpoint("http://127.0.0.1:9/last.ckpt")
+    precious = tmp_path / "notes.txt"
+    precious.write_text("keep")
+    with pytest.raises(CheckpointError, match="refusing to delete"):
+        io.remove_checkpoint(precious)
+    assert precious.read_text() == "keep"
+
+
+# --------------------------------------------------------------------------------------
+# Unpacking archives: nothing lands in the root unless the whole archive reads back intact
+
+
+def jpeg_tree(root: Path, classes: int, per_class: dict[str, int], name: str = "cifar10") -> Path:
+    """root/<name>/<split>/<class>/<i>.jpg: 32x32 JPEGs, `per_class[split]` per class."""
+    from PIL import Image
+
+    for split, n in per_class.items():
+        for c in range(classes):
+            folder = root / name / split / f"class{c}"
+            folder.mkdir(parents=True, exist_ok=True)
+            for i in range(n):
+                Image.new("RGB", (32, 32), (25 * c, 7 * i, 100)).save(folder / f"{i}.jpg")
+    return root
+
+
+@pytest.fixture(scope="module")
+def archive(tmp_path_factory) -> Path:
+    """A tar.gz of a small JPEG tree (3 classes x 4 train / 2 test images)."""
+    folder = tmp_path_factory.mktemp("archive")
+    tree = jpeg_tree(folder / "src", 3, {"train": 4, "test": 2})
+    path = folder / "tiny.tar.gz"
+    with tarfile.open(path, "w:gz") as tar:
+        tar.add(tree / "cifar10", arcname="cifar10")
+    return path
+
+
+def damaged(archive: Path, folder: Path, how: str) -> Path:
+    data = bytearray(archive.read_bytes())
+    if how == "truncated":
+        data = data[: len(data) // 2]
+    elif how == "flipped CRC byte":
+        data[-8] ^= 0xFF  # gzip's trailer: CRC32 of the uncompressed tar
+    elif how == "flipped byte mid-stream":
+        data[len(data) // 2] ^= 0x01
+    elif how == "not a tar":
+        data = bytearray(os.urandom(2048))
+    path = folder / "damaged" / archive.name
+    path.parent.mkdir(exist_ok=True)
+    path.write_bytes(bytes(data))
+    return path
+
+
+@pytest.mark.parametrize("how", ["truncated", "flipped CRC byte", "flipped byte mid-stream", "not a tar"])
+def test_damaged_archive_unpacks_nothing(archive, tmp_path, capsys, how):
+    root = tmp_path / "data"
+    prepare.main(["--archive", str(archive), "--root", str(root)])  # a good copy first
+    before = sorted(p.relative_to(root) for p in root.rglob("*"))
+    with pytest.raises(SystemExit, match="truncated, damaged or not a tar archive. Nothing was unpacked"):
+        prepare.main(["--archive", str(damaged(archive, tmp_path, how)), "--root", str(root)])
+    assert sorted(p.relative_to(root) for p in root.rglob("*")) == before  # the good tree is intact
+    fresh = tmp_path / "fresh"
+    with pytest.raises(SystemExit):
+        prepare.main(["--archive", str(damaged(archive, tmp_path, how)), "--root", str(fresh)])
+    assert not any(fresh.iterdir())  # no partial tree to train on
+
+
+def test_archive_checked_against_sha256sums(archive, tmp_path):
+    import hashlib
+
+    bad = damaged(archive, tmp_path, "flipped byte mid-stream")
+    (bad.parent / "SHA256SUMS").write_text(f"{hashlib.sha256(archive.read_bytes()).hexdigest()}  {archive.name}\n")
+    with pytest.raises(SystemExit, match="does not match its checksum in .*SHA256SUMS: the copy is damaged"):
+        prepare.main(["--archive", str(bad), "--root", str(tmp_path / "data")])
+    assert not (tmp_path / "data").exists()
+
+
+def test_archive_faults_named_clearly(archive, tmp_path, capsys):
+    # a --root that is a file
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    with pytest.raises(SystemExit):
+        prepare.main(["--archive", str(archive), "--root", str(afile)])
+    assert "--root" in capsys.readouterr().err and afile.read_text() == "x"
+    # a missing archive, a folder given as the archive
+    with pytest.raises(SystemExit, match="does not exist"):
+        prepare.main(["--archive", str(tmp_path / "nope.tar.gz"), "--root", str(tmp_path / "data")])
+    with pytest.raises(SystemExit, match="is a folder: pass the .tar.gz file itself"):
+        prepare.main(["--archive", str(tmp_path), "--root", str(tmp_path / "data")])
+    # a member that would land outside the root
+    evil = tmp_path / "evil.tar.gz"
+    with tarfile.open(evil, "w:gz") as tar:
+        tar.add(archive, arcname="cifar10/ok.bin")
+        tar.add(archive, arcname="../escaped.bin")
+    with pytest.raises(SystemExit, match="refusing to unpack .*Nothing was unpacked"):
+        prepare.main(["--archive", str(evil), "--root", str(tmp_path / "data")])
+    assert not (tmp_path / "escaped.bin").exists() and not (tmp_path / "data" / "cifar10").exists()
+    # a temporary folder left by a killed unpack is removed, and the archive unpacks
+    stale = tmp_path / "data" / f".unpacking-{archive.name}-killed"
+    (stale / "cifar10").mkdir(parents=True)
+    prepare.main(["--archive", str(archive), "--root", str(tmp_path / "data")])
+    assert not stale.exists() and len(list((tmp_path / "data" / "cifar10" / "train").rglob("*.jpg"))) == 12
+
+
+# --------------------------------------------------------------------------------------
+# Data that does not match the config: the error points at the data
+
+
+def cifar_module(root: Path, **kwargs):
+    from vitflash.data import CIFARDataModule
+
+    return CIFARDataModule(root=str(root), num_classes=10, img_size=32, batch_size=4, num_workers=0, **kwargs)
+
+
+def test_incomplete_dataset_points_at_the_data(tmp_path):
+    few_classes = jpeg_tree(tmp_path / "a", 6, {"train": 2, "test": 1})  # a half-unpacked tree
+    with pytest.raises(ValueError, match="has 6 classes but data.num_classes=10: the data there is incomplete.*"
+                                         "Unpack it again with scripts/prepare_data.py"):
+        cifar_module(few_classes).setup("fit")
+    few_images = jpeg_tree(tmp_path / "b", 10, {"train": 2, "test": 1})
+    with pytest.raises(ValueError, match="has 20 training and 10 test images but 50000 and 10000 are expected"):
+        cifar_module(few_images, expected_sizes=[50000, 10000]).setup("fit")
+    empty_jpeg = jpeg_tree(tmp_path / "c", 10, {"train": 2, "test": 1})
+    (empty_jpeg / "cifar10" / "train" / "class3" / "1.jpg").write_bytes(b"")
+    with pytest.raises(ValueError, match="cannot decode an image under .*train .*damaged or half-unpacked"):
+        cifar_module(empty_jpeg).setup("fit")
+
+
+@pytest.mark.parametrize("scale, error", [("abc", TypeError), (float("nan"), ValueError), (-1.0, ValueError)])
+def test_bad_softmax_scale_named_on_every_path(scale, error):
+    q = torch.randn(1, 4, 2, 8)
+    for fn, x in ((vitflash.ops.naive_attention, q), (vitflash.ops.sdpa_attention, q),
+                  (vitflash.ops.flash_attention, q.half())):
+        with pytest.raises(error, match=rf"softmax_scale={re.escape(repr(scale))} is not a"):
+            fn(x, x, x, scale)
+
+
+def test_loader_resumes_mid_epoch_with_workers():
+    """The training batches of an epoch, images included, do not depend on the number of loader
+    workers, and a loader restored to a mid-epoch position yields exactly the rest of the epoch."""
+    from vitflash.data import Augment, SyntheticDataModule
+
+    def loader(workers: int, state: dict | None = None):
+        dm = SyntheticDataModule(train_size=24, test_size=8, num_classes=4, img_size=16, batch_size=4,
+                                 num_workers=workers, augment=Augment(train_crop="pad"))
+        dm.setup("fit")
+        if state:
+            dm.load_state_dict(state)
+        dl = dm.train_dataloader()
+        dl.sampler.set_epoch(state["epoch"] if state else 1)
+        return list(dl)
+
+    whole = loader(0)
+    assert [torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(whole, loader(2))] == [True] * 6
+    rest = loader(2, {"seed": torch.initial_seed(), "epoch": 1, "start": 2 * 4})
+    assert len(rest) == 4 and all(torch.equal(a[0], b[0]) for a, b in zip(whole[2:], rest))
+    assert not torch.equal(whole[0][0], loader(0, {"seed": torch.initial_seed(), "epoch": 2, "start": 0})[0][0])
