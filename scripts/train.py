@@ -23,7 +23,7 @@ from omegaconf import DictConfig
 
 from vitflash.checkpoint import RNGState, check_resume, run_file
 from vitflash.cli import check_trainer, run_session, short_errors
-from vitflash.module import read_checkpoint
+from vitflash.pretrained import load_training_checkpoint
 
 log = logging.getLogger(__name__)
 # Lightning asks the DataLoader for its position; vitflash's DataModules keep it themselves
@@ -62,7 +62,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
         L.seed_everything(cfg.seed, workers=True)
     torch.set_float32_matmul_precision(cfg.matmul_precision)
     # a missing, corrupt or foreign file stops the run before any work
-    ckpt = read_checkpoint(cfg.ckpt_path, training=True) if cfg.get("ckpt_path") else None
+    ckpt = load_training_checkpoint(cfg.ckpt_path) if cfg.get("ckpt_path") else None
     datamodule, module, trainer = build(cfg, ckpt=ckpt)
     del ckpt  # Lightning reads the file again, through configs/trainer's AtomicCheckpointIO
     trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
@@ -93,7 +93,7 @@ def load_best(trainer: L.Trainer, module: L.LightningModule) -> Path | None:
     if best is None:
         log.warning("no best checkpoint was saved (e.g. fast_dev_run): testing the weights in memory")
         return None
-    module.load_state_dict(read_checkpoint(best)["state_dict"])
+    module.load_state_dict(load_training_checkpoint(best)["state_dict"])
     return best
 
 

@@ -52,6 +52,20 @@ class CheckpointError(ValueError):
 # Reading files
 
 
+def load_training_checkpoint(path: str | os.PathLike) -> dict:
+    """A checkpoint of scripts/train.py as Lightning saved it (state_dict with the ViTModule's
+    `model.` names, hyper_parameters, loops, callbacks...), read weights-only; a CheckpointError
+    for any other file."""
+    obj = load_file(path)
+    if not (isinstance(obj, Mapping) and "state_dict" in obj
+            and "model_name" in (obj.get("hyper_parameters") or {})):
+        raise CheckpointError(
+            f"{path} is not a checkpoint of scripts/train.py (it has no ViTModule "
+            "hyper-parameters): pass <run>/checkpoints/last.ckpt or the best .ckpt of a run; "
+            "plain weights go to model.pretrained=")
+    return obj
+
+
 def read_checkpoint(
     path: str | os.PathLike, training: bool = False
 ) -> tuple[dict[str, torch.Tensor], dict]:
@@ -64,13 +78,7 @@ def read_checkpoint(
     a checkpoint of scripts/train.py (a Lightning checkpoint with the ViTModule's
     hyper-parameters), as resuming and scripts/eval.py need.
     """
-    obj = load_file(path)
-    if training and not (isinstance(obj, Mapping) and "state_dict" in obj
-                         and "model_name" in (obj.get("hyper_parameters") or {})):
-        raise CheckpointError(
-            f"{path} is not a checkpoint of scripts/train.py (it has no ViTModule "
-            "hyper-parameters): pass <run>/checkpoints/last.ckpt or the best .ckpt of a run; "
-            "plain weights go to model.pretrained=")
+    obj = load_training_checkpoint(path) if training else load_file(path)
     hparams: dict = {}
     if isinstance(obj, nn.Module):
         obj = obj.state_dict()
