@@ -21,7 +21,6 @@ from timm.data import Mixup
 from timm.loss import SoftTargetCrossEntropy
 from timm.optim import param_groups_layer_decay, param_groups_weight_decay
 from timm.scheduler import CosineLRScheduler
-from omegaconf import OmegaConf
 from torchmetrics import MetricCollection
 from torchmetrics.classification import MulticlassAccuracy
 
@@ -35,9 +34,6 @@ ATTENTION_CHOICES = ("auto", *ATTENTION_IMPLS)
 HALF_PRECISIONS = ("bf16-mixed", "16-mixed", "bf16-true", "16-true")
 COMPILE_CHOICES = ("auto", "false", "default", "reduce-overhead")
 
-# `${if_cuda:a,b}` in the configs: a where a CUDA GPU is visible, else b (the Trainer's precision).
-if not OmegaConf.has_resolver("if_cuda"):
-    OmegaConf.register_new_resolver("if_cuda", lambda a, b: a if torch.cuda.is_available() else b)
 
 
 def resolve_attention(name: str, cuda: bool) -> str:
