@@ -36,7 +36,7 @@ import torch.nn.functional as F
 import triton
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from vitflash.ops import flash_attention_qkvpacked, naive_attention
+from vitflash.ops import flash_attention_qkvpacked, launch, naive_attention
 
 # (B, H, N, D). CIFAR models (32 px, 4x4 patches: 65 tokens): vit_tiny_patch4_32 (3 heads)
 # and vit_small_patch4_32 (6 heads) at b256 and b1024; 17 tokens (16 px or 8x8 patches).
@@ -315,6 +315,7 @@ def main() -> None:
                   flush=True)
         results.append(row)
         # after every shape, so that a run stopped by a time limit keeps what it measured
+        env["fast_launch_plans"] = launch.fast_launches()  # plans calling compiled kernels directly
         table = markdown(results, latency, env, command)
         write_results(args.out, "attention", env, command,
                       {"latency": latency, "shapes": results}, table)

@@ -331,3 +331,28 @@ def test_cuda_graphs_capture_the_flash_path():
         torch.testing.assert_close(grad, eager_grad, atol=1e-3, rtol=2e-2)
     assert counters["inductor"]["cudagraph_skips"] == 0
     assert counters["stats"]["unique_graphs"] == 1
+
+
+def test_tuning_choices_survive_the_process(monkeypatch, tmp_path):
+    """What the autotuner chose is written to $VITFLASH_CACHE_DIR/autotune.json (atomically,
+    merged with what is there) and read back as the same candidate by a fresh reader."""
+    monkeypatch.setenv("VITFLASH_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(launch, "_disk", None)
+    chosen = {"a": launch.short_fwd(65, 32, 8, heads=4, stages=2),
+              "b": launch.heuristic("bwd", 197, 64)}
+    for entry, cand in chosen.items():
+        launch._write_disk(entry, cand)
+    monkeypatch.setattr(launch, "_disk", None)  # a new process: nothing in memory
+    saved = launch._read_disk()
+    assert {e: launch.Candidate.from_json(d) for e, d in saved.items()} == chosen
+    assert [p.name for p in tmp_path.iterdir()] == ["autotune.json"]  # no temp file left
+
+
+def test_launch_orders_constexprs_as_the_kernel_does():
+    """The direct launch passes constexprs by position: a Launch orders them as the kernel's
+    signature, whatever order a candidate (or a cache file) lists its blocks in."""
+    cand = launch.Candidate("general", (("BLOCK_M2", 64), ("BLOCK_N1", 32), ("BLOCK_M1", 16),
+                                        ("BLOCK_N2", 16)))
+    (_, main) = flash_mod._bwd_launches(cand, B=2, N=65, H=3, D=64)
+    names = flash_mod.kernels.bwd_kernel.arg_names
+    assert list(main.consts) == names[len(names) - len(main.consts):]

@@ -2,7 +2,8 @@
 that outlives the process, and a launch path with little host work.
 
 Each op (forward, backward) has candidates: a kernel family ("general" streams K/V tiles,
-"short" holds all keys of a head in one tile) with its block sizes, warps and stages. The
+"short" holds all keys of a head on chip: a power-of-two tile and a tail tile) with its
+block sizes, warps and stages. The
 first call at a key (op, dtype, N, D, B*H rounded up to a power of two) times every
 candidate that compiles and keeps the fastest; the choice is written to a JSON file keyed by
 GPU and versions (`$VITFLASH_CACHE_DIR/autotune.json`, default `~/.cache/vitflash`), so later
@@ -176,6 +177,10 @@ class Launch:
 
     def __init__(self, kernel, grid: int, consts: dict, num_warps: int, num_stages: int,
                  n_tensors: int):
+        # in the kernel's parameter order, which the direct launch relies on (a candidate
+        # read back from the cache file may list its blocks in another order)
+        names = list(getattr(kernel, "arg_names", consts))
+        consts = dict(sorted(consts.items(), key=lambda kv: names.index(kv[0])))
         self.kernel, self.grid, self.consts = kernel, grid, consts
         self.values = tuple(consts.values())
         self.num_warps, self.num_stages, self.n_tensors = num_warps, num_stages, n_tensors
@@ -275,7 +280,7 @@ def _write_disk(entry: str, cand: Candidate) -> None:
         _read_disk()[entry] = cand.to_json()
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".autotune-", suffix=".json")
         with os.fdopen(fd, "w") as f:
-            json.dump(current, f, indent=1, sort_keys=True)
+            json.dump(current, f, indent=1)
         os.replace(tmp, path)
     except OSError:
         pass  # a read-only home costs a re-tune next time, nothing more
