@@ -425,6 +425,23 @@ def test_datamodule_state_restores_the_train_loader_mid_epoch():
     expected = take(a._train_loader, 7, it)  # the rest of epoch 0 (5 batches), then epoch 1
     b = datamodule()
     b.load_state_dict(state)  # Lightning restores the DataModule before it builds the loaders
-    got = take(b.train_dataloader(), 7)
+    loader = b.train_dataloader()
+    iter(loader)  # Lightning makes an iterator it never advances before the one it uses
+    got = take(loader, 7)
     for (xe, ye), (xg, yg) in zip(expected, got, strict=True):
         assert torch.equal(xe, xg) and torch.equal(ye, yg)
+
+
+def test_a_checkpoint_of_the_other_pipeline_is_refused():
+    """A loader position saved by one pipeline means nothing to the other: refused, naming the
+    setting, rather than silently restarting the epoch."""
+    from vitflash.data import SyntheticDataModule
+
+    kw = dict(num_classes=10, img_size=8, batch_size=8, num_workers=0, train_size=64, test_size=8)
+    gpu_state = {"train_loader": {"epoch": 0, "batches": 3, "seed": 2}}
+    with pytest.raises(ValueError, match="saved with data.pipeline=gpu.*set data.pipeline=gpu"):
+        SyntheticDataModule(pipeline="cpu", **kw).load_state_dict(gpu_state)
+    cpu_state = {"seed": 0, "epoch": 0, "start": 24}
+    with pytest.raises(ValueError, match="saved with data.pipeline=cpu.*set data.pipeline=cpu"):
+        SyntheticDataModule(pipeline="gpu", **kw).load_state_dict(cpu_state)
+    SyntheticDataModule(pipeline="cpu", **kw).load_state_dict({})  # nothing saved: nothing to refuse

@@ -7,9 +7,17 @@ from omegaconf import OmegaConf
 if not OmegaConf.has_resolver("if_cuda"):
     OmegaConf.register_new_resolver("if_cuda", lambda a, b: a if torch.cuda.is_available() else b)
 
-from vitflash.model import VisionTransformer, build_model, list_models
-from vitflash.pretrained import create_model, export_timm
+
+
+class SetupError(RuntimeError):
+    """A run cannot start as configured, for a reason outside the config's values (no GPU for
+    attention=flash, pretrained weights out of reach). scripts/ print it as a short message,
+    like a bad value; any other RuntimeError is a bug and keeps its traceback."""
+
+
+from vitflash.model import VisionTransformer, build_model, list_models  # noqa: E402
+from vitflash.pretrained import create_model, export_timm  # noqa: E402
 
 __version__ = "0.1.0"
 
-__all__ = ["VisionTransformer", "build_model", "create_model", "export_timm", "list_models"]
+__all__ = ["SetupError", "VisionTransformer", "build_model", "create_model", "export_timm", "list_models"]

@@ -37,6 +37,8 @@ from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
+from vitflash import SetupError
+
 
 # Messages Lightning and torch print on every run that say nothing about the user's run.
 _IGNORED_WARNINGS = (
@@ -147,7 +149,7 @@ def _without_total_flops() -> Iterator[None]:
 
 
 # What a user's config or data can cause; anything else is a bug and keeps its traceback.
-USER_ERRORS = (ValueError, TypeError, OSError, RuntimeError, OmegaConfBaseException)
+USER_ERRORS = (ValueError, TypeError, OSError, SetupError, OmegaConfBaseException)
 
 
 def short_errors(main: Callable) -> Callable:

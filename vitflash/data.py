@@ -231,7 +231,7 @@ class ImageDataModule(L.LightningDataModule):
         pipeline: "cpu" (DataLoader worker processes decode and transform PIL images) or "gpu"
             (uint8 arrays on the training device, batches augmented there by
             vitflash.gpu_augment; see vitflash.gpu_data).
-        shuffle_seed: of the gpu pipeline's per-epoch order and augmentation (None: 0).
+        shuffle_seed: of the per-epoch order and augmentation, on either pipeline (None: 0).
         gpu_storage: where the gpu pipeline keeps the images: "device", "stream" (host memory or
             a memory-mapped cache, copied in per batch) or "auto" (device when they take at most
             half of the free device memory).
@@ -407,6 +407,12 @@ class ImageDataModule(L.LightningDataModule):
                                   batch_size=self.batch_size)
 
     def load_state_dict(self, state: dict) -> None:
+        if state and ("train_loader" in state) != (self.pipeline == "gpu"):
+            saved = "gpu" if "train_loader" in state else "cpu"
+            raise ValueError(
+                f"the checkpoint was saved with data.pipeline={saved} and this run has "
+                f"data.pipeline={self.pipeline}: a run resumes exactly only on the pipeline it "
+                f"started on; set data.pipeline={saved}")
         if "train_loader" not in state:
             self._resume = dict(state) or None
             return
@@ -420,7 +426,7 @@ class ImageDataModule(L.LightningDataModule):
         if train:
             # Shuffling and augmentation drawn from (seed, epoch, index) alone, so a resumed run
             # sees the same batches, augmented alike (see ResumableSampler).
-            sampler = self._train_sampler = ResumableSampler(dataset, seed=torch.initial_seed())
+            sampler = self._train_sampler = ResumableSampler(dataset, seed=self.shuffle_seed)
             if self._resume:
                 sampler.load_state_dict(self._resume)
                 self._resume = None
@@ -492,7 +498,7 @@ class CIFARDataModule(ImageDataModule):
             try:
                 ds = cls(str(self.root), train=train, download=download)
             except OSError as e:  # URLError is an OSError
-                raise RuntimeError(f"could not download {self.name} into {self.root} ({e}); " + self._hint()) from e
+                raise OSError(f"could not download {self.name} into {self.root} ({e}); " + self._hint()) from e
             return ds.data, np.asarray(ds.targets, dtype=np.int64)
         split = "train" if train else "test"
         images, labels, _ = load_image_folder(self.root / self.name / split, num_workers=self.num_workers)

@@ -10,8 +10,9 @@ Order and randomness: every epoch one permutation from a generator seeded with (
 the same on every DDP rank; rank r takes every world_size-th index of it, as DistributedSampler
 does. The augmentation generator of batch k is seeded with (seed, epoch, rank, k). The whole
 state of a loader is therefore (epoch, batches yielded, seed): `state_dict()` holds them, and a
-loader given it by `load_state_dict()` yields the same batches the saved one would have next
-(Lightning saves and restores that state in its checkpoints for loaders with those methods).
+loader given it by `load_state_dict()` yields the same batches the saved one would have next.
+The DataModule carries that state in Lightning's checkpoints (vitflash.data explains why the
+loader's own copy, which Lightning also writes, is not the one read back).
 """
 from __future__ import annotations
 
@@ -143,13 +144,15 @@ class GPULoader:
         return order[self.rank :: self.world_size]
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        # A new iteration starts a new epoch unless nothing of this one was taken yet (Lightning
-        # calls iter() more than once per epoch) or a restored state says where to continue. An
-        # epoch left before its end (limit_train_batches) counts as done, as with a DataLoader.
+        # A new iteration starts a new epoch unless nothing of this one was taken yet or a
+        # restored state says where to continue. An epoch left before its end
+        # (limit_train_batches) counts as done, as with a DataLoader. Decided at the first batch,
+        # not at iter(): Lightning makes iterators it never advances (a check, then the real one
+        # after a mid-epoch restore), and those must not use up the restored position.
         if self.batches >= len(self) or (self.batches > 0 and not self._resumed):
             self.epoch, self.batches = self.epoch + 1, 0
         self._resumed = False
-        return self._iterate(self.epoch, self.batches)
+        yield from self._iterate(self.epoch, self.batches)
 
     def _iterate(self, epoch: int, start: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         rows = self._rank_indices(epoch)

@@ -46,7 +46,7 @@ def resolve_attention(name: str, cuda: bool) -> str:
     if name == "auto":
         return "flash" if cuda else "sdpa"
     if name == "flash" and not cuda:
-        raise RuntimeError(
+        raise vitflash.SetupError(
             "attention=flash needs a CUDA GPU (vitflash's Triton kernel runs in bf16/fp16 on "
             "the GPU) and none is in use: choose attention=sdpa (PyTorch's fused attention), "
             "attention=naive (matmul, softmax, matmul) or attention=auto (flash on CUDA, else sdpa)"

@@ -33,6 +33,7 @@ import torch.nn as nn
 from timm.models import clean_state_dict, load_pretrained
 from timm.models.vision_transformer import checkpoint_filter_fn
 
+import vitflash
 from vitflash.model import VisionTransformer, build_model, list_models, preset_kwargs
 
 
@@ -357,7 +358,7 @@ def _create_from_timm(
     elif huggingface_hub.constants.HF_HUB_OFFLINE or not _hub_reachable():
         why = ("HF_HUB_OFFLINE is set" if huggingface_hub.constants.HF_HUB_OFFLINE
                else f"cannot reach the Hugging Face hub ({huggingface_hub.constants.ENDPOINT})")
-        raise RuntimeError(f"{why} and timm weights {full!r} are not in the hub's local cache. {offline_hint}")
+        raise vitflash.SetupError(f"{why} and timm weights {full!r} are not in the hub's local cache. {offline_hint}")
     kwargs = {"num_classes": cfg["num_classes"], "img_size": cfg["input_size"][-1]}
     kwargs.update(sizes, **overrides)
     model = build_model(name, attention, **kwargs)
@@ -366,7 +367,7 @@ def _create_from_timm(
     except CheckpointError:
         raise
     except Exception as e:
-        raise RuntimeError(
+        raise vitflash.SetupError(
             f"could not fetch timm weights {full!r} from the Hugging Face hub "
             f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}). {offline_hint}"
         ) from e
