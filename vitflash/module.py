@@ -25,7 +25,7 @@ from torchmetrics import MetricCollection
 from torchmetrics.classification import MulticlassAccuracy
 
 import vitflash
-from vitflash.ops import ATTENTION_IMPLS
+from vitflash.ops import ATTENTION_IMPLS, check_attention_impl
 from vitflash.pretrained import read_checkpoint
 
 log = logging.getLogger(__name__)
@@ -39,12 +39,16 @@ COMPILE_CHOICES = ("auto", "false", "default", "reduce-overhead")
 def resolve_attention(name: str, cuda: bool) -> str:
     """The attention path to run: "auto" becomes "flash" when `cuda` else "sdpa".
 
-    Raises ValueError for an unknown name and RuntimeError for "flash" without CUDA.
+    Raises ValueError for an unknown name (the paths are checked by
+    vitflash.ops.check_attention_impl; "auto" is this module's) and vitflash.SetupError for
+    "flash" without CUDA.
     """
-    if name not in ATTENTION_CHOICES:
-        raise ValueError(f"unknown attention {name!r}: choose one of {', '.join(ATTENTION_CHOICES)}")
     if name == "auto":
         return "flash" if cuda else "sdpa"
+    try:
+        check_attention_impl(name)
+    except ValueError:
+        raise ValueError(f"unknown attention {name!r}: choose one of {', '.join(ATTENTION_CHOICES)}") from None
     if name == "flash" and not cuda:
         raise vitflash.SetupError(
             "attention=flash needs a CUDA GPU (vitflash's Triton kernel runs in bf16/fp16 on "
