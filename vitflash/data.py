@@ -118,6 +118,19 @@ def _stack(batch):
     return np.stack(images), np.asarray(labels, dtype=np.int64)
 
 
+def _cached_labels(path: Path, tree: datasets.ImageFolder):
+    """The labels file `path` (labels, classes) as np.load opened it, if it matches `tree`'s
+    class list and file count; None when it is missing or stale (the caller closes it)."""
+    if not path.exists():
+        return None
+    z = np.load(path)
+    if list(z["classes"]) == tree.classes and len(z["labels"]) == len(tree):
+        return z
+    z.close()
+    log.info("%s is stale (the folder changed): decoding again", path)
+    return None
+
+
 def load_image_folder(folder: Path, num_workers: int = 0) -> tuple[np.ndarray, np.ndarray, list[str]]:
     """Decode an ImageFolder split of same-sized images into (N, H, W, 3) uint8 + labels.
 
@@ -126,11 +139,9 @@ def load_image_folder(folder: Path, num_workers: int = 0) -> tuple[np.ndarray, n
     """
     tree = datasets.ImageFolder(str(folder), transform=np.asarray)
     cache = folder.parent / f"{folder.name}-uint8.npz"
-    if cache.exists():
-        with np.load(cache) as z:
-            if list(z["classes"]) == tree.classes and len(z["labels"]) == len(tree):
-                return z["images"], z["labels"], tree.classes
-        log.info("%s is stale (the folder changed): decoding again", cache)
+    if (z := _cached_labels(cache, tree)) is not None:
+        with z:
+            return z["images"], z["labels"], tree.classes
     # its own generator: a run that decodes draws nothing more from the global RNG than one that reads the cache
     loader = DataLoader(tree, batch_size=500, num_workers=num_workers, collate_fn=_stack,
                         generator=torch.Generator())
@@ -181,11 +192,9 @@ def cache_image_folder(folder: Path, size: int, num_workers: int = 0) -> tuple[n
     tree = datasets.ImageFolder(str(folder))  # lists the files; nothing is decoded here
     images_path = folder.parent / f"{folder.name}-{size}px-uint8.npy"
     labels_path = folder.parent / f"{folder.name}-{size}px-labels.npz"
-    if labels_path.exists() and images_path.exists():
-        with np.load(labels_path) as z:
-            if list(z["classes"]) == tree.classes and len(z["labels"]) == len(tree):
-                return np.load(images_path, mmap_mode="c"), z["labels"], tree.classes
-        log.info("%s is stale (the folder changed): decoding again", labels_path)
+    if images_path.exists() and (z := _cached_labels(labels_path, tree)) is not None:
+        with z:
+            return np.load(images_path, mmap_mode="c"), z["labels"], tree.classes
     paths = [p for p, _ in tree.samples]
     tmp = images_path.with_name(images_path.name + ".tmp.npy")
     out = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.uint8, shape=(len(paths), size, size, 3))
@@ -385,7 +394,7 @@ class ImageDataModule(L.LightningDataModule):
                            epoch=self.trainer.current_epoch if self.trainer is not None and train else 0)
         if train:
             if self._train_state is not None:
-                loader.load_state_dict(self._train_state)
+                loader.seek(self._train_state)
                 self._train_state = None
             self._train_loader = loader
         return loader
@@ -398,7 +407,7 @@ class ImageDataModule(L.LightningDataModule):
         """Where the training loader stands (saved in every checkpoint by Lightning): the gpu
         loader's (epoch, batches taken, seed), or the cpu path's ResumableSampler position."""
         if self._train_loader is not None:
-            return {"train_loader": self._train_loader.state_dict()}
+            return {"train_loader": self._train_loader.position()}
         sampler, trainer = self._train_sampler, self.trainer
         if sampler is None or trainer is None:
             return {}
@@ -418,7 +427,7 @@ class ImageDataModule(L.LightningDataModule):
             return
         self._train_state = state["train_loader"]
         if self._train_loader is not None:
-            self._train_loader.load_state_dict(self._train_state)
+            self._train_loader.seek(self._train_state)
             self._train_state = None
 
     def _loader(self, dataset: Dataset, train: bool) -> DataLoader:

@@ -9,10 +9,9 @@ batch, where decoding and transforming PIL images costs milliseconds per image.
 Order and randomness: every epoch one permutation from a generator seeded with (seed, epoch),
 the same on every DDP rank; rank r takes every world_size-th index of it, as DistributedSampler
 does. The augmentation generator of batch k is seeded with (seed, epoch, rank, k). The whole
-state of a loader is therefore (epoch, batches yielded, seed): `state_dict()` holds them, and a
-loader given it by `load_state_dict()` yields the same batches the saved one would have next.
-The DataModule carries that state in Lightning's checkpoints (vitflash.data explains why the
-loader's own copy, which Lightning also writes, is not the one read back).
+state of a loader is therefore (epoch, batches yielded, seed): `position()` holds them, and a
+loader given it by `seek()` yields the same batches the saved one would have next. The
+DataModule carries that position in Lightning's checkpoints (vitflash.data says why there).
 """
 from __future__ import annotations
 
@@ -121,13 +120,14 @@ class GPULoader:
             return self.per_rank // self.batch_size
         return math.ceil(self.per_rank / self.batch_size)
 
-    # ---- state (Lightning calls these through its checkpoints) ----
+    # ---- position (the DataModule carries it in checkpoints; not named state_dict, so that
+    # Lightning does not also write a copy of its own that it would never read back) ----
 
-    def state_dict(self) -> dict[str, int]:
+    def position(self) -> dict[str, int]:
         """epoch, batches already yielded in it, seed."""
         return {"epoch": self.epoch, "batches": self.batches, "seed": self.seed}
 
-    def load_state_dict(self, state: dict[str, int]) -> None:
+    def seek(self, state: dict[str, int]) -> None:
         self.epoch, self.batches, self.seed = int(state["epoch"]), int(state["batches"]), int(state["seed"])
         self._resumed = True  # the next iteration continues this epoch where it was left
 
