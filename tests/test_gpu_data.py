@@ -234,6 +234,24 @@ def test_resume_from_position_is_exact(stop):
         assert torch.equal(ye, yg) and torch.equal(xe, xg)
 
 
+def test_prefetching_thread_makes_the_batches_of_the_in_order_loader():
+    """Batch k+1 is augmented by a second thread while batch k is used: the same batches as
+    without it, also when an iterator is left mid-epoch with a batch pending and a new one starts."""
+    ahead, in_order = make_loader(), make_loader(prefetch=False)
+    it = iter(ahead)
+    first = [next(it) for _ in range(3)]  # left here with batch 3 pending in the thread
+    assert ahead.position()["batches"] == 3  # counted at hand-out, not when made
+    expected = take(in_order, 3 + 2 * len(in_order))
+    got = first + take(ahead, 2 * len(ahead))  # a new iterator: the next epoch, as a DataLoader
+    assert len(got) == len(expected)
+    for (xe, ye), (xg, yg) in zip(expected[:3], got[:3], strict=True):
+        assert torch.equal(ye, yg) and torch.equal(xe, xg)
+    # after the abandoned epoch both continue with epoch 1 (in_order read its epoch 0 to the end)
+    epoch1_in_order = expected[len(in_order):2 * len(in_order)]
+    for (xe, ye), (xg, yg) in zip(epoch1_in_order, got[3:3 + len(ahead)], strict=True):
+        assert torch.equal(ye, yg) and torch.equal(xe, xg)
+
+
 def test_streamed_batches_equal_resident_ones():
     a, b = make_loader(), make_loader(stream=True)
     assert b.streamed

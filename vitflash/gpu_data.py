@@ -90,11 +90,13 @@ class GPULoader:
             slice (evaluation pads with repeated images to equal counts, as DistributedSampler).
         epoch: the epoch the first iteration belongs to.
         stream: gather batches on the host and copy them in (default: when images are not on device).
+        prefetch: augment batch k+1 in a second thread while batch k trains (resident images).
     """
 
     def __init__(self, images: torch.Tensor, labels: torch.Tensor, transform: Callable, batch_size: int,
                  device: torch.device | str = "cpu", indices: torch.Tensor | None = None, train: bool = False,
-                 seed: int = 0, rank: int = 0, world_size: int = 1, epoch: int = 0, stream: bool | None = None):
+                 seed: int = 0, rank: int = 0, world_size: int = 1, epoch: int = 0, stream: bool | None = None,
+                 prefetch: bool = True):
         if images.dtype != torch.uint8 or images.ndim != 4 or images.shape[-1] != 3:
             raise ValueError(f"images must be (N, H, W, 3) uint8, got {tuple(images.shape)} {images.dtype}")
         if not 0 <= rank < world_size:
@@ -111,9 +113,9 @@ class GPULoader:
         if len(self) == 0:
             raise ValueError(f"{n} images make no batch of {batch_size} on each of {world_size} process(es): "
                              "lower data.batch_size")
-        self._generator = torch.Generator(self.device)
         self._pinned: list[torch.Tensor] = []
         self._events: list = []
+        self.prefetch, self._side = prefetch, None
 
     def __len__(self) -> int:
         if self.train:
@@ -156,23 +158,69 @@ class GPULoader:
 
     def _iterate(self, epoch: int, start: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         rows = self._rank_indices(epoch)
+        ks = range(start, len(self))
+        # one generator per iteration: an abandoned iterator's pending batch cannot race the next one's
+        gen = torch.Generator(self.device)
         if not self.streamed:
             rows_dev = rows.to(self.device, non_blocking=True)
-            for k in range(start, len(self)):
+
+            def make(k: int):
                 idx = rows_dev[k * self.batch_size : (k + 1) * self.batch_size]
-                yield self._finish(epoch, k, self.images[idx], self.labels[idx])
+                return self._transform(epoch, k, self.images[idx], gen), self.labels[idx]
+
+            yield from self._ahead(ks, make)
             return
-        batches = [rows[k * self.batch_size : (k + 1) * self.batch_size] for k in range(start, len(self))]
+        batches = [rows[k * self.batch_size : (k + 1) * self.batch_size] for k in ks]
         with ThreadPoolExecutor(1) as pool:  # gathers batch k+1 on the host while batch k trains
             pending = pool.submit(self._gather, batches[0], 0) if batches else None
-            for j, k in enumerate(range(start, len(self))):
+            for j, k in enumerate(ks):
                 staged = pending.result()
                 if j + 1 < len(batches):
                     pending = pool.submit(self._gather, batches[j + 1], j + 1)
                 images = staged.to(self.device, non_blocking=True)
                 if self._events:
                     self._events[j % len(self._events)].record()
-                yield self._finish(epoch, k, images, self.labels[batches[j].to(self.device)])
+                self.batches = k + 1
+                yield self._transform(epoch, k, images, gen), self.labels[batches[j].to(self.device)]
+
+    def _ahead(self, ks: range, make: Callable) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """make(k) for k in ks, batch k+1 made by a second thread while batch k is handed out.
+
+        Augmenting a batch is a few hundred small tensor ops: on a GPU their launches cost the
+        host more time than the device spends on them, and a CUDA-graph training step leaves the
+        host idle while the device works. Made by another thread (torch releases the GIL inside
+        its ops), on its own CUDA stream, the next batch is ready when the step ends. The same
+        seeds make the same batches as in order (`prefetch=False`)."""
+        if not self.prefetch or len(ks) < 2:
+            for k in ks:
+                self.batches = k + 1
+                yield make(k)
+            return
+        cuda = self.device.type == "cuda"
+        consumer = torch.cuda.current_stream(self.device) if cuda else None
+        if cuda and self._side is None:
+            self._side = torch.cuda.Stream(self.device)
+
+        def produce(k: int):
+            if not cuda:
+                return make(k), None
+            with torch.cuda.device(self.device), torch.cuda.stream(self._side):
+                self._side.wait_stream(consumer)  # the rows (and the images) were written on the consumer's stream
+                batch = make(k)
+                return batch, self._side.record_event()
+
+        with ThreadPoolExecutor(1, thread_name_prefix="vitflash-augment") as pool:
+            pending = pool.submit(produce, ks[0])
+            for j, k in enumerate(ks):
+                batch, ready = pending.result()
+                if j + 1 < len(ks):
+                    pending = pool.submit(produce, ks[j + 1])
+                if cuda:
+                    consumer.wait_event(ready)
+                    for t in batch:  # freed while the consumer may still read them: not reused before it is done
+                        t.record_stream(consumer)
+                self.batches = k + 1  # counted before the batch is handed out: a checkpoint taken after it includes it
+                yield batch
 
     def _gather(self, idx: torch.Tensor, j: int) -> torch.Tensor:
         """Host rows idx into a staging buffer: pinned memory (one of three, reused once the copy
@@ -193,9 +241,9 @@ class GPULoader:
         torch.index_select(self.images, 0, idx, out=out)
         return out
 
-    def _finish(self, epoch: int, k: int, images: torch.Tensor, labels: torch.Tensor):
-        self.batches = k + 1  # counted before the batch is handed out: a checkpoint taken after it includes it
+    def _transform(self, epoch: int, k: int, images: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+        """Batch k of the epoch, augmented with gen seeded for it (evaluation: no randomness)."""
         if not self.train:
-            return self.transform(images), labels
-        self._generator.manual_seed(_seed(self.seed, epoch, self.rank, k))
-        return self.transform(images, self._generator), labels
+            return self.transform(images)
+        gen.manual_seed(_seed(self.seed, epoch, self.rank, k))
+        return self.transform(images, gen)
