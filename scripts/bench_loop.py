@@ -69,9 +69,12 @@ class LoopTimer(L.Callback):
     step of the same model (see the module docstring). Results: `loop_s`, `bare_s`
     (seconds per window) and `windows` ((start, end) wall-clock times of the loop windows)."""
 
-    def __init__(self, warmup: int, steps: int, repeats: int, bare_warmup: int):
+    def __init__(self, warmup: int, steps: int, repeats: int, bare_warmup: int, profile: Path | None = None):
         self.warmup, self.steps, self.repeats, self.bare_warmup = warmup, steps, repeats, bare_warmup
         self.marks = {warmup - 1 + k * steps for k in range(repeats + 1)}  # batch ends that bound windows
+        # one more window after the timed ones, under the profilers (its time is not reported)
+        self.profile, self.profiled = profile, warmup - 1 + (repeats + 1) * steps
+        self._profilers = None
         self.times: list[float] = []
         self.batch = None
         self.loop_s: list[float] = []
@@ -85,6 +88,12 @@ class LoopTimer(L.Callback):
         if step == max(self.marks):
             x, y = batch
             self.batch = (x.clone(), y.clone())
+            if self.profile is not None:
+                self._profilers = start_profilers()
+        if step == self.profiled and self._profilers is not None:
+            sync(pl_module.device)
+            stop_profilers(self._profilers, self.profile)
+            self._profilers = None
 
     @property
     def windows(self) -> list[tuple[float, float]]:
@@ -121,6 +130,51 @@ class LoopTimer(L.Callback):
             optimizer.zero_grad(set_to_none=True)
 
         return step
+
+
+def start_profilers():
+    """torch.profiler (operators on the host, kernels and synchronizations) and cProfile (the
+    Python functions of the loop), both on."""
+    import cProfile
+
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if torch.cuda.is_available():
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    ops = torch.profiler.profile(activities=activities)
+    ops.__enter__()
+    py = cProfile.Profile()
+    py.enable()
+    return ops, py
+
+
+def stop_profilers(profilers, prefix: Path) -> None:
+    """Writes <prefix>.ops.txt (operators by host time, then by device time; the
+    synchronizations show as cudaStreamSynchronize/cudaDeviceSynchronize/cudaMemcpy rows),
+    <prefix>.python.txt (Python functions by own time, and by cumulative time) and
+    <prefix>.trace.json.gz (chrome://tracing or Perfetto)."""
+    import gzip
+    import io
+    import pstats
+
+    ops, py = profilers
+    py.disable()
+    ops.__exit__(None, None, None)
+    prefix.parent.mkdir(parents=True, exist_ok=True)
+    table = ops.key_averages()
+    text = [table.table(sort_by="self_cpu_time_total", row_limit=60)]
+    if torch.cuda.is_available():
+        text.append(table.table(sort_by="self_cuda_time_total", row_limit=40))
+    prefix.with_name(prefix.name + ".ops.txt").write_text("\n\n".join(text))
+    buf = io.StringIO()
+    stats = pstats.Stats(py, stream=buf)
+    stats.sort_stats("tottime").print_stats(60)
+    stats.sort_stats("cumulative").print_stats(80)
+    prefix.with_name(prefix.name + ".python.txt").write_text(buf.getvalue())
+    trace = prefix.with_name(prefix.name + ".trace.json")
+    ops.export_chrome_trace(str(trace))
+    with trace.open("rb") as f, gzip.open(f"{trace}.gz", "wb") as z:
+        z.write(f.read())
+    trace.unlink()
 
 
 class GpuBusy:
@@ -193,12 +247,14 @@ def compose_case(case: str, attention: str, compile_mode: str, args, out_dir: Pa
 
 
 def run_case(case: str, attention: str, compile_mode: str, args) -> dict:
-    max_steps = args.warmup + args.repeats * args.steps
+    max_steps = args.warmup + (args.repeats + bool(args.profile)) * args.steps
+    profile = args.profile / f"{case}_{attention}_{compile_mode}{args.profile_tag}" if args.profile else None
     with tempfile.TemporaryDirectory() as tmp:
         cfg, overrides = compose_case(case, attention, compile_mode, args, Path(tmp), max_steps)
         L.seed_everything(cfg.seed)
         torch.set_float32_matmul_precision(cfg.matmul_precision)
-        timer = LoopTimer(args.warmup, args.steps, args.repeats, bare_warmup=max(args.warmup // 2, 2))
+        timer = LoopTimer(args.warmup, args.steps, args.repeats, bare_warmup=max(args.warmup // 2, 2),
+                          profile=profile)
         datamodule, module, trainer = build(cfg, extra_callbacks=[timer])
         busy = GpuBusy()
         try:
@@ -261,6 +317,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--warmup", type=int, default=15, help="steps before the first window (compiling included)")
     parser.add_argument("--steps", type=int, default=30, help="steps per timed window")
     parser.add_argument("--repeats", type=int, default=3, help="timed windows per case")
+    parser.add_argument("--profile", type=Path, metavar="DIR",
+                        help="after the timed windows, profile one more window of each case (torch.profiler and "
+                             "cProfile) and write the tables and a trace into DIR")
+    parser.add_argument("--profile-tag", default="", help="appended to the profile files' names")
     parser.add_argument("--quick", action="store_true",
                         help="one tiny case for a smoke test: synthetic data, vit_micro_patch4_32, b32, sdpa, eager")
     args = parser.parse_args(argv)
