@@ -131,8 +131,7 @@ def search_case(model, name: str, path: str, args) -> dict:
     peaks: dict[int, tuple[float, float]] = {}
 
     def fits(batch: int) -> bool:
-        free(model)
-        torch.cuda.reset_peak_memory_stats()
+        torch.cuda.reset_peak_memory_stats()  # the previous try freed its memory
         start, ok = time.perf_counter(), True
         try:
             step = step_fn(model, batch, img_size, None)
@@ -154,6 +153,7 @@ def search_case(model, name: str, path: str, args) -> dict:
         return ok
 
     begin = time.perf_counter()
+    free(model)
     try:
         found = largest_fitting(fits, args.start, args.granularity, args.max_batch)
     except Exception as err:  # one failing case must not lose the others' numbers

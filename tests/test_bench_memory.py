@@ -137,3 +137,69 @@ def test_results_written_with_their_columns(bench, tmp_path):
         "| vit_base_patch16_384 | 384 | sdpa | n/a | n/a | n/a | n/a | n/a | 8 | 1 | 1 |"]
     assert "- vit_base_patch16_384 sdpa: even batch 8 does not fit" in lines
     assert "GPU memory 139.8 GiB" in lines[4] and "bisect to 8 images (cap 8192)" in lines[4]
+
+
+class FakeGPU:
+    """Stands in for step_fn and the CUDA memory counters: a step at `batch` images peaks at
+    1 + batch / 100 GiB; batches over `oom_first` run out of memory in their first step,
+    over `oom_second` in their second (when the optimizer state exists), and `broken`
+    raises an error that is not out-of-memory."""
+
+    def __init__(self, oom_first=500, oom_second=450, broken=None):
+        self.oom_first, self.oom_second, self.broken = oom_first, oom_second, broken
+        self.peak = 0.0
+        self.held = False  # memory of a try not yet given back by free()
+
+    def step_fn(self, model, batch, img_size, compile_mode):
+        assert compile_mode is None and img_size == model.config["img_size"]
+        assert not self.held, "a try started before the previous one's memory was freed"
+        self.held = True
+        calls = []
+
+        def step():
+            calls.append(1)
+            if batch == self.broken:
+                raise RuntimeError("CUDA error: an illegal memory access was encountered")
+            if batch > (self.oom_first if len(calls) == 1 else self.oom_second):
+                raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+            self.peak = max(self.peak, 1 + batch / 100)
+
+        return step
+
+    def install(self, bench, monkeypatch):
+        monkeypatch.setattr(bench, "step_fn", self.step_fn)
+        monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda: setattr(self, "peak", 0.0))
+        monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda: self.peak * 2**30)
+        monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda: (self.peak + 0.5) * 2**30)
+        monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+        monkeypatch.setattr(torch.cuda, "empty_cache", lambda: setattr(self, "held", False))
+        monkeypatch.setattr(bench.gc, "collect", lambda: 0)  # a full collection costs 0.2 s a try on CI
+
+
+def test_search_case_counts_an_oom_in_the_second_step_as_not_fitting(bench, monkeypatch):
+    FakeGPU().install(bench, monkeypatch)
+    model = bench.build_model("vit_micro_patch4_32", num_classes=10)
+    args = bench.parse_args(["--start", "32", "--granularity", "8", "--max-batch", "4096"])
+    row = bench.search_case(model, "vit_micro_patch4_32", "naive", args)
+    assert model.blocks[0].attn.impl == "naive"
+    assert "error" not in row and not row["capped"]
+    assert (row["max_batch"], row["first_oom"]) == (448, 456)  # 456 passes step 1, not step 2
+    assert row["peak_gib"] == pytest.approx(5.48) and row["reserved_gib"] == pytest.approx(5.98)
+    assert row["mib_per_image"] == pytest.approx(1024 / 100)
+    assert [t["batch"] for t in row["tries"]][:5] == [32, 64, 128, 256, 512]
+    assert all((t["peak_gib"] is None) == (not t["fits"]) for t in row["tries"])
+
+
+def test_search_case_reports_an_error_that_is_not_oom(bench, monkeypatch):
+    FakeGPU(broken=256).install(bench, monkeypatch)
+    model = bench.build_model("vit_micro_patch4_32", num_classes=10)
+    row = bench.search_case(model, "vit_micro_patch4_32", "sdpa", bench.parse_args([]))
+    assert row == {"error": "RuntimeError: CUDA error: an illegal memory access was encountered"}
+
+
+def test_search_case_when_the_smallest_batch_does_not_fit(bench, monkeypatch):
+    FakeGPU(oom_first=4, oom_second=4).install(bench, monkeypatch)
+    model = bench.build_model("vit_micro_patch4_32", num_classes=10)
+    row = bench.search_case(model, "vit_micro_patch4_32", "sdpa", bench.parse_args([]))
+    assert row["max_batch"] is None and row["first_oom"] == 8
+    assert row["error"] == "even batch 8 does not fit"
