@@ -2,9 +2,10 @@
 
 The step is bench_model.py's (`step_fn`): forward, cross-entropy, backward, fused AdamW
 update, bf16 autocast, eager, random images on the GPU, a 10-class head. A batch "fits" when
-STEPS such steps run without CUDA running out of memory: the second step is the one that
-holds the optimizer state (AdamW allocates it inside the first step) as well as the
-activations, so one step alone would pass batches that the next step cannot run.
+--steps (2) such steps run without CUDA running out of memory: the second step is the one
+that holds the optimizer state (AdamW allocates it inside the first step) as well as the
+activations, so one step alone would pass batches that the next step cannot run. The limit
+also depends on the allocator's settings (PYTORCH_CUDA_ALLOC_CONF, recorded with the table).
 
 Search (`largest_fitting`): the batch doubles from --start until a step runs out of memory
 (or --max-batch is reached), then bisects between the last batch that fitted and the first
@@ -225,7 +226,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="training steps a batch must survive (>= 2: see the docstring)")
     args = parser.parse_args(argv)
     for name in args.models:
-        preset_kwargs(name)  # an unknown name fails here, naming the presets
+        try:
+            preset_kwargs(name)
+        except ValueError as err:  # names the presets
+            parser.error(str(err))
     if args.steps < 2:
         parser.error(f"--steps {args.steps}: use at least 2, the first step runs without "
                      "the optimizer state")
