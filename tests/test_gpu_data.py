@@ -2,10 +2,12 @@
 augmentation, order, resume, DDP sharding over gloo, a Lightning fit, the ImageFolder cache."""
 from __future__ import annotations
 
+import logging
 import os
 import socket
 
 import numpy as np
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -424,6 +426,26 @@ def test_on_cuda_resident_and_streamed_batches_agree():
             assert torch.equal(ya, yb) and torch.equal(xa, xb)
     again = GPULoader(images.cuda(), torch.arange(200), **kw)
     assert torch.equal(next(iter(again))[0], next(iter(GPULoader(images.cuda(), torch.arange(200), **kw)))[0])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("crop", ["pad", "rrc"])
+def test_on_cuda_graph_replay_makes_the_eager_batches(crop, caplog):
+    """The augmentation replayed as a CUDA graph (the default on a GPU) gives the batches of the
+    eager ops from the same seeds, with and without the prefetching thread."""
+    aug = GPUAugment(Augment(train_crop=crop, auto_augment="rand-m9-mstd0.5-inc1", re_prob=0.25), 32)
+    images = torch.randint(0, 256, (300, 32, 32, 3), dtype=torch.uint8, generator=gen(3)).cuda()
+    kw = dict(transform=aug.train, batch_size=64, device="cuda", train=True, seed=5)
+    with caplog.at_level(logging.INFO, logger="vitflash.gpu_data"):
+        graphed = [GPULoader(images, torch.arange(300), graph=True, prefetch=p, **kw) for p in (True, False)]
+        eager = GPULoader(images, torch.arange(300), graph=False, **kw)
+        for epoch in range(2):
+            for (xe, ye), *others in zip(eager, *graphed, strict=True):
+                for xg, yg in others:
+                    assert torch.equal(ye, yg)
+                    torch.testing.assert_close(xg, xe, rtol=0, atol=1e-5)
+    assert "captured into a CUDA graph" in caplog.text and "could not be captured" not in caplog.text
+    assert all(entry is not None for entry in graphed[0]._augment._graphs.values())
 
 
 def test_datamodule_state_restores_the_train_loader_mid_epoch():

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, Iterator
@@ -91,12 +92,13 @@ class GPULoader:
         epoch: the epoch the first iteration belongs to.
         stream: gather batches on the host and copy them in (default: when images are not on device).
         prefetch: augment batch k+1 in a second thread while batch k trains (resident images).
+        graph: on a CUDA device, replay the training augmentation as a CUDA graph (SeededTransform).
     """
 
     def __init__(self, images: torch.Tensor, labels: torch.Tensor, transform: Callable, batch_size: int,
                  device: torch.device | str = "cpu", indices: torch.Tensor | None = None, train: bool = False,
                  seed: int = 0, rank: int = 0, world_size: int = 1, epoch: int = 0, stream: bool | None = None,
-                 prefetch: bool = True):
+                 prefetch: bool = True, graph: bool = True):
         if images.dtype != torch.uint8 or images.ndim != 4 or images.shape[-1] != 3:
             raise ValueError(f"images must be (N, H, W, 3) uint8, got {tuple(images.shape)} {images.dtype}")
         if not 0 <= rank < world_size:
@@ -116,6 +118,7 @@ class GPULoader:
         self._pinned: list[torch.Tensor] = []
         self._events: list = []
         self.prefetch, self._side = prefetch, None
+        self._augment = SeededTransform(transform, self.device, graph) if train else None
 
     def __len__(self) -> int:
         if self.train:
@@ -159,14 +162,12 @@ class GPULoader:
     def _iterate(self, epoch: int, start: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         rows = self._rank_indices(epoch)
         ks = range(start, len(self))
-        # one generator per iteration: an abandoned iterator's pending batch cannot race the next one's
-        gen = torch.Generator(self.device)
         if not self.streamed:
             rows_dev = rows.to(self.device, non_blocking=True)
 
             def make(k: int):
                 idx = rows_dev[k * self.batch_size : (k + 1) * self.batch_size]
-                return self._transform(epoch, k, self.images[idx], gen), self.labels[idx]
+                return self._transform(epoch, k, self.images[idx]), self.labels[idx]
 
             yield from self._ahead(ks, make)
             return
@@ -181,7 +182,7 @@ class GPULoader:
                 if self._events:
                     self._events[j % len(self._events)].record()
                 self.batches = k + 1
-                yield self._transform(epoch, k, images, gen), self.labels[batches[j].to(self.device)]
+                yield self._transform(epoch, k, images), self.labels[batches[j].to(self.device)]
 
     def _ahead(self, ks: range, make: Callable) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """make(k) for k in ks, batch k+1 made by a second thread while batch k is handed out.
@@ -241,9 +242,65 @@ class GPULoader:
         torch.index_select(self.images, 0, idx, out=out)
         return out
 
-    def _transform(self, epoch: int, k: int, images: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
-        """Batch k of the epoch, augmented with gen seeded for it (evaluation: no randomness)."""
+    def _transform(self, epoch: int, k: int, images: torch.Tensor) -> torch.Tensor:
+        """Batch k of the epoch, augmented with its own seed (evaluation: no randomness)."""
         if not self.train:
             return self.transform(images)
-        gen.manual_seed(_seed(self.seed, epoch, self.rank, k))
-        return self.transform(images, gen)
+        return self._augment(images, _seed(self.seed, epoch, self.rank, k))
+
+
+class SeededTransform:
+    """`fn(images, generator)` called as `(images, seed)`: the generator seeded with `seed` for
+    each call, so a batch depends on its seed alone. One call at a time (a lock), as the
+    generator and the graph buffers are shared by the threads that augment.
+
+    graph=True on a CUDA device: the first call of each input shape captures `fn` into a CUDA
+    graph (the generator registered with it, so every replay draws from the seed set just
+    before it), and later calls replay it: one launch instead of the few hundred small
+    kernels of a RandAugment batch, whose launches cost the host several milliseconds per
+    batch, more than a CUDA-graph training step of a small model leaves it. Where capture fails
+    (an op that cannot be captured), the shape runs eagerly, with a warning."""
+
+    def __init__(self, fn: Callable, device: torch.device, graph: bool = True):
+        self.fn, self.device = fn, torch.device(device)
+        self.graph = graph and self.device.type == "cuda" and hasattr(torch.cuda.CUDAGraph, "register_generator_state")
+        self.generator = torch.Generator(self.device)
+        self._graphs: dict[tuple, tuple | None] = {}
+        self._lock = threading.Lock()
+
+    def __call__(self, images: torch.Tensor, seed: int) -> torch.Tensor:
+        with self._lock:
+            key = (tuple(images.shape), images.dtype)
+            if self.graph and key not in self._graphs:
+                self._graphs[key] = self._capture(images)
+            entry = self._graphs.get(key)
+            if entry is None:
+                self.generator.manual_seed(seed)
+                return self.fn(images, self.generator)
+            graph, static_in, static_out = entry
+            static_in.copy_(images)
+            self.generator.manual_seed(seed)
+            graph.replay()
+            return static_out.clone()  # the next replay overwrites static_out
+
+    def _capture(self, images: torch.Tensor) -> tuple | None:
+        static_in = images.clone()
+        try:
+            warm = torch.cuda.Stream(self.device)  # warm-up off the capturing stream, as CUDA graphs require
+            warm.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(warm):
+                for _ in range(2):
+                    self.generator.manual_seed(0)
+                    self.fn(static_in, self.generator)
+            torch.cuda.current_stream(self.device).wait_stream(warm)
+            graph = torch.cuda.CUDAGraph()
+            graph.register_generator_state(self.generator)
+            # thread_local: the training thread may be capturing its own graphs meanwhile
+            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+                static_out = self.fn(static_in, self.generator)
+        except Exception as e:  # noqa: BLE001 (whatever the op raised: said, then eager)
+            log.warning("the augmentation of %s batches could not be captured into a CUDA graph (%s); "
+                        "it runs eagerly (data.gpu_graph=false skips the attempt)", tuple(images.shape), e)
+            return None
+        log.info("augmentation of %s batches captured into a CUDA graph", tuple(images.shape))
+        return graph, static_in, static_out
