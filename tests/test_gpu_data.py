@@ -107,6 +107,21 @@ def test_random_erasing_per_sample():
     assert torch.equal(random_erasing(x, 0.0, gen()), x)
 
 
+def test_autocontrast_and_smoothing_match_torchvision():
+    """The two ops written here so that the augmentation can be captured into a CUDA graph give
+    v2's results (constant channels included)."""
+    from torchvision.transforms.v2 import functional as TF
+
+    from vitflash.gpu_augment import autocontrast, smoothed
+
+    x = torch.rand(6, 3, 10, 12, generator=gen(4)) * 0.6 + 0.2
+    x[1, 2] = 0.5  # a constant channel
+    x[3] = 0.25  # a constant image
+    torch.testing.assert_close(autocontrast(x), TF.autocontrast(x), rtol=0, atol=1e-6)
+    torch.testing.assert_close(smoothed(x), TF.adjust_sharpness(x, 0.0), rtol=0, atol=1e-6)
+    assert not torch.equal(smoothed(x), x) and torch.equal(smoothed(x)[..., 0, :], x[..., 0, :])
+
+
 # ---- RandAugment: the batched ops against PIL's (timm's ops are PIL's) ----
 
 

@@ -9,8 +9,10 @@ torchvision.transforms.v2 functionals take one parameter set per call (one crop 
 one brightness factor for the whole batch), timm's RandAugment works on PIL images and its
 RandomErasing loops over the batch in Python, and kornia is not a dependency. Library code does
 the work wherever it is batched: torchvision.ops.roi_align crops-and-resizes one box per sample,
-v2 functionals give equalize, autocontrast and the "degenerate" images that PIL's enhance ops
-blend with, and timm parses the `auto_augment` string into its op list.
+v2 functionals give equalize and the greyscale that PIL's enhance ops blend with, and timm parses
+the `auto_augment` string into its op list. Autocontrast and the sharpness blur are written here
+because v2's versions cannot be captured into a CUDA graph (a boolean-mask assignment, which
+waits on the device; a kernel built from a host list on every call).
 
 Per-sample choices are `torch.where` masks or fixed slices of a shuffled batch (RandAugment),
 so no shape depends on the data and nothing waits on the device (no host synchronisation per
@@ -144,6 +146,31 @@ def _contrast_mean(x: torch.Tensor) -> torch.Tensor:
     return TF.rgb_to_grayscale(x).mean((-3, -2, -1), keepdim=True)
 
 
+def autocontrast(x: torch.Tensor) -> torch.Tensor:
+    """PIL's ImageOps.autocontrast per image and channel (as v2's `autocontrast`): x (b, C, H, W)
+    in [0, 1] stretched to span [0, 1]; a constant channel stays as it is."""
+    lo, hi = x.amin((-2, -1), keepdim=True), x.amax((-2, -1), keepdim=True)
+    flat = hi == lo
+    return ((x - torch.where(flat, 0.0, lo)) / torch.where(flat, 1.0, hi - lo)).clamp_(0, 1)
+
+
+_SMOOTH: dict[tuple, torch.Tensor] = {}
+
+
+def smoothed(x: torch.Tensor) -> torch.Tensor:
+    """PIL's ImageFilter.SMOOTH (3x3, 5 in the centre, 1 around, /13) inside the 1-pixel border,
+    the border as it was: the degenerate image of ImageEnhance.Sharpness (v2's
+    `adjust_sharpness(x, 0)`). x (b, C, H, W) float."""
+    C = x.shape[1]
+    key = (x.device, x.dtype, C)
+    if key not in _SMOOTH:  # made once per device: not a host-to-device copy per call
+        k = torch.tensor([[1.0, 1, 1], [1, 5, 1], [1, 1, 1]]) / 13
+        _SMOOTH[key] = k.to(x.device, x.dtype).expand(C, 1, 3, 3).contiguous()
+    out = x.clone()
+    out[..., 1:-1, 1:-1] = nnf.conv2d(x, _SMOOTH[key], groups=C).clamp_(0, 1)
+    return out
+
+
 # ---------------------------------------------------------------------------------------------
 # RandAugment with timm's op set and magnitudes, one op draw and magnitude per sample
 
@@ -224,7 +251,7 @@ def _one_geometric(name: str):
 
 # kind -> f(x (b, 3, H, W) in [0, 1], arg (b,), fill (1, 3, 1, 1)) -> (b, 3, H, W), as PIL's ops
 OP_FNS = {
-    "autocontrast": lambda x, arg, fill: TF.autocontrast(x),
+    "autocontrast": lambda x, arg, fill: autocontrast(x),
     "equalize": lambda x, arg, fill: TF.equalize(x),
     "invert": lambda x, arg, fill: 1 - x,
     "posterize": lambda x, bits, fill: (  # keep the high `bits` bits of the 8-bit value
@@ -236,7 +263,7 @@ OP_FNS = {
     "brightness": lambda x, f, fill: _blend(x, torch.zeros_like(x), f),
     "contrast": lambda x, f, fill: _blend(x, _contrast_mean(x), f),
     "color": lambda x, f, fill: _blend(x, TF.rgb_to_grayscale(x), f),
-    "sharpness": lambda x, f, fill: _blend(x, TF.adjust_sharpness(x, 0.0), f),
+    "sharpness": lambda x, f, fill: _blend(x, smoothed(x), f),
     # geometric ops about the centre (RandAugment runs them together, see _geometric)
     **{name: _one_geometric(name) for name in _GEOMETRIC},
 }

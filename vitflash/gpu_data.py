@@ -104,6 +104,8 @@ class GPULoader:
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} of world size {world_size}")
         self.device = torch.device(device)
+        if self.device.type == "cuda" and self.device.index is None:  # "cuda": the current GPU, as its tensors say
+            self.device = torch.device("cuda", torch.cuda.current_device())
         self.images, self.transform, self.batch_size, self.train = images, transform, batch_size, train
         self.labels = labels.to(self.device, torch.int64)
         self.indices = torch.arange(len(labels)) if indices is None else torch.as_tensor(indices).long().cpu()
