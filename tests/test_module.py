@@ -12,6 +12,7 @@ import pytest
 import torch
 from hydra.utils import instantiate
 from lightning.pytorch.loggers import CSVLogger
+from torch.distributed.fsdp import FullyShardedDataParallel
 from torch.utils.data import DataLoader, TensorDataset
 
 from test_configs import compose_cfg
@@ -112,6 +113,11 @@ def test_resolve_compile():
     assert resolve_compile("auto", cuda=True, accumulate_grad_batches=4) == "default"
     with pytest.raises(ValueError, match=r"reduce-overhead .*accumulate_grad_batches=4.*model.compile=default"):
         resolve_compile("reduce-overhead", cuda=True, accumulate_grad_batches=4)
+    # FSDP gathers weights into new memory every step: no CUDA graphs
+    assert resolve_compile("auto", cuda=True, sharded=True) is None
+    assert resolve_compile("default", cuda=True, sharded=True) == "default"
+    with pytest.raises(ValueError, match=r"reduce-overhead .*trainer=fsdp.*model.compile=false"):
+        resolve_compile("reduce-overhead", cuda=True, sharded=True)
     for bad in ("max-autotune", "Default", True):
         with pytest.raises(ValueError, match=r"unknown compile .*: choose one of auto, false, default, reduce-overhead"):
             resolve_compile(bad, cuda=True)
@@ -151,9 +157,29 @@ def test_fused_optimizer_clips_gradients_itself():
         p.grad = torch.full_like(p, 10.0)
     opt = torch.optim.AdamW(module.parameters(), lr=1e-3)
     opt.defaults["fused"] = True  # as configure_optimizers makes it on CUDA
-    module.configure_gradient_clipping(opt, gradient_clip_val=1.0, gradient_clip_algorithm="norm")
+    trainer = SimpleNamespace(model=module)  # not sharded
+    with mock.patch.object(ViTModule, "trainer", new_callable=mock.PropertyMock, return_value=trainer):
+        module.configure_gradient_clipping(opt, gradient_clip_val=1.0, gradient_clip_algorithm="norm")
     total = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in module.parameters()]))
     assert total == pytest.approx(1.0, rel=1e-4)
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_fsdp_clips_by_the_norm_of_all_shards(fused):
+    """Under FSDP a process's gradients are a shard: the norm is FSDP's clip_grad_norm_ (over
+    every shard), not torch's over this process's, and not Lightning's FSDP clipping, which
+    refuses the norm."""
+    module = make()
+    for p in module.parameters():
+        p.grad = torch.full_like(p, 10.0)
+    opt = torch.optim.AdamW(module.parameters(), lr=1e-3)
+    opt.defaults["fused"] = fused
+    sharded = mock.MagicMock(spec=FullyShardedDataParallel)  # what trainer.model is under FSDPStrategy
+    trainer = SimpleNamespace(model=sharded)
+    with mock.patch.object(ViTModule, "trainer", new_callable=mock.PropertyMock, return_value=trainer):
+        module.configure_gradient_clipping(opt, gradient_clip_val=0.5, gradient_clip_algorithm="norm")
+    sharded.clip_grad_norm_.assert_called_once_with(0.5)
+    assert all(torch.all(p.grad == 10.0) for p in module.parameters())  # left to FSDP
 
 
 def loaders(n_train: int = 256, batch: int = 16) -> tuple[DataLoader, DataLoader]:
