@@ -40,7 +40,7 @@ import timm
 import torch
 import torch.distributed as dist
 
-from bench_attention import command_line, environment, write_results  # scripts/ is on sys.path
+from bench_attention import command_line, environment, result_stem, write_results  # scripts/ is on sys.path
 from bench_loop import CASES, LoopTimer, compose_case, spread
 from train import build
 from vitflash.cli import check_trainer, quiet
@@ -176,19 +176,21 @@ def gib(value: float | None) -> str:
 
 
 def scaling_markdown(rows: list[dict], env: dict, command: str, args) -> str:
-    n = args.devices
-    lines = [f"# DDP scaling of the training loop on {env['gpu']}", "", f"Command: `{command}`", "",
+    commands = list(dict.fromkeys(r.get("command", command) for r in rows))  # --append: one per case run
+    lines = [f"# DDP scaling of the training loop on {env['gpu']}", "",
+             *(f"Command: `{c}`" for c in commands), "",
              f"torch {env['torch']}, triton {env['triton']}, lightning {env['lightning']}, timm {env['timm']}, "
              f"CUDA {env['cuda']}; {env['date']}. The Lightning loop of bench_loop.py on 1 process "
-             f"(trainer=default) and on {n} (trainer=ddp), the same batch per process. img/s: median (min-max) "
+             "(trainer=default) and on N (trainer=ddp), the same batch per process. img/s: median (min-max) "
              f"of {args.repeats} windows of {args.steps} steps after {args.warmup} warm-up steps, all processes' "
              "images over the slowest one's time. Peak memory: the largest max_memory_allocated of the processes.", "",
-             f"| data | pipeline | model | batch/GPU | attention | compile | img/s, 1 | img/s, {n} | scaling | "
-             f"peak GiB/GPU, 1 | peak GiB/GPU, {n} |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| data | pipeline | model | batch/GPU | attention | compile | N | img/s, 1 | img/s, N | scaling | "
+             "peak GiB/GPU, 1 | peak GiB/GPU, N |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
+        n = r["devices"]
         lines.append(f"| {r['data']} | {r['pipeline']} | {r['model']} | {r['batch_per_gpu']} | {r['attention']} | "
-                     f"{r['compile_mode']} | {spread(r[per('window_img_per_s', 1)])} | "
+                     f"{r['compile_mode']} | {n} | {spread(r[per('window_img_per_s', 1)])} | "
                      f"{spread(r[per('window_img_per_s', n)])} | {r['scaling']:.2f}x | "
                      f"{gib(r[per('peak_mem_gib', 1)])} | {gib(r[per('peak_mem_gib', n)])} |")
     return "\n".join(lines) + "\n"
@@ -204,6 +206,12 @@ def fsdp_markdown(rows: list[dict], env: dict, command: str, args) -> str:
         lines.append(f"| {r['model']} | {r['batch_per_gpu']} | {r['trainer']} | {r['attention']} | {r['compile_mode']} | "
                      f"{gib(r['peak_mem_gib'])} | {spread(r['window_img_per_s'])} |")
     return "\n".join(lines) + "\n"
+
+
+def kept_rows(out: Path, env: dict, cases: list[str]) -> list[dict]:
+    """The rows of cases other than `cases` in out/ddp_<gpu>.json, if it exists."""
+    path = out / f"{result_stem('ddp', env)}.json"
+    return [r for r in json.loads(path.read_text())["results"] if r["data"] not in cases] if path.is_file() else []
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -224,6 +232,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=3, help="timed windows per run")
     parser.add_argument("--fsdp-model", help="instead of the cases: this model under trainer=fsdp and trainer=ddp, "
                                              "peak memory per GPU of each (CUDA only)")
+    parser.add_argument("--append", action="store_true",
+                        help="keep the rows of other cases already in --out's ddp_<gpu>.json (one case per command)")
     parser.add_argument("--quick", action="store_true",
                         help="one tiny case for a smoke test: synthetic data, vit_micro_patch4_32, b32, eager")
     parser.add_argument("--worker", help=argparse.SUPPRESS)  # one run, as launched by this script
@@ -264,9 +274,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
         write_results(args.out, "fsdp", env, command, rows, table)
         print(table)
         return rows
-    rows = []
+    rows = kept_rows(args.out, env, args.cases) if args.append else []
     for case in args.cases:
-        rows.append(scaling_row(case, args, argv))
+        rows.append(scaling_row(case, args, argv) | {"command": command})
         r = rows[-1]
         print(f"{case} {r['model']} b{r['batch_per_gpu']}/process: {r[per('img_per_s', 1)]:,.0f} img/s on 1, "
               f"{r[per('img_per_s', args.devices)]:,.0f} on {args.devices}, scaling {r['scaling']:.2f}x", flush=True)

@@ -76,3 +76,11 @@ def test_one_process_is_not_a_scaling_run(monkeypatch, capsys, bench_ddp):
     with pytest.raises(SystemExit):
         bench_ddp.main()
     assert "--devices 1: the data-parallel run needs at least 2 processes" in capsys.readouterr().err
+
+
+def test_append_keeps_the_other_cases_rows(tmp_path, bench_ddp):
+    env = {"gpu": "NVIDIA H200"}
+    old = [{"data": "cifar10", "scaling": 1.9}, {"data": "imagenette", "scaling": 1.5}]
+    (tmp_path / "ddp_nvidia_h200.json").write_text(json.dumps({"results": old}))
+    assert bench_ddp.kept_rows(tmp_path, env, ["imagenette"]) == old[:1]  # imagenette is measured again
+    assert bench_ddp.kept_rows(tmp_path, {"gpu": "cpu"}, ["imagenette"]) == []  # another machine's file
