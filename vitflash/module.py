@@ -256,11 +256,16 @@ class ViTModule(L.LightningModule):
         # no_weight_decay() names; layer decay groups by the model's group_matcher()
         weight_decay = getattr(self.optimizer_factory, "keywords", {}).get("weight_decay", 0.0)
         no_decay = self.model.no_weight_decay()
-        if hp.layer_decay:
-            groups = param_groups_layer_decay(self.model, weight_decay=weight_decay,
-                                              no_weight_decay_list=no_decay, layer_decay=hp.layer_decay)
-        else:
-            groups = param_groups_weight_decay(self.model, weight_decay=weight_decay, no_weight_decay_list=no_decay)
+        # Under FSDP this runs after wrapping, when every parameter is a flat 1-D slice of its
+        # shard (or empty), which timm would take for a norm or a bias: group them while FSDP
+        # shows them whole (the same Parameter objects, as Lightning sets use_orig_params).
+        sharded = isinstance(self.trainer.model, FullyShardedDataParallel)
+        with FullyShardedDataParallel.summon_full_params(self.trainer.model, writeback=False) if sharded else nullcontext():
+            if hp.layer_decay:
+                groups = param_groups_layer_decay(self.model, weight_decay=weight_decay,
+                                                  no_weight_decay_list=no_decay, layer_decay=hp.layer_decay)
+            else:
+                groups = param_groups_weight_decay(self.model, weight_decay=weight_decay, no_weight_decay_list=no_decay)
         factory = self.optimizer_factory
         # The whole update in a few multi-tensor kernels, fewer launches than foreach's. Not
         # under fp16's gradient scaler: a fused step unscales inside, after clipping would
