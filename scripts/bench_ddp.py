@@ -12,7 +12,8 @@ Timing: every process times `repeats` windows of `steps` steps after `warmup` st
 bench_loop.LoopTimer and counts the images it trained on; rank 0 gathers them, and a window's
 global img/s is all processes' images / the slowest process's time. The figures are the
 median over windows; scaling = img/s on N / img/s on 1. Peak memory is
-torch.cuda.max_memory_allocated of the whole run, the largest over the processes (null on the CPU).
+torch.cuda.max_memory_allocated of the whole run (the GPU pipeline's images included), the
+largest over the processes (null on the CPU).
 
     python scripts/bench_ddp.py --data-root /data --devices 2 --out benchmarks/results
     python scripts/bench_ddp.py --quick --devices 2 --out /tmp/bench    # synthetic data, CPU ok
@@ -74,11 +75,10 @@ class RankTimer(LoopTimer):
             "window_images": [b - a for a, b in zip(self.images_at_marks, self.images_at_marks[1:])],
             "peak_mem_gib": torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None,
         }
-        self.ranks = [None] * trainer.world_size
+        self.ranks = [mine]
         if trainer.world_size > 1:
+            self.ranks = [None] * trainer.world_size
             dist.all_gather_object(self.ranks, mine)
-        else:
-            self.ranks = [mine]
 
 
 def global_img_per_s(ranks: list[dict]) -> list[float]:
