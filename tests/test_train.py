@@ -81,6 +81,13 @@ def test_flash_without_cuda_stops_at_start(tmp_path):
     assert all(f"attention={alt}" in result.stderr for alt in ("sdpa", "naive", "auto"))
 
 
+def test_fsdp_asks_for_test_false_before_any_work(tmp_path):
+    # Lightning does not shard the model again for a test after fit under FSDP
+    with pytest.raises(ValueError, match=r"trainer=fsdp cannot test .*add test=false.*scripts/eval.py ckpt_path="):
+        train(compose_cfg(tmp_path, ["data=synthetic", "trainer=fsdp"]))
+    assert not (tmp_path / "out").exists()  # nothing was built or written
+
+
 def test_mistyped_option_on_the_command_line():
     result = run_cli("train", "attention=flsh")
     assert result.returncode != 0
