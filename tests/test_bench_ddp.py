@@ -42,7 +42,9 @@ def test_one_then_two_processes_write_rows(tmp_path, monkeypatch, bench_ddp):
     assert (row["strategy_1gpu"], row["strategy_2gpu"]) == ("SingleDeviceStrategy", "DDPStrategy")
     assert [r["rank"] for r in row["ranks_1gpu"]] == [0]
     assert [r["rank"] for r in row["ranks_2gpu"]] == [0, 1]  # rank 0 gathered rank 1's measurements
-    if not torch.cuda.is_available():
+    if torch.cuda.is_available():
+        assert row["backend"] == "nccl" and row["peak_mem_gib_1gpu"] > 0 and row["peak_mem_gib_2gpu"] > 0
+    else:
         assert written.name == "ddp_cpu.json" and row["backend"] == "gloo"
         assert row["peak_mem_gib_1gpu"] is None and row["peak_mem_gib_2gpu"] is None
     # every process trained on a batch of its own per step, every window
