@@ -19,10 +19,10 @@ import torch
 import torch.nn as nn
 from lightning.pytorch.strategies import FSDPStrategy
 from timm.data import Mixup
-from torch.distributed.fsdp import FullyShardedDataParallel
 from timm.loss import SoftTargetCrossEntropy
 from timm.optim import param_groups_layer_decay, param_groups_weight_decay
 from timm.scheduler import CosineLRScheduler
+from torch.distributed.fsdp import FullyShardedDataParallel
 from torchmetrics import MetricCollection
 from torchmetrics.classification import MulticlassAccuracy
 
@@ -79,8 +79,9 @@ def resolve_compile(mode: str | bool | None, cuda: bool, accumulate_grad_batches
     if mode not in COMPILE_CHOICES:
         raise ValueError(f"unknown compile {mode!r}: choose one of {', '.join(COMPILE_CHOICES)}")
     if sharded and mode == "reduce-overhead":
-        raise ValueError("compile=reduce-overhead (CUDA graphs) cannot run under trainer=fsdp: FSDP gathers each "
-                         "block's weights into new memory at every step, a CUDA graph replays recorded addresses. "
+        raise ValueError("compile=reduce-overhead (CUDA graphs) cannot run under trainer=fsdp: FSDP frees each "
+                         "block's gathered weights after use and allocates them again at every step, while a CUDA "
+                         "graph replays the addresses it recorded. "
                          "Set model.compile=false (or auto, eager under FSDP), or use trainer=ddp")
     if mode == "auto":
         if not cuda or sharded:
