@@ -190,11 +190,16 @@ def command_line() -> str:
     return "python " + " ".join(argv)
 
 
+def result_stem(prefix: str, env: dict) -> str:
+    """<prefix>_<gpu>: the name of the result files of this machine's GPU (or "cpu")."""
+    return prefix + "_" + re.sub(r"[^A-Za-z0-9]+", "_", env["gpu"]).strip("_").lower()
+
+
 def write_results(out: Path, prefix: str, env: dict, command: str, results: list | dict,
                   table: str) -> None:
     """<out>/<prefix>_<gpu>.json (command, environment, results) and .md (the table)."""
     out.mkdir(parents=True, exist_ok=True)
-    stem = prefix + "_" + re.sub(r"[^A-Za-z0-9]+", "_", env["gpu"]).strip("_").lower()
+    stem = result_stem(prefix, env)
     (out / f"{stem}.json").write_text(
         json.dumps({"command": command, "environment": env, "results": results}, indent=1))
     (out / f"{stem}.md").write_text(table)

@@ -66,10 +66,11 @@ def sync(device: torch.device) -> None:
 
 class LoopTimer(L.Callback):
     """Times `repeats` windows of `steps` training steps after `warmup` steps, then the bare
-    step of the same model (see the module docstring). Results: `loop_s`, `bare_s`
-    (seconds per window) and `windows` ((start, end) wall-clock times of the loop windows)."""
+    step of the same model (see the module docstring; `bare_warmup=None`: no bare step).
+    Results: `loop_s`, `bare_s` (seconds per window) and `windows` ((start, end) wall-clock
+    times of the loop windows)."""
 
-    def __init__(self, warmup: int, steps: int, repeats: int, bare_warmup: int, profile: Path | None = None):
+    def __init__(self, warmup: int, steps: int, repeats: int, bare_warmup: int | None, profile: Path | None = None):
         self.warmup, self.steps, self.repeats, self.bare_warmup = warmup, steps, repeats, bare_warmup
         self.marks = {warmup - 1 + k * steps for k in range(repeats + 1)}  # batch ends that bound windows
         # one more window after the timed ones, under the profilers (its time is not reported)
@@ -104,6 +105,8 @@ class LoopTimer(L.Callback):
             raise RuntimeError(f"the loop ran {trainer.global_step} steps, fewer than warmup + repeats * steps: "
                                "does the dataset hold enough batches? (max_steps sets the length)")
         self.loop_s = [b - a for a, b in self.windows]
+        if self.bare_warmup is None:
+            return
         step = self._bare_step(trainer, pl_module)
         for _ in range(self.bare_warmup):
             step()

@@ -22,7 +22,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig
 
 from vitflash.checkpoint import RNGState, check_resume, run_file
-from vitflash.cli import check_trainer, run_session, short_errors
+from vitflash.cli import check_trainer, is_fsdp, run_session, short_errors
 from vitflash.pretrained import load_training_checkpoint
 
 log = logging.getLogger(__name__)
@@ -57,6 +57,12 @@ def build(cfg: DictConfig, extra_callbacks: list[L.Callback] = (), ckpt: dict | 
 def train(cfg: DictConfig) -> dict[str, float]:
     """Fit and test as `cfg` (a composed configs/train.yaml) says; returns the last logged
     metrics (train/*, val/*, and test/* of the best checkpoint)."""
+    if cfg.get("test") and is_fsdp(cfg.trainer.get("strategy")):
+        # Lightning does not shard the model again for a trainer.test after fit: the weights
+        # FSDP left sharded would be used as they are (Lightning-AI/pytorch-lightning#19015)
+        raise ValueError("trainer=fsdp cannot test the model in the process that trained it (Lightning does not "
+                         "shard it again after fit): add test=false, then score the best checkpoint with "
+                         "`python scripts/eval.py ckpt_path=<run>/checkpoints/<best>.ckpt`")
     check_trainer(cfg.trainer)
     if cfg.get("seed") is not None:
         L.seed_everything(cfg.seed, workers=True)

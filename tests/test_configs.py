@@ -10,8 +10,13 @@ import torch
 from hydra import compose, initialize_config_dir
 from hydra.errors import MissingConfigException
 from hydra.utils import instantiate
+from lightning.pytorch.strategies import FSDPStrategy
+from torch.distributed.fsdp import ShardingStrategy
+from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
 import vitflash.module  # noqa: F401  (registers the ${if_cuda:...} resolver)
+from vitflash.cli import check_trainer
+from vitflash.model import Block
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
@@ -42,7 +47,7 @@ def test_groups_are_all_there():
     for group, expected in {
         "attention": {"auto", "flash", "naive", "sdpa"},
         "data": {"cifar10", "cifar100", "imagenet", "synthetic"},
-        "trainer": {"cpu", "gpu", "ddp"},
+        "trainer": {"cpu", "gpu", "ddp", "fsdp"},
         "logger": {"csv", "tensorboard"},
     }.items():
         assert expected <= set(options(group)), group
@@ -91,13 +96,37 @@ def test_attention_flash_without_cuda_names_the_alternatives(tmp_path):
 def test_trainer_options(tmp_path, option):
     cfg = compose_cfg(tmp_path, [f"trainer={option}"])
     assert cfg.trainer.gradient_clip_val == 1.0
-    if option == "gpu":
+    if option in ("gpu", "fsdp"):
         assert (cfg.trainer.accelerator, cfg.trainer.precision) == ("gpu", "bf16-mixed")
         if not torch.cuda.is_available():
             return  # Lightning refuses a GPU trainer without a GPU; composed is all we can check
     trainer = build(cfg)[2]
     if option == "ddp":
         assert type(trainer.strategy).__name__ == "DDPStrategy"
+    if option == "fsdp":
+        assert type(trainer.strategy).__name__ == "FSDPStrategy"
+
+
+def test_fsdp_strategy_settings(tmp_path):
+    """trainer=fsdp's strategy, built alone (the Trainer needs a GPU): every encoder block its
+    own FSDP unit, full sharding, FSDP's casts left at fp32 (bf16 comes from autocast)."""
+    strategy = instantiate(compose_cfg(tmp_path, ["trainer=fsdp"]).trainer.strategy, _convert_="all")
+    assert isinstance(strategy, FSDPStrategy)
+    assert strategy.sharding_strategy == ShardingStrategy.FULL_SHARD
+    policy = strategy.kwargs["auto_wrap_policy"]
+    assert isinstance(policy, ModuleWrapPolicy) and policy._module_classes == {Block}
+    precision = strategy.mixed_precision
+    assert (precision.param_dtype, precision.reduce_dtype, precision.buffer_dtype) == (torch.float32,) * 3
+    assert strategy.kwargs["use_orig_params"]  # Lightning's: the optimizer sees the model's own parameters
+
+
+def test_fsdp_without_cuda_is_refused_with_the_alternative(tmp_path):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA, where trainer=fsdp runs")
+    for extra in ([], ["trainer.accelerator=cpu"]):
+        cfg = compose_cfg(tmp_path, ["trainer=fsdp", *extra])
+        with pytest.raises(ValueError, match=r"trainer=fsdp .* CUDA GPUs only.*trainer=ddp trainer.accelerator=cpu"):
+            check_trainer(cfg.trainer)
 
 
 @pytest.mark.parametrize("option", options("experiment"))

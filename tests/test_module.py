@@ -1,6 +1,9 @@
 """ViTModule: attention choice, weight-decay and layer-decay groups, warmup + cosine, mixup, the\nlean step (no host reads), torch.compile and fused AdamW."""
 from __future__ import annotations
 
+import json
+import os
+import socket
 from functools import partial
 from pathlib import Path
 from types import SimpleNamespace
@@ -12,6 +15,7 @@ import pytest
 import torch
 from hydra.utils import instantiate
 from lightning.pytorch.loggers import CSVLogger
+from torch.distributed.fsdp import FullyShardedDataParallel
 from torch.utils.data import DataLoader, TensorDataset
 
 from test_configs import compose_cfg
@@ -29,10 +33,11 @@ def test_resolve_attention():
 
 
 def optimizer_of(module: ViTModule, total_steps: int = 100, max_epochs: int = 10,
-                 precision: str = "bf16-mixed"):
-    """configure_optimizers() as the Trainer would call it for a run of total_steps."""
+                 precision: str = "bf16-mixed", model: torch.nn.Module | None = None):
+    """configure_optimizers() as the Trainer would call it for a run of total_steps; `model`:
+    the trainer's (wrapped) model, default `module`."""
     fake = SimpleNamespace(estimated_stepping_batches=total_steps, max_epochs=max_epochs,
-                           precision=precision)
+                           precision=precision, model=module if model is None else model)
     with mock.patch.object(ViTModule, "trainer", new_callable=mock.PropertyMock, return_value=fake):
         out = module.configure_optimizers()
     return out["optimizer"], out["lr_scheduler"]["scheduler"]
@@ -53,6 +58,44 @@ def test_weight_decay_skips_norms_biases_and_embeddings():
     assert {"pos_embed", "cls_token", "norm.weight", "blocks.0.norm1.bias", "head.bias"} <= kept
     assert all(n.endswith("weight") and "norm" not in n for n in decayed)
     assert {"patch_embed.proj.weight", "blocks.3.mlp.fc2.weight", "head.weight"} <= decayed
+
+
+def named_groups(module: ViTModule, optimizer) -> list[tuple[float, list[str]]]:
+    """(weight decay, parameter names) of each group; names as in the unwrapped model."""
+    names = {id(p): n.replace("_fsdp_wrapped_module.", "") for n, p in module.model.named_parameters()}
+    return [(g["weight_decay"], sorted(names[id(p)] for p in g["params"])) for g in optimizer.param_groups]
+
+
+def _groups_under_fsdp(rank: int, port: int, out: Path) -> None:
+    """Rank `rank` of 2 on the CPU: the module wrapped as trainer=fsdp wraps it (torch's FSDP with
+    configs/trainer/fsdp.yaml's settings; Lightning's strategy refuses the CPU, torch's FSDP does
+    not), then its optimizer's groups by parameter name, written by rank 0."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.distributed.init_process_group("gloo", rank=rank, world_size=2)
+    try:
+        module = make()
+        strategy = instantiate(compose_cfg(out.parent, ["trainer=fsdp"]).trainer.strategy, _convert_="all")
+        wrapped = FullyShardedDataParallel(module, device_id=torch.device("cpu"), sharding_strategy=strategy.sharding_strategy,
+                                           mixed_precision=strategy.mixed_precision, **strategy.kwargs)
+        assert all(p.ndim == 1 for p in module.model.parameters())  # flat shards, as configure_optimizers sees them
+        optimizer, _ = optimizer_of(module, precision="32-true", model=wrapped)
+        if rank == 0:
+            out.write_text(json.dumps(named_groups(module, optimizer)))
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+def test_fsdp_shards_keep_their_weight_decay_groups(tmp_path):
+    """Norms, biases, tokens and position embedding stay out of weight decay under FSDP, whose
+    shards are all 1-D when the optimizer is made."""
+    module = make()
+    expected = named_groups(module, optimizer_of(module, precision="32-true")[0])
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    torch.multiprocessing.spawn(_groups_under_fsdp, args=(port, tmp_path / "groups.json"), nprocs=2)
+    assert [tuple(g) for g in json.loads((tmp_path / "groups.json").read_text())] == expected
+    assert {wd for wd, _ in expected} == {0.05, 0.0}
 
 
 def test_layer_decay_scales_lr_by_depth():
@@ -112,6 +155,11 @@ def test_resolve_compile():
     assert resolve_compile("auto", cuda=True, accumulate_grad_batches=4) == "default"
     with pytest.raises(ValueError, match=r"reduce-overhead .*accumulate_grad_batches=4.*model.compile=default"):
         resolve_compile("reduce-overhead", cuda=True, accumulate_grad_batches=4)
+    # FSDP gathers weights into new memory every step: no CUDA graphs
+    assert resolve_compile("auto", cuda=True, sharded=True) is None
+    assert resolve_compile("default", cuda=True, sharded=True) == "default"
+    with pytest.raises(ValueError, match=r"reduce-overhead .*trainer=fsdp.*model.compile=false"):
+        resolve_compile("reduce-overhead", cuda=True, sharded=True)
     for bad in ("max-autotune", "Default", True):
         with pytest.raises(ValueError, match=r"unknown compile .*: choose one of auto, false, default, reduce-overhead"):
             resolve_compile(bad, cuda=True)
@@ -151,9 +199,29 @@ def test_fused_optimizer_clips_gradients_itself():
         p.grad = torch.full_like(p, 10.0)
     opt = torch.optim.AdamW(module.parameters(), lr=1e-3)
     opt.defaults["fused"] = True  # as configure_optimizers makes it on CUDA
-    module.configure_gradient_clipping(opt, gradient_clip_val=1.0, gradient_clip_algorithm="norm")
+    trainer = SimpleNamespace(model=module)  # not sharded
+    with mock.patch.object(ViTModule, "trainer", new_callable=mock.PropertyMock, return_value=trainer):
+        module.configure_gradient_clipping(opt, gradient_clip_val=1.0, gradient_clip_algorithm="norm")
     total = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in module.parameters()]))
     assert total == pytest.approx(1.0, rel=1e-4)
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_fsdp_clips_by_the_norm_of_all_shards(fused):
+    """Under FSDP a process's gradients are a shard: the norm is FSDP's clip_grad_norm_ (over
+    every shard), not torch's over this process's, and not Lightning's FSDP clipping, which
+    refuses the norm."""
+    module = make()
+    for p in module.parameters():
+        p.grad = torch.full_like(p, 10.0)
+    opt = torch.optim.AdamW(module.parameters(), lr=1e-3)
+    opt.defaults["fused"] = fused
+    sharded = mock.MagicMock(spec=FullyShardedDataParallel)  # what trainer.model is under FSDPStrategy
+    trainer = SimpleNamespace(model=sharded)
+    with mock.patch.object(ViTModule, "trainer", new_callable=mock.PropertyMock, return_value=trainer):
+        module.configure_gradient_clipping(opt, gradient_clip_val=0.5, gradient_clip_algorithm="norm")
+    sharded.clip_grad_norm_.assert_called_once_with(0.5)
+    assert all(torch.all(p.grad == 10.0) for p in module.parameters())  # left to FSDP
 
 
 def loaders(n_train: int = 256, batch: int = 16) -> tuple[DataLoader, DataLoader]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import importlib.util
 import os
+import re
 import subprocess
 import sys
 import tarfile
@@ -78,6 +79,13 @@ def test_flash_without_cuda_stops_at_start(tmp_path):
     assert not (tmp_path / "run").exists()  # a run that fails at the start leaves no folder
     assert "attention=flash needs a CUDA GPU" in result.stderr
     assert all(f"attention={alt}" in result.stderr for alt in ("sdpa", "naive", "auto"))
+
+
+def test_fsdp_asks_for_test_false_before_any_work(tmp_path):
+    # Lightning does not shard the model again for a test after fit under FSDP
+    with pytest.raises(ValueError, match=r"trainer=fsdp cannot test .*add test=false.*scripts/eval.py ckpt_path="):
+        train(compose_cfg(tmp_path, ["data=synthetic", "trainer=fsdp"]))
+    assert not (tmp_path / "out").exists()  # nothing was built or written
 
 
 def test_mistyped_option_on_the_command_line():
@@ -206,3 +214,34 @@ def test_ddp_two_processes_on_cpu(tmp_path):
     assert (result.stderr + result.stdout).count("best checkpoint") == 1
     ckpt = torch.load(tmp_path / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
     assert ckpt["global_step"] == 256 // (32 * 2)  # each process saw half of the images
+
+
+def logged_metrics(run: Path) -> dict[tuple[str, int], float]:
+    """{(column, step): value} of the loss and accuracy columns (train/val/test, step and
+    epoch) of a run's metrics.csv: what a run learned, not how fast or in how much memory."""
+    with (run / "csv" / "metrics.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    columns = [c for c in rows[0] if re.fullmatch(r"(train|val|test)/(loss|top1|top5)(_step|_epoch)?", c)]
+    return {(c, int(r["step"])): float(r[c]) for r in rows for c in columns if r[c]}
+
+
+@pytest.mark.gpu
+def test_ddp_on_one_gpu_matches_the_single_device_trainer(tmp_path):
+    """trainer=ddp with one device wraps the model in DDP and starts a process group of one: the
+    loop must learn exactly what trainer=gpu learns (same data order, augmentation, updates)."""
+    common = ["data=synthetic", "data.train_size=256", "data.batch_size=32", "trainer.max_epochs=2",
+              "trainer.log_every_n_steps=1", "model.compile=false", "logger=csv",
+              "trainer.deterministic=warn"]  # deterministic cuDNN and cuBLAS where they have it
+    metrics, output = {}, {}
+    for name, trainer in {"gpu": ["trainer=gpu"], "ddp": ["trainer=ddp", "trainer.devices=1"]}.items():
+        result = run_cli("train", *common, *trainer, f"hydra.run.dir={tmp_path / name}")
+        assert result.returncode == 0, result.stderr[-3000:]
+        metrics[name], output[name] = logged_metrics(tmp_path / name), result.stderr + result.stdout
+    assert "distributed_backend=nccl" in output["ddp"] and "Starting with 1 processes" in output["ddp"]
+    assert "distributed_backend" not in output["gpu"]
+    columns = {c for c, _ in metrics["gpu"]}
+    assert {"train/loss_step", "train/loss_epoch", "val/top1", "test/top1"} <= columns
+    assert len([k for k in metrics["gpu"] if k[0] == "train/loss_step"]) == 2 * 256 // 32
+    assert metrics["ddp"].keys() == metrics["gpu"].keys()
+    for key, value in metrics["gpu"].items():
+        assert metrics["ddp"][key] == pytest.approx(value, rel=1e-4, abs=1e-5), key

@@ -176,9 +176,18 @@ def _whole(value, least: int) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= least
 
 
+def is_fsdp(strategy) -> bool:
+    """Whether a trainer.strategy config value (a name such as "fsdp", or a node with a
+    `_target_`) is Lightning's FSDPStrategy."""
+    if isinstance(strategy, str):
+        return strategy.startswith("fsdp")
+    target = strategy.get("_target_", "") if isinstance(strategy, (dict, DictConfig)) else ""
+    return target.rsplit(".", 1)[-1] == "FSDPStrategy"
+
+
 def check_trainer(trainer: DictConfig) -> None:
     """Raise a ValueError for trainer settings Lightning would only trip over after the data
-    is set up: non-numeric epochs or batch limits, a GPU accelerator without CUDA."""
+    is set up: non-numeric epochs or batch limits, a GPU accelerator or FSDP without CUDA."""
     epochs = trainer.get("max_epochs")
     if epochs is not None and not (_whole(epochs, 1) or epochs == -1):
         raise ValueError(f"trainer.max_epochs={epochs!r} is not a whole number >= 1 (or -1 for no limit): "
@@ -192,6 +201,13 @@ def check_trainer(trainer: DictConfig) -> None:
             raise ValueError(f"trainer.{key}={value!r} is neither a fraction in [0, 1] nor a whole number "
                              f"of batches: pass e.g. trainer.{key}=1.0 (all) or trainer.{key}=100")
     accelerator = str(trainer.get("accelerator", "auto"))
+    if is_fsdp(trainer.get("strategy")) and not (accelerator in ("gpu", "cuda", "auto") and torch.cuda.is_available()):
+        # Lightning refuses FSDPStrategy on any accelerator but CUDA, and passes torch's FSDP no
+        # device on the CPU, which torch refuses too: said here before any data is read
+        raise ValueError(
+            f"trainer=fsdp (Lightning's FSDPStrategy) runs on CUDA GPUs only, and here "
+            f"trainer.accelerator={accelerator} with torch.cuda.is_available()={torch.cuda.is_available()}: "
+            "on a machine without GPUs use trainer=ddp trainer.accelerator=cpu trainer.devices=2 (DDP over gloo)")
     if accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
         raise ValueError(
             f"trainer.accelerator={accelerator} (trainer=gpu) needs a CUDA GPU, and PyTorch sees none "

@@ -17,10 +17,12 @@ from typing import Callable
 import lightning as L
 import torch
 import torch.nn as nn
+from lightning.pytorch.strategies import FSDPStrategy
 from timm.data import Mixup
 from timm.loss import SoftTargetCrossEntropy
 from timm.optim import param_groups_layer_decay, param_groups_weight_decay
 from timm.scheduler import CosineLRScheduler
+from torch.distributed.fsdp import FullyShardedDataParallel
 from torchmetrics import MetricCollection
 from torchmetrics.classification import MulticlassAccuracy
 
@@ -58,7 +60,8 @@ def resolve_attention(name: str, cuda: bool) -> str:
     return name
 
 
-def resolve_compile(mode: str | bool | None, cuda: bool, accumulate_grad_batches: int = 1) -> str | None:
+def resolve_compile(mode: str | bool | None, cuda: bool, accumulate_grad_batches: int = 1,
+                    sharded: bool = False) -> str | None:
     """The `torch.compile` mode to train with, or None for eager.
 
     "auto" is "reduce-overhead" (CUDA graphs: the ViTs here are launch-bound at CIFAR sizes)
@@ -66,14 +69,22 @@ def resolve_compile(mode: str | bool | None, cuda: bool, accumulate_grad_batches
     CUDA graphs cannot accumulate gradients over batches (a replay overwrites the gradients
     the previous batch left in the graph's memory, pytorch/pytorch#169545): with
     accumulate_grad_batches > 1, "auto" is "default" and "reduce-overhead" is refused.
+    Under FSDP (`sharded`) "auto" is eager and "reduce-overhead" is refused: FSDP frees each
+    block's gathered weights after use and gathers them again into new memory, while a CUDA
+    graph replays the addresses it recorded (and compiling around FSDP's hooks is untested here).
     Raises ValueError for anything else, listing the choices.
     """
     if mode is None or mode is False:
         mode = "false"
     if mode not in COMPILE_CHOICES:
         raise ValueError(f"unknown compile {mode!r}: choose one of {', '.join(COMPILE_CHOICES)}")
+    if sharded and mode == "reduce-overhead":
+        raise ValueError("compile=reduce-overhead (CUDA graphs) cannot run under trainer=fsdp: FSDP frees each "
+                         "block's gathered weights after use and allocates them again at every step, while a CUDA "
+                         "graph replays the addresses it recorded. "
+                         "Set model.compile=false (or auto, eager under FSDP), or use trainer=ddp")
     if mode == "auto":
-        if not cuda:
+        if not cuda or sharded:
             return None
         return "reduce-overhead" if accumulate_grad_batches == 1 else "default"
     if mode == "reduce-overhead" and accumulate_grad_batches > 1:
@@ -182,7 +193,8 @@ class ViTModule(L.LightningModule):
                     "set trainer.precision=bf16-mixed (as trainer=gpu does) or choose attention=sdpa"
                 )
         mode = resolve_compile(self.hparams.compile, cuda=on_cuda,
-                               accumulate_grad_batches=self.trainer.accumulate_grad_batches)
+                               accumulate_grad_batches=self.trainer.accumulate_grad_batches,
+                               sharded=isinstance(self.trainer.strategy, FSDPStrategy))
         if stage == "fit" and mode and self.compile_mode is None:
             # in place (nn.Module.compile): the module tree and state_dict keys stay as they are
             self.model.compile(mode=mode)
@@ -245,11 +257,16 @@ class ViTModule(L.LightningModule):
         # no_weight_decay() names; layer decay groups by the model's group_matcher()
         weight_decay = getattr(self.optimizer_factory, "keywords", {}).get("weight_decay", 0.0)
         no_decay = self.model.no_weight_decay()
-        if hp.layer_decay:
-            groups = param_groups_layer_decay(self.model, weight_decay=weight_decay,
-                                              no_weight_decay_list=no_decay, layer_decay=hp.layer_decay)
-        else:
-            groups = param_groups_weight_decay(self.model, weight_decay=weight_decay, no_weight_decay_list=no_decay)
+        # Under FSDP this runs after wrapping, when every parameter is a flat 1-D slice of its
+        # shard (or empty), which timm would take for a norm or a bias: group them while FSDP
+        # shows them whole (the same Parameter objects, as Lightning sets use_orig_params).
+        sharded = isinstance(self.trainer.model, FullyShardedDataParallel)
+        with FullyShardedDataParallel.summon_full_params(self.trainer.model, writeback=False) if sharded else nullcontext():
+            if hp.layer_decay:
+                groups = param_groups_layer_decay(self.model, weight_decay=weight_decay,
+                                                  no_weight_decay_list=no_decay, layer_decay=hp.layer_decay)
+            else:
+                groups = param_groups_weight_decay(self.model, weight_decay=weight_decay, no_weight_decay_list=no_decay)
         factory = self.optimizer_factory
         # The whole update in a few multi-tensor kernels, fewer launches than foreach's. Not
         # under fp16's gradient scaler: a fused step unscales inside, after clipping would
@@ -275,7 +292,13 @@ class ViTModule(L.LightningModule):
                                     gradient_clip_algorithm=None) -> None:
         """Lightning's clipping refuses fused optimizers under mixed precision, for fear of
         clipping scaled gradients. Without a gradient scaler (bf16, fp32; a fused optimizer
-        is never chosen under fp16) the gradients are the true ones: clip them directly."""
+        is never chosen under fp16) the gradients are the true ones: clip them directly.
+        Under FSDP each process holds a shard of the gradients, so the norm is FSDP's own
+        (an all-reduce of the shards' norms), which Lightning's FSDP precision does not call."""
+        if (gradient_clip_val and gradient_clip_algorithm in (None, "norm")
+                and isinstance(self.trainer.model, FullyShardedDataParallel)):
+            self.trainer.model.clip_grad_norm_(gradient_clip_val)
+            return
         if not gradient_clip_val or not optimizer.defaults.get("fused"):
             return super().configure_gradient_clipping(optimizer, gradient_clip_val,
                                                        gradient_clip_algorithm)
