@@ -107,6 +107,13 @@ def chains(runs: list[Path]) -> list[list[Path]]:
 # One run's figures
 
 
+def _where(override: str) -> bool:
+    """Whether an override only says where files go (output and checkpoint folders, data and
+    log roots, the checkpoint resumed from): not part of the recipe, so not in the table."""
+    key = override.split("=", 1)[0].lstrip("+~")
+    return key.startswith(("hydra.", "paths.")) or key == "ckpt_path" or key.endswith(".dirpath")
+
+
 def _float(value: str | None) -> float | None:
     return float(value) if value not in (None, "") else None
 
@@ -203,7 +210,7 @@ def summarize(pieces: list[Path], targets: tuple[float, ...] = ()) -> tuple[dict
         "dataset": choices.get("data", (config.get("data") or {}).get("name", "n/a")),
         "model": (config.get("model") or {}).get("model_name"),
         "attention": _attention(last, config),
-        "overrides": " ".join(o for o in overrides if not o.startswith(("hydra.", "ckpt_path="))),
+        "overrides": " ".join(o for o in overrides if not _where(o)),
         "epochs": int(max(epochs)) + 1 if epochs else None,
         "best_val_top1": max((c["val_top1"] for c in curves), default=None),
         "test_top1": tests[-1]["test/top1"] if tests else None,

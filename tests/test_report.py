@@ -102,3 +102,10 @@ def test_report_names_a_folder_without_runs(tmp_path):
     result = run_cli("report", str(tmp_path))
     assert result.returncode != 0
     assert "holds no training run" in result.stderr and "csv/metrics.csv" in result.stderr
+
+
+def test_overrides_column_keeps_the_recipe_not_the_places():
+    kept = ["attention=flash", "trainer.max_epochs=40", "+trainer.limit_train_batches=2", "data.batch_size=64"]
+    places = ["hydra.run.dir=/x/run", "paths.data_dir=/d", "ckpt_path=/x/last.ckpt",
+              "callbacks.model_checkpoint.dirpath=/x/ck", "+callbacks.last_checkpoint.dirpath=/x/ck"]
+    assert [o for o in kept + places if not report._where(o)] == kept
