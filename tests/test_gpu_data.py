@@ -254,7 +254,7 @@ def test_resume_from_position_is_exact(stop):
 def test_prefetching_thread_makes_the_batches_of_the_in_order_loader():
     """Batch k+1 is augmented by a second thread while batch k is used: the same batches as
     without it, also when an iterator is left mid-epoch with a batch pending and a new one starts."""
-    ahead, in_order = make_loader(), make_loader(prefetch=False)
+    ahead, in_order = make_loader(prefetch=True), make_loader()
     it = iter(ahead)
     first = [next(it) for _ in range(3)]  # left here with batch 3 pending in the thread
     assert ahead.position()["batches"] == 3  # counted at hand-out, not when made

@@ -266,7 +266,7 @@ class ImageDataModule(L.LightningDataModule):
         shuffle_seed: int = 0,
         gpu_storage: str = "auto",
         expected_sizes: Sequence[int] | None = None,
-        gpu_prefetch: bool = True,
+        gpu_prefetch: bool = False,
         gpu_graph: bool = True,
     ):
         super().__init__()

@@ -98,7 +98,7 @@ class GPULoader:
     def __init__(self, images: torch.Tensor, labels: torch.Tensor, transform: Callable, batch_size: int,
                  device: torch.device | str = "cpu", indices: torch.Tensor | None = None, train: bool = False,
                  seed: int = 0, rank: int = 0, world_size: int = 1, epoch: int = 0, stream: bool | None = None,
-                 prefetch: bool = True, graph: bool = True):
+                 prefetch: bool = False, graph: bool = True):
         if images.dtype != torch.uint8 or images.ndim != 4 or images.shape[-1] != 3:
             raise ValueError(f"images must be (N, H, W, 3) uint8, got {tuple(images.shape)} {images.dtype}")
         if not 0 <= rank < world_size:
