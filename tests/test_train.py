@@ -146,6 +146,10 @@ def test_real_images_lower_the_loss(cifar_run):
     assert per_epoch[2] < per_epoch[0] - 0.1, per_epoch
     assert len(read_metrics(log, "train/loss_step")) == 3 * STEPS_PER_EPOCH
     assert any(v > 0 for *_, v in read_metrics(log, "train/device/samples_per_sec"))  # ThroughputMonitor
+    # train accuracy: logged once per epoch
+    top1 = read_metrics(log, "train/top1")
+    assert [epoch for epoch, *_ in top1] == [0, 1, 2] and all(0 <= v <= 1 for *_, v in top1)
+    assert len({v for *_, v in top1}) > 1
     assert {"val/top1", "val/top5", "test/top1", "test/top5"} <= set(metrics)
     assert metrics["test/top5"] >= metrics["test/top1"]
 
