@@ -251,24 +251,6 @@ def test_resume_from_position_is_exact(stop):
         assert torch.equal(ye, yg) and torch.equal(xe, xg)
 
 
-def test_prefetching_thread_makes_the_batches_of_the_in_order_loader():
-    """Batch k+1 is augmented by a second thread while batch k is used: the same batches as
-    without it, also when an iterator is left mid-epoch with a batch pending and a new one starts."""
-    ahead, in_order = make_loader(prefetch=True), make_loader()
-    it = iter(ahead)
-    first = [next(it) for _ in range(3)]  # left here with batch 3 pending in the thread
-    assert ahead.position()["batches"] == 3  # counted at hand-out, not when made
-    expected = take(in_order, 3 + 2 * len(in_order))
-    got = first + take(ahead, 2 * len(ahead))  # a new iterator: the next epoch, as a DataLoader
-    assert len(got) == len(expected)
-    for (xe, ye), (xg, yg) in zip(expected[:3], got[:3], strict=True):
-        assert torch.equal(ye, yg) and torch.equal(xe, xg)
-    # after the abandoned epoch both continue with epoch 1 (in_order read its epoch 0 to the end)
-    epoch1_in_order = expected[len(in_order):2 * len(in_order)]
-    for (xe, ye), (xg, yg) in zip(epoch1_in_order, got[3:3 + len(ahead)], strict=True):
-        assert torch.equal(ye, yg) and torch.equal(xe, xg)
-
-
 def test_streamed_batches_equal_resident_ones():
     a, b = make_loader(), make_loader(stream=True)
     assert b.streamed
@@ -447,20 +429,19 @@ def test_on_cuda_resident_and_streamed_batches_agree():
 @pytest.mark.parametrize("crop", ["pad", "rrc"])
 def test_on_cuda_graph_replay_makes_the_eager_batches(crop, caplog):
     """The augmentation replayed as a CUDA graph (the default on a GPU) gives the batches of the
-    eager ops from the same seeds, with and without the prefetching thread."""
+    eager ops from the same seeds."""
     aug = GPUAugment(Augment(train_crop=crop, auto_augment="rand-m9-mstd0.5-inc1", re_prob=0.25), 32)
     images = torch.randint(0, 256, (300, 32, 32, 3), dtype=torch.uint8, generator=gen(3)).cuda()
     kw = dict(transform=aug.train, batch_size=64, device="cuda", train=True, seed=5)
     with caplog.at_level(logging.INFO, logger="vitflash.gpu_data"):
-        graphed = [GPULoader(images, torch.arange(300), graph=True, prefetch=p, **kw) for p in (True, False)]
+        graphed = GPULoader(images, torch.arange(300), graph=True, **kw)
         eager = GPULoader(images, torch.arange(300), graph=False, **kw)
         for epoch in range(2):
-            for (xe, ye), *others in zip(eager, *graphed, strict=True):
-                for xg, yg in others:
-                    assert torch.equal(ye, yg)
-                    torch.testing.assert_close(xg, xe, rtol=0, atol=1e-5)
+            for (xe, ye), (xg, yg) in zip(eager, graphed, strict=True):
+                assert torch.equal(ye, yg)
+                torch.testing.assert_close(xg, xe, rtol=0, atol=1e-5)
     assert "captured into a CUDA graph" in caplog.text and "could not be captured" not in caplog.text
-    assert all(entry is not None for entry in graphed[0]._augment._graphs.values())
+    assert graphed._augment._graphs and all(entry is not None for entry in graphed._augment._graphs.values())
 
 
 def test_datamodule_state_restores_the_train_loader_mid_epoch():

@@ -244,8 +244,6 @@ class ImageDataModule(L.LightningDataModule):
         gpu_storage: where the gpu pipeline keeps the images: "device", "stream" (host memory or
             a memory-mapped cache, copied in per batch) or "auto" (device when they take at most
             half of the free device memory).
-        gpu_prefetch: the gpu pipeline augments the next batch in a second thread (on its own
-            CUDA stream) while the current one trains; false: in order, in the training thread.
         gpu_graph: on a GPU, the training augmentation is replayed as a CUDA graph (one launch per
             batch instead of hundreds; vitflash.gpu_data.SeededTransform); false: eagerly.
         expected_sizes: (train, test) image counts the data must have (e.g. CIFAR's
@@ -266,7 +264,6 @@ class ImageDataModule(L.LightningDataModule):
         shuffle_seed: int = 0,
         gpu_storage: str = "auto",
         expected_sizes: Sequence[int] | None = None,
-        gpu_prefetch: bool = False,
         gpu_graph: bool = True,
     ):
         super().__init__()
@@ -287,7 +284,7 @@ class ImageDataModule(L.LightningDataModule):
         self.batch_size, self.eval_batch_size = batch_size, eval_batch_size or batch_size
         self.num_workers, self.val_size, self.split_seed = num_workers, val_size, split_seed
         self.pipeline, self.shuffle_seed, self.gpu_storage = pipeline, shuffle_seed or 0, gpu_storage
-        self.gpu_prefetch, self.gpu_graph = bool(gpu_prefetch), bool(gpu_graph)
+        self.gpu_graph = bool(gpu_graph)
         augment = augment or Augment()
         self.train_transform = augment.train_transform(img_size)
         self.eval_transform = augment.eval_transform(img_size)
@@ -399,7 +396,7 @@ class ImageDataModule(L.LightningDataModule):
                            self.batch_size if train else self.eval_batch_size, device=a.device, indices=rows,
                            train=train, seed=self.shuffle_seed, rank=a.rank, world_size=a.world_size,
                            epoch=self.trainer.current_epoch if self.trainer is not None and train else 0,
-                           prefetch=self.gpu_prefetch, graph=self.gpu_graph)
+                           graph=self.gpu_graph)
         if train:
             if self._train_state is not None:
                 loader.seek(self._train_state)

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import logging
 import math
-import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, Iterator
@@ -91,14 +90,13 @@ class GPULoader:
             slice (evaluation pads with repeated images to equal counts, as DistributedSampler).
         epoch: the epoch the first iteration belongs to.
         stream: gather batches on the host and copy them in (default: when images are not on device).
-        prefetch: augment batch k+1 in a second thread while batch k trains (resident images).
         graph: on a CUDA device, replay the training augmentation as a CUDA graph (SeededTransform).
     """
 
     def __init__(self, images: torch.Tensor, labels: torch.Tensor, transform: Callable, batch_size: int,
                  device: torch.device | str = "cpu", indices: torch.Tensor | None = None, train: bool = False,
                  seed: int = 0, rank: int = 0, world_size: int = 1, epoch: int = 0, stream: bool | None = None,
-                 prefetch: bool = False, graph: bool = True):
+                 graph: bool = True):
         if images.dtype != torch.uint8 or images.ndim != 4 or images.shape[-1] != 3:
             raise ValueError(f"images must be (N, H, W, 3) uint8, got {tuple(images.shape)} {images.dtype}")
         if not 0 <= rank < world_size:
@@ -119,7 +117,6 @@ class GPULoader:
                              "lower data.batch_size")
         self._pinned: list[torch.Tensor] = []
         self._events: list = []
-        self.prefetch, self._side = prefetch, None
         self._augment = SeededTransform(transform, self.device, graph) if train else None
 
     def __len__(self) -> int:
@@ -166,12 +163,10 @@ class GPULoader:
         ks = range(start, len(self))
         if not self.streamed:
             rows_dev = rows.to(self.device, non_blocking=True)
-
-            def make(k: int):
+            for k in ks:
                 idx = rows_dev[k * self.batch_size : (k + 1) * self.batch_size]
-                return self._transform(epoch, k, self.images[idx]), self.labels[idx]
-
-            yield from self._ahead(ks, make)
+                self.batches = k + 1  # counted before the batch is handed out: a checkpoint taken after it includes it
+                yield self._transform(epoch, k, self.images[idx]), self.labels[idx]
             return
         batches = [rows[k * self.batch_size : (k + 1) * self.batch_size] for k in ks]
         with ThreadPoolExecutor(1) as pool:  # gathers batch k+1 on the host while batch k trains
@@ -185,45 +180,6 @@ class GPULoader:
                     self._events[j % len(self._events)].record()
                 self.batches = k + 1
                 yield self._transform(epoch, k, images), self.labels[batches[j].to(self.device)]
-
-    def _ahead(self, ks: range, make: Callable) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """make(k) for k in ks, batch k+1 made by a second thread while batch k is handed out.
-
-        Meant to overlap the host work of augmenting (a few hundred small tensor ops, eagerly)
-        with the step's; the next batch is made on its own CUDA stream. The same seeds make the
-        same batches as in order (`prefetch=False`, the default). Measured on an H200 with eager
-        augmentation it gained nothing beyond the spread between runs: most of both threads'
-        host work is Python, which one interpreter lock serializes."""
-        if not self.prefetch or len(ks) < 2:
-            for k in ks:
-                self.batches = k + 1
-                yield make(k)
-            return
-        cuda = self.device.type == "cuda"
-        consumer = torch.cuda.current_stream(self.device) if cuda else None
-        if cuda and self._side is None:
-            self._side = torch.cuda.Stream(self.device)
-
-        def produce(k: int):
-            if not cuda:
-                return make(k), None
-            with torch.cuda.device(self.device), torch.cuda.stream(self._side):
-                self._side.wait_stream(consumer)  # the rows (and the images) were written on the consumer's stream
-                batch = make(k)
-                return batch, self._side.record_event()
-
-        with ThreadPoolExecutor(1, thread_name_prefix="vitflash-augment") as pool:
-            pending = pool.submit(produce, ks[0])
-            for j, k in enumerate(ks):
-                batch, ready = pending.result()
-                if j + 1 < len(ks):
-                    pending = pool.submit(produce, ks[j + 1])
-                if cuda:
-                    consumer.wait_event(ready)
-                    for t in batch:  # freed while the consumer may still read them: not reused before it is done
-                        t.record_stream(consumer)
-                self.batches = k + 1  # counted before the batch is handed out: a checkpoint taken after it includes it
-                yield batch
 
     def _gather(self, idx: torch.Tensor, j: int) -> torch.Tensor:
         """Host rows idx into a staging buffer: pinned memory (one of three, reused once the copy
@@ -253,8 +209,7 @@ class GPULoader:
 
 class SeededTransform:
     """`fn(images, generator)` called as `(images, seed)`: the generator seeded with `seed` for
-    each call, so a batch depends on its seed alone. One call at a time (a lock), as the
-    generator and the graph buffers are shared by the threads that augment.
+    each call, so a batch depends on its seed alone.
 
     graph=True on a CUDA device: the first call of each input shape captures `fn` into a CUDA
     graph (the generator registered with it, so every replay draws from the seed set just
@@ -268,22 +223,20 @@ class SeededTransform:
         self.graph = graph and self.device.type == "cuda" and hasattr(torch.cuda.CUDAGraph, "register_generator_state")
         self.generator = torch.Generator(self.device)
         self._graphs: dict[tuple, tuple | None] = {}
-        self._lock = threading.Lock()
 
     def __call__(self, images: torch.Tensor, seed: int) -> torch.Tensor:
-        with self._lock:
-            key = (tuple(images.shape), images.dtype)
-            if self.graph and key not in self._graphs:
-                self._graphs[key] = self._capture(images)
-            entry = self._graphs.get(key)
-            if entry is None:
-                self.generator.manual_seed(seed)
-                return self.fn(images, self.generator)
-            graph, static_in, static_out = entry
-            static_in.copy_(images)
+        key = (tuple(images.shape), images.dtype)
+        if self.graph and key not in self._graphs:
+            self._graphs[key] = self._capture(images)
+        entry = self._graphs.get(key)
+        if entry is None:
             self.generator.manual_seed(seed)
-            graph.replay()
-            return static_out.clone()  # the next replay overwrites static_out
+            return self.fn(images, self.generator)
+        graph, static_in, static_out = entry
+        static_in.copy_(images)
+        self.generator.manual_seed(seed)
+        graph.replay()
+        return static_out.clone()  # the next replay overwrites static_out
 
     def _capture(self, images: torch.Tensor) -> tuple | None:
         static_in = images.clone()
@@ -297,8 +250,7 @@ class SeededTransform:
             torch.cuda.current_stream(self.device).wait_stream(warm)
             graph = torch.cuda.CUDAGraph()
             graph.register_generator_state(self.generator)
-            # thread_local: the training thread may be capturing its own graphs meanwhile
-            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+            with torch.cuda.graph(graph):
                 static_out = self.fn(static_in, self.generator)
         except Exception as e:  # noqa: BLE001 (whatever the op raised: said, then eager)
             log.warning("the augmentation of %s batches could not be captured into a CUDA graph (%s); "
