@@ -42,6 +42,7 @@ def evaluate(cfg: DictConfig) -> dict:
     trainer = instantiate(cfg.trainer, logger=False, _convert_="all")
     on_cuda = trainer.strategy.root_device.type == "cuda"
     if on_cuda:
+        torch.cuda.init()  # the memory statistics refuse a device before CUDA is initialized
         torch.cuda.reset_peak_memory_stats(trainer.strategy.root_device)
     run = trainer.test if cfg.split == "test" else trainer.validate
     (metrics,) = run(module, datamodule=datamodule, verbose=False)
