@@ -8,6 +8,8 @@ torch.cuda.synchronize per call): median of `--calls` calls, each case 3 times, 
 of the three and their min-max.
 
     python scripts/bench_host.py                  # B in {1, 256} at H=3, N=65, D=64
+    python scripts/bench_host.py --profile        # and torch.profiler's host-time table of
+                                                  # flash and SDPA forward+backward at B=1
 
 Needs a CUDA GPU.
 """
@@ -87,11 +89,29 @@ def cases(B: int, H: int, N: int, D: int) -> dict:
     }
 
 
+def profile(H: int, N: int, D: int, calls: int = 50) -> None:
+    """torch.profiler's table of host time per operator over `calls` forward+backwards."""
+    from torch.profiler import ProfilerActivity
+    table = cases(1, H, N, D)
+    for name in ("flash fwd+bwd", "sdpa fwd+bwd", "identity Function fwd+bwd"):
+        fn = table[name][0]
+        for _ in range(20):
+            fn()
+        torch.cuda.synchronize()
+        with torch.profiler.profile(activities=[ProfilerActivity.CPU]) as prof:
+            for _ in range(calls):
+                fn()
+            torch.cuda.synchronize()
+        print(f"\n{name}, {calls} calls:")
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15), flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 256])
     parser.add_argument("--shape", type=int, nargs=3, default=[3, 65, 64], metavar=("H", "N", "D"))
     parser.add_argument("--calls", type=int, default=300)
+    parser.add_argument("--profile", action="store_true", help="also print torch.profiler tables")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("bench_host.py measures CUDA launches: it needs a CUDA GPU.")
@@ -101,6 +121,8 @@ def main() -> None:
     for B in args.batches:
         for name, (fn, sync_each) in cases(B, H, N, D).items():
             print(f"(B={B}, H={H}, N={N}, D={D}) {name:32s} {wall_us(fn, args.calls, sync_each)} us", flush=True)
+    if args.profile:
+        profile(H, N, D)
 
 
 if __name__ == "__main__":
