@@ -89,6 +89,43 @@ def test_each_kernel_family(monkeypatch, N):
         _assert_within_rule(qkv, do)
 
 
+def test_tail_tile():
+    """The partial last block's tile: a power of two from 16 to the block, none (0) when the
+    block divides n."""
+    assert [launch.tail_tile(65, b) for b in (16, 32, 64, 128)] == [16, 16, 16, 128]
+    assert [launch.tail_tile(n, 32) for n in (1, 17, 32, 60, 64)] == [16, 32, 0, 32, 0]
+    assert launch.tail_tile(197, 64) == 16 and launch.tail_tile(197, 128) == 128
+
+
+@pytest.mark.parametrize("N, block_ms", [(16, {16}), (17, {16, 32}), (33, {16, 32, 64}),
+                                         (64, {16, 32, 64}), (65, {16, 32, 64, 128})])
+def test_every_short_candidate(monkeypatch, N, block_ms):
+    """Every short candidate of both ops (every BLOCK_M, HEADS and STAGES; warps do not
+    change the interpreter's arithmetic) at lengths whose query rows end in a tail tile
+    (17, 33, 65: 64 + 16 or 32 + 32 + 16 rows) or in full tiles (16, 64, and 33, 65 with
+    16-row tiles), against the reference. On the GPU, test_every_config_gpu runs them all."""
+    B, H, D = 2, 4, 32
+    qkv, do = _packed_inputs(B, N, H, D, torch.float16, seed=N)
+
+    def short(op, **kw):  # one candidate per distinct set of blocks
+        cands = {c.blocks: c for c in launch.candidates(op, N, D, **kw) if c.family == "short"}
+        return list(cands.values())
+
+    fwds, bwds = short("fwd", bh=B * H), short("bwd")
+    for cands in (fwds, bwds):
+        assert {c.meta["BLOCK_M"] for c in cands} == block_ms
+    for i in range(max(len(fwds), len(bwds))):  # each run checks one of each
+        fwd, bwd = fwds[i % len(fwds)], bwds[i % len(bwds)]
+        _force(monkeypatch, fwd, bwd)
+        try:
+            _assert_within_rule(qkv, do)
+        except Exception as err:
+            raise AssertionError(f"forward {fwd} / backward {bwd}: {err}") from err
+        # the launches ran with the query tail tile that N and BLOCK_M call for
+        for plan, cand in zip(flash_mod._plans.values(), (fwd, bwd)):
+            assert plan[0].consts["BLOCK_MT"] == launch.tail_tile(N, cand.meta["BLOCK_M"])
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("D", [64, 80, 128])
 @pytest.mark.parametrize("N", [1, 65, 197, 577])
