@@ -17,6 +17,10 @@ Algorithm (Dao et al., "FlashAttention", 2022, and "FlashAttention-2", 2023):
   launch with one program per (batch, head) that holds K and V on chip, walks the query
   rows in BLOCK_M chunks, computes delta itself, writes each chunk's dQ as it goes and dK,
   dV at the end. That program owns every gradient of its head, so again nothing is atomic.
+  The query rows are cut like the keys: full BLOCK_M tiles, then the rows past the last
+  one in a BLOCK_MT tile, the power of two (>= 16) that covers them, so 65 rows cost
+  64 + 16 rows of work, not 128. The forward's program of the partial tile and the
+  backward's last chunk run the same code (a helper) on the smaller tile.
 
 Layout. Q, K and V are the (B, N, 3, H, D) tensor a fused qkv projection gives, contiguous:
 every address follows from (N, H, HEAD_DIM), so no strides are passed, and the gradient
@@ -24,8 +28,10 @@ dQKV has the same layout. O and dO are (B, N, H, D), contiguous; LSE and delta (
 
 Exponentials are base 2 with the softmax scale folded into log2(e); the LSE is kept in
 base-2 units. N need not be a multiple of a block (197, 577, ... are not): out-of-range rows
-and keys are masked. Head dims D <= 256 with D % 8 == 0 are padded to BLOCK_D, a power of
-two, inside the kernels.
+and keys are masked. The general forward's key tail tile BLOCK_T and the short kernels'
+query tail tile BLOCK_MT are sized by the launcher from N (`launch.tail_tile`); 0 means
+that the block divides N, and then no tail code is traced. Head dims D <= 256 with
+D % 8 == 0 are padded to BLOCK_D, a power of two, inside the kernels.
 
 Under Triton's CPU interpreter (TRITON_INTERPRET=1, read once when this module is
 imported) two bf16 operations are wrong in triton 3.8: `tl.dot` on bf16 operands returns
