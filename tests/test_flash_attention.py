@@ -73,11 +73,11 @@ def _force(monkeypatch, fwd: launch.Candidate, bwd: launch.Candidate) -> None:
     monkeypatch.setattr(flash_mod, "_plans", {})
 
 
-@pytest.mark.parametrize("N", [1, 16, 17, 65, 130])
+@pytest.mark.parametrize("N", [1, 16, 17, 65, 100, 130])
 def test_each_kernel_family(monkeypatch, N):
     """Both families of both ops, whatever the length: the general kernels at short N (one
     partial tile), the short ones with and without a tail tile (16 = one tile, 17 = 16 + 16,
-    65 = 64 + 16, 130 = 128 + 16)."""
+    65 = 64 + 16, 130 = 128 + 16) or two in the forward (100 = 64 + 32 + 16)."""
     qkv, do = _packed_inputs(2, N, 2, 32, torch.float16, seed=N)
     general_fwd = launch.Candidate("general", (("BLOCK_M", 32), ("BLOCK_N", 16)))
     general_bwd = launch.Candidate("general", (("BLOCK_M1", 16), ("BLOCK_N1", 32),

@@ -12,7 +12,8 @@ Algorithm (Dao et al., "FlashAttention", 2022, and "FlashAttention-2", 2023):
   P = exp(S - LSE) tile by tile; a dQ program does the same with the roles swapped. No
   program writes where another does: no atomics, so the backward is deterministic.
 * Short sequences (all keys of a head fit on chip, e.g. the 65 tokens of a CIFAR ViT, as
-  a 64-key tile and a 16-key tail tile).
+  a 64-key tile and a 16-key tail tile; the forward takes a second tail tile where that
+  saves work, 197 keys = 128 + 64 + 16).
   The forward is one pass with a plain softmax, no rescaling loop; the backward is a single
   launch with one program per (batch, head) that holds K and V on chip, walks the query
   rows in BLOCK_M chunks, computes delta itself, writes each chunk's dQ as it goes and dK,
@@ -182,35 +183,43 @@ def fwd_kernel(QKV, O, LSE, qk_scale, H, N,
 
 
 @triton.jit
+def _fwd_short_scores(q, QKV, bh, offs, N, H, offs_d, qk_scale,
+                      HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Scores of q against the keys `offs` (log2 units, -inf past N) and their V tile."""
+    k = _load(_head_ptrs(QKV, bh, offs, offs_d, N, H, 3, 1, HEAD_DIM),
+              offs, N, offs_d, HEAD_DIM, BLOCK_D, True)
+    v = _load(_head_ptrs(QKV, bh, offs, offs_d, N, H, 3, 2, HEAD_DIM),
+              offs, N, offs_d, HEAD_DIM, BLOCK_D, True)
+    s = _dot(q, tl.trans(k), tl.zeros([q.shape[0], offs.shape[0]], tl.float32)) * qk_scale
+    return tl.where(offs[None, :] < N, s, float("-inf")), v
+
+
+@triton.jit
 def _fwd_short_rows(QKV, O, LSE, qk_scale, H, N, group, start_m,
                     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, ROWS: tl.constexpr,
                     BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, HAS_TAIL: tl.constexpr,
-                    HEADS: tl.constexpr, STAGES: tl.constexpr, MASK_M: tl.constexpr):
+                    BLOCK_T2: tl.constexpr, HEADS: tl.constexpr, STAGES: tl.constexpr,
+                    MASK_M: tl.constexpr):
     """The body of fwd_short_kernel on a tile of ROWS query rows from start_m, for each of
     the HEADS (batch, head)s of `group`. MASK_M: the tile may reach past row N - 1."""
     offs_m = start_m + tl.arange(0, ROWS)
-    offs_n = tl.arange(0, BLOCK_N)
-    offs_t = BLOCK_N + tl.arange(0, BLOCK_T)
     offs_d = tl.arange(0, BLOCK_D)
     for i in tl.range(0, HEADS, num_stages=STAGES):
         bh = group * HEADS + i
         q = _load(_head_ptrs(QKV, bh, offs_m, offs_d, N, H, 3, 0, HEAD_DIM),
                   offs_m, N, offs_d, HEAD_DIM, BLOCK_D, MASK_M)
-        k = _load(_head_ptrs(QKV, bh, offs_n, offs_d, N, H, 3, 1, HEAD_DIM),
-                  offs_n, N, offs_d, HEAD_DIM, BLOCK_D, True)
-        v = _load(_head_ptrs(QKV, bh, offs_n, offs_d, N, H, 3, 2, HEAD_DIM),
-                  offs_n, N, offs_d, HEAD_DIM, BLOCK_D, True)
-        s = _dot(q, tl.trans(k), tl.zeros([ROWS, BLOCK_N], tl.float32)) * qk_scale
-        s = tl.where(offs_n[None, :] < N, s, float("-inf"))
+        s, v = _fwd_short_scores(q, QKV, bh, tl.arange(0, BLOCK_N), N, H, offs_d, qk_scale,
+                                 HEAD_DIM, BLOCK_D)
         m = tl.max(s, 1)
         if HAS_TAIL:
-            k_t = _load(_head_ptrs(QKV, bh, offs_t, offs_d, N, H, 3, 1, HEAD_DIM),
-                        offs_t, N, offs_d, HEAD_DIM, BLOCK_D, True)
-            v_t = _load(_head_ptrs(QKV, bh, offs_t, offs_d, N, H, 3, 2, HEAD_DIM),
-                        offs_t, N, offs_d, HEAD_DIM, BLOCK_D, True)
-            s_t = _dot(q, tl.trans(k_t), tl.zeros([ROWS, BLOCK_T], tl.float32)) * qk_scale
-            s_t = tl.where(offs_t[None, :] < N, s_t, float("-inf"))
+            s_t, v_t = _fwd_short_scores(q, QKV, bh, BLOCK_N + tl.arange(0, BLOCK_T), N, H,
+                                         offs_d, qk_scale, HEAD_DIM, BLOCK_D)
             m = tl.maximum(m, tl.max(s_t, 1))
+        if BLOCK_T2 > 0:
+            offs_t2 = BLOCK_N + BLOCK_T + tl.arange(0, BLOCK_T2)
+            s_t2, v_t2 = _fwd_short_scores(q, QKV, bh, offs_t2, N, H, offs_d, qk_scale,
+                                           HEAD_DIM, BLOCK_D)
+            m = tl.maximum(m, tl.max(s_t2, 1))
         p = tl.math.exp2(s - m[:, None])
         l = tl.sum(p, 1)
         acc = _dot(_round(p, v.dtype), v, tl.zeros([ROWS, BLOCK_D], tl.float32))
@@ -218,6 +227,10 @@ def _fwd_short_rows(QKV, O, LSE, qk_scale, H, N, group, start_m,
             p_t = tl.math.exp2(s_t - m[:, None])
             l += tl.sum(p_t, 1)
             acc = _dot(_round(p_t, v.dtype), v_t, acc)
+        if BLOCK_T2 > 0:
+            p_t2 = tl.math.exp2(s_t2 - m[:, None])
+            l += tl.sum(p_t2, 1)
+            acc = _dot(_round(p_t2, v.dtype), v_t2, acc)
         _store(_head_ptrs(O, bh, offs_m, offs_d, N, H, 1, 0, HEAD_DIM), acc / l[:, None],
                offs_m, N, offs_d, HEAD_DIM, BLOCK_D)
         tl.store(LSE + bh.to(tl.int64) * N + offs_m, m + tl.math.log2(l), mask=offs_m < N)
@@ -227,11 +240,13 @@ def _fwd_short_rows(QKV, O, LSE, qk_scale, H, N, group, start_m,
 def fwd_short_kernel(QKV, O, LSE, qk_scale, H, N,
                      HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
                      BLOCK_MT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr,
-                     HAS_TAIL: tl.constexpr, HEADS: tl.constexpr, STAGES: tl.constexpr):
+                     HAS_TAIL: tl.constexpr, BLOCK_T2: tl.constexpr, HEADS: tl.constexpr,
+                     STAGES: tl.constexpr):
     """fwd_kernel when all keys fit on chip: one pass, a plain softmax, no rescaling. The
     keys are a BLOCK_N tile plus, if HAS_TAIL, a BLOCK_T tail tile (65 = 64 + 16 keys rather
-    than a 128-key tile: 80 columns of work instead of 128). The query rows likewise: the
-    program of the partial last BLOCK_M tile computes a BLOCK_MT-row tile (65 rows = a
+    than a 128-key tile: 80 columns of work instead of 128) and, unless BLOCK_T2 = 0, a
+    second tail tile (197 = 128 + 64 + 16: 208 columns, not 256). The query rows likewise:
+    the program of the partial last BLOCK_M tile computes a BLOCK_MT-row tile (65 rows = a
     64-row program and a 16-row one); BLOCK_MT = 0 when BLOCK_M divides N. A program takes
     the same query rows of HEADS consecutive (batch, head)s in a loop that Triton can
     pipeline (STAGES): the next head's tiles load while this one computes, which a program
@@ -240,13 +255,13 @@ def fwd_short_kernel(QKV, O, LSE, qk_scale, H, N,
     start_m = pid_m * BLOCK_M
     if BLOCK_MT == 0:  # every query tile is full
         _fwd_short_rows(QKV, O, LSE, qk_scale, H, N, group, start_m, HEAD_DIM, BLOCK_D,
-                        BLOCK_M, BLOCK_N, BLOCK_T, HAS_TAIL, HEADS, STAGES, False)
+                        BLOCK_M, BLOCK_N, BLOCK_T, HAS_TAIL, BLOCK_T2, HEADS, STAGES, False)
     elif start_m + BLOCK_M <= N:
         _fwd_short_rows(QKV, O, LSE, qk_scale, H, N, group, start_m, HEAD_DIM, BLOCK_D,
-                        BLOCK_M, BLOCK_N, BLOCK_T, HAS_TAIL, HEADS, STAGES, False)
+                        BLOCK_M, BLOCK_N, BLOCK_T, HAS_TAIL, BLOCK_T2, HEADS, STAGES, False)
     else:  # the partial last tile, in a tile of its own size
         _fwd_short_rows(QKV, O, LSE, qk_scale, H, N, group, start_m, HEAD_DIM, BLOCK_D,
-                        BLOCK_MT, BLOCK_N, BLOCK_T, HAS_TAIL, HEADS, STAGES, True)
+                        BLOCK_MT, BLOCK_N, BLOCK_T, HAS_TAIL, BLOCK_T2, HEADS, STAGES, True)
 
 
 # ----------------------------------------------------------------------------------------
