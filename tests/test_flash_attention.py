@@ -122,8 +122,10 @@ def test_every_short_candidate(monkeypatch, N, block_ms):
         except Exception as err:
             raise AssertionError(f"forward {fwd} / backward {bwd}: {err}") from err
         # the launches ran with the query tail tile that N and BLOCK_M call for
-        for plan, cand in zip(flash_mod._plans.values(), (fwd, bwd)):
-            assert plan[0].consts["BLOCK_MT"] == launch.tail_tile(N, cand.meta["BLOCK_M"])
+        plans = {key[0]: plan for key, plan in flash_mod._plans.items()}
+        assert plans.keys() == {"fwd", "bwd"}
+        for op, cand in (("fwd", fwd), ("bwd", bwd)):
+            assert plans[op][0].consts["BLOCK_MT"] == launch.tail_tile(N, cand.meta["BLOCK_M"])
 
 
 @pytest.mark.gpu
