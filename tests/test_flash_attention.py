@@ -73,11 +73,11 @@ def _force(monkeypatch, fwd: launch.Candidate, bwd: launch.Candidate) -> None:
     monkeypatch.setattr(flash_mod, "_plans", {})
 
 
-@pytest.mark.parametrize("N", [1, 16, 17, 65, 130])
+@pytest.mark.parametrize("N", [1, 16, 17, 65, 100, 130])
 def test_each_kernel_family(monkeypatch, N):
     """Both families of both ops, whatever the length: the general kernels at short N (one
     partial tile), the short ones with and without a tail tile (16 = one tile, 17 = 16 + 16,
-    65 = 64 + 16, 130 = 128 + 16)."""
+    65 = 64 + 16, 130 = 128 + 16) or two in the forward (100 = 64 + 32 + 16)."""
     qkv, do = _packed_inputs(2, N, 2, 32, torch.float16, seed=N)
     general_fwd = launch.Candidate("general", (("BLOCK_M", 32), ("BLOCK_N", 16)))
     general_bwd = launch.Candidate("general", (("BLOCK_M1", 16), ("BLOCK_N1", 32),
@@ -87,6 +87,45 @@ def test_each_kernel_family(monkeypatch, N):
     for fwd, bwd in pairs:
         _force(monkeypatch, fwd, bwd)
         _assert_within_rule(qkv, do)
+
+
+def test_tail_tile():
+    """The partial last block's tile: a power of two from 16 to the block, none (0) when the
+    block divides n."""
+    assert [launch.tail_tile(65, b) for b in (16, 32, 64, 128)] == [16, 16, 16, 128]
+    assert [launch.tail_tile(n, 32) for n in (1, 17, 32, 60, 64)] == [16, 32, 0, 32, 0]
+    assert launch.tail_tile(197, 64) == 16 and launch.tail_tile(197, 128) == 128
+
+
+@pytest.mark.parametrize("N, block_ms", [(16, {16}), (17, {16, 32}), (33, {16, 32, 64}),
+                                         (64, {16, 32, 64}), (65, {16, 32, 64, 128})])
+def test_every_short_candidate(monkeypatch, N, block_ms):
+    """Every short candidate of both ops (every BLOCK_M, HEADS and STAGES; warps do not
+    change the interpreter's arithmetic) at lengths whose query rows end in a tail tile
+    (17, 33, 65: 64 + 16 or 32 + 32 + 16 rows) or in full tiles (16, 64, and 33, 65 with
+    16-row tiles), against the reference. On the GPU, test_every_config_gpu runs them all."""
+    B, H, D = 2, 4, 32
+    qkv, do = _packed_inputs(B, N, H, D, torch.float16, seed=N)
+
+    def short(op, **kw):  # one candidate per distinct set of blocks
+        cands = {c.blocks: c for c in launch.candidates(op, N, D, **kw) if c.family == "short"}
+        return list(cands.values())
+
+    fwds, bwds = short("fwd", bh=B * H), short("bwd")
+    for cands in (fwds, bwds):
+        assert {c.meta["BLOCK_M"] for c in cands} == block_ms
+    for i in range(max(len(fwds), len(bwds))):  # each run checks one of each
+        fwd, bwd = fwds[i % len(fwds)], bwds[i % len(bwds)]
+        _force(monkeypatch, fwd, bwd)
+        try:
+            _assert_within_rule(qkv, do)
+        except Exception as err:
+            raise AssertionError(f"forward {fwd} / backward {bwd}: {err}") from err
+        # the launches ran with the query tail tile that N and BLOCK_M call for
+        plans = {key[0]: plan for key, plan in flash_mod._plans.items()}
+        assert plans.keys() == {"fwd", "bwd"}
+        for op, cand in (("fwd", fwd), ("bwd", bwd)):
+            assert plans[op][0].consts["BLOCK_MT"] == launch.tail_tile(N, cand.meta["BLOCK_M"])
 
 
 @pytest.mark.gpu

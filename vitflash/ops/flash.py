@@ -24,7 +24,7 @@ import torch
 
 from vitflash.ops import kernels
 from vitflash.ops import launch as _launch
-from vitflash.ops.launch import Candidate, Launch, block_d, choose
+from vitflash.ops.launch import Candidate, Launch, block_d, choose, tail_tile
 
 from vitflash.ops.reference import check_softmax_scale
 
@@ -52,7 +52,9 @@ def _fwd_launches(c: Candidate, B: int, N: int, H: int, D: int) -> list[Launch]:
     if (B * H) % meta.get("HEADS", 1):  # tuned at another B * H of the same bucket
         meta.update(HEADS=1, STAGES=1)
     if c.family == "general":  # the tail tile: the keys past the last full BLOCK_N
-        meta["BLOCK_T"] = max(16, min(meta["BLOCK_N"], 1 << max(N % meta["BLOCK_N"] - 1, 0).bit_length()))
+        meta["BLOCK_T"] = tail_tile(N, meta["BLOCK_N"])
+    else:  # the query rows past the last full BLOCK_M
+        meta["BLOCK_MT"] = tail_tile(N, meta["BLOCK_M"])
     consts = {"HEAD_DIM": D, "BLOCK_D": block_d(D), **meta}
     grid = _cdiv(N, meta["BLOCK_M"]) * (B * H // meta.get("HEADS", 1))
     return [Launch(kernel, grid, consts, c.num_warps, c.num_stages, n_tensors=3)]
@@ -61,8 +63,9 @@ def _fwd_launches(c: Candidate, B: int, N: int, H: int, D: int) -> list[Launch]:
 def _bwd_launches(c: Candidate, B: int, N: int, H: int, D: int) -> list[Launch]:
     head = {"HEAD_DIM": D, "BLOCK_D": block_d(D)}
     if c.family == "short":  # one program per (batch, head), delta computed inside
-        return [Launch(kernels.bwd_short_kernel, B * H, {**head, **c.meta}, c.num_warps,
-                       c.num_stages, n_tensors=5)]
+        tail = {"BLOCK_MT": tail_tile(N, c.meta["BLOCK_M"])}  # the rows past the last BLOCK_M
+        return [Launch(kernels.bwd_short_kernel, B * H, {**head, **c.meta, **tail},
+                       c.num_warps, c.num_stages, n_tensors=5)]
     m = c.meta
     return [Launch(kernels.bwd_delta_kernel, _cdiv(N, DELTA_BLOCK) * B * H,
                    {**head, "BLOCK_M": DELTA_BLOCK}, 4, 1, n_tensors=3),

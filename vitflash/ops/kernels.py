@@ -12,11 +12,16 @@ Algorithm (Dao et al., "FlashAttention", 2022, and "FlashAttention-2", 2023):
   P = exp(S - LSE) tile by tile; a dQ program does the same with the roles swapped. No
   program writes where another does: no atomics, so the backward is deterministic.
 * Short sequences (all keys of a head fit on chip, e.g. the 65 tokens of a CIFAR ViT, as
-  a 64-key tile and a 16-key tail tile).
+  a 64-key tile and a 16-key tail tile; the forward takes a second tail tile where that
+  saves work, 197 keys = 128 + 64 + 16).
   The forward is one pass with a plain softmax, no rescaling loop; the backward is a single
   launch with one program per (batch, head) that holds K and V on chip, walks the query
   rows in BLOCK_M chunks, computes delta itself, writes each chunk's dQ as it goes and dK,
   dV at the end. That program owns every gradient of its head, so again nothing is atomic.
+  The query rows are cut like the keys: full BLOCK_M tiles, then the rows past the last
+  one in a BLOCK_MT tile, the power of two (>= 16) that covers them, so 65 rows cost
+  64 + 16 rows of work, not 128. The forward's program of the partial tile and the
+  backward's last chunk run the same code (a helper) on the smaller tile.
 
 Layout. Q, K and V are the (B, N, 3, H, D) tensor a fused qkv projection gives, contiguous:
 every address follows from (N, H, HEAD_DIM), so no strides are passed, and the gradient
@@ -24,8 +29,10 @@ dQKV has the same layout. O and dO are (B, N, H, D), contiguous; LSE and delta (
 
 Exponentials are base 2 with the softmax scale folded into log2(e); the LSE is kept in
 base-2 units. N need not be a multiple of a block (197, 577, ... are not): out-of-range rows
-and keys are masked. Head dims D <= 256 with D % 8 == 0 are padded to BLOCK_D, a power of
-two, inside the kernels.
+and keys are masked. The general forward's key tail tile BLOCK_T and the short kernels'
+query tail tile BLOCK_MT are sized by the launcher from N (`launch.tail_tile`); 0 means
+that the block divides N, and then no tail code is traced. Head dims D <= 256 with
+D % 8 == 0 are padded to BLOCK_D, a power of two, inside the kernels.
 
 Under Triton's CPU interpreter (TRITON_INTERPRET=1, read once when this module is
 imported) two bf16 operations are wrong in triton 3.8: `tl.dot` on bf16 operands returns
@@ -145,7 +152,8 @@ def fwd_kernel(QKV, O, LSE, qk_scale, H, N,
                HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr):
     """O and LSE of BLOCK_M query rows; K, V stream past in BLOCK_N tiles, the keys past the
-    last full tile in one BLOCK_T tile (197 = 3 x 64 + a 16-key tail, not a fourth 64)."""
+    last full tile in one BLOCK_T tile (197 = 3 x 64 + a 16-key tail, not a fourth 64;
+    BLOCK_T = 0 when BLOCK_N divides N)."""
     pid_m, bh = _split_pid(tl.program_id(0), N, BLOCK_M)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
@@ -161,7 +169,7 @@ def fwd_kernel(QKV, O, LSE, qk_scale, H, N,
     n_full = (N // BLOCK_N) * BLOCK_N
     acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, 0, n_full, N, H, offs_n,
                                offs_d, qk_scale, HEAD_DIM, BLOCK_D, BLOCK_N, False)
-    if n_full < N:  # the one partial key tile
+    if BLOCK_T > 0:  # the one partial key tile
         offs_t = tl.arange(0, BLOCK_T)
         acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q,
                                    _head_ptrs(QKV, bh, offs_t, offs_d, N, H, 3, 1, HEAD_DIM),
@@ -175,50 +183,85 @@ def fwd_kernel(QKV, O, LSE, qk_scale, H, N,
 
 
 @triton.jit
-def fwd_short_kernel(QKV, O, LSE, qk_scale, H, N,
-                     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
-                     BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, HAS_TAIL: tl.constexpr,
-                     HEADS: tl.constexpr, STAGES: tl.constexpr):
-    """fwd_kernel when all keys fit on chip: one pass, a plain softmax, no rescaling. The
-    keys are a BLOCK_N tile plus, if HAS_TAIL, a BLOCK_T tail tile (65 = 64 + 16 keys rather
-    than a 128-key tile: 80 columns of work instead of 128). A program takes the same query
-    rows of HEADS consecutive (batch, head)s in a loop that Triton can pipeline (STAGES):
-    the next head's tiles load while this one computes, which a program per head, too short
-    to overlap anything, cannot do. B * H must be a multiple of HEADS."""
-    pid_m, group = _split_pid(tl.program_id(0), N, BLOCK_M)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = tl.arange(0, BLOCK_N)
-    offs_t = BLOCK_N + tl.arange(0, BLOCK_T)
+def _fwd_short_scores(q, QKV, bh, offs, N, H, offs_d, qk_scale,
+                      HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Scores of q against the keys `offs` (log2 units, -inf past N) and their V tile."""
+    k = _load(_head_ptrs(QKV, bh, offs, offs_d, N, H, 3, 1, HEAD_DIM),
+              offs, N, offs_d, HEAD_DIM, BLOCK_D, True)
+    v = _load(_head_ptrs(QKV, bh, offs, offs_d, N, H, 3, 2, HEAD_DIM),
+              offs, N, offs_d, HEAD_DIM, BLOCK_D, True)
+    s = _dot(q, tl.trans(k), tl.zeros([q.shape[0], offs.shape[0]], tl.float32)) * qk_scale
+    return tl.where(offs[None, :] < N, s, float("-inf")), v
+
+
+@triton.jit
+def _fwd_short_rows(QKV, O, LSE, qk_scale, H, N, group, start_m,
+                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, ROWS: tl.constexpr,
+                    BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, HAS_TAIL: tl.constexpr,
+                    BLOCK_T2: tl.constexpr, HEADS: tl.constexpr, STAGES: tl.constexpr,
+                    MASK_M: tl.constexpr):
+    """The body of fwd_short_kernel on a tile of ROWS query rows from start_m, for each of
+    the HEADS (batch, head)s of `group`. MASK_M: the tile may reach past row N - 1."""
+    offs_m = start_m + tl.arange(0, ROWS)
     offs_d = tl.arange(0, BLOCK_D)
     for i in tl.range(0, HEADS, num_stages=STAGES):
         bh = group * HEADS + i
         q = _load(_head_ptrs(QKV, bh, offs_m, offs_d, N, H, 3, 0, HEAD_DIM),
-                  offs_m, N, offs_d, HEAD_DIM, BLOCK_D, True)
-        k = _load(_head_ptrs(QKV, bh, offs_n, offs_d, N, H, 3, 1, HEAD_DIM),
-                  offs_n, N, offs_d, HEAD_DIM, BLOCK_D, True)
-        v = _load(_head_ptrs(QKV, bh, offs_n, offs_d, N, H, 3, 2, HEAD_DIM),
-                  offs_n, N, offs_d, HEAD_DIM, BLOCK_D, True)
-        s = _dot(q, tl.trans(k), tl.zeros([BLOCK_M, BLOCK_N], tl.float32)) * qk_scale
-        s = tl.where(offs_n[None, :] < N, s, float("-inf"))
+                  offs_m, N, offs_d, HEAD_DIM, BLOCK_D, MASK_M)
+        s, v = _fwd_short_scores(q, QKV, bh, tl.arange(0, BLOCK_N), N, H, offs_d, qk_scale,
+                                 HEAD_DIM, BLOCK_D)
         m = tl.max(s, 1)
         if HAS_TAIL:
-            k_t = _load(_head_ptrs(QKV, bh, offs_t, offs_d, N, H, 3, 1, HEAD_DIM),
-                        offs_t, N, offs_d, HEAD_DIM, BLOCK_D, True)
-            v_t = _load(_head_ptrs(QKV, bh, offs_t, offs_d, N, H, 3, 2, HEAD_DIM),
-                        offs_t, N, offs_d, HEAD_DIM, BLOCK_D, True)
-            s_t = _dot(q, tl.trans(k_t), tl.zeros([BLOCK_M, BLOCK_T], tl.float32)) * qk_scale
-            s_t = tl.where(offs_t[None, :] < N, s_t, float("-inf"))
+            s_t, v_t = _fwd_short_scores(q, QKV, bh, BLOCK_N + tl.arange(0, BLOCK_T), N, H,
+                                         offs_d, qk_scale, HEAD_DIM, BLOCK_D)
             m = tl.maximum(m, tl.max(s_t, 1))
+        if BLOCK_T2 > 0:
+            offs_t2 = BLOCK_N + BLOCK_T + tl.arange(0, BLOCK_T2)
+            s_t2, v_t2 = _fwd_short_scores(q, QKV, bh, offs_t2, N, H, offs_d, qk_scale,
+                                           HEAD_DIM, BLOCK_D)
+            m = tl.maximum(m, tl.max(s_t2, 1))
         p = tl.math.exp2(s - m[:, None])
         l = tl.sum(p, 1)
-        acc = _dot(_round(p, v.dtype), v, tl.zeros([BLOCK_M, BLOCK_D], tl.float32))
+        acc = _dot(_round(p, v.dtype), v, tl.zeros([ROWS, BLOCK_D], tl.float32))
         if HAS_TAIL:
             p_t = tl.math.exp2(s_t - m[:, None])
             l += tl.sum(p_t, 1)
             acc = _dot(_round(p_t, v.dtype), v_t, acc)
+        if BLOCK_T2 > 0:
+            p_t2 = tl.math.exp2(s_t2 - m[:, None])
+            l += tl.sum(p_t2, 1)
+            acc = _dot(_round(p_t2, v.dtype), v_t2, acc)
         _store(_head_ptrs(O, bh, offs_m, offs_d, N, H, 1, 0, HEAD_DIM), acc / l[:, None],
                offs_m, N, offs_d, HEAD_DIM, BLOCK_D)
         tl.store(LSE + bh.to(tl.int64) * N + offs_m, m + tl.math.log2(l), mask=offs_m < N)
+
+
+@triton.jit
+def fwd_short_kernel(QKV, O, LSE, qk_scale, H, N,
+                     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+                     BLOCK_MT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr,
+                     HAS_TAIL: tl.constexpr, BLOCK_T2: tl.constexpr, HEADS: tl.constexpr,
+                     STAGES: tl.constexpr):
+    """fwd_kernel when all keys fit on chip: one pass, a plain softmax, no rescaling. The
+    keys are a BLOCK_N tile plus, if HAS_TAIL, a BLOCK_T tail tile (65 = 64 + 16 keys rather
+    than a 128-key tile: 80 columns of work instead of 128) and, unless BLOCK_T2 = 0, a
+    second tail tile (197 = 128 + 64 + 16: 208 columns, not 256). The query rows likewise:
+    the program of the partial last BLOCK_M tile computes a BLOCK_MT-row tile (65 rows = a
+    64-row program and a 16-row one); BLOCK_MT = 0 when BLOCK_M divides N. A program takes
+    the same query rows of HEADS consecutive (batch, head)s in a loop that Triton can
+    pipeline (STAGES): the next head's tiles load while this one computes, which a program
+    per head, too short to overlap anything, cannot do. B * H must be a multiple of HEADS."""
+    pid_m, group = _split_pid(tl.program_id(0), N, BLOCK_M)
+    start_m = pid_m * BLOCK_M
+    if BLOCK_MT == 0:  # every query tile is full
+        _fwd_short_rows(QKV, O, LSE, qk_scale, H, N, group, start_m, HEAD_DIM, BLOCK_D,
+                        BLOCK_M, BLOCK_N, BLOCK_T, HAS_TAIL, BLOCK_T2, HEADS, STAGES, False)
+    elif start_m + BLOCK_M <= N:
+        _fwd_short_rows(QKV, O, LSE, qk_scale, H, N, group, start_m, HEAD_DIM, BLOCK_D,
+                        BLOCK_M, BLOCK_N, BLOCK_T, HAS_TAIL, BLOCK_T2, HEADS, STAGES, False)
+    else:  # the partial last tile, in a tile of its own size
+        _fwd_short_rows(QKV, O, LSE, qk_scale, H, N, group, start_m, HEAD_DIM, BLOCK_D,
+                        BLOCK_MT, BLOCK_N, BLOCK_T, HAS_TAIL, BLOCK_T2, HEADS, STAGES, True)
 
 
 # ----------------------------------------------------------------------------------------
@@ -340,17 +383,58 @@ def bwd_kernel(QKV, DO, LSE, DELTA, DQKV, qk_scale, sm_scale, BH, H, N,
 
 
 @triton.jit
+def _bwd_short_chunk(dk, dv, dk_t, dv_t, k, v, k_t, v_t, QKV, O, DO, LSE, DQKV, bh, start_m,
+                     qk_scale, sm_scale, H, N,
+                     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, ROWS: tl.constexpr,
+                     BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, HAS_TAIL: tl.constexpr,
+                     MASK_M: tl.constexpr):
+    """One chunk of bwd_short_kernel: ROWS query rows from start_m (MASK_M: the chunk may
+    reach past row N - 1). Computes the chunk's delta, writes its finished dQ and returns
+    dK, dV (and the tail tile's dK, dV) with its share added."""
+    rows = start_m + tl.arange(0, ROWS)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_t = BLOCK_N + tl.arange(0, BLOCK_T)
+    offs_d = tl.arange(0, BLOCK_D)
+    q = _load(_head_ptrs(QKV, bh, rows, offs_d, N, H, 3, 0, HEAD_DIM),
+              rows, N, offs_d, HEAD_DIM, BLOCK_D, MASK_M)
+    do = _load(_head_ptrs(DO, bh, rows, offs_d, N, H, 1, 0, HEAD_DIM),
+               rows, N, offs_d, HEAD_DIM, BLOCK_D, MASK_M)
+    o = _load(_head_ptrs(O, bh, rows, offs_d, N, H, 1, 0, HEAD_DIM),
+              rows, N, offs_d, HEAD_DIM, BLOCK_D, MASK_M)
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+    # Padded query rows: q = dO = 0 and LSE = +inf make their column of P^T zero.
+    if MASK_M:
+        lse = tl.load(LSE + bh.to(tl.int64) * N + rows, mask=rows < N, other=float("inf"))
+    else:
+        lse = tl.load(LSE + bh.to(tl.int64) * N + rows)
+    dk, dv, ds_t = _bwd_dkdv_step(dk, dv, k, v, q, do, lse, delta, qk_scale)
+    # Padded keys (k = v = 0) get p = exp2(-lse) != 0 in _bwd_dkdv_step: harmless for
+    # their own dK, dV rows, which are never stored, but they must not reach dQ.
+    ds_t = tl.where(offs_n[:, None] < N, ds_t, 0.0)
+    dq = _dot(tl.trans(_round(ds_t, k.dtype)), k, tl.zeros([ROWS, BLOCK_D], tl.float32))
+    if HAS_TAIL:
+        dk_t, dv_t, ds_tt = _bwd_dkdv_step(dk_t, dv_t, k_t, v_t, q, do, lse, delta, qk_scale)
+        ds_tt = tl.where(offs_t[:, None] < N, ds_tt, 0.0)
+        dq = _dot(tl.trans(_round(ds_tt, k.dtype)), k_t, dq)
+    _store(_head_ptrs(DQKV, bh, rows, offs_d, N, H, 3, 0, HEAD_DIM), dq * sm_scale,
+           rows, N, offs_d, HEAD_DIM, BLOCK_D)
+    return dk, dv, dk_t, dv_t
+
+
+@triton.jit
 def bwd_short_kernel(QKV, O, DO, LSE, DQKV, qk_scale, sm_scale, H, N,
                      HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
-                     BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, HAS_TAIL: tl.constexpr):
+                     BLOCK_MT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr,
+                     HAS_TAIL: tl.constexpr):
     """The whole backward of one (batch, head) when all keys fit on chip (a BLOCK_N tile and,
     if HAS_TAIL, a BLOCK_T tail), in one launch and without bwd_delta_kernel: K and V stay
-    on chip while the query rows pass in BLOCK_M chunks; each chunk computes its own delta,
-    adds to dK and dV, and writes its finished dQ."""
+    on chip while the query rows pass in full BLOCK_M chunks and then, unless BLOCK_MT = 0
+    (BLOCK_M divides N), one BLOCK_MT-row chunk for the rest (65 rows: 64 + 16, or
+    32 + 32 + 16, not 64 + 64); each chunk computes its own delta, adds to dK and dV, and
+    writes its finished dQ."""
     bh = tl.program_id(0)
     offs_n = tl.arange(0, BLOCK_N)
     offs_t = BLOCK_N + tl.arange(0, BLOCK_T)
-    offs_m = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     k = _load(_head_ptrs(QKV, bh, offs_n, offs_d, N, H, 3, 1, HEAD_DIM),
               offs_n, N, offs_d, HEAD_DIM, BLOCK_D, True)
@@ -366,30 +450,18 @@ def bwd_short_kernel(QKV, O, DO, LSE, DQKV, qk_scale, sm_scale, H, N,
                 offs_t, N, offs_d, HEAD_DIM, BLOCK_D, True)
     dk_t = tl.zeros([BLOCK_T, BLOCK_D], tl.float32)
     dv_t = tl.zeros([BLOCK_T, BLOCK_D], tl.float32)
-    stats = bh.to(tl.int64) * N
 
-    for start_m in range(0, N, BLOCK_M):
-        rows = start_m + offs_m
-        q = _load(_head_ptrs(QKV, bh, rows, offs_d, N, H, 3, 0, HEAD_DIM),
-                  rows, N, offs_d, HEAD_DIM, BLOCK_D, True)
-        do = _load(_head_ptrs(DO, bh, rows, offs_d, N, H, 1, 0, HEAD_DIM),
-                   rows, N, offs_d, HEAD_DIM, BLOCK_D, True)
-        o = _load(_head_ptrs(O, bh, rows, offs_d, N, H, 1, 0, HEAD_DIM),
-                  rows, N, offs_d, HEAD_DIM, BLOCK_D, True)
-        delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
-        lse = tl.load(LSE + stats + rows, mask=rows < N, other=float("inf"))
-        dk, dv, ds_t = _bwd_dkdv_step(dk, dv, k, v, q, do, lse, delta, qk_scale)
-        # Padded keys (k = v = 0) get p = exp2(-lse) != 0 in _bwd_dkdv_step: harmless for
-        # their own dK, dV rows, which are never stored, but they must not reach dQ.
-        ds_t = tl.where(offs_n[:, None] < N, ds_t, 0.0)
-        dq = _dot(tl.trans(_round(ds_t, k.dtype)), k, tl.zeros([BLOCK_M, BLOCK_D], tl.float32))
-        if HAS_TAIL:
-            dk_t, dv_t, ds_tt = _bwd_dkdv_step(dk_t, dv_t, k_t, v_t, q, do, lse, delta,
-                                               qk_scale)
-            ds_tt = tl.where(offs_t[:, None] < N, ds_tt, 0.0)
-            dq = _dot(tl.trans(_round(ds_tt, k.dtype)), k_t, dq)
-        _store(_head_ptrs(DQKV, bh, rows, offs_d, N, H, 3, 0, HEAD_DIM), dq * sm_scale,
-               rows, N, offs_d, HEAD_DIM, BLOCK_D)
+    m_full = (N // BLOCK_M) * BLOCK_M
+    for start_m in range(0, m_full, BLOCK_M):
+        dk, dv, dk_t, dv_t = _bwd_short_chunk(dk, dv, dk_t, dv_t, k, v, k_t, v_t, QKV, O, DO,
+                                              LSE, DQKV, bh, start_m, qk_scale, sm_scale, H, N,
+                                              HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, BLOCK_T,
+                                              HAS_TAIL, False)
+    if BLOCK_MT > 0:  # the rows past the last full chunk
+        dk, dv, dk_t, dv_t = _bwd_short_chunk(dk, dv, dk_t, dv_t, k, v, k_t, v_t, QKV, O, DO,
+                                              LSE, DQKV, bh, m_full, qk_scale, sm_scale, H, N,
+                                              HEAD_DIM, BLOCK_D, BLOCK_MT, BLOCK_N, BLOCK_T,
+                                              HAS_TAIL, True)
 
     _store(_head_ptrs(DQKV, bh, offs_n, offs_d, N, H, 3, 1, HEAD_DIM), dk * sm_scale,
            offs_n, N, offs_d, HEAD_DIM, BLOCK_D)

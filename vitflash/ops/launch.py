@@ -2,8 +2,10 @@
 that outlives the process, and a launch path with little host work.
 
 Each op (forward, backward) has candidates: a kernel family ("general" streams K/V tiles,
-"short" holds all keys of a head on chip: a power-of-two tile and a tail tile) with its
-block sizes, warps and stages. The
+"short" holds all keys of a head on chip: a power-of-two tile and a tail tile, two in the
+forward where that saves work) with its block sizes, warps and stages. The tiles of a
+partial last block of queries (short kernels) or keys (general forward) are not part of a
+candidate: `tail_tile` derives them from N and the block when the launch is built. The
 first call at a key (op, dtype, N, D, B*H rounded up to a power of two) times every
 candidate that compiles and keeps the fastest; the choice is written to a JSON file keyed by
 GPU and versions (`$VITFLASH_CACHE_DIR/autotune.json`, default `~/.cache/vitflash`), so later
@@ -32,7 +34,7 @@ import triton
 from vitflash.ops import kernels
 
 INTERPRET = bool(kernels.INTERPRET)
-CACHE_VERSION = 1  # bump when a kernel changes in a way that can change the best config
+CACHE_VERSION = 2  # bump when a kernel changes in a way that can change the best config
 
 
 @dataclass(frozen=True)
@@ -69,19 +71,34 @@ def block_d(d: int) -> int:
     return max(16, _pow2(d))
 
 
-def short_tiles(n: int) -> tuple[tuple[str, int], ...]:
+def tail_tile(n: int, block: int) -> int:
+    """The tile of the partial last block when n rows (or keys) are cut into `block`-sized
+    blocks: the power of two, at least 16 and at most `block`, that covers n % block; 0 when
+    `block` divides n. 65 in blocks of 64 or 32 -> 16, 197 in 128 -> 128, 60 in 32 -> 32."""
+    rest = n % block
+    return min(block, max(16, _pow2(rest))) if rest else 0
+
+
+def short_tiles(n: int, tails: int = 1) -> tuple[tuple[str, int], ...]:
     """The key tiles of the short kernels: the largest power of two <= N (at least 16) and,
-    for the keys past it, a power-of-two tail tile: 65 -> 64 + 16, 197 -> 128 + 128."""
+    for the keys past it, a power-of-two tail tile: 65 -> 64 + 16, 197 -> 128 + 128. With
+    tails=2 (the forward's) the keys past the first tail go into a second one (BLOCK_T2;
+    0: none) where that saves work: 197 -> 128 + 64 + 16, 100 -> 64 + 32 + 16."""
     main = max(16, 1 << (n.bit_length() - 1))
     rest = n - main
-    tail = max(16, _pow2(rest)) if rest > 0 else 16
-    return (("BLOCK_N", main), ("BLOCK_T", tail), ("HAS_TAIL", rest > 0))
+    tail, tail2 = (max(16, _pow2(rest)) if rest > 0 else 16), 0
+    if tails == 2 and rest > 0:
+        first = max(16, 1 << (rest.bit_length() - 1))
+        if first + tail_tile(rest, first) < tail:
+            tail, tail2 = first, tail_tile(rest, first)
+    tiles = (("BLOCK_N", main), ("BLOCK_T", tail), ("HAS_TAIL", rest > 0))
+    return tiles + (("BLOCK_T2", tail2),) if tails == 2 else tiles
 
 
-def short_keys(n: int) -> int:
+def short_keys(n: int, tails: int = 1) -> int:
     """Keys the short kernels hold on chip (padding included)."""
-    t = dict(short_tiles(n))
-    return t["BLOCK_N"] + t["BLOCK_T"] * t["HAS_TAIL"]
+    t = dict(short_tiles(n, tails))
+    return t["BLOCK_N"] + t["BLOCK_T"] * t["HAS_TAIL"] + t.get("BLOCK_T2", 0)
 
 
 SHORT_FWD_MAX = 256  # short forward when all keys (padded) fit in this many
@@ -91,13 +108,15 @@ SHORT_BWD_MAX = 160  # short backward: K, V, dK, dV of a head stay on chip
 def short_fwd(n: int, block_m: int, num_warps: int = 4, heads: int = 1,
               stages: int = 1) -> Candidate:
     """A short-forward candidate at sequence length n: one program loops over `heads`
-    (batch, head)s, software-pipelined over `stages`."""
-    return Candidate("short", (("BLOCK_M", block_m),) + short_tiles(n)
+    (batch, head)s, software-pipelined over `stages`. Its query tile has `block_m` rows,
+    the partial last one `tail_tile(n, block_m)` (set when the launch is built)."""
+    return Candidate("short", (("BLOCK_M", block_m),) + short_tiles(n, tails=2)
                      + (("HEADS", heads), ("STAGES", stages)), num_warps, 1)
 
 
 def short_bwd(n: int, block_m: int, num_warps: int = 4) -> Candidate:
-    """A short-backward candidate at sequence length n."""
+    """A short-backward candidate at sequence length n: query rows in chunks of `block_m`,
+    the rest in one chunk of `tail_tile(n, block_m)` rows (set when the launch is built)."""
     return Candidate("short", (("BLOCK_M", block_m),) + short_tiles(n), num_warps, 1)
 
 
@@ -105,9 +124,9 @@ def candidates(op: str, n: int, d: int, bh: int = 1) -> list[Candidate]:
     """Every candidate of op ("fwd" or "bwd") at sequence length n, head dim d and B * H = bh
     (forward programs that loop over several heads need bh to be a multiple of them)."""
     bd = block_d(d)
-    keys = short_keys(n)
     out: list[Candidate] = []
     if op == "fwd":
+        keys = short_keys(n, tails=2)
         names = ("BLOCK_M", "BLOCK_N")
         if bd <= 64:
             out += _c("general", names, (128, 64, 4, 3), (128, 128, 8, 3), (64, 64, 4, 3), (128, 32, 4, 3))
@@ -123,6 +142,7 @@ def candidates(op: str, n: int, d: int, bh: int = 1) -> list[Candidate]:
                     if m <= max(16, _pow2(n)) and bh % g == 0
                     and st * (m + 2 * keys) * bd * 2 <= 160 * 1024]
     elif op == "bwd":
+        keys = short_keys(n)
         names = ("BLOCK_M1", "BLOCK_N1", "BLOCK_M2", "BLOCK_N2")
         if bd <= 64:
             out += _c("general", names, (32, 128, 128, 32, 4, 3), (64, 128, 128, 64, 8, 3),
@@ -136,6 +156,11 @@ def candidates(op: str, n: int, d: int, bh: int = 1) -> list[Candidate]:
         if keys <= SHORT_BWD_MAX and keys * bd <= 160 * 128:
             out += [short_bwd(n, m, w) for m in (16, 32, 64) for w in (4, 8)
                     if m <= max(16, _pow2(n))]
+            # 128-row chunks (65 rows: one chunk, against 64 + 16 above) only with 8 warps,
+            # and only where their Q, dO, O chunks and (keys, 128) score tiles stay far
+            # below the shared memory: D <= 64 and at most 128 keys
+            if 128 <= _pow2(n) and keys <= 128 and bd <= 64:
+                out.append(short_bwd(n, 128, 8))
     else:
         raise ValueError(f"unknown op {op!r}")
     return out
