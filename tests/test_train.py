@@ -16,7 +16,11 @@ from pathlib import Path
 import pytest
 import torch
 
+import timm
+
 import vitflash.ops
+from vitflash.module import load_checkpoint
+from vitflash.pretrained import export_timm
 from test_configs import compose_cfg
 
 REPO = Path(__file__).resolve().parents[1]
@@ -185,6 +189,39 @@ def test_eval_reproduces_the_test_score(cifar_run, cifar_slice, tmp_path):
     assert abs(result["top1"] - metrics["test/top1"]) <= 1 / (10 * TEST_PER_CLASS)
     val = evaluate(compose_cfg(tmp_path, [*common, "split=val"], "eval"))
     assert val["split"] == "val" and 0.0 <= val["top1"] <= val["top5"] <= 1.0
+
+
+def test_finetune_from_an_exported_checkpoint(cifar_run, cifar_slice, tmp_path):
+    """The fine-tuning path end to end: a trained run, exported to timm's format, loaded by
+    timm itself, then fine-tuned by train.py at another image size (position embedding
+    resampled, fresh head) with layer-wise LR decay (experiment=cifar10_finetune, on the
+    small model that runs here)."""
+    _, out = cifar_run
+    weights = tmp_path / "vit.safetensors"
+    kwargs = export_timm(out / "checkpoints" / "last.ckpt", weights)
+    ours = load_checkpoint(out / "checkpoints" / "last.ckpt", attention="sdpa").model.eval()
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():  # timm's own create_model reads the file and gives our logits
+        torch.testing.assert_close(timm.create_model(**kwargs).eval()(x), ours(x), atol=1e-4, rtol=1e-4)
+
+    quick = [o for o in cifar_overrides(cifar_slice) if not o.startswith(("experiment=", "trainer.limit_train"))]
+    cfg = compose_cfg(tmp_path, ["experiment=cifar10_finetune", *quick, "model.model_name=vit_micro_patch4_32",
+                                 f"model.pretrained={weights}", "data.img_size=64", "trainer.max_epochs=1",
+                                 "data.batch_size=32"])
+    assert cfg.model.layer_decay == 0.75 and cfg.data.augment.train_crop == "rrc"
+    _, module, _ = load_script("train").build(cfg)
+    start = module.model.state_dict()
+    for name, value in ours.state_dict().items():
+        if name == "pos_embed":  # 8 x 8 patches resampled to 16 x 16 for 64 px
+            assert start[name].shape == (1, 1 + 16 * 16, value.shape[-1])
+        elif not name.startswith("head."):  # the trained weights, as exported
+            torch.testing.assert_close(start[name], value, msg=name)
+    metrics = train(cfg)
+    assert torch.isfinite(torch.tensor(metrics["train/loss_epoch"])) and 0.0 <= metrics["test/top1"] <= 1.0
+    # layer decay: one LR per depth (LearningRateMonitor logs each parameter group's)
+    rows = list(csv.DictReader((tmp_path / "out" / "csv" / "metrics.csv").open()))
+    lrs = {k: float(r[k]) for r in rows for k in r if k.startswith("lr-AdamW") and r[k]}
+    assert len(set(lrs.values())) >= 4, lrs
 
 
 def test_corrupt_checkpoint(cifar_run, tmp_path):
