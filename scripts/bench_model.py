@@ -15,12 +15,20 @@ Two suites:
 
     python scripts/bench_model.py --suite cifar --out benchmarks/results
 writes train_step_<suite>_<gpu>.json and .md there (a GPU is required). JSON rows: model,
-batch, compile (null, "default" or "reduce-overhead") and per path img_per_s, its min and
-max, step_ms and peak_gib.
+batch, compile (null, "default" or "reduce-overhead"), the command and commit that measured
+the row, and per path img_per_s, its min and max, step_ms and peak_gib.
+
+A whole suite compiles every case and may not fit one time-limited job: run it in parts
+with --models / --compile and --append, which keeps the file's rows that this run does not
+measure again (each row names its own command and commit):
+
+    python scripts/bench_model.py --suite cifar --compile reduce-overhead
+    python scripts/bench_model.py --suite cifar --compile eager default --append
 """
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 from pathlib import Path
@@ -29,7 +37,7 @@ import timm
 import torch
 import torch.nn.functional as F
 
-from bench_attention import command_line, environment, write_results  # scripts/ is on sys.path
+from bench_attention import command_line, environment, result_stem, write_results  # scripts/ is on sys.path
 from vitflash import build_model
 
 SUITES = {
@@ -101,13 +109,40 @@ def run_case(name: str, batch: int, compile_mode: str | None, path: str, args) -
             "img_per_s_max": max(ips), "step_ms": statistics.median(secs) * 1e3, "peak_gib": gib}
 
 
+def row_key(row: dict) -> tuple:
+    return row["model"], row["batch"], row["compile"]
+
+
+def kept_rows(path: Path, replaced: set[tuple]) -> list[dict]:
+    """The rows of an earlier result file (`path`, its JSON) whose case is not in `replaced`:
+    what --append keeps. No file: nothing to keep."""
+    if not path.is_file():
+        return []
+    try:
+        rows = json.loads(path.read_text())["results"]
+    except (ValueError, KeyError, TypeError) as err:
+        raise SystemExit(f"--append: {path} is not a result file of this script ({err}); "
+                         "move it away or run without --append") from err
+    return [r for r in rows if row_key(r) not in replaced]
+
+
+def in_suite_order(rows: list[dict], suite: list[tuple]) -> list[dict]:
+    order = {case: i for i, case in enumerate(suite)}
+    return sorted(rows, key=lambda r: order.get(row_key(r), len(order)))
+
+
 def markdown(rows: list[dict], paths: list[str], env: dict, command: str, args) -> str:
     def cell(r):
         if "error" in r:
             return "failed"
         return f"{r['img_per_s']:,.0f} ({r['img_per_s_min']:,.0f}-{r['img_per_s_max']:,.0f})"
 
-    lines = [f"# ViT training step on {env['gpu']}", "", f"Command: `{command}`", "",
+    sources = list(dict.fromkeys((r.get("command", command), r.get("commit", env["commit"])) for r in rows))
+    if len(sources) > 1:  # --append: rows measured by several runs
+        header = ["Rows measured by:", ""] + [f"- `{c}` (commit {k})" for c, k in sources] + [""]
+    else:
+        header = [f"Command: `{command}`", ""]
+    lines = [f"# ViT training step on {env['gpu']}", "", *header,
              f"Commit {env['commit']}; torch {env['torch']}, triton {env['triton']}, timm {timm.__version__}, "
              f"CUDA {env['cuda']}; {env['date']}. AdamW (fused), bf16 autocast, random "
              f"images on the GPU; images/s from the median of {args.steps} steps after "
@@ -142,6 +177,8 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--repeats", type=int, default=REPEATS)
+    parser.add_argument("--append", action="store_true",
+                        help="keep the rows of the existing result file that this run does not measure")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("bench_model.py needs a CUDA GPU.")
@@ -149,19 +186,22 @@ def main() -> None:
     paths = PATHS[args.suite]
     env = environment()
     command = command_line()
-    rows, table = [], ""
-    for name, batch, mode in SUITES[args.suite]:
-        if (args.models and name not in args.models) or \
-                (args.modes and (mode or "eager") not in args.modes):
-            continue
-        row = {"model": name, "batch": batch, "compile": mode}
+    suite = SUITES[args.suite]
+    cases = [(name, batch, mode) for name, batch, mode in suite
+             if not (args.models and name not in args.models)
+             and not (args.modes and (mode or "eager") not in args.modes)]
+    prefix = f"train_step_{args.suite}"
+    rows = kept_rows(args.out / f"{result_stem(prefix, env)}.json", set(cases)) if args.append else []
+    table = ""
+    for name, batch, mode in cases:
+        row = {"model": name, "batch": batch, "compile": mode, "command": command, "commit": env["commit"]}
         for path in paths:
             row[path] = run_case(name, batch, mode, path, args)
             print(name, batch, mode or "eager", path, row[path], flush=True)
-        rows.append(row)
+        rows = in_suite_order([*rows, row], suite)
         # after every row, so that a run stopped by a time limit keeps what it measured
         table = markdown(rows, paths, env, command, args)
-        write_results(args.out, f"train_step_{args.suite}", env, command, rows, table)
+        write_results(args.out, prefix, env, command, rows, table)
     print(table)
 
 

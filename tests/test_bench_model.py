@@ -1,0 +1,56 @@
+"""scripts/bench_model.py on the CPU: --append keeps the rows a run does not measure again,
+in suite order, and the table names every command and commit its rows came from."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from test_train import load_script
+
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+ENV = {"gpu": "NVIDIA H200", "commit": "new", "torch": "2.11", "triton": "3.6", "cuda": "13.0",
+       "date": "today"}
+
+
+@pytest.fixture
+def bench(monkeypatch):
+    monkeypatch.syspath_prepend(str(SCRIPTS))  # the script imports its neighbours, as when run from scripts/
+    return load_script("bench_model")
+
+
+def row(model, batch, mode, img_per_s, command="cmd", commit="old"):
+    per_path = {"img_per_s": img_per_s, "img_per_s_min": img_per_s, "img_per_s_max": img_per_s,
+                "step_ms": 1.0, "peak_gib": 1.0}
+    return {"model": model, "batch": batch, "compile": mode, "command": command, "commit": commit,
+            **{p: dict(per_path) for p in ("flash", "sdpa", "naive")}}
+
+
+def test_append_keeps_other_rows_and_replaces_measured_ones(bench, tmp_path):
+    old = [row("vit_tiny_patch4_32", 256, None, 10.0), row("vit_tiny_patch4_32", 256, "reduce-overhead", 50.0)]
+    path = tmp_path / "train_step_cifar_nvidia_h200.json"
+    path.write_text(json.dumps({"command": "cmd", "environment": ENV, "results": old}))
+    kept = bench.kept_rows(path, {("vit_tiny_patch4_32", 256, "reduce-overhead")})
+    assert kept == old[:1]
+    new = row("vit_tiny_patch4_32", 256, "reduce-overhead", 60.0, command="cmd2", commit="new")
+    rows = bench.in_suite_order([new, *kept], bench.SUITES["cifar"])
+    assert [r["compile"] for r in rows] == [None, "reduce-overhead"]  # eager first, as in the suite
+    table = bench.markdown(rows, ["flash", "sdpa", "naive"], ENV, "cmd2", SimpleNamespace(steps=20, warmup=5, repeats=3))
+    assert "- `cmd` (commit old)" in table and "- `cmd2` (commit new)" in table
+    assert "| vit_tiny_patch4_32 | 256 | reduce-overhead | 60 (60-60) |" in table
+
+
+def test_append_without_a_file_starts_empty_and_refuses_a_foreign_file(bench, tmp_path):
+    assert bench.kept_rows(tmp_path / "absent.json", set()) == []
+    foreign = tmp_path / "other.json"
+    foreign.write_text("[1, 2]")
+    with pytest.raises(SystemExit, match="not a result file of this script"):
+        bench.kept_rows(foreign, set())
+
+
+def test_one_source_keeps_the_plain_command_line(bench):
+    table = bench.markdown([row("vit_tiny_patch4_32", 256, None, 10.0, commit="new")], ["flash", "sdpa", "naive"],
+                           ENV, "cmd", SimpleNamespace(steps=20, warmup=5, repeats=3))
+    assert "Command: `cmd`" in table and "Rows measured by" not in table
