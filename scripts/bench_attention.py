@@ -28,6 +28,7 @@ import statistics
 import re
 import sys
 import time
+from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -193,6 +194,20 @@ def command_line() -> str:
 def result_stem(prefix: str, env: dict) -> str:
     """<prefix>_<gpu>: the name of the result files of this machine's GPU (or "cpu")."""
     return prefix + "_" + re.sub(r"[^A-Za-z0-9]+", "_", env["gpu"]).strip("_").lower()
+
+
+def earlier_rows(out: Path, prefix: str, env: dict, keep: Callable[[dict], bool]) -> list[dict]:
+    """The rows of an earlier <out>/<prefix>_<gpu>.json (this machine's GPU) for which
+    keep(row) holds, [] without that file: what a script's --append keeps."""
+    path = out / f"{result_stem(prefix, env)}.json"
+    if not path.is_file():
+        return []
+    try:
+        rows = json.loads(path.read_text())["results"]
+        return [r for r in rows if keep(r)]
+    except (ValueError, KeyError, TypeError) as err:
+        raise SystemExit(f"--append: {path} is not a result file of this script ({err!r}); "
+                         "move it away or run without --append") from err
 
 
 def write_results(out: Path, prefix: str, env: dict, command: str, results: list | dict,

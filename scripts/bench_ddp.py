@@ -41,7 +41,7 @@ import timm
 import torch
 import torch.distributed as dist
 
-from bench_attention import command_line, environment, result_stem, write_results  # scripts/ is on sys.path
+from bench_attention import command_line, earlier_rows, environment, write_results  # scripts/ is on sys.path
 from bench_loop import CASES, LoopTimer, compose_case, spread
 from train import build
 from vitflash.cli import check_trainer, quiet
@@ -210,8 +210,7 @@ def fsdp_markdown(rows: list[dict], env: dict, command: str, args) -> str:
 
 def kept_rows(out: Path, env: dict, cases: list[str]) -> list[dict]:
     """The rows of cases other than `cases` in out/ddp_<gpu>.json, if it exists."""
-    path = out / f"{result_stem('ddp', env)}.json"
-    return [r for r in json.loads(path.read_text())["results"] if r["data"] not in cases] if path.is_file() else []
+    return earlier_rows(out, "ddp", env, lambda r: r["data"] not in cases)
 
 
 def parse(argv: list[str]) -> argparse.Namespace:

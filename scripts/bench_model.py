@@ -28,7 +28,6 @@ measure again (each row names its own command and commit):
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 from pathlib import Path
@@ -37,7 +36,7 @@ import timm
 import torch
 import torch.nn.functional as F
 
-from bench_attention import command_line, environment, result_stem, write_results  # scripts/ is on sys.path
+from bench_attention import command_line, earlier_rows, environment, write_results  # scripts/ is on sys.path
 from vitflash import build_model
 
 SUITES = {
@@ -113,19 +112,6 @@ def row_key(row: dict) -> tuple:
     return row["model"], row["batch"], row["compile"]
 
 
-def kept_rows(path: Path, replaced: set[tuple]) -> list[dict]:
-    """The rows of an earlier result file (`path`, its JSON) whose case is not in `replaced`:
-    what --append keeps. No file: nothing to keep."""
-    if not path.is_file():
-        return []
-    try:
-        rows = json.loads(path.read_text())["results"]
-    except (ValueError, KeyError, TypeError) as err:
-        raise SystemExit(f"--append: {path} is not a result file of this script ({err}); "
-                         "move it away or run without --append") from err
-    return [r for r in rows if row_key(r) not in replaced]
-
-
 def in_suite_order(rows: list[dict], suite: list[tuple]) -> list[dict]:
     order = {case: i for i, case in enumerate(suite)}
     return sorted(rows, key=lambda r: order.get(row_key(r), len(order)))
@@ -191,7 +177,7 @@ def main() -> None:
              if not (args.models and name not in args.models)
              and not (args.modes and (mode or "eager") not in args.modes)]
     prefix = f"train_step_{args.suite}"
-    rows = kept_rows(args.out / f"{result_stem(prefix, env)}.json", set(cases)) if args.append else []
+    rows = earlier_rows(args.out, prefix, env, lambda r: row_key(r) not in cases) if args.append else []
     table = ""
     for name, batch, mode in cases:
         row = {"model": name, "batch": batch, "compile": mode, "command": command, "commit": env["commit"]}

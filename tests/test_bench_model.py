@@ -32,7 +32,8 @@ def test_append_keeps_other_rows_and_replaces_measured_ones(bench, tmp_path):
     old = [row("vit_tiny_patch4_32", 256, None, 10.0), row("vit_tiny_patch4_32", 256, "reduce-overhead", 50.0)]
     path = tmp_path / "train_step_cifar_nvidia_h200.json"
     path.write_text(json.dumps({"command": "cmd", "environment": ENV, "results": old}))
-    kept = bench.kept_rows(path, {("vit_tiny_patch4_32", 256, "reduce-overhead")})
+    measured = {("vit_tiny_patch4_32", 256, "reduce-overhead")}
+    kept = bench.earlier_rows(tmp_path, "train_step_cifar", ENV, lambda r: bench.row_key(r) not in measured)
     assert kept == old[:1]
     new = row("vit_tiny_patch4_32", 256, "reduce-overhead", 60.0, command="cmd2", commit="new")
     rows = bench.in_suite_order([new, *kept], bench.SUITES["cifar"])
@@ -43,11 +44,10 @@ def test_append_keeps_other_rows_and_replaces_measured_ones(bench, tmp_path):
 
 
 def test_append_without_a_file_starts_empty_and_refuses_a_foreign_file(bench, tmp_path):
-    assert bench.kept_rows(tmp_path / "absent.json", set()) == []
-    foreign = tmp_path / "other.json"
-    foreign.write_text("[1, 2]")
+    assert bench.earlier_rows(tmp_path, "train_step_cifar", ENV, lambda r: True) == []
+    (tmp_path / "train_step_cifar_nvidia_h200.json").write_text("[1, 2]")
     with pytest.raises(SystemExit, match="not a result file of this script"):
-        bench.kept_rows(foreign, set())
+        bench.earlier_rows(tmp_path, "train_step_cifar", ENV, lambda r: True)
 
 
 def test_one_source_keeps_the_plain_command_line(bench):
