@@ -94,6 +94,22 @@ def _store(ptrs, tile, rows, N, offs_d, HEAD_DIM: tl.constexpr, BLOCK_D: tl.cons
 
 
 @triton.jit
+def _load_rows(base, bh, rows, offs_d, N, H, PACK: tl.constexpr, WHICH: tl.constexpr,
+               HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, MASK_ROWS: tl.constexpr):
+    """The (len(rows), BLOCK_D) tile of rows `rows` of head bh: _head_ptrs, then _load."""
+    return _load(_head_ptrs(base, bh, rows, offs_d, N, H, PACK, WHICH, HEAD_DIM),
+                 rows, N, offs_d, HEAD_DIM, BLOCK_D, MASK_ROWS)
+
+
+@triton.jit
+def _store_rows(base, tile, bh, rows, offs_d, N, H, PACK: tl.constexpr, WHICH: tl.constexpr,
+                HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Store `tile` into rows `rows` (< N) of head bh: _head_ptrs, then _store."""
+    _store(_head_ptrs(base, bh, rows, offs_d, N, H, PACK, WHICH, HEAD_DIM), tile,
+           rows, N, offs_d, HEAD_DIM, BLOCK_D)
+
+
+@triton.jit
 def _dot(a, b, acc):
     """acc + a @ b in fp32 (in the interpreter, bf16 operands are widened first)."""
     if INTERPRET:
@@ -158,8 +174,7 @@ def fwd_kernel(QKV, O, LSE, qk_scale, H, N,
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
-    q = _load(_head_ptrs(QKV, bh, offs_m, offs_d, N, H, 3, 0, HEAD_DIM),
-              offs_m, N, offs_d, HEAD_DIM, BLOCK_D, True)
+    q = _load_rows(QKV, bh, offs_m, offs_d, N, H, 3, 0, HEAD_DIM, BLOCK_D, True)
     k_ptrs = _head_ptrs(QKV, bh, offs_n, offs_d, N, H, 3, 1, HEAD_DIM)
     v_ptrs = _head_ptrs(QKV, bh, offs_n, offs_d, N, H, 3, 2, HEAD_DIM)
 
@@ -177,8 +192,7 @@ def fwd_kernel(QKV, O, LSE, qk_scale, H, N,
                                    n_full, N, N, H, offs_t, offs_d, qk_scale,
                                    HEAD_DIM, BLOCK_D, BLOCK_T, True)
 
-    _store(_head_ptrs(O, bh, offs_m, offs_d, N, H, 1, 0, HEAD_DIM), acc / l_i[:, None],
-           offs_m, N, offs_d, HEAD_DIM, BLOCK_D)
+    _store_rows(O, acc / l_i[:, None], bh, offs_m, offs_d, N, H, 1, 0, HEAD_DIM, BLOCK_D)
     tl.store(LSE + bh.to(tl.int64) * N + offs_m, m_i + tl.math.log2(l_i), mask=offs_m < N)
 
 
@@ -186,10 +200,8 @@ def fwd_kernel(QKV, O, LSE, qk_scale, H, N,
 def _fwd_short_scores(q, QKV, bh, offs, N, H, offs_d, qk_scale,
                       HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr):
     """Scores of q against the keys `offs` (log2 units, -inf past N) and their V tile."""
-    k = _load(_head_ptrs(QKV, bh, offs, offs_d, N, H, 3, 1, HEAD_DIM),
-              offs, N, offs_d, HEAD_DIM, BLOCK_D, True)
-    v = _load(_head_ptrs(QKV, bh, offs, offs_d, N, H, 3, 2, HEAD_DIM),
-              offs, N, offs_d, HEAD_DIM, BLOCK_D, True)
+    k = _load_rows(QKV, bh, offs, offs_d, N, H, 3, 1, HEAD_DIM, BLOCK_D, True)
+    v = _load_rows(QKV, bh, offs, offs_d, N, H, 3, 2, HEAD_DIM, BLOCK_D, True)
     s = _dot(q, tl.trans(k), tl.zeros([q.shape[0], offs.shape[0]], tl.float32)) * qk_scale
     return tl.where(offs[None, :] < N, s, float("-inf")), v
 
@@ -206,8 +218,7 @@ def _fwd_short_rows(QKV, O, LSE, qk_scale, H, N, group, start_m,
     offs_d = tl.arange(0, BLOCK_D)
     for i in tl.range(0, HEADS, num_stages=STAGES):
         bh = group * HEADS + i
-        q = _load(_head_ptrs(QKV, bh, offs_m, offs_d, N, H, 3, 0, HEAD_DIM),
-                  offs_m, N, offs_d, HEAD_DIM, BLOCK_D, MASK_M)
+        q = _load_rows(QKV, bh, offs_m, offs_d, N, H, 3, 0, HEAD_DIM, BLOCK_D, MASK_M)
         s, v = _fwd_short_scores(q, QKV, bh, tl.arange(0, BLOCK_N), N, H, offs_d, qk_scale,
                                  HEAD_DIM, BLOCK_D)
         m = tl.max(s, 1)
@@ -231,8 +242,7 @@ def _fwd_short_rows(QKV, O, LSE, qk_scale, H, N, group, start_m,
             p_t2 = tl.math.exp2(s_t2 - m[:, None])
             l += tl.sum(p_t2, 1)
             acc = _dot(_round(p_t2, v.dtype), v_t2, acc)
-        _store(_head_ptrs(O, bh, offs_m, offs_d, N, H, 1, 0, HEAD_DIM), acc / l[:, None],
-               offs_m, N, offs_d, HEAD_DIM, BLOCK_D)
+        _store_rows(O, acc / l[:, None], bh, offs_m, offs_d, N, H, 1, 0, HEAD_DIM, BLOCK_D)
         tl.store(LSE + bh.to(tl.int64) * N + offs_m, m + tl.math.log2(l), mask=offs_m < N)
 
 
@@ -274,10 +284,8 @@ def bwd_delta_kernel(O, DO, DELTA, H, N,
     pid_m, bh = _split_pid(tl.program_id(0), N, BLOCK_M)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
-    o = _load(_head_ptrs(O, bh, offs_m, offs_d, N, H, 1, 0, HEAD_DIM),
-              offs_m, N, offs_d, HEAD_DIM, BLOCK_D, True)
-    do = _load(_head_ptrs(DO, bh, offs_m, offs_d, N, H, 1, 0, HEAD_DIM),
-               offs_m, N, offs_d, HEAD_DIM, BLOCK_D, True)
+    o = _load_rows(O, bh, offs_m, offs_d, N, H, 1, 0, HEAD_DIM, BLOCK_D, True)
+    do = _load_rows(DO, bh, offs_m, offs_d, N, H, 1, 0, HEAD_DIM, BLOCK_D, True)
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
     tl.store(DELTA + bh.to(tl.int64) * N + offs_m, delta, mask=offs_m < N)
 
@@ -304,10 +312,8 @@ def _bwd_dkdv(pid, QKV, DO, LSE, DELTA, DQKV, qk_scale, sm_scale, H, N,
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
-    k = _load(_head_ptrs(QKV, bh, offs_n, offs_d, N, H, 3, 1, HEAD_DIM),
-              offs_n, N, offs_d, HEAD_DIM, BLOCK_D, True)
-    v = _load(_head_ptrs(QKV, bh, offs_n, offs_d, N, H, 3, 2, HEAD_DIM),
-              offs_n, N, offs_d, HEAD_DIM, BLOCK_D, True)
+    k = _load_rows(QKV, bh, offs_n, offs_d, N, H, 3, 1, HEAD_DIM, BLOCK_D, True)
+    v = _load_rows(QKV, bh, offs_n, offs_d, N, H, 3, 2, HEAD_DIM, BLOCK_D, True)
     q_ptrs = _head_ptrs(QKV, bh, offs_m, offs_d, N, H, 3, 0, HEAD_DIM)
     do_ptrs = _head_ptrs(DO, bh, offs_m, offs_d, N, H, 1, 0, HEAD_DIM)
     stats = bh.to(tl.int64) * N
@@ -323,10 +329,8 @@ def _bwd_dkdv(pid, QKV, DO, LSE, DELTA, DQKV, qk_scale, sm_scale, H, N,
         delta = tl.load(DELTA + stats + rows, mask=rows < N, other=0.0)
         dk, dv, _ = _bwd_dkdv_step(dk, dv, k, v, q, do, lse, delta, qk_scale)
 
-    _store(_head_ptrs(DQKV, bh, offs_n, offs_d, N, H, 3, 1, HEAD_DIM), dk * sm_scale,
-           offs_n, N, offs_d, HEAD_DIM, BLOCK_D)
-    _store(_head_ptrs(DQKV, bh, offs_n, offs_d, N, H, 3, 2, HEAD_DIM), dv,
-           offs_n, N, offs_d, HEAD_DIM, BLOCK_D)
+    _store_rows(DQKV, dk * sm_scale, bh, offs_n, offs_d, N, H, 3, 1, HEAD_DIM, BLOCK_D)
+    _store_rows(DQKV, dv, bh, offs_n, offs_d, N, H, 3, 2, HEAD_DIM, BLOCK_D)
 
 
 @triton.jit
@@ -338,10 +342,8 @@ def _bwd_dq(pid, QKV, DO, LSE, DELTA, DQKV, qk_scale, sm_scale, H, N,
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
-    q = _load(_head_ptrs(QKV, bh, offs_m, offs_d, N, H, 3, 0, HEAD_DIM),
-              offs_m, N, offs_d, HEAD_DIM, BLOCK_D, True)
-    do = _load(_head_ptrs(DO, bh, offs_m, offs_d, N, H, 1, 0, HEAD_DIM),
-               offs_m, N, offs_d, HEAD_DIM, BLOCK_D, True)
+    q = _load_rows(QKV, bh, offs_m, offs_d, N, H, 3, 0, HEAD_DIM, BLOCK_D, True)
+    do = _load_rows(DO, bh, offs_m, offs_d, N, H, 1, 0, HEAD_DIM, BLOCK_D, True)
     stats = bh.to(tl.int64) * N
     lse = tl.load(LSE + stats + offs_m, mask=offs_m < N, other=0.0)
     delta = tl.load(DELTA + stats + offs_m, mask=offs_m < N, other=0.0)
@@ -360,8 +362,7 @@ def _bwd_dq(pid, QKV, DO, LSE, DELTA, DQKV, qk_scale, sm_scale, H, N,
         ds = p * (dp - delta[:, None])
         dq = _dot(_round(ds, k.dtype), k, dq)
 
-    _store(_head_ptrs(DQKV, bh, offs_m, offs_d, N, H, 3, 0, HEAD_DIM), dq * sm_scale,
-           offs_m, N, offs_d, HEAD_DIM, BLOCK_D)
+    _store_rows(DQKV, dq * sm_scale, bh, offs_m, offs_d, N, H, 3, 0, HEAD_DIM, BLOCK_D)
 
 
 @triton.jit
@@ -395,12 +396,9 @@ def _bwd_short_chunk(dk, dv, dk_t, dv_t, k, v, k_t, v_t, QKV, O, DO, LSE, DQKV, 
     offs_n = tl.arange(0, BLOCK_N)
     offs_t = BLOCK_N + tl.arange(0, BLOCK_T)
     offs_d = tl.arange(0, BLOCK_D)
-    q = _load(_head_ptrs(QKV, bh, rows, offs_d, N, H, 3, 0, HEAD_DIM),
-              rows, N, offs_d, HEAD_DIM, BLOCK_D, MASK_M)
-    do = _load(_head_ptrs(DO, bh, rows, offs_d, N, H, 1, 0, HEAD_DIM),
-               rows, N, offs_d, HEAD_DIM, BLOCK_D, MASK_M)
-    o = _load(_head_ptrs(O, bh, rows, offs_d, N, H, 1, 0, HEAD_DIM),
-              rows, N, offs_d, HEAD_DIM, BLOCK_D, MASK_M)
+    q = _load_rows(QKV, bh, rows, offs_d, N, H, 3, 0, HEAD_DIM, BLOCK_D, MASK_M)
+    do = _load_rows(DO, bh, rows, offs_d, N, H, 1, 0, HEAD_DIM, BLOCK_D, MASK_M)
+    o = _load_rows(O, bh, rows, offs_d, N, H, 1, 0, HEAD_DIM, BLOCK_D, MASK_M)
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
     # Padded query rows: q = dO = 0 and LSE = +inf make their column of P^T zero.
     if MASK_M:
@@ -416,8 +414,7 @@ def _bwd_short_chunk(dk, dv, dk_t, dv_t, k, v, k_t, v_t, QKV, O, DO, LSE, DQKV, 
         dk_t, dv_t, ds_tt = _bwd_dkdv_step(dk_t, dv_t, k_t, v_t, q, do, lse, delta, qk_scale)
         ds_tt = tl.where(offs_t[:, None] < N, ds_tt, 0.0)
         dq = _dot(tl.trans(_round(ds_tt, k.dtype)), k_t, dq)
-    _store(_head_ptrs(DQKV, bh, rows, offs_d, N, H, 3, 0, HEAD_DIM), dq * sm_scale,
-           rows, N, offs_d, HEAD_DIM, BLOCK_D)
+    _store_rows(DQKV, dq * sm_scale, bh, rows, offs_d, N, H, 3, 0, HEAD_DIM, BLOCK_D)
     return dk, dv, dk_t, dv_t
 
 
@@ -436,18 +433,14 @@ def bwd_short_kernel(QKV, O, DO, LSE, DQKV, qk_scale, sm_scale, H, N,
     offs_n = tl.arange(0, BLOCK_N)
     offs_t = BLOCK_N + tl.arange(0, BLOCK_T)
     offs_d = tl.arange(0, BLOCK_D)
-    k = _load(_head_ptrs(QKV, bh, offs_n, offs_d, N, H, 3, 1, HEAD_DIM),
-              offs_n, N, offs_d, HEAD_DIM, BLOCK_D, True)
-    v = _load(_head_ptrs(QKV, bh, offs_n, offs_d, N, H, 3, 2, HEAD_DIM),
-              offs_n, N, offs_d, HEAD_DIM, BLOCK_D, True)
+    k = _load_rows(QKV, bh, offs_n, offs_d, N, H, 3, 1, HEAD_DIM, BLOCK_D, True)
+    v = _load_rows(QKV, bh, offs_n, offs_d, N, H, 3, 2, HEAD_DIM, BLOCK_D, True)
     dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     # The tail tiles exist either way (without HAS_TAIL, offs_t >= BLOCK_N >= N masks every
     # load and nothing reads them), so that the loop carries the same variables.
-    k_t = _load(_head_ptrs(QKV, bh, offs_t, offs_d, N, H, 3, 1, HEAD_DIM),
-                offs_t, N, offs_d, HEAD_DIM, BLOCK_D, True)
-    v_t = _load(_head_ptrs(QKV, bh, offs_t, offs_d, N, H, 3, 2, HEAD_DIM),
-                offs_t, N, offs_d, HEAD_DIM, BLOCK_D, True)
+    k_t = _load_rows(QKV, bh, offs_t, offs_d, N, H, 3, 1, HEAD_DIM, BLOCK_D, True)
+    v_t = _load_rows(QKV, bh, offs_t, offs_d, N, H, 3, 2, HEAD_DIM, BLOCK_D, True)
     dk_t = tl.zeros([BLOCK_T, BLOCK_D], tl.float32)
     dv_t = tl.zeros([BLOCK_T, BLOCK_D], tl.float32)
 
@@ -463,12 +456,8 @@ def bwd_short_kernel(QKV, O, DO, LSE, DQKV, qk_scale, sm_scale, H, N,
                                               HEAD_DIM, BLOCK_D, BLOCK_MT, BLOCK_N, BLOCK_T,
                                               HAS_TAIL, True)
 
-    _store(_head_ptrs(DQKV, bh, offs_n, offs_d, N, H, 3, 1, HEAD_DIM), dk * sm_scale,
-           offs_n, N, offs_d, HEAD_DIM, BLOCK_D)
-    _store(_head_ptrs(DQKV, bh, offs_n, offs_d, N, H, 3, 2, HEAD_DIM), dv,
-           offs_n, N, offs_d, HEAD_DIM, BLOCK_D)
+    _store_rows(DQKV, dk * sm_scale, bh, offs_n, offs_d, N, H, 3, 1, HEAD_DIM, BLOCK_D)
+    _store_rows(DQKV, dv, bh, offs_n, offs_d, N, H, 3, 2, HEAD_DIM, BLOCK_D)
     if HAS_TAIL:
-        _store(_head_ptrs(DQKV, bh, offs_t, offs_d, N, H, 3, 1, HEAD_DIM), dk_t * sm_scale,
-               offs_t, N, offs_d, HEAD_DIM, BLOCK_D)
-        _store(_head_ptrs(DQKV, bh, offs_t, offs_d, N, H, 3, 2, HEAD_DIM), dv_t,
-               offs_t, N, offs_d, HEAD_DIM, BLOCK_D)
+        _store_rows(DQKV, dk_t * sm_scale, bh, offs_t, offs_d, N, H, 3, 1, HEAD_DIM, BLOCK_D)
+        _store_rows(DQKV, dv_t, bh, offs_t, offs_d, N, H, 3, 2, HEAD_DIM, BLOCK_D)
