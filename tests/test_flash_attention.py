@@ -151,6 +151,13 @@ def test_odd_head_dims(D):
     _assert_within_rule(qkv, do)
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).split(".")[-1])
+def test_many_narrow_heads(dtype):
+    """The shape of vit_tiny_h12_patch4_32: 65 tokens, 12 heads of 16."""
+    qkv, do = _packed_inputs(2, 65, 12, 16, dtype, seed=16)
+    _assert_within_rule(qkv, do)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).split(".")[-1])
 @pytest.mark.parametrize("D", [64, 128])

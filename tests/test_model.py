@@ -13,7 +13,7 @@ from vitflash.model import PRESETS, VisionTransformer, build_model, list_models
 from vitflash.pretrained import timm_args
 
 TIMM_PRESETS = [n for n in PRESETS if not n.endswith("_patch4_32")]
-CIFAR_PRESETS = ["vit_micro_patch4_32", "vit_tiny_patch4_32", "vit_small_patch4_32"]
+CIFAR_PRESETS = [n for n in PRESETS if n.endswith("_patch4_32")]
 
 
 def _shapes(model: torch.nn.Module) -> dict[str, tuple[int, ...]]:

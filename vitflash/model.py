@@ -28,6 +28,7 @@ Presets (`list_models()`); the first nine are timm's architectures under timm's 
     vit_micro_patch4_32        32      4  128      4      4        32  token                937,064       809,354
     vit_tiny_patch4_32         32      4  192      9      3        64  token              4,219,240     4,028,170
     vit_small_patch4_32        32      4  384     12      6        64  token             21,723,496    21,342,346
+    vit_tiny_h12_patch4_32     32      4  192      9     12        16  token              2,888,680     2,697,610
 
 """
 from __future__ import annotations
@@ -325,6 +326,11 @@ PRESETS: dict[str, dict] = {
     "vit_tiny_patch4_32": dict(img_size=32, patch_size=4, embed_dim=192, depth=9, num_heads=3),
     "vit_small_patch4_32": dict(img_size=32, patch_size=4, embed_dim=384, depth=12,
                                 num_heads=6),
+    # vit_tiny_patch4_32's width and depth with 12 heads of 16 and an MLP ratio of 2: the
+    # baseline ViT of "Vision Transformer for Small-Size Datasets" (Lee et al., arXiv
+    # 2112.13492), which on CIFAR-10 trains to a higher accuracy than fewer, wider heads
+    "vit_tiny_h12_patch4_32": dict(img_size=32, patch_size=4, embed_dim=192, depth=9,
+                                   num_heads=12, mlp_ratio=2.0),
 }  # fmt: skip
 
 
