@@ -290,7 +290,8 @@ def spread(values: list[float]) -> str:
 
 def markdown(rows: list[dict], env: dict, command: str, args) -> str:
     lines = [f"# Training loop vs bare step on {env['gpu']}", "", f"Command: `{command}`", "",
-             f"torch {env['torch']}, triton {env['triton']}, lightning {env['lightning']}, timm {env['timm']}, "
+             f"Commit {env['commit']}; torch {env['torch']}, triton {env['triton']}, lightning {env['lightning']}, "
+             f"timm {env['timm']}, "
              f"CUDA {env['cuda']}; {env['date']}. Median (min-max) of {args.repeats} windows of {args.steps} "
              f"steps after {args.warmup} warm-up steps. Loop: Lightning's fit with the configured data, "
              "augmentation, callbacks and logger (no validation or checkpoints). Bare step: the same model and "
