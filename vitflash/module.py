@@ -243,10 +243,11 @@ class ViTModule(L.LightningModule):
     # without prog_bar=True, which would make Lightning convert it after every batch;
     # vitflash.callbacks.ProgressBar shows it when it redraws.
     # Little host work per step either: a launch-bound step (CUDA graphs) leaves the host a few
-    # milliseconds, and Lightning's self.log costs about a millisecond of its bookkeeping per
-    # call. So the step's loss is handed to self.log only on the steps the logger writes
-    # (train/loss_step), and the epoch's mean (train/loss_epoch) is a sum kept on the device,
-    # logged in on_train_epoch_end: the values Lightning's on_step/on_epoch logging gave.
+    # milliseconds, and a self.log call was the largest Python cost of the step outside the
+    # model (scripts/bench_loop.py --profile). So the step's loss is handed to self.log only on
+    # the steps the logger writes (train/loss_step), and the epoch's mean (train/loss_epoch) is
+    # a sum kept on the device, logged in on_train_epoch_end: the values Lightning's
+    # on_step/on_epoch logging gave.
     def training_step(self, batch, batch_idx: int) -> torch.Tensor:
         if self.compile_mode == "reduce-overhead":
             # a new CUDA-graph iteration: the previous step's graph outputs (its logits, and the
@@ -365,8 +366,9 @@ class ViTModule(L.LightningModule):
         if not gradient_clip_val or not optimizer.defaults.get("fused"):
             return super().configure_gradient_clipping(optimizer, gradient_clip_val,
                                                        gradient_clip_algorithm)
-        # listed once: self.parameters() walks the module tree, ~0.5 ms of host time per step;
-        # in the module's order, the order of the total norm's sum (the same bits as before)
+        # listed once: self.parameters() walks the module tree (metrics included), ~0.5 ms of
+        # a CPU core per step for vit_tiny; in the module's order, the order of the total norm's
+        # sum, so the clipped gradients are the same bits
         if self._clip_params is None:
             self._clip_params = list(self.parameters())
         params = self._clip_params
