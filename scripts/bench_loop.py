@@ -13,6 +13,9 @@ Validation and checkpoints are off: they are per-epoch costs, not the loop under
   loop's own optimizer step on the last batch, already on the device, under the Trainer's
   precision (autocast); timed the same way, `repeats` windows of `steps` steps.
 - ratio: median loop img/s / median bare-step img/s.
+- host ms/step: the process's CPU time (time.process_time) per step in the same windows, loop
+  and bare step: the host's work per step, which a GPU step of a small model waits for; on a
+  machine shared with other processes it is also steadier than the wall clock.
 - gpu_busy: the mean GPU utilization during the loop windows, from `nvidia-smi` sampling
   every 100 ms (NVML's share of time in which a kernel ran; torch.cuda.utilization()
   without nvidia-smi); null where it cannot be read.
@@ -77,15 +80,19 @@ class LoopTimer(L.Callback):
         self.profile, self.profiled = profile, warmup - 1 + (repeats + 1) * steps
         self._profilers = None
         self.times: list[float] = []
+        self.cpu_times: list[float] = []
         self.batch = None
         self.loop_s: list[float] = []
         self.bare_s: list[float] = []
+        self.loop_cpu_s: list[float] = []
+        self.bare_cpu_s: list[float] = []
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         step = trainer.global_step - 1  # this batch's step, counted from 0
         if step in self.marks:
             sync(pl_module.device)
             self.times.append(time.time())  # the clock of nvidia-smi's timestamps (GpuBusy)
+            self.cpu_times.append(time.process_time())
         if step == max(self.marks):
             x, y = batch
             self.batch = (x.clone(), y.clone())
@@ -105,6 +112,7 @@ class LoopTimer(L.Callback):
             raise RuntimeError(f"the loop ran {trainer.global_step} steps, fewer than warmup + repeats * steps: "
                                "does the dataset hold enough batches? (max_steps sets the length)")
         self.loop_s = [b - a for a, b in self.windows]
+        self.loop_cpu_s = [b - a for a, b in zip(self.cpu_times[:-1], self.cpu_times[1:])]
         if self.bare_warmup is None:
             return
         step = self._bare_step(trainer, pl_module)
@@ -112,11 +120,12 @@ class LoopTimer(L.Callback):
             step()
         for _ in range(self.repeats):
             sync(pl_module.device)
-            start = time.perf_counter()
+            start, start_cpu = time.perf_counter(), time.process_time()
             for _ in range(self.steps):
                 step()
             sync(pl_module.device)
             self.bare_s.append(time.perf_counter() - start)
+            self.bare_cpu_s.append(time.process_time() - start_cpu)
 
     def _bare_step(self, trainer, module):
         x, y = self.batch
@@ -153,7 +162,8 @@ def start_profilers():
 def stop_profilers(profilers, prefix: Path) -> None:
     """Writes <prefix>.ops.txt (operators by host time, then by device time; the
     synchronizations show as cudaStreamSynchronize/cudaDeviceSynchronize/cudaMemcpy rows),
-    <prefix>.python.txt (Python functions by own time, and by cumulative time) and
+    <prefix>.python.txt (Python functions by own time, and by cumulative time),
+    <prefix>.python.prof (the same for pstats or snakeviz, with callers) and
     <prefix>.trace.json.gz (chrome://tracing or Perfetto)."""
     import gzip
     import io
@@ -173,6 +183,7 @@ def stop_profilers(profilers, prefix: Path) -> None:
     stats.sort_stats("tottime").print_stats(60)
     stats.sort_stats("cumulative").print_stats(80)
     prefix.with_name(prefix.name + ".python.txt").write_text(buf.getvalue())
+    py.dump_stats(prefix.with_name(prefix.name + ".python.prof"))
     trace = prefix.with_name(prefix.name + ".trace.json")
     ops.export_chrome_trace(str(trace))
     with trace.open("rb") as f, gzip.open(f"{trace}.gz", "wb") as z:
@@ -274,6 +285,8 @@ def run_case(case: str, attention: str, compile_mode: str, args) -> dict:
         "loop_img_per_s": statistics.median(loop), "step_img_per_s": statistics.median(bare),
         "ratio": statistics.median(loop) / statistics.median(bare), "gpu_busy": busy.mean(timer.windows),
         "loop_repeats": loop, "step_repeats": bare, "warmup": args.warmup, "steps": args.steps,
+        "loop_host_ms": [1e3 * s / args.steps for s in timer.loop_cpu_s],
+        "step_host_ms": [1e3 * s / args.steps for s in timer.bare_cpu_s],
         "overrides": overrides,
     }
     del datamodule, module, trainer, timer
@@ -284,8 +297,8 @@ def run_case(case: str, attention: str, compile_mode: str, args) -> dict:
     return row
 
 
-def spread(values: list[float]) -> str:
-    return f"{statistics.median(values):,.0f} ({min(values):,.0f}-{max(values):,.0f})"
+def spread(values: list[float], digits: int = 0) -> str:
+    return f"{statistics.median(values):,.{digits}f} ({min(values):,.{digits}f}-{max(values):,.{digits}f})"
 
 
 def markdown(rows: list[dict], env: dict, command: str, args) -> str:
@@ -295,14 +308,16 @@ def markdown(rows: list[dict], env: dict, command: str, args) -> str:
              f"CUDA {env['cuda']}; {env['date']}. Median (min-max) of {args.repeats} windows of {args.steps} "
              f"steps after {args.warmup} warm-up steps. Loop: Lightning's fit with the configured data, "
              "augmentation, callbacks and logger (no validation or checkpoints). Bare step: the same model and "
-             "optimizer on one batch already on the device. GPU busy: nvidia-smi utilization during the loop.", "",
-             "| data | pipeline | model | batch | attention | compile | loop img/s | bare step img/s | loop/bare | GPU busy |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "optimizer on one batch already on the device. GPU busy: nvidia-smi utilization during the loop. "
+             "Host ms/step: the process's CPU time per step in the same windows.", "",
+             "| data | pipeline | model | batch | attention | compile | loop img/s | bare step img/s | loop/bare | GPU busy "
+             "| loop host ms/step | bare host ms/step |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         busy = "n/a" if r["gpu_busy"] is None else f"{100 * r['gpu_busy']:.0f}%"
         lines.append(f"| {r['data']} | {r['pipeline']} | {r['model']} | {r['batch']} | {r['attention']} | "
                      f"{r['compile_mode']} | {spread(r['loop_repeats'])} | {spread(r['step_repeats'])} | "
-                     f"{r['ratio']:.2f} | {busy} |")
+                     f"{r['ratio']:.2f} | {busy} | {spread(r['loop_host_ms'], 2)} | {spread(r['step_host_ms'], 2)} |")
     return "\n".join(lines) + "\n"
 
 
@@ -347,7 +362,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
                 r = rows[-1]
                 print(f"{case} {r['model']} b{r['batch']} {r['attention']} compile={r['compile_mode']}: "
                       f"loop {spread(r['loop_repeats'])} img/s, bare {spread(r['step_repeats'])} img/s, "
-                      f"ratio {r['ratio']:.2f}, GPU busy {r['gpu_busy']}", flush=True)
+                      f"ratio {r['ratio']:.2f}, GPU busy {r['gpu_busy']}, host ms/step: loop "
+                      f"{spread(r['loop_host_ms'], 2)}, bare {spread(r['step_host_ms'], 2)}", flush=True)
                 table = markdown(rows, env, command, args)
                 write_results(args.out, "loop", env, command, rows, table)  # after every case: a cut-off run keeps its rows
     print(table)

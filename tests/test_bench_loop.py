@@ -35,6 +35,9 @@ def test_quick_run_writes_positive_rows(tmp_path, monkeypatch):
     assert len(row["loop_repeats"]) == len(row["step_repeats"]) == 3
     assert all(v > 0 for v in (*row["loop_repeats"], *row["step_repeats"]))
     assert row["loop_img_per_s"] > 0 and row["step_img_per_s"] > 0
+    # the host's CPU time per step, in the same windows
+    assert len(row["loop_host_ms"]) == len(row["step_host_ms"]) == 3
+    assert all(v > 0 for v in (*row["loop_host_ms"], *row["step_host_ms"]))
     # the reported figures are the medians of the repeats, and the ratio is theirs
     assert row["loop_img_per_s"] == statistics.median(row["loop_repeats"])
     assert row["step_img_per_s"] == statistics.median(row["step_repeats"])
@@ -43,3 +46,4 @@ def test_quick_run_writes_positive_rows(tmp_path, monkeypatch):
         assert row["gpu_busy"] is None
     table = written.with_suffix(".md").read_text()
     assert "| synthetic | cpu | vit_micro_patch4_32 | 32 | sdpa | eager |" in table
+    assert "| loop host ms/step | bare host ms/step |" in table

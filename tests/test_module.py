@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+from contextlib import nullcontext
 import socket
 from functools import partial
 from pathlib import Path
@@ -14,12 +15,14 @@ import lightning as L
 import pytest
 import torch
 from hydra.utils import instantiate
-from lightning.pytorch.loggers import CSVLogger
+from lightning.pytorch.loggers import CSVLogger, Logger
 from torch.distributed.fsdp import FullyShardedDataParallel
 from torch.utils.data import DataLoader, TensorDataset
 
 from test_configs import compose_cfg
-from vitflash.module import ViTModule, load_checkpoint, resolve_attention, resolve_compile
+from torchmetrics.classification import MulticlassAccuracy
+
+from vitflash.module import TopKAccuracy, ViTModule, load_checkpoint, resolve_attention, resolve_compile
 
 
 def test_resolve_attention():
@@ -206,6 +209,30 @@ def test_fused_optimizer_clips_gradients_itself():
     assert total == pytest.approx(1.0, rel=1e-4)
 
 
+def test_fused_clipping_lists_the_parameters_once():
+    """The same clipped gradients, bit for bit, as torch's clipping over module.parameters()
+    (the same order, so the same sum), without walking the module tree at every step."""
+    module = make()
+    g = torch.Generator().manual_seed(0)
+    grads = [torch.randn(p.shape, generator=g) for p in module.parameters()]
+    ref_params = [torch.nn.Parameter(torch.zeros_like(t)) for t in grads]
+    for p, t in zip(ref_params, grads):
+        p.grad = t.clone()
+    torch.nn.utils.clip_grad_norm_(ref_params, 1.0)
+    reference = [p.grad for p in ref_params]
+    opt = torch.optim.AdamW(module.parameters(), lr=1e-3)
+    opt.defaults["fused"] = True
+    trainer = SimpleNamespace(model=module)
+    with mock.patch.object(ViTModule, "trainer", new_callable=mock.PropertyMock, return_value=trainer):
+        for step in range(2):
+            for p, t in zip(module.parameters(), grads):
+                p.grad = t.clone()
+            walk = mock.patch.object(module, "parameters", side_effect=AssertionError("walked")) if step else nullcontext()
+            with walk:
+                module.configure_gradient_clipping(opt, gradient_clip_val=1.0, gradient_clip_algorithm="norm")
+            assert all(torch.equal(p.grad, r) for p, r in zip(module.parameters(), reference))
+
+
 @pytest.mark.parametrize("fused", [True, False])
 def test_fsdp_clips_by_the_norm_of_all_shards(fused):
     """Under FSDP a process's gradients are a shard: the norm is FSDP's clip_grad_norm_ (over
@@ -275,6 +302,75 @@ def test_training_steps_read_nothing_on_the_host(tmp_path, monkeypatch):
     # the throughput monitor reads the clock on logging steps only, yet counts every batch
     assert (logged["train/batches"], logged["train/samples"]) == (12, 12 * 16)
     assert torch.isfinite(torch.as_tensor(logged["train/loss_step"]))
+
+
+class RecordingLogger(Logger):
+    """Keeps what Lightning hands the logger: (step, {name: value})."""
+
+    def __init__(self):
+        super().__init__()
+        self.rows: list[tuple[int, dict]] = []
+
+    name, version = "recording", 0
+
+    def log_metrics(self, metrics, step=None):
+        self.rows.append((step, dict(metrics)))
+
+    def log_hyperparams(self, params, *args, **kwargs):
+        pass
+
+
+def test_logged_losses_are_the_steps_and_their_epoch_mean(tmp_path):
+    """train/loss_step is written on the logging steps with that step's loss, and
+    train/loss_epoch is the mean of the epoch's step losses weighted by batch size (the last
+    batch here is smaller), as Lightning's on_step/on_epoch logging gave them."""
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(88, 3, 32, 32, generator=g), torch.arange(88) % 10
+    train = DataLoader(TensorDataset(x, y), batch_size=16)  # 5 batches of 16, then one of 8
+    steps = []
+
+    class Record(L.Callback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            steps.append((trainer.current_epoch, trainer.global_step - 1, outputs["loss"].item(), len(batch[0])))
+
+    logger = RecordingLogger()
+    trainer = L.Trainer(accelerator="cpu", max_epochs=2, log_every_n_steps=4, callbacks=[Record()], logger=logger,
+                        limit_val_batches=0, enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False, default_root_dir=tmp_path)
+    trainer.fit(make(mixup_alpha=0.8, cutmix_alpha=1.0), train)
+    assert len(steps) == 12
+    logged_steps = {step: m["train/loss_step"] for step, m in logger.rows if "train/loss_step" in m}
+    assert list(logged_steps) == [3, 7, 11]  # every 4th step, across the epoch boundary
+    for step, value in logged_steps.items():
+        assert value == pytest.approx(steps[step][2], rel=1e-6)
+    epochs = [(m["epoch"], m["train/loss_epoch"]) for _, m in logger.rows if "train/loss_epoch" in m]
+    assert [e for e, _ in epochs] == [0, 1]
+    for epoch, value in epochs:
+        losses = [(loss, n) for e, _, loss, n in steps if e == epoch]
+        assert [n for _, n in losses] == [16] * 5 + [8]
+        assert value == pytest.approx(sum(loss * n for loss, n in losses) / 88, rel=1e-6)
+
+
+def test_topk_accuracy_counts_as_torchmetrics():
+    """TopKAccuracy (the training step's) gives MulticlassAccuracy's micro top-1 and top-5,
+    ties included (rounded bf16 logits tie often), summed over updates and after reset."""
+    metric = TopKAccuracy(ks=(1, 5), prefix="train/")
+    g = torch.Generator().manual_seed(0)
+    for _ in range(2):
+        refs = {k: MulticlassAccuracy(10, top_k=k, average="micro") for k in (1, 5)}
+        for _ in range(5):
+            logits = (2 * torch.randn(32, 10, generator=g)).round().to(torch.bfloat16)
+            labels = torch.randint(0, 10, (32,), generator=g)
+            metric.update(logits, labels)
+            for ref in refs.values():
+                ref.update(logits, labels)
+        result = metric.compute()
+        assert set(result) == {"train/top1", "train/top5"}
+        for k, ref in refs.items():
+            assert result[f"train/top{k}"] == ref.compute()
+        metric.reset()
+    with pytest.raises(ValueError, match="k >= 1"):
+        TopKAccuracy(ks=(0, 5))
 
 
 def fit_losses(compile_mode, attention: str, tmp_path: Path, steps: int = 3):

@@ -44,9 +44,8 @@ from vitflash import SetupError
 _IGNORED_WARNINGS = (
     # Lightning 2.6 calls a torch pytree API that newer torch deprecates: Lightning's to fix.
     r".*isinstance\(treespec, LeafSpec\)",
-    # train/loss is logged per step and averaged per epoch on each process; syncing it
-    # would cost an all-reduce every step. The top-1/top-5 metrics are torchmetrics, which
-    # sync across processes once per epoch, and val/test loss are logged with sync_dist.
+    # The top-1/top-5 metrics are torchmetrics, which sync across processes once per epoch
+    # before they are logged; the losses are logged with sync_dist.
     r".*sync_dist=True.*when logging on epoch level in distributed setting",
     # Under DDP, DistributedSampler pads the test set to a multiple of the process count:
     # at most (processes - 1) repeated images (none on CIFAR's 10,000 with 2, 4 or 8 GPUs).

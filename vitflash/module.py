@@ -12,7 +12,7 @@ import logging
 from contextlib import nullcontext
 from functools import partial
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 import lightning as L
 import torch
@@ -23,7 +23,7 @@ from timm.loss import SoftTargetCrossEntropy
 from timm.optim import param_groups_layer_decay, param_groups_weight_decay
 from timm.scheduler import CosineLRScheduler
 from torch.distributed.fsdp import FullyShardedDataParallel
-from torchmetrics import MetricCollection
+from torchmetrics import Metric, MetricCollection
 from torchmetrics.classification import MulticlassAccuracy
 
 import vitflash
@@ -96,6 +96,38 @@ def resolve_compile(mode: str | bool | None, cuda: bool, accumulate_grad_batches
     return None if mode == "false" else mode
 
 
+class TopKAccuracy(Metric):
+    """Accuracies at several k at once: the share of samples whose label is among the k
+    highest logits, as `MulticlassAccuracy(top_k=k, average="micro")` counts it (top-1 by
+    argmax, k > 1 by torch.topk, so ties go the same way). `compute()` returns
+    {f"{prefix}top{k}": accuracy} for each k in `ks`.
+
+    Written here for the training step, which updates its metrics every batch: torchmetrics
+    needs one MulticlassAccuracy per k, each with its own one-hot encodings, and two of them
+    cost about five times the host time per update of this one (a few small kernels).
+    """
+
+    full_state_update = False
+
+    def __init__(self, ks: Sequence[int] = (1, 5), prefix: str = ""):
+        super().__init__()
+        if not ks or min(ks) < 1:
+            raise ValueError(f"ks={ks}: give one or more k >= 1")
+        self.ks, self.prefix = tuple(ks), prefix
+        self.add_state("correct", torch.zeros(len(self.ks), dtype=torch.long), dist_reduce_fx="sum")
+        self.add_state("total", torch.zeros((), dtype=torch.long), dist_reduce_fx="sum")
+
+    def update(self, logits: torch.Tensor, target: torch.Tensor) -> None:
+        """logits (B, C) (any k > C counts as C), target (B,) class indices."""
+        top = logits.topk(min(max(self.ks), logits.shape[1]), dim=1).indices if max(self.ks) > 1 else None
+        hits = [(logits.argmax(1) == target) if k == 1 else (top[:, :k] == target[:, None]).any(1) for k in self.ks]
+        self.correct += torch.stack(hits).sum(1)  # (len(ks),)
+        self.total += target.numel()
+
+    def compute(self) -> dict[str, torch.Tensor]:
+        return {f"{self.prefix}top{k}": c / self.total for k, c in zip(self.ks, self.correct)}
+
+
 class ViTModule(L.LightningModule):
     """Image classification with a vitflash VisionTransformer, stored as `self.model`.
 
@@ -165,11 +197,15 @@ class ViTModule(L.LightningModule):
             "top5": MulticlassAccuracy(num_classes, top_k=min(5, num_classes), average="micro",
                                        validate_args=False),
         })
-        self.train_metrics = metrics.clone(prefix="train/")
+        self.train_metrics = TopKAccuracy(ks=(1, min(5, num_classes)), prefix="train/")  # the same, cheaper per step
         self.val_metrics = metrics.clone(prefix="val/")
         self.test_metrics = metrics.clone(prefix="test/")
         self.flops_per_batch = None  # read by Lightning's ThroughputMonitor (not measured)
         self.compile_mode: str | None = None  # set at setup, when the device is known
+        # the training loss of the epoch so far: sum of loss x batch size (on the device), images
+        self._loss_sum: torch.Tensor | None = None
+        self._loss_count = 0
+        self._clip_params: list[nn.Parameter] | None = None  # what configure_gradient_clipping clips
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """(B, 3, H, W) images -> (B, num_classes) logits."""
@@ -206,6 +242,12 @@ class ViTModule(L.LightningModule):
     # only when the logger reads them (every trainer.log_every_n_steps). The loss is logged
     # without prog_bar=True, which would make Lightning convert it after every batch;
     # vitflash.callbacks.ProgressBar shows it when it redraws.
+    # Little host work per step either: a launch-bound step (CUDA graphs) leaves the host a few
+    # milliseconds, and a self.log call was the largest Python cost of the step outside the
+    # model (scripts/bench_loop.py --profile). So the step's loss is handed to self.log only on
+    # the steps the logger writes (train/loss_step), and the epoch's mean (train/loss_epoch) is
+    # a sum kept on the device, logged in on_train_epoch_end: the values Lightning's
+    # on_step/on_epoch logging gave.
     def training_step(self, batch, batch_idx: int) -> torch.Tensor:
         if self.compile_mode == "reduce-overhead":
             # a new CUDA-graph iteration: the previous step's graph outputs (its logits, and the
@@ -220,8 +262,20 @@ class ViTModule(L.LightningModule):
         # against the unmixed labels (a rough guide under mixup); read now, before the next
         # replay of a CUDA graph could overwrite the logits
         self.train_metrics.update(logits, y)
-        self.log("train/loss", loss, on_step=True, on_epoch=True)
-        return loss  # the metrics are logged once per epoch (on_train_epoch_end), not handed to Lightning per step
+        if self._loss_sum is None:
+            self._loss_sum = torch.zeros((), device=loss.device)
+        self._loss_sum.add_(loss.detach(), alpha=len(x))  # weighted by the batch size, as Lightning's mean
+        self._loss_count += len(x)
+        if self._logs_this_step():
+            self.log("train/loss_step", loss)
+        return loss
+
+    def _logs_this_step(self) -> bool:
+        """Whether the logger writes this training step (as Lightning decides for on_step values)."""
+        trainer = self._trainer
+        if trainer is None:  # a step called by hand: self.log says it is not attached
+            return True
+        return trainer._logger_connector.should_update_logs or bool(trainer.fast_dev_run)
 
     def _eval_step(self, batch, metrics: MetricCollection, stage: str) -> None:
         x, y = batch
@@ -244,12 +298,17 @@ class ViTModule(L.LightningModule):
         if self.device.type == "cuda":
             self.log(f"{stage}/peak_mem_gib", torch.cuda.max_memory_allocated(self.device) / 2**30, sync_dist=True)
 
+    def on_train_epoch_start(self) -> None:
+        self._loss_sum, self._loss_count = None, 0  # nothing carried over from an epoch left unfinished
+
     def on_train_epoch_end(self) -> None:
         # computed (and synchronized across DDP processes) once per epoch: logging the metric
         # objects in every step costs the host about a millisecond per step in Lightning's
         # bookkeeping, a share of a launch-bound step
         self.log_dict(self.train_metrics.compute())
         self.train_metrics.reset()
+        if self._loss_count:  # the mean over all processes (one all-reduce per epoch)
+            self.log("train/loss_epoch", self._loss_sum / self._loss_count, sync_dist=True)
         self._log_peak_memory("train")
 
     def on_test_epoch_end(self) -> None:
@@ -271,6 +330,7 @@ class ViTModule(L.LightningModule):
                                                   no_weight_decay_list=no_decay, layer_decay=hp.layer_decay)
             else:
                 groups = param_groups_weight_decay(self.model, weight_decay=weight_decay, no_weight_decay_list=no_decay)
+        self._clip_params = None  # listed again at the first clipping of this fit
         factory = self.optimizer_factory
         # The whole update in a few multi-tensor kernels, fewer launches than foreach's. Not
         # under fp16's gradient scaler: a fused step unscales inside, after clipping would
@@ -306,10 +366,16 @@ class ViTModule(L.LightningModule):
         if not gradient_clip_val or not optimizer.defaults.get("fused"):
             return super().configure_gradient_clipping(optimizer, gradient_clip_val,
                                                        gradient_clip_algorithm)
+        # listed once: self.parameters() walks the module tree (metrics included), ~0.5 ms of
+        # a CPU core per step for vit_tiny; in the module's order, the order of the total norm's
+        # sum, so the clipped gradients are the same bits
+        if self._clip_params is None:
+            self._clip_params = list(self.parameters())
+        params = self._clip_params
         if gradient_clip_algorithm in (None, "norm"):
-            torch.nn.utils.clip_grad_norm_(self.parameters(), gradient_clip_val)
+            torch.nn.utils.clip_grad_norm_(params, gradient_clip_val)
         else:
-            torch.nn.utils.clip_grad_value_(self.parameters(), gradient_clip_val)
+            torch.nn.utils.clip_grad_value_(params, gradient_clip_val)
 
     def lr_scheduler_step(self, scheduler: CosineLRScheduler, metric=None) -> None:
         # timm schedulers are driven by the number of optimizer updates, which also resumes right
