@@ -20,9 +20,8 @@ from torch.distributed.fsdp import FullyShardedDataParallel
 from torch.utils.data import DataLoader, TensorDataset
 
 from test_configs import compose_cfg
-from torchmetrics.classification import MulticlassAccuracy
 
-from vitflash.module import TopKAccuracy, ViTModule, load_checkpoint, resolve_attention, resolve_compile
+from vitflash.module import ViTModule, load_checkpoint, resolve_attention, resolve_compile
 
 
 def test_resolve_attention():
@@ -349,28 +348,6 @@ def test_logged_losses_are_the_steps_and_their_epoch_mean(tmp_path):
         losses = [(loss, n) for e, _, loss, n in steps if e == epoch]
         assert [n for _, n in losses] == [16] * 5 + [8]
         assert value == pytest.approx(sum(loss * n for loss, n in losses) / 88, rel=1e-6)
-
-
-def test_topk_accuracy_counts_as_torchmetrics():
-    """TopKAccuracy (the training step's) gives MulticlassAccuracy's micro top-1 and top-5,
-    ties included (rounded bf16 logits tie often), summed over updates and after reset."""
-    metric = TopKAccuracy(ks=(1, 5), prefix="train/")
-    g = torch.Generator().manual_seed(0)
-    for _ in range(2):
-        refs = {k: MulticlassAccuracy(10, top_k=k, average="micro") for k in (1, 5)}
-        for _ in range(5):
-            logits = (2 * torch.randn(32, 10, generator=g)).round().to(torch.bfloat16)
-            labels = torch.randint(0, 10, (32,), generator=g)
-            metric.update(logits, labels)
-            for ref in refs.values():
-                ref.update(logits, labels)
-        result = metric.compute()
-        assert set(result) == {"train/top1", "train/top5"}
-        for k, ref in refs.items():
-            assert result[f"train/top{k}"] == ref.compute()
-        metric.reset()
-    with pytest.raises(ValueError, match="k >= 1"):
-        TopKAccuracy(ks=(0, 5))
 
 
 def fit_losses(compile_mode, attention: str, tmp_path: Path, steps: int = 3):
