@@ -75,6 +75,16 @@ def test_fast_dev_run_on_each_cpu_path(tmp_path, monkeypatch, attention):
     assert 0.0 <= metrics["test/top1"] <= 1.0
 
 
+def test_max_time_stops_training_and_still_tests(tmp_path):
+    """A wall-clock budget (trainer.max_time) ends fit early, and the best checkpoint so far
+    is tested as after max_epochs."""
+    cfg = compose_cfg(tmp_path, [*SMOKE, "trainer.max_epochs=1000", "trainer.max_time=00:00:00:04"])
+    metrics = train(cfg)
+    epochs = [e for e, _, _ in read_metrics(tmp_path / "out" / "csv" / "metrics.csv", "val/top1")]
+    assert 1 <= len(epochs) < 1000
+    assert 0.0 <= metrics["test/top1"] <= 1.0
+
+
 def test_flash_without_cuda_stops_at_start(tmp_path):
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA, where attention=flash runs")
