@@ -23,6 +23,7 @@ from omegaconf import DictConfig
 
 from vitflash.checkpoint import RNGState, check_resume, run_file
 from vitflash.cli import check_trainer, is_fsdp, run_session, short_errors
+from vitflash.module import check_ema
 from vitflash.pretrained import load_training_checkpoint
 
 log = logging.getLogger(__name__)
@@ -63,6 +64,8 @@ def train(cfg: DictConfig) -> dict[str, float]:
         raise ValueError("trainer=fsdp cannot test the model in the process that trained it (Lightning does not "
                          "shard it again after fit): add test=false, then score the best checkpoint with "
                          "`python scripts/eval.py ckpt_path=<run>/checkpoints/<best>.ckpt`")
+    # ViTModule.setup refuses an EMA under FSDP too, but only once the data is set up
+    check_ema(cfg.model.get("ema_decay"), sharded=is_fsdp(cfg.trainer.get("strategy")))
     check_trainer(cfg.trainer)
     if cfg.get("seed") is not None:
         L.seed_everything(cfg.seed, workers=True)

@@ -31,7 +31,7 @@ import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
-from vitflash.pretrained import CheckpointError, load_file
+from vitflash.pretrained import EMA_PREFIX, CheckpointError, load_file
 
 log = logging.getLogger(__name__)
 
@@ -199,7 +199,8 @@ def check_resume(ckpt: Mapping[str, Any], module: L.LightningModule, path: str |
     hp, mine = ckpt.get("hyper_parameters", {}), module.hparams
     keys = ("model_name", "num_classes", "img_size")
     differ = [f"{k}: checkpoint {hp.get(k)!r}, config {mine.get(k)!r}" for k in keys if hp.get(k) != mine.get(k)]
-    expected = {k: tuple(v.shape) for k, v in module.state_dict().items()}
+    # the EMA's shapes are the network's; ViTModule adds or drops it when model.ema_decay changed
+    expected = {k: tuple(v.shape) for k, v in module.state_dict().items() if not k.startswith(EMA_PREFIX)}
     got = {k: tuple(v.shape) for k, v in ckpt["state_dict"].items()}
     shapes = [f"{k} {got.get(k)} vs {s}" for k, s in expected.items() if got.get(k) != s]
     if differ or shapes:

@@ -22,13 +22,14 @@ from timm.data import Mixup
 from timm.loss import SoftTargetCrossEntropy
 from timm.optim import param_groups_layer_decay, param_groups_weight_decay
 from timm.scheduler import CosineLRScheduler
+from timm.utils import ModelEmaV3
 from torch.distributed.fsdp import FullyShardedDataParallel
 from torchmetrics import MetricCollection
 from torchmetrics.classification import MulticlassAccuracy
 
 import vitflash
 from vitflash.ops import ATTENTION_IMPLS, check_attention_impl
-from vitflash.pretrained import read_checkpoint
+from vitflash.pretrained import EMA_PREFIX, read_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +97,27 @@ def resolve_compile(mode: str | bool | None, cuda: bool, accumulate_grad_batches
     return None if mode == "false" else mode
 
 
+def check_ema(decay: float | None, warmup: bool = False, sharded: bool = False) -> None:
+    """Raise a ValueError unless `decay` is None (no EMA) or a number in (0, 1) and `warmup` a
+    bool; and for an EMA under FSDP (`sharded`), where each process holds a shard of the
+    weights while timm's ModelEmaV3 averages a whole copy of the model."""
+    if decay is None:
+        return
+    if isinstance(decay, bool) or not isinstance(decay, (int, float)) or not 0 < decay < 1:
+        raise ValueError(
+            f"model.ema_decay={decay!r} is not a number in (0, 1): the EMA keeps decay x itself + "
+            "(1 - decay) x the weights at every optimizer step. Pass e.g. model.ema_decay=0.9998 "
+            "(an average over about 1 / (1 - decay) = 5000 steps), or model.ema_decay=null to turn it off")
+    if not isinstance(warmup, bool):
+        raise ValueError(f"model.ema_warmup={warmup!r} is not true or false: pass model.ema_warmup=true "
+                         "(ramp the decay up over the first steps) or false")
+    if sharded:
+        raise ValueError(
+            f"model.ema_decay={decay} cannot run under trainer=fsdp: each process holds a shard of the "
+            "weights, while the EMA (timm's ModelEmaV3) keeps and updates a whole copy of the model. "
+            "Set model.ema_decay=null, or train with trainer=ddp")
+
+
 class ViTModule(L.LightningModule):
     """Image classification with a vitflash VisionTransformer, stored as `self.model`.
 
@@ -118,6 +140,12 @@ class ViTModule(L.LightningModule):
             for training, applied in place at setup (state_dict keys do not change, so
             checkpoints load either way); see `resolve_compile`. Validation and test run the
             same weights eagerly.
+        ema_decay: None (off), or the decay of an exponential moving average of the weights
+            (timm's ModelEmaV3, as timm's train.py --model-ema), e.g. 0.9998: `self.ema`,
+            updated after every optimizer step. Validation and test evaluate it, so the best
+            checkpoint is chosen on its accuracy, and `read_checkpoint` returns its weights.
+        ema_warmup: ModelEmaV3's use_warmup: the decay ramps up from 0 as
+            1 - (1 + step) ** (-2/3), capped at ema_decay (for runs of few steps).
     """
 
     def __init__(
@@ -140,9 +168,12 @@ class ViTModule(L.LightningModule):
         mixup_prob: float = 1.0,
         mixup_switch_prob: float = 0.5,
         compile: str | bool | None = "auto",
+        ema_decay: float | None = None,
+        ema_warmup: bool = False,
     ):
         super().__init__()
         resolve_compile(compile, cuda=False)  # a bad value stops here, before the model is built
+        check_ema(ema_decay, ema_warmup)
         # plain values only, so `torch.load(weights_only=True)` reads the checkpoints
         self.save_hyperparameters(ignore=["optimizer"])
         self.optimizer_factory = optimizer
@@ -151,6 +182,16 @@ class ViTModule(L.LightningModule):
             model_name, attention=impl, num_classes=num_classes, img_size=img_size,
             pretrained=pretrained, drop_path_rate=drop_path_rate, drop_rate=drop_rate,
         )
+        # The EMA: a copy of the network, made before setup compiles self.model in place, so it
+        # stays eager; no gradients, and not in the optimizer's groups (configure_optimizers
+        # groups self.model's parameters) nor clipped. Its state_dict keys are EMA_PREFIX's.
+        self.ema: ModelEmaV3 | None = None
+        if ema_decay is not None:
+            self.ema = ModelEmaV3(self.model, decay=ema_decay, use_warmup=ema_warmup)
+            self.ema.requires_grad_(False)
+            # in the network's mode, not the eval mode ModelEmaV3 leaves it in: Lightning warns of
+            # modules in eval mode when fit starts, and puts all of them in eval mode to validate
+            self.ema.train(self.model.training)
         self.mixup = None
         if mixup_alpha > 0 or cutmix_alpha > 0:
             self.mixup = Mixup(
@@ -177,6 +218,7 @@ class ViTModule(L.LightningModule):
         self._loss_sum: torch.Tensor | None = None
         self._loss_count = 0
         self._clip_params: list[nn.Parameter] | None = None  # what configure_gradient_clipping clips
+        self._ema_logged = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """(B, 3, H, W) images -> (B, num_classes) logits."""
@@ -199,6 +241,20 @@ class ViTModule(L.LightningModule):
                     f"attention=flash runs in bf16/fp16 but trainer.precision={self.trainer.precision}: "
                     "set trainer.precision=bf16-mixed (as trainer=gpu does) or choose attention=sdpa"
                 )
+        if self.ema is not None:
+            check_ema(self.hparams.ema_decay, sharded=isinstance(self.trainer.strategy, FSDPStrategy))
+            if str(self.trainer.precision) in ("bf16-true", "16-true"):
+                # the copy would be cast to bf16/fp16 with the module: fp16 rounds the updates
+                # away, and ModelEmaV3's stochastic rounding of bf16 draws from a CPU generator
+                raise ValueError(
+                    f"model.ema_decay with trainer.precision={self.trainer.precision}: the EMA would be "
+                    "held in half precision. Use trainer.precision=bf16-mixed (fp32 weights, as trainer=gpu), "
+                    "or model.ema_decay=null")
+            self.ema.module.set_attention(self.model.attention)
+            if not self._ema_logged:
+                log.info("model.ema_decay=%g: validation and test evaluate the EMA of the weights; the best "
+                         "checkpoint is chosen on it", self.hparams.ema_decay)
+                self._ema_logged = True
         mode = resolve_compile(self.hparams.compile, cuda=on_cuda,
                                accumulate_grad_batches=self.trainer.accumulate_grad_batches,
                                sharded=isinstance(self.trainer.strategy, FSDPStrategy))
@@ -253,8 +309,9 @@ class ViTModule(L.LightningModule):
         # Eager even when training is compiled: a compiled eval would add graphs for
         # inference mode and for the last, partial batch (and under CUDA graphs a second
         # memory pool) to save little, since eval is a forward over a small part of the images.
+        net = self.model if self.ema is None else self.ema.module
         with torch.compiler.set_stance("force_eager") if self.compile_mode else nullcontext():
-            logits = self(x)
+            logits = net(x)
         self.log(f"{stage}/loss", self.eval_loss(logits, y), prog_bar=True, sync_dist=True)
         metrics.update(logits, y)
         self.log_dict(metrics, prog_bar=True)
@@ -341,12 +398,23 @@ class ViTModule(L.LightningModule):
         # a CPU core per step for vit_tiny; in the module's order, the order of the total norm's
         # sum, so the clipped gradients are the same bits
         if self._clip_params is None:
-            self._clip_params = list(self.parameters())
+            self._clip_params = [p for p in self.parameters() if p.requires_grad]  # not the EMA's
         params = self._clip_params
         if gradient_clip_algorithm in (None, "norm"):
             torch.nn.utils.clip_grad_norm_(params, gradient_clip_val)
         else:
             torch.nn.utils.clip_grad_value_(params, gradient_clip_val)
+
+    def optimizer_step(self, epoch: int, batch_idx: int, optimizer, optimizer_closure=None) -> None:
+        super().optimizer_step(epoch, batch_idx, optimizer, optimizer_closure)
+        if self.ema is not None:
+            # Once per optimizer step: Lightning calls this hook only at the last batch of an
+            # accumulation. The step of ModelEmaV3's decay counts this one, as timm's train.py
+            # counts num_updates (decay 0 at step 1: the EMA starts as a copy of the trained
+            # weights); Lightning's global_step (restored on resume) counts it only once this
+            # hook returns. One torch._foreach_lerp_ over the weights on their device, with a
+            # Python float weight: no host sync.
+            self.ema.update(self.model, step=self.global_step + 1)
 
     def lr_scheduler_step(self, scheduler: CosineLRScheduler, metric=None) -> None:
         # timm schedulers are driven by the number of optimizer updates, which also resumes right
@@ -359,9 +427,23 @@ class ViTModule(L.LightningModule):
     # stretched to the new length from the step reached (the LR rises again), instead of the
     # extra epochs running at min_lr.
     def on_load_checkpoint(self, checkpoint: dict) -> None:
+        self._match_ema(checkpoint["state_dict"])
         states = checkpoint.get("lr_schedulers") or []
         self._resumed_plan = [s.get("t_initial", 0) + s.get("warmup_t", 0) for s in states]
         checkpoint["lr_schedulers"] = [{} for _ in states]  # timm's load_state_dict({}) keeps the new plan
+
+    def _match_ema(self, state_dict: dict) -> None:
+        """Resuming with the EMA turned on or off since the checkpoint: a new EMA starts from
+        the checkpoint's weights (as timm's train.py does); an unwanted one is dropped."""
+        has_ema = any(k.startswith(EMA_PREFIX) for k in state_dict)
+        if self.ema is not None and not has_ema:
+            log.info("the checkpoint has no EMA of the weights: the EMA starts from its weights")
+            state_dict.update({EMA_PREFIX + k[len("model."):]: v.clone() for k, v in list(state_dict.items())
+                               if k.startswith("model.")})
+        elif self.ema is None and has_ema:
+            log.info("model.ema_decay=null: the checkpoint's EMA of the weights is dropped")
+            for k in [k for k in state_dict if k.startswith(EMA_PREFIX)]:
+                del state_dict[k]
 
     def on_train_start(self) -> None:
         planned = getattr(self, "_resumed_plan", None)
@@ -377,9 +459,13 @@ class ViTModule(L.LightningModule):
 
 def load_checkpoint(path: str | Path, attention: str | None = None) -> ViTModule:
     """A ViTModule with the weights of checkpoint `path`; `attention` overrides the path it
-    was trained with. Pretrained weights are not fetched again (the checkpoint has them)."""
+    was trained with. Pretrained weights are not fetched again (the checkpoint has them).
+    A run with model.ema_decay gives its EMA weights (those it validated), as `module.model`,
+    and the module keeps no second copy."""
     state_dict, hparams = read_checkpoint(path, training=True)
-    hparams = {**hparams, "pretrained": None}
+    if hparams.get("ema_decay") is not None:
+        log.info("%s: the EMA of the weights (model.ema_decay=%g)", path, hparams["ema_decay"])
+    hparams = {**hparams, "pretrained": None, "ema_decay": None}
     if attention is not None:
         hparams["attention"] = attention
     module = ViTModule(**hparams)

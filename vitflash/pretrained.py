@@ -4,7 +4,8 @@ In:  `create_model(name, pretrained=...)` builds a preset and loads
      - a timm tag ("augreg_in21k_ft_in1k", or a full "vit_base_patch16_224.augreg_in21k"),
        fetched by timm from the Hugging Face hub, or
      - a local file: .safetensors, .pth/.pt/.bin (a timm or vitflash state dict, or a
-       {"state_dict"/"model": ...} dict), or a Lightning .ckpt whose network is `model.`.
+       {"state_dict"/"model": ...} dict), or a Lightning .ckpt whose network is `model.`
+       (or its EMA, `ema.module.`, when the run kept one: see `read_checkpoint`).
      timm does the loading (`timm.models.load_pretrained`): its ViT `checkpoint_filter_fn`
      resamples the position embedding (and patch embedding) when img_size or patch size
      differ, and the head is dropped, keeping its fresh init, when num_classes differs.
@@ -43,6 +44,9 @@ _VIT_KEYS = ("patch_embed.proj.weight", "pos_embed", "blocks.0.attn.qkv.weight")
 # A timm ViT architecture whose constructor takes every keyword of VisionTransformer.config;
 # presets timm does not know (the CIFAR ones) are exported as this with explicit arguments.
 _TIMM_GENERIC_VIT = "vit_base_patch16_224"
+# The EMA of the weights in a ViTModule checkpoint (model.ema_decay): timm's ModelEmaV3 kept as
+# `ViTModule.ema`, whose copy of the network is its `module`.
+EMA_PREFIX = "ema.module."
 
 
 class CheckpointError(ValueError):
@@ -74,7 +78,9 @@ def read_checkpoint(
 
     Accepts .safetensors and torch.save files holding a state dict, a {"state_dict": ...}
     or {"model": ...} dict, or a Lightning checkpoint (keys `model.*` of its state_dict are
-    the network; `hyper_parameters` is returned, {} when absent). DDP/torch.compile
+    the network; `hyper_parameters` is returned, {} when absent). A checkpoint of a run with
+    model.ema_decay gives the EMA of the weights (keys `ema.module.*`), the weights it
+    validated and chose as best; any other gives the trained weights. DDP/torch.compile
     prefixes are removed with timm's `clean_state_dict`. With `training`, the file must be
     a checkpoint of scripts/train.py (a Lightning checkpoint with the ViTModule's
     hyper-parameters), as resuming and scripts/eval.py need.
@@ -96,9 +102,11 @@ def read_checkpoint(
             f"model.state_dict() (or a Lightning checkpoint) instead"
         )
     state_dict = {k: v for k, v in obj.items() if isinstance(v, torch.Tensor)}
-    # A LightningModule holds the network as `self.model`; drop its other state (metrics).
-    if any(k.startswith("model.") for k in state_dict):
-        state_dict = {k[len("model.") :]: v for k, v in state_dict.items() if k.startswith("model.")}
+    # A LightningModule holds the network as `self.model`, and its EMA (if any) as `self.ema`:
+    # keep one of them, and none of its other state (metrics).
+    prefix = EMA_PREFIX if any(k.startswith(EMA_PREFIX) for k in state_dict) else "model."
+    if any(k.startswith(prefix) for k in state_dict):
+        state_dict = {k[len(prefix) :]: v for k, v in state_dict.items() if k.startswith(prefix)}
     state_dict = clean_state_dict(state_dict)
     if not state_dict:
         raise CheckpointError(f"checkpoint {path} holds no tensors")
