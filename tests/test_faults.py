@@ -77,12 +77,12 @@ def assert_identical(a: Path, b: Path, what: str) -> None:
 
 @pytest.mark.parametrize("data", ["synthetic", "cifar"])
 @pytest.mark.parametrize("attention", ["naive", "sdpa"])
-def test_sigkill_then_resume_is_bit_identical(request, tmp_path, data, attention):
+def test_sigkill_then_resume_is_bit_identical(request, tmp_path, data, attention, extra: tuple[str, ...] = ()):
     """A run SIGKILLed mid-epoch 1 leaves a checkpoint per step and last.ckpt (end of epoch 0);
     resumed from the epoch boundary and from mid-epoch, training reaches the kill point in the
     same state, bit for bit, as the uninterrupted process did: weights, AdamW moments, RNGs,
     loader position (from there on the same state gives the same run)."""
-    overrides = [*RUN, *DATA[data], f"attention={attention}"]
+    overrides = [*RUN, *DATA[data], f"attention={attention}", *extra]
     if data == "cifar":
         overrides.append(f"paths.data_dir={request.getfixturevalue('cifar_slice')}")
     killed = tmp_path / "killed"
@@ -102,6 +102,15 @@ def test_sigkill_then_resume_is_bit_identical(request, tmp_path, data, attention
                                 "callbacks.step_checkpoint.filename='{step}'",
                                 "+callbacks.stop._target_=killswitch.StopAtStep", f"+callbacks.stop.step={KILL_AT}"]))
         assert_identical(uninterrupted, out / "out" / "checkpoints" / f"step={KILL_AT}.ckpt", f"resumed from {start}")
+
+
+def test_sigkill_then_resume_with_ema_is_bit_identical(request, tmp_path):
+    """The same with the EMA of the weights (model.ema_decay), whose warmup makes every update's
+    decay depend on the step count: the resumed EMA is the uninterrupted one, bit for bit."""
+    test_sigkill_then_resume_is_bit_identical(request, tmp_path, "synthetic", "sdpa",
+                                              ("model.ema_decay=0.9", "model.ema_warmup=true"))
+    ema = [k for k in state(tmp_path / "killed" / "checkpoints" / f"step={KILL_AT}.ckpt") if k.startswith("ema.module.")]
+    assert ema  # compared above with the rest of the checkpoint
 
 
 # --------------------------------------------------------------------------------------
