@@ -17,10 +17,11 @@ import torch
 import torch.nn.functional as F
 from hydra.utils import instantiate
 from lightning.pytorch.strategies import FSDPStrategy
+from torch.utils.data import DataLoader, TensorDataset
 
 from test_configs import compose_cfg
 from test_faults import TINY
-from test_module import HostReadTrap, loaders, optimizer_of
+from test_module import HostReadTrap, SyncTrap, loaders, optimizer_of
 from test_train import evaluate, train
 
 from vitflash.module import ViTModule, load_checkpoint
@@ -164,6 +165,45 @@ def test_training_steps_with_ema_read_nothing_on_the_host(tmp_path, monkeypatch)
     with mock.patch.object(module.ema, "update", wraps=module.ema.update) as update:
         trainer.fit(module, loaders()[0])
     assert trap.armed_steps == 6 and update.call_count == 8
+
+
+@pytest.mark.gpu
+def test_ema_under_cuda_graphs_syncs_nothing_and_stays_eager(tmp_path):
+    """On the GPU as trainer=gpu trains (bf16 autocast, CUDA graphs, fused AdamW, clipping): the
+    EMA update makes no host sync, the EMA copy stays fp32 and uncompiled (validation compiles
+    nothing), and it is the average of the weights after each optimizer step."""
+    trap = SyncTrap(every=4)
+    after_step, ema_kinds = [], set()
+
+    class Record(L.Callback):  # device-side copies: no sync
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            if trainer.global_step > len(after_step):
+                after_step.append({k: v.detach().clone() for k, v in pl_module.model.state_dict().items()})
+
+        def on_train_end(self, trainer, pl_module):  # before Lightning moves the module to the CPU
+            ema_kinds.update((v.device.type, v.dtype) for v in pl_module.ema.module.state_dict().values())
+
+    trainer = L.Trainer(accelerator="gpu", devices=1, precision="bf16-mixed", max_steps=16, log_every_n_steps=4,
+                        callbacks=[trap, Record()], logger=False, enable_checkpointing=False, val_check_interval=8,
+                        num_sanity_val_steps=0, gradient_clip_val=1.0, default_root_dir=tmp_path)
+    module = ViTModule("vit_micro_patch4_32", num_classes=10, attention="flash", ema_decay=0.8, ema_warmup=True)
+    train, _ = loaders(n_train=512)
+    train = DataLoader(train.dataset, batch_size=16, shuffle=True, drop_last=True, pin_memory=True)
+    val = DataLoader(TensorDataset(*(t[:40] for t in train.dataset.tensors)), batch_size=16, pin_memory=True)
+    torch._dynamo.reset()
+    trainer.fit(module, train, val)
+    assert module.compile_mode == "reduce-overhead" and trainer.optimizers[0].defaults["fused"] is True
+    assert trap.armed_steps == 8 and trap.graphs_in_validation == 0
+    assert module.ema.module._compiled_call_impl is None
+    assert ema_kinds == {("cuda", torch.float32)}
+    ema = module.ema.module.state_dict()
+    assert len(after_step) == 16
+    expected = {k: v.cpu().double() for k, v in after_step[0].items()}
+    for step, weights in enumerate(after_step[1:], start=2):
+        d = timm_decay(0.8, step, warmup=True)
+        expected = {k: d * expected[k] + (1 - d) * weights[k].cpu().double() for k in expected}
+    for k, v in expected.items():
+        torch.testing.assert_close(ema[k].cpu().double(), v, rtol=1e-5, atol=1e-6)
 
 
 # --------------------------------------------------------------------------------------
