@@ -72,6 +72,7 @@ def test_ema_is_the_average_of_the_weights_after_each_optimizer_step(tmp_path, w
     """8 batches accumulated in pairs: 4 optimizer steps, 4 EMA updates (one torch._foreach_lerp_
     each), e_1 = w_1 and e_k = d_k e_(k-1) + (1 - d_k) w_k, computed here from the recorded weights."""
     module = make(ema_decay=0.6, ema_warmup=warmup)
+    assert not list(module.model.buffers())  # ViTModule's exclude_buffers=True would copy them, not average
     ema_tensors = {t.data_ptr() for t in module.ema.module.state_dict().values()}
     with mock.patch("torch._foreach_lerp_", wraps=torch._foreach_lerp_) as lerp:
         _, _, after_step = fit(module, tmp_path)

@@ -144,8 +144,9 @@ class ViTModule(L.LightningModule):
             (timm's ModelEmaV3, as timm's train.py --model-ema), e.g. 0.9998: `self.ema`,
             updated after every optimizer step. Validation and test evaluate it, so the best
             checkpoint is chosen on its accuracy, and `read_checkpoint` returns its weights.
-        ema_warmup: ModelEmaV3's use_warmup: the decay ramps up from 0 as
-            1 - (1 + step) ** (-2/3), capped at ema_decay (for runs of few steps).
+        ema_warmup: ModelEmaV3's use_warmup: the decay at optimizer step n is
+            min(ema_decay, 1 - n ** (-2/3)) (0.999 at step 31,600); without it, 0 at step 1
+            (a copy) and ema_decay after.
     """
 
     def __init__(
@@ -187,7 +188,10 @@ class ViTModule(L.LightningModule):
         # groups self.model's parameters) nor clipped. Its state_dict keys are EMA_PREFIX's.
         self.ema: ModelEmaV3 | None = None
         if ema_decay is not None:
-            self.ema = ModelEmaV3(self.model, decay=ema_decay, use_warmup=ema_warmup)
+            # exclude_buffers: the weights are walked as parameters() rather than state_dict(),
+            # about 30% less host time per update (0.6 vs 0.85 ms for vit_tiny_h12 on a CPU
+            # core); the same average, as vitflash's ViTs have no buffers (it would copy them)
+            self.ema = ModelEmaV3(self.model, decay=ema_decay, use_warmup=ema_warmup, exclude_buffers=True)
             self.ema.requires_grad_(False)
             # in the network's mode, not the eval mode ModelEmaV3 leaves it in: Lightning warns of
             # modules in eval mode when fit starts, and puts all of them in eval mode to validate
