@@ -164,7 +164,7 @@ def test_training_steps_with_ema_read_nothing_on_the_host(tmp_path, monkeypatch)
             return _orig(self, *args, **kwargs)
         monkeypatch.setattr(torch.Tensor, name, trapped)
     with mock.patch.object(module.ema, "update", wraps=module.ema.update) as update:
-        trainer.fit(module, loaders()[0])
+        trainer.fit(module, *loaders())  # (no validation: limit_val_batches=0)
     assert trap.armed_steps == 6 and update.call_count == 8
 
 
