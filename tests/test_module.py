@@ -273,6 +273,15 @@ class HostReadTrap(L.Callback):
     def on_train_epoch_end(self, trainer, pl_module):
         self.armed = False
 
+    def patch(self, monkeypatch) -> None:
+        """Make every tensor-to-Python read fail while the trap is armed."""
+        for name in ("item", "tolist", "__bool__", "__float__", "__int__"):
+            def trapped(tensor, *args, _orig=getattr(torch.Tensor, name), _name=name, **kwargs):
+                if self.armed:
+                    raise AssertionError(f"Tensor.{_name}() in a training step that does not log")
+                return _orig(tensor, *args, **kwargs)
+            monkeypatch.setattr(torch.Tensor, name, trapped)
+
 
 def test_training_steps_read_nothing_on_the_host(tmp_path, monkeypatch):
     # The configured callbacks (checkpoints, LR monitor, throughput, progress bar) and CSV
@@ -287,12 +296,7 @@ def test_training_steps_read_nothing_on_the_host(tmp_path, monkeypatch):
     # fused: PyTorch's CPU single-tensor AdamW reads its step count with .item(), CUDA's does not
     module = ViTModule("vit_micro_patch4_32", num_classes=10, attention="sdpa", mixup_alpha=0.8, cutmix_alpha=1.0,
                        optimizer=partial(torch.optim.AdamW, lr=1e-3, weight_decay=0.05, fused=True))
-    for name in ("item", "tolist", "__bool__", "__float__", "__int__"):
-        def trapped(self, *args, _orig=getattr(torch.Tensor, name), _name=name, **kwargs):
-            if trap.armed:
-                raise AssertionError(f"Tensor.{_name}() in a training step that does not log")
-            return _orig(self, *args, **kwargs)
-        monkeypatch.setattr(torch.Tensor, name, trapped)
+    trap.patch(monkeypatch)
     trainer.fit(module, *loaders())
     assert trap.armed_steps == 9  # steps 1-3, 5-7, 9-11 of 12
     assert trainer.global_step == 12
