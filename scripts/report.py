@@ -10,11 +10,14 @@ the report follows ckpt_path back through the earlier folders and joins the piec
 one run (training time and curves continue; the earlier folders need not be listed).
 
 Prints the markdown table. With --out DIR it writes DIR/report.md, DIR/summary.json (one
-row per run: run, dataset, model, attention, epochs, best_val_top1, test_top1, test_top5,
+row per run: run, dataset, model, attention, seed, epochs, best_val_top1, test_top1, test_top5,
 img_per_s, peak_gib, train_wall_s, time_to_top1) and DIR/curves.csv (per epoch: training
 time, train loss, val loss and top-1); --plot adds curves.png (train loss and val top-1 per
 run, overlaid), speed_memory.png (bars of train img/s and peak GPU memory) and
 time_to_accuracy.png (val top-1 against training time).
+
+Runs that differ only in their seed (e.g. `train.py -m attention=flash,naive seed=1,2,3`) are
+also gathered per attention path: mean, standard deviation and range of test and val top-1.
 
 Times are Lightning's ThroughputMonitor `train/time`: training only (validation excluded),
 up to the last logged step (trainer.log_every_n_steps).
@@ -211,6 +214,7 @@ def summarize(pieces: list[Path], targets: tuple[float, ...] = ()) -> tuple[dict
         "model": (config.get("model") or {}).get("model_name"),
         "attention": _attention(last, config),
         "overrides": " ".join(o for o in overrides if not _where(o)),
+        "seed": config.get("seed"),
         "epochs": int(max(epochs)) + 1 if epochs else None,
         "best_val_top1": max((c["val_top1"] for c in curves), default=None),
         "test_top1": tests[-1]["test/top1"] if tests else None,
@@ -261,6 +265,54 @@ def markdown(summaries: list[dict]) -> str:
         cells += [_fmt(s["time_to_top1"][t], "s") for t in targets]
         cells.append(s["overrides"] or "(defaults)")
         lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def seed_groups(summaries: list[dict]) -> list[dict]:
+    """The runs that differ only in their seed, gathered: one row per (dataset, model,
+    attention, other overrides) that holds two runs or more, with the mean, standard deviation
+    and range of test and best val top-1 across them (runs without a test score are left out
+    of its figures), and the median img/s. A single seed cannot tell a difference between
+    attention paths from the spread between runs; these rows can."""
+    groups: dict[tuple, list[dict]] = {}
+    for s in summaries:
+        recipe = " ".join(o for o in (s["overrides"] or "").split()
+                          if o.split("=", 1)[0].lstrip("+~") not in ("seed", "attention"))
+        groups.setdefault((s["dataset"], s["model"], s["attention"], recipe), []).append(s)
+    rows = []
+    for (dataset, model, attention, recipe), runs in groups.items():
+        if len(runs) < 2:
+            continue
+        row = {"dataset": dataset, "model": model, "attention": attention, "recipe": recipe,
+               "runs": [r["run"] for r in runs], "seeds": [r["seed"] for r in runs]}
+        for key in ("test_top1", "best_val_top1"):
+            values = [r[key] for r in runs if r[key] is not None]
+            row[key] = None if len(values) < 2 else {
+                "n": len(values), "mean": statistics.mean(values), "sd": statistics.stdev(values),
+                "min": min(values), "max": max(values)}
+        speeds = [r["img_per_s"] for r in runs if r["img_per_s"] is not None]
+        row["img_per_s"] = statistics.median(speeds) if speeds else None
+        rows.append(row)
+    return rows
+
+
+def _fmt_spread(stats: dict | None) -> str:
+    if stats is None:
+        return "n/a"
+    return (f"{100 * stats['mean']:.2f} ± {100 * stats['sd']:.2f}% "
+            f"({100 * stats['min']:.2f}-{100 * stats['max']:.2f}, {stats['n']} runs)")
+
+
+def markdown_groups(groups: list[dict]) -> str:
+    """The seed groups as a markdown table (empty when no two runs differ only in their seed)."""
+    if not groups:
+        return ""
+    lines = ["| dataset | model | attention | seeds | test top-1 mean ± sd (range) | best val top-1 mean ± sd (range) "
+             "| train img/s (median) | recipe |", "|---" * 8 + "|"]
+    for g in groups:
+        lines.append(f"| {g['dataset']} | {g['model']} | {g['attention']} | {', '.join(map(str, g['seeds']))} | "
+                     f"{_fmt_spread(g['test_top1'])} | {_fmt_spread(g['best_val_top1'])} | "
+                     f"{_fmt(g['img_per_s'], 'int')} | {g['recipe'] or '(defaults)'} |")
     return "\n".join(lines) + "\n"
 
 
@@ -336,6 +388,8 @@ def write(summaries: list[dict], curves: list[dict], out: Path, command: str, wi
         writer.writeheader()
         writer.writerows(curves)
     text = [f"# Training runs\n\n`{command}`\n\n", markdown(summaries)]
+    if groups := markdown_groups(seed_groups(summaries)):
+        text.append("\nAcross seeds (runs that differ only in their seed):\n\n" + groups)
     text.append("\nTimes: training only (validation excluded), from Lightning's ThroughputMonitor. "
                 "img/s: all processes under DDP; per process for runs too short to fill its window.\n")
     if with_plots:
@@ -364,6 +418,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
         command = "python scripts/report.py " + " ".join(sys.argv[1:] if argv is None else argv)
         write(summaries, curves, args.out, command, args.plot)
     print(markdown(summaries), end="")
+    if groups := markdown_groups(seed_groups(summaries)):
+        print("\n" + groups, end="")
     return summaries
 
 

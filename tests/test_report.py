@@ -109,3 +109,24 @@ def test_overrides_column_keeps_the_recipe_not_the_places():
     places = ["hydra.run.dir=/x/run", "paths.data_dir=/d", "ckpt_path=/x/last.ckpt",
               "callbacks.model_checkpoint.dirpath=/x/ck", "+callbacks.last_checkpoint.dirpath=/x/ck"]
     assert [o for o in kept + places if not report._where(o)] == kept
+
+
+def test_runs_differing_only_in_seed_are_gathered():
+    def run(name, attention, seed, test, extra=""):
+        return {"run": name, "dataset": "cifar10", "model": "m", "attention": attention, "seed": seed,
+                "overrides": f"experiment=x attention={attention} seed={seed} {extra}".strip(),
+                "test_top1": test, "best_val_top1": (test or 0.6) + 0.01, "img_per_s": 100.0 * seed}
+    summaries = [run("0", "flash", 1, 0.60), run("1", "flash", 2, 0.64), run("2", "flash", 3, None),
+                 run("3", "naive", 1, 0.70), run("4", "naive", 2, 0.66),
+                 run("5", "naive", 3, 0.9, extra="trainer.max_epochs=5"),  # another recipe: its own group of one
+                 run("6", "sdpa", 1, 0.5)]
+    groups = report.seed_groups(summaries)
+    assert [(g["attention"], g["runs"]) for g in groups] == [("flash", ["0", "1", "2"]), ("naive", ["3", "4"])]
+    flash, naive = groups
+    assert flash["test_top1"]["n"] == 2 and flash["test_top1"]["mean"] == pytest.approx(0.62)
+    assert flash["test_top1"]["sd"] == pytest.approx(statistics.stdev([0.60, 0.64]))
+    assert flash["best_val_top1"]["n"] == 3 and flash["img_per_s"] == 200.0
+    assert (naive["test_top1"]["min"], naive["test_top1"]["max"]) == (0.66, 0.70)
+    table = report.markdown_groups(groups)
+    assert "| cifar10 | m | flash | 1, 2, 3 | 62.00 ± 2.83% (60.00-64.00, 2 runs) |" in table
+    assert table.count("\n") == 4 and report.markdown_groups(report.seed_groups(summaries[:1])) == ""
