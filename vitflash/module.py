@@ -224,7 +224,6 @@ class ViTModule(L.LightningModule):
         self._loss_sum: torch.Tensor | None = None
         self._loss_count = 0
         self._clip_params: list[nn.Parameter] | None = None  # what configure_gradient_clipping clips
-        self._ema_logged = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """(B, 3, H, W) images -> (B, num_classes) logits."""
@@ -257,10 +256,9 @@ class ViTModule(L.LightningModule):
                     "held in half precision. Use trainer.precision=bf16-mixed (fp32 weights, as trainer=gpu), "
                     "or model.ema_decay=null")
             self.ema.module.set_attention(self.model.attention)
-            if not self._ema_logged:
+            if stage == "fit":
                 log.info("model.ema_decay=%g: validation and test evaluate the EMA of the weights; the best "
                          "checkpoint is chosen on it", self.hparams.ema_decay)
-                self._ema_logged = True
         mode = resolve_compile(self.hparams.compile, cuda=on_cuda,
                                accumulate_grad_batches=self.trainer.accumulate_grad_batches,
                                sharded=isinstance(self.trainer.strategy, FSDPStrategy))
