@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import os
 import pickle
 import sys
 import tarfile
@@ -15,7 +16,7 @@ from PIL import Image
 import torchvision
 from torchvision import datasets
 
-from vitflash.data import Augment, CIFARDataModule, ImageFolderDataModule, SyntheticDataModule, load_image_folder
+from vitflash.data import Augment, CIFARDataModule, ImageFolderDataModule, SyntheticDataModule, cache_image_folder, load_image_folder
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 import prepare_data  # noqa: E402
@@ -70,6 +71,41 @@ def test_decoded_arrays_are_cached(tmp_path):
     # one more file: the cache is stale and the folder is decoded again
     Image.fromarray(images[0]).save(tmp_path / "train" / "cat" / "extra.png")
     assert len(load_image_folder(tmp_path / "train")[1]) == 13
+
+
+@pytest.mark.parametrize("size", [None, 8], ids=["npz", "npy"])
+def test_runs_decoding_one_split_at_once_do_not_collide(tmp_path, monkeypatch, size):
+    """Two runs started together (a sweep) decode the same split: the second writes and renames
+    its cache between the first's write and rename. Each has a file of its own, so both end
+    with the images, and no temporary file is left."""
+    images = write_tree(tmp_path / "train", per_class=2)
+    load = (lambda: load_image_folder(tmp_path / "train")) if size is None else (
+        lambda: cache_image_folder(tmp_path / "train", size))
+    real_replace, nested = os.replace, []
+
+    def replace(src, dst):
+        if not nested:  # the first rename of the first run: the second run goes all the way first
+            nested.append(None)
+            nested[0] = load()
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", replace)
+    first = load()
+    np.testing.assert_array_equal(first[0], images)
+    np.testing.assert_array_equal(nested[0][0], images)
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
+def test_a_failed_decode_leaves_no_file(tmp_path, monkeypatch):
+    write_tree(tmp_path / "train", per_class=2)
+
+    def full_disk(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(np, "savez", full_disk)
+    with pytest.raises(OSError, match="No space left"):
+        load_image_folder(tmp_path / "train")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["train"]
 
 
 def test_cifar_jpeg_tree_with_held_out_val(tmp_path):

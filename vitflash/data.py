@@ -18,6 +18,9 @@ import logging
 import os
 from concurrent.futures import ProcessPoolExecutor
 import random
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -161,11 +164,29 @@ def load_image_folder(folder: Path, num_workers: int = 0) -> tuple[np.ndarray, n
         ) from e
     images = np.concatenate([c[0] for c in chunks])
     labels = np.concatenate([c[1] for c in chunks])
-    tmp = cache.with_name(cache.name + ".tmp.npz")  # written whole, then renamed
-    np.savez(tmp, images=images, labels=labels, classes=np.asarray(tree.classes))
-    os.replace(tmp, cache)
+    with _written_whole(cache) as tmp:
+        np.savez(tmp, images=images, labels=labels, classes=np.asarray(tree.classes))
     log.info("decoded %d images of %s into %s", len(labels), folder, cache)
     return images, labels, tree.classes
+
+
+@contextmanager
+def _written_whole(path: Path) -> Iterator[str]:
+    """A temporary file of this writer's own beside `path` (same suffix, so numpy keeps the
+    name), renamed over `path` once written, removed if writing fails. Runs started together
+    (a sweep, one process per GPU) may all decode the same split: each writes its own file and
+    the last rename wins, each file whole and all of them the same."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=path.suffix)
+    os.close(fd)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; the cache is shared like any file
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def _decode_square(path: str, size: int) -> np.ndarray:
@@ -196,20 +217,18 @@ def cache_image_folder(folder: Path, size: int, num_workers: int = 0) -> tuple[n
         with z:
             return np.load(images_path, mmap_mode="c"), z["labels"], tree.classes
     paths = [p for p, _ in tree.samples]
-    tmp = images_path.with_name(images_path.name + ".tmp.npy")
-    out = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.uint8, shape=(len(paths), size, size, 3))
     decode = partial(_decode_square, size=size)
-    with ProcessPoolExecutor(num_workers) if num_workers > 0 else _Inline() as pool:
-        images = pool.map(decode, paths, chunksize=64)
-        for i, img in enumerate(tqdm(images, total=len(paths), desc=f"decoding {folder} at {size}px", unit="img")):
-            out[i] = img
-    out.flush()
-    del out
-    os.replace(tmp, images_path)
+    with _written_whole(images_path) as tmp:
+        out = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.uint8, shape=(len(paths), size, size, 3))
+        with ProcessPoolExecutor(num_workers) if num_workers > 0 else _Inline() as pool:
+            images = pool.map(decode, paths, chunksize=64)
+            for i, img in enumerate(tqdm(images, total=len(paths), desc=f"decoding {folder} at {size}px", unit="img")):
+                out[i] = img
+        out.flush()
+        del out
     labels = np.asarray(tree.targets, np.int64)
-    tmp = labels_path.with_name(labels_path.name + ".tmp.npz")
-    np.savez(tmp, labels=labels, classes=np.asarray(tree.classes))
-    os.replace(tmp, labels_path)
+    with _written_whole(labels_path) as tmp:
+        np.savez(tmp, labels=labels, classes=np.asarray(tree.classes))
     log.info("decoded %d images of %s into %s", len(paths), folder, images_path)
     return np.load(images_path, mmap_mode="c"), labels, tree.classes
 
