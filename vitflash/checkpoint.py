@@ -20,7 +20,6 @@ from __future__ import annotations
 import logging
 import os
 import random
-import tempfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -31,6 +30,7 @@ import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
+from vitflash.files import written_whole
 from vitflash.pretrained import EMA_PREFIX, CheckpointError, load_file
 
 log = logging.getLogger(__name__)
@@ -52,19 +52,10 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         # In the target's folder, not $TMPDIR: os.replace is atomic only within one filesystem.
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                torch.save(checkpoint, f)
-                f.flush()
-                os.fsync(f.fileno())
-            umask = os.umask(0)
-            os.umask(umask)
-            os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give what open() would
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        with written_whole(path, suffix=".tmp") as tmp, open(tmp, "wb") as f:
+            torch.save(checkpoint, f)
+            f.flush()
+            os.fsync(f.fileno())
         _fsync_dir(path.parent)  # the rename itself reaches the disk
         for stale in path.parent.glob(f".{path.name}.*.tmp"):  # left by a writer that was killed
             stale.unlink(missing_ok=True)

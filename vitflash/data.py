@@ -15,12 +15,8 @@ loaders yield batches augmented there by vitflash.gpu_augment, with the same rec
 from __future__ import annotations
 
 import logging
-import os
 from concurrent.futures import ProcessPoolExecutor
 import random
-import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -36,6 +32,7 @@ from torchvision import datasets
 from torchvision import transforms as T
 from tqdm.auto import tqdm
 
+from vitflash.files import written_whole
 from vitflash.gpu_augment import GPUAugment
 from vitflash.gpu_data import STORAGES, GPUArrays, GPULoader, choose_storage
 
@@ -164,29 +161,10 @@ def load_image_folder(folder: Path, num_workers: int = 0) -> tuple[np.ndarray, n
         ) from e
     images = np.concatenate([c[0] for c in chunks])
     labels = np.concatenate([c[1] for c in chunks])
-    with _written_whole(cache) as tmp:
+    with written_whole(cache) as tmp:
         np.savez(tmp, images=images, labels=labels, classes=np.asarray(tree.classes))
     log.info("decoded %d images of %s into %s", len(labels), folder, cache)
     return images, labels, tree.classes
-
-
-@contextmanager
-def _written_whole(path: Path) -> Iterator[str]:
-    """A temporary file of this writer's own beside `path` (same suffix, so numpy keeps the
-    name), renamed over `path` once written, removed if writing fails. Runs started together
-    (a sweep, one process per GPU) may all decode the same split: each writes its own file and
-    the last rename wins, each file whole and all of them the same."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=path.suffix)
-    os.close(fd)
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; the cache is shared like any file
-    try:
-        yield tmp
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _decode_square(path: str, size: int) -> np.ndarray:
@@ -218,7 +196,7 @@ def cache_image_folder(folder: Path, size: int, num_workers: int = 0) -> tuple[n
             return np.load(images_path, mmap_mode="c"), z["labels"], tree.classes
     paths = [p for p, _ in tree.samples]
     decode = partial(_decode_square, size=size)
-    with _written_whole(images_path) as tmp:
+    with written_whole(images_path) as tmp:
         out = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.uint8, shape=(len(paths), size, size, 3))
         with ProcessPoolExecutor(num_workers) if num_workers > 0 else _Inline() as pool:
             images = pool.map(decode, paths, chunksize=64)
@@ -227,7 +205,7 @@ def cache_image_folder(folder: Path, size: int, num_workers: int = 0) -> tuple[n
         out.flush()
         del out
     labels = np.asarray(tree.targets, np.int64)
-    with _written_whole(labels_path) as tmp:
+    with written_whole(labels_path) as tmp:
         np.savez(tmp, labels=labels, classes=np.asarray(tree.classes))
     log.info("decoded %d images of %s into %s", len(paths), folder, images_path)
     return np.load(images_path, mmap_mode="c"), labels, tree.classes

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
@@ -31,6 +30,7 @@ from typing import Callable
 import torch
 import triton
 
+from vitflash.files import written_whole
 from vitflash.ops import kernels
 
 INTERPRET = bool(kernels.INTERPRET)
@@ -303,10 +303,8 @@ def _write_disk(entry: str, cand: Candidate) -> None:
             current = {}
         current[entry] = cand.to_json()
         _read_disk()[entry] = cand.to_json()
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".autotune-", suffix=".json")
-        with os.fdopen(fd, "w") as f:
-            json.dump(current, f, indent=1)
-        os.replace(tmp, path)
+        with written_whole(path) as tmp:
+            Path(tmp).write_text(json.dumps(current, indent=1))
     except OSError:
         pass  # a read-only home costs a re-tune next time, nothing more
 
