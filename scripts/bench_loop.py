@@ -16,6 +16,9 @@ Validation and checkpoints are off: they are per-epoch costs, not the loop under
 - host ms/step: the process's CPU time (time.process_time) per step in the same windows, loop
   and bare step: the host's work per step, which a GPU step of a small model waits for; on a
   machine shared with other processes it is also steadier than the wall clock.
+- loop GC ms: the time the interpreter spent in garbage collection (gc.callbacks) in each
+  loop window: a collection of the oldest generation walks every object the process holds
+  (compiled graphs and kernels included) and stalls the host for as long.
 - gpu_busy: the mean GPU utilization during the loop windows, from `nvidia-smi` sampling
   every 100 ms (NVML's share of time in which a kernel ran; torch.cuda.utilization()
   without nvidia-smi); null where it cannot be read.
@@ -67,6 +70,27 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+class GcPauses:
+    """The interpreter's time in garbage collection since this was made (`total_s`, seconds;
+    `collections`), from gc.callbacks, until stop()."""
+
+    def __init__(self):
+        self.total_s, self.collections, self._start = 0.0, 0, None
+        gc.callbacks.append(self._on)
+
+    def _on(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._start = time.perf_counter()
+        elif self._start is not None:
+            self.total_s += time.perf_counter() - self._start
+            self.collections += 1
+            self._start = None
+
+    def stop(self) -> None:
+        if self._on in gc.callbacks:
+            gc.callbacks.remove(self._on)
+
+
 class LoopTimer(L.Callback):
     """Times `repeats` windows of `steps` training steps after `warmup` steps, then the bare
     step of the same model (see the module docstring; `bare_warmup=None`: no bare step).
@@ -81,6 +105,8 @@ class LoopTimer(L.Callback):
         self._profilers = None
         self.times: list[float] = []
         self.cpu_times: list[float] = []
+        self.gc = GcPauses()
+        self.gc_times: list[float] = []
         self.batch = None
         self.loop_s: list[float] = []
         self.bare_s: list[float] = []
@@ -93,6 +119,7 @@ class LoopTimer(L.Callback):
             sync(pl_module.device)
             self.times.append(time.time())  # the clock of nvidia-smi's timestamps (GpuBusy)
             self.cpu_times.append(time.process_time())
+            self.gc_times.append(self.gc.total_s)
         if step == max(self.marks):
             x, y = batch
             self.batch = (x.clone(), y.clone())
@@ -113,6 +140,8 @@ class LoopTimer(L.Callback):
                                "does the dataset hold enough batches? (max_steps sets the length)")
         self.loop_s = [b - a for a, b in self.windows]
         self.loop_cpu_s = [b - a for a, b in zip(self.cpu_times[:-1], self.cpu_times[1:])]
+        self.loop_gc_s = [b - a for a, b in zip(self.gc_times[:-1], self.gc_times[1:])]
+        self.gc.stop()
         if self.bare_warmup is None:
             return
         step = self._bare_step(trainer, pl_module)
@@ -275,6 +304,7 @@ def run_case(case: str, attention: str, compile_mode: str, args) -> dict:
             trainer.fit(module, datamodule=datamodule)
         finally:
             busy.stop()
+            timer.gc.stop()
     batch = cfg.data.batch_size
     loop = [batch * args.steps / s for s in timer.loop_s]
     bare = [batch * args.steps / s for s in timer.bare_s]
@@ -287,6 +317,7 @@ def run_case(case: str, attention: str, compile_mode: str, args) -> dict:
         "loop_repeats": loop, "step_repeats": bare, "warmup": args.warmup, "steps": args.steps,
         "loop_host_ms": [1e3 * s / args.steps for s in timer.loop_cpu_s],
         "step_host_ms": [1e3 * s / args.steps for s in timer.bare_cpu_s],
+        "loop_gc_ms": [1e3 * s for s in timer.loop_gc_s],
         "overrides": overrides,
     }
     del datamodule, module, trainer, timer
@@ -309,15 +340,17 @@ def markdown(rows: list[dict], env: dict, command: str, args) -> str:
              f"steps after {args.warmup} warm-up steps. Loop: Lightning's fit with the configured data, "
              "augmentation, callbacks and logger (no validation or checkpoints). Bare step: the same model and "
              "optimizer on one batch already on the device. GPU busy: nvidia-smi utilization during the loop. "
-             "Host ms/step: the process's CPU time per step in the same windows.", "",
+             "Host ms/step: the process's CPU time per step in the same windows. Loop GC ms: garbage "
+             "collection in each loop window.", "",
              "| data | pipeline | model | batch | attention | compile | loop img/s | bare step img/s | loop/bare | GPU busy "
-             "| loop host ms/step | bare host ms/step |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| loop host ms/step | bare host ms/step | loop GC ms/window |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         busy = "n/a" if r["gpu_busy"] is None else f"{100 * r['gpu_busy']:.0f}%"
         lines.append(f"| {r['data']} | {r['pipeline']} | {r['model']} | {r['batch']} | {r['attention']} | "
                      f"{r['compile_mode']} | {spread(r['loop_repeats'])} | {spread(r['step_repeats'])} | "
-                     f"{r['ratio']:.2f} | {busy} | {spread(r['loop_host_ms'], 2)} | {spread(r['step_host_ms'], 2)} |")
+                     f"{r['ratio']:.2f} | {busy} | {spread(r['loop_host_ms'], 2)} | {spread(r['step_host_ms'], 2)} | "
+                     f"{spread(r['loop_gc_ms'], 1)} |")
     return "\n".join(lines) + "\n"
 
 
@@ -363,7 +396,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
                 print(f"{case} {r['model']} b{r['batch']} {r['attention']} compile={r['compile_mode']}: "
                       f"loop {spread(r['loop_repeats'])} img/s, bare {spread(r['step_repeats'])} img/s, "
                       f"ratio {r['ratio']:.2f}, GPU busy {r['gpu_busy']}, host ms/step: loop "
-                      f"{spread(r['loop_host_ms'], 2)}, bare {spread(r['step_host_ms'], 2)}", flush=True)
+                      f"{spread(r['loop_host_ms'], 2)}, bare {spread(r['step_host_ms'], 2)}, loop GC ms/window "
+                      f"{spread(r['loop_gc_ms'], 1)}", flush=True)
                 table = markdown(rows, env, command, args)
                 write_results(args.out, "loop", env, command, rows, table)  # after every case: a cut-off run keeps its rows
     print(table)

@@ -2,6 +2,7 @@
 written as JSON rows and a markdown table."""
 from __future__ import annotations
 
+import gc
 import json
 import statistics
 import sys
@@ -38,6 +39,8 @@ def test_quick_run_writes_positive_rows(tmp_path, monkeypatch):
     # the host's CPU time per step, in the same windows
     assert len(row["loop_host_ms"]) == len(row["step_host_ms"]) == 3
     assert all(v > 0 for v in (*row["loop_host_ms"], *row["step_host_ms"]))
+    # garbage collection in each loop window (none is forced, so it may be 0)
+    assert len(row["loop_gc_ms"]) == 3 and all(v >= 0 for v in row["loop_gc_ms"])
     # the reported figures are the medians of the repeats, and the ratio is theirs
     assert row["loop_img_per_s"] == statistics.median(row["loop_repeats"])
     assert row["step_img_per_s"] == statistics.median(row["step_repeats"])
@@ -46,4 +49,19 @@ def test_quick_run_writes_positive_rows(tmp_path, monkeypatch):
         assert row["gpu_busy"] is None
     table = written.with_suffix(".md").read_text()
     assert "| synthetic | cpu | vit_micro_patch4_32 | 32 | sdpa | eager |" in table
-    assert "| loop host ms/step | bare host ms/step |" in table
+    assert "| loop host ms/step | bare host ms/step | loop GC ms/window |" in table
+    # the case's GC callback is gone with it
+    assert not any(isinstance(getattr(cb, "__self__", None), bench_loop.GcPauses) for cb in gc.callbacks)
+
+
+def test_gc_pauses_count_collections(monkeypatch):
+    monkeypatch.syspath_prepend(str(SCRIPTS))
+    pauses = load_script("bench_loop").GcPauses()
+    try:
+        gc.collect()
+        gc.collect()
+    finally:
+        pauses.stop()
+    assert pauses.collections == 2 and pauses.total_s > 0
+    gc.collect()  # stopped: no longer counted
+    assert pauses.collections == 2
