@@ -83,6 +83,11 @@ def test_max_time_stops_training_and_still_tests(tmp_path):
     epochs = [e for e, _, _ in read_metrics(tmp_path / "out" / "csv" / "metrics.csv", "val/top1")]
     assert 1 <= len(epochs) < 1000
     assert 0.0 <= metrics["test/top1"] <= 1.0
+    # the budget is the whole run's: the checkpoint carries the training time spent so far,
+    # and a resume counts on from it (README: raise max_time to continue)
+    ckpt = torch.load(tmp_path / "out" / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    (timer,) = [v for k, v in ckpt["callbacks"].items() if k.startswith("Timer")]
+    assert 0 < timer["time_elapsed"]["train"] <= 4 + 2
 
 
 def test_flash_without_cuda_stops_at_start(tmp_path):
