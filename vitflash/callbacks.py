@@ -1,12 +1,16 @@
-"""Lightning callbacks that keep the training loop free of per-step host syncs."""
+"""Lightning callbacks that keep the training loop free of per-step host syncs and stalls."""
 from __future__ import annotations
 
+import gc
+import logging
 from typing import Any
 
 import lightning as L
 from lightning.pytorch.callbacks import ThroughputMonitor as _ThroughputMonitor
 from lightning.pytorch.callbacks import TQDMProgressBar
 from lightning.pytorch.utilities import rank_zero_only
+
+log = logging.getLogger(__name__)
 
 
 class ThroughputMonitor(_ThroughputMonitor):
@@ -48,3 +52,46 @@ class ProgressBar(TQDMProgressBar):
             if (value := trainer.callback_metrics.get(key)) is not None:
                 items[key] = float(value)
         return items
+
+
+class FreezeGarbageCollector(L.Callback):
+    """Keeps Python's garbage collector off the objects that live as long as the run.
+
+    A collection of the oldest generation walks every container object the process holds: the
+    model, the compiled graphs and their guards, Triton's kernels, Lightning's state, half a
+    million objects or more once `torch.compile` has run. On a 2-core CPU one such collection
+    after compiling vit_tiny_patch4_32 took 340 ms, a stall of the host in the middle of a
+    training step that the GPU waits out. After `after_steps` optimizer steps (compiling and
+    CUDA-graph recording done) this collects once and freezes what is left (gc.freeze): later
+    collections skip it (the same collection took 0.0 ms). Objects made later (by the first
+    validation, say) are frozen at the end of each validation, without another full
+    collection. Young objects are collected as before; what was frozen is still
+    freed by reference counting. fit's end unfreezes. after_steps=null: off.
+    """
+
+    def __init__(self, after_steps: int | None = 10):
+        if after_steps is not None and (isinstance(after_steps, bool) or not isinstance(after_steps, int)
+                                        or after_steps < 1):
+            raise ValueError(f"callbacks.gc_freeze.after_steps={after_steps!r}: expected a whole number "
+                             ">= 1 (optimizer steps before freezing), or null to leave the collector alone")
+        self.after_steps = after_steps
+        self.frozen = False
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
+        if self.after_steps is None or self.frozen or trainer.global_step < self.after_steps:
+            return
+        start = gc.get_freeze_count()
+        gc.collect()
+        gc.freeze()
+        self.frozen = True
+        log.info("froze %d objects out of the garbage collector's reach after %d steps (callbacks.gc_freeze)",
+                 gc.get_freeze_count() - start, trainer.global_step)
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.frozen:
+            gc.freeze()
+
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if self.frozen:
+            gc.unfreeze()
+            self.frozen = False
