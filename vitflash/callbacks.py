@@ -57,16 +57,17 @@ class ProgressBar(TQDMProgressBar):
 class FreezeGarbageCollector(L.Callback):
     """Keeps Python's garbage collector off the objects that live as long as the run.
 
-    A collection of the oldest generation walks every container object the process holds: the
-    model, the compiled graphs and their guards, Triton's kernels, Lightning's state, half a
-    million objects or more once `torch.compile` has run. On a 2-core CPU one such collection
-    after compiling vit_tiny_patch4_32 took about a third of a second (scripts/gc_pause.py), a
-    stall of the host in the middle of a training step that the GPU waits out. After `after_steps` optimizer steps (compiling and
-    CUDA-graph recording done) this collects once and freezes what is left (gc.freeze): later
-    collections skip it (the same collection then took microseconds). Objects made later (by the first
-    validation, say) are frozen at the end of each validation, without another full
-    collection. Young objects are collected as before; what was frozen is still
-    freed by reference counting. fit's end unfreezes. after_steps=null: off.
+    A collection of the oldest generation walks every container object the process holds:
+    the model, the compiled graphs and their guards, Triton's kernels, Lightning's state,
+    half a million objects or more once `torch.compile` has run. On a 2-core CPU one such
+    collection after compiling vit_tiny_patch4_32 took about a third of a second
+    (scripts/gc_pause.py), a stall of the host in the middle of a training step that the GPU
+    waits out. After `after_steps` optimizer steps (compiling and CUDA-graph recording done)
+    this collects once and freezes what is left (gc.freeze): later collections skip it (the
+    same collection then took microseconds). Objects made later (by the first validation,
+    say) are frozen at the end of each validation, without another full collection. Young
+    objects are collected as before; what was frozen is still freed by reference counting.
+    fit's end unfreezes. after_steps=null: off.
     """
 
     def __init__(self, after_steps: int | None = 10):
