@@ -71,17 +71,23 @@ def _yaml(path: Path):
 def resumed_from(run: Path, known: list[Path]) -> Path | None:
     """The run folder whose checkpoint `run` resumed from (its ckpt_path), or None.
 
-    ckpt_path is as typed on the command line: absolute, or relative to where train.py ran;
-    a relative one that does not resolve from here is matched against `known` folders by
-    its last two parts (e.g. runs/<time>)."""
+    ckpt_path is as typed on the command line: absolute, or relative to where train.py ran.
+    One that does not resolve to a `known` folder (a relative path, or runs copied from the
+    machine that made them) is matched against them by its last two parts (e.g.
+    runs/<time>), else by its folder's name where exactly one known folder bears it; failing
+    both, an existing folder it names is taken as it is."""
     ckpt = (_yaml(run / ".hydra" / "config.yaml") or {}).get("ckpt_path")
     if not ckpt:
         return None
     folder = Path(ckpt).parent.parent  # <run>/checkpoints/<file>.ckpt
-    if (folder / METRICS_FILE).is_file():
+    here = (folder / METRICS_FILE).is_file()
+    if here and folder.resolve() in known:
         return folder.resolve()
-    tail = folder.parts[-2:]
-    return next((k for k in known if k.parts[-len(tail):] == tail), None)
+    for tail in (folder.parts[-2:], folder.parts[-1:]):
+        matches = [k for k in known if k != run and k.parts[-len(tail):] == tail]
+        if len(matches) == 1:
+            return matches[0]
+    return folder.resolve() if here else None
 
 
 def chains(runs: list[Path]) -> list[list[Path]]:

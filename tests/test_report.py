@@ -4,6 +4,7 @@ against the runs' own metrics.csv."""
 from __future__ import annotations
 
 import json
+import shutil
 import statistics
 from pathlib import Path
 
@@ -96,6 +97,20 @@ def test_report_joins_the_resumed_run_and_reads_back(sweep, tmp_path):
     assert f"{100 * sdpa['test_top1']:.2f}%" in table and f"{100 * naive['test_top1']:.2f}%" in table
     curves = (out / "curves.csv").read_text().splitlines()
     assert len(curves) == 1 + 1 + 2  # header, one epoch of job 0, two of job 1 + resume
+
+
+def test_pieces_copied_elsewhere_are_still_joined(sweep, tmp_path):
+    """Runs brought back from the machine that made them: the resumed piece's ckpt_path names
+    a folder that is not here, and its copy sits under another parent; the folder's name
+    (unique among the runs) ties the pieces together."""
+    jobs, resumed = sweep
+    copies = tmp_path / "results"
+    for src, name in ((jobs / "0", "0"), (jobs / "1", "1"), (resumed, "resumed")):
+        shutil.copytree(src, copies / name)
+    rows = report.main([str(copies / "0"), str(copies / "1"), str(copies / "resumed"), "--out", str(tmp_path / "out")])
+    naive = next(r for r in rows if r["attention"] == "naive")
+    assert [Path(p).name for p in naive["pieces"]] == ["1", "resumed"]
+    assert len(rows) == 2
 
 
 def test_report_names_a_folder_without_runs(tmp_path):
