@@ -109,8 +109,8 @@ def test_pieces_copied_elsewhere_are_still_joined(sweep, tmp_path):
         shutil.copytree(src, copies / name)
     rows = report.main([str(copies / "0"), str(copies / "1"), str(copies / "resumed"), "--out", str(tmp_path / "out")])
     naive = next(r for r in rows if r["attention"] == "naive")
-    assert [Path(p).name for p in naive["pieces"]] == ["1", "resumed"]
-    assert len(rows) == 2
+    assert [Path(p).resolve() for p in naive["pieces"]] == [(copies / "1").resolve(), (copies / "resumed").resolve()]
+    assert len(rows) == 2  # the copy of job 1 is a piece, not a run of its own
 
 
 def test_report_names_a_folder_without_runs(tmp_path):
