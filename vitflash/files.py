@@ -8,6 +8,17 @@ from contextlib import contextmanager
 from pathlib import Path
 
 
+def _read_umask() -> int:
+    # os.umask only reads by setting: done once, at import, not while other threads (the GPU
+    # data pipeline's, loader threads) may be creating files under a momentarily zero umask
+    umask = os.umask(0)
+    os.umask(umask)
+    return umask
+
+
+_UMASK = _read_umask()
+
+
 @contextmanager
 def written_whole(path: Path, suffix: str | None = None) -> Iterator[str]:
     """Yield a temporary file of this writer's own in `path`'s folder (the same filesystem, so
@@ -21,9 +32,7 @@ def written_whole(path: Path, suffix: str | None = None) -> Iterator[str]:
                                suffix=path.suffix if suffix is None else suffix)
     os.close(fd)
     try:
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600
+        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600
         yield tmp
         os.replace(tmp, path)
     except BaseException:
