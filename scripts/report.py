@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import math
 import os
 import re
 import statistics
@@ -144,8 +145,9 @@ def _join(pieces: list[Path]) -> list[dict]:
         rows = _read_rows(piece)
         # the first training step of this piece (the throughput rows of validation and
         # test count their own steps from 1)
+        # (none in a piece that only tested: it keeps every earlier row)
         start = min((r["step"] for r in rows if r.get("train/loss_step") is not None
-                     or r.get("train/time") is not None), default=0)
+                     or r.get("train/time") is not None), default=math.inf)
         joined = [r for r in joined if r.get("step") is not None and r["step"] < start]
         offset = max(_values(joined, "train/time"), default=0.0)
         for r in rows:

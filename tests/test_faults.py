@@ -236,6 +236,22 @@ def test_resume_from_a_bad_checkpoint_stops_at_once(tiny_ckpt, tmp_path, fault):
     assert not (tmp_path / "out" / "checkpoints").exists()
 
 
+def test_resume_of_a_run_that_validates_every_other_epoch_knows_it_finished(tmp_path):
+    """With validation every n > 1 epochs, Lightning saves the checkpoint at validation's end,
+    inside the last epoch, before that epoch counts as processed: the run has still finished
+    its epochs, and a resume with the same max_epochs has nothing to train."""
+    first = tmp_path / "first"
+    first.mkdir()
+    train(compose_cfg(first, [*TINY, "trainer.max_epochs=2", "+trainer.check_val_every_n_epoch=2", "test=false"]))
+    last = first / "out" / "checkpoints" / "last.ckpt"
+    saved = torch.load(last, map_location="cpu", weights_only=True)["loops"]["fit_loop"]
+    assert saved["epoch_progress"]["current"]["processed"] == 1  # the case: the 2nd epoch not yet counted
+    cfg = compose_cfg(tmp_path, [*TINY, "trainer.max_epochs=2", f"ckpt_path={last}"])
+    with pytest.raises(ValueError, match="has finished 2 epochs and trainer.max_epochs=2: there is nothing"):
+        train(cfg)
+    assert not (tmp_path / "out" / "checkpoints").exists()
+
+
 @pytest.mark.parametrize("value", [float("nan"), float("inf")])
 def test_eval_refuses_non_finite_weights(tiny_ckpt, tmp_path, value):
     bad = crafted(tiny_ckpt, tmp_path / "bad.ckpt", poison(value))

@@ -3,7 +3,9 @@ one of them continued by resume in a new folder; what it writes is read back and
 against the runs' own metrics.csv."""
 from __future__ import annotations
 
+import csv
 import json
+import re
 import shutil
 import statistics
 from pathlib import Path
@@ -111,6 +113,34 @@ def test_pieces_copied_elsewhere_are_still_joined(sweep, tmp_path):
     naive = next(r for r in rows if r["attention"] == "naive")
     assert [Path(p).resolve() for p in naive["pieces"]] == [(copies / "1").resolve(), (copies / "resumed").resolve()]
     assert len(rows) == 2  # the copy of job 1 is a piece, not a run of its own
+
+
+def test_a_piece_that_only_tested_keeps_the_earlier_pieces(sweep, tmp_path):
+    """A last piece with no training rows (it resumed a finished run and only scored the test
+    split) adds its test score and keeps the training curves and times of the pieces before it."""
+    jobs, resumed = sweep
+    copies = tmp_path / "results"
+    for src, name in ((jobs / "1", "1"), (resumed, "resumed"), (resumed, "tested")):
+        shutil.copytree(src, copies / name)
+    config = copies / "tested" / ".hydra" / "config.yaml"
+    config.write_text(re.sub(r"(?m)^ckpt_path: .*$", f"ckpt_path: {copies / 'resumed' / 'checkpoints' / 'last.ckpt'}",
+                             config.read_text()))
+    metrics = copies / "tested" / "csv" / "metrics.csv"
+    with metrics.open() as f:
+        rows = list(csv.DictReader(f))
+    tested = [r for r in rows if any(v for k, v in r.items() if k.startswith("test/"))]
+    assert tested and len(tested) < len(rows)
+    with metrics.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(tested)
+    whole = report.main([str(copies / "1"), str(copies / "resumed"), "--out", str(tmp_path / "a")])[0]
+    joined = report.main([str(copies / "1"), str(copies / "resumed"), str(copies / "tested"),
+                          "--out", str(tmp_path / "b")])[0]
+    assert [Path(p).name for p in joined["pieces"]] == ["1", "resumed", "tested"]
+    for key in ("epochs", "best_val_top1", "train_wall_s", "img_per_s"):
+        assert joined[key] == whole[key] and whole[key] is not None, key
+    assert joined["test_top1"] == float(tested[-1]["test/top1"])
 
 
 def test_report_names_a_folder_without_runs(tmp_path):

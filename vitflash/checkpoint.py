@@ -182,6 +182,22 @@ class RNGState(Callback):
                          best_k_models={}, best_model_score=None, kth_value=None)
 
 
+def finished_epochs(ckpt: Mapping[str, Any]) -> int | None:
+    """How many epochs the run saved in `ckpt` has finished, as Lightning counts them when it
+    resumes; None when the checkpoint does not say. A checkpoint written at validation's end
+    (where ModelCheckpoint saves when validation runs every n > 1 epochs) lies inside the
+    epoch's last step: its last batch has run, but the epoch is not yet counted as processed."""
+    fit = ckpt.get("loops", {}).get("fit_loop", {})
+    epochs = fit.get("epoch_progress", {}).get("current", {})
+    done = epochs.get("processed")
+    if not isinstance(done, int):
+        return None
+    started = epochs.get("started", done)
+    if isinstance(started, int) and started > done and fit.get("epoch_loop.batch_progress", {}).get("is_last_batch"):
+        done += 1
+    return done
+
+
 def check_resume(ckpt: Mapping[str, Any], module: L.LightningModule, path: str | os.PathLike,
                  max_epochs: int | None) -> None:
     """Raise a ValueError/CheckpointError before any work when checkpoint `ckpt` (read from
@@ -204,8 +220,8 @@ def check_resume(ckpt: Mapping[str, Any], module: L.LightningModule, path: str |
             f"data.img_size={hp.get('img_size')}); to start a new run from its weights, pass "
             f"model.pretrained={path} instead of ckpt_path")
     check_finite(ckpt["state_dict"], path)
-    done = ckpt.get("loops", {}).get("fit_loop", {}).get("epoch_progress", {}).get("current", {}).get("processed")
-    if isinstance(done, int) and max_epochs is not None and max_epochs >= 0 and done >= max_epochs:
+    done = finished_epochs(ckpt)
+    if done is not None and max_epochs is not None and max_epochs >= 0 and done >= max_epochs:
         raise ValueError(
             f"ckpt_path={path} has finished {done} epochs and trainer.max_epochs={max_epochs}: "
             f"there is nothing left to train. Pass a larger trainer.max_epochs (the LR schedule is "
