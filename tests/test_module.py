@@ -142,6 +142,36 @@ def test_mixup_trains_on_soft_targets():
     assert make(label_smoothing=0.1).train_loss.label_smoothing == 0.1
 
 
+def test_mixup_stops_at_mixup_off_epoch(tmp_path):
+    """With mixup_off_epoch=2 of 3 epochs, the first two epochs train on mixed images and the
+    third on whole ones (with the same smoothed soft targets): one-hot rows then, at every step."""
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(32, 3, 32, 32, generator=g), torch.arange(32) % 10
+    seen = []
+
+    class Record(L.Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            images, labels = batch
+            mixed, target = pl_module.mixup(images.clone(), labels)
+            seen.append((trainer.current_epoch, pl_module.mixup.mixup_enabled, torch.equal(mixed, images),
+                         bool((target.max(1).values > 0.5).all())))
+
+    trainer = L.Trainer(accelerator="cpu", max_epochs=3, callbacks=[Record()], logger=False, limit_val_batches=0,
+                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                        default_root_dir=tmp_path)
+    module = make(mixup_alpha=0.8, cutmix_alpha=1.0, mixup_prob=1.0, label_smoothing=0.1, mixup_off_epoch=2)
+    trainer.fit(module, DataLoader(TensorDataset(x, y), batch_size=8))
+    assert [(e, on) for e, on, _, _ in seen] == [(e, e < 2) for e in range(3) for _ in range(4)]
+    assert not any(same for e, _, same, _ in seen if e < 2)  # mixed: every image changed
+    assert all(same and hard for e, _, same, hard in seen if e == 2)  # whole images, hard (smoothed) targets
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, True, "10"])
+def test_mixup_off_epoch_refuses_a_bad_value(bad):
+    with pytest.raises(ValueError, match=r"model.mixup_off_epoch=.*whole number of epochs"):
+        make(mixup_alpha=0.8, mixup_off_epoch=bad)
+
+
 # --------------------------------------------------------------------------------------
 # The lean step: compile, fused AdamW, no host reads
 

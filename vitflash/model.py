@@ -29,6 +29,7 @@ Presets (`list_models()`); the first nine are timm's architectures under timm's 
     vit_tiny_patch4_32         32      4  192      9      3        64  token              4,219,240     4,028,170
     vit_small_patch4_32        32      4  384     12      6        64  token             21,723,496    21,342,346
     vit_tiny_h12_patch4_32     32      4  192      9     12        16  token              2,888,680     2,697,610
+    vit_lite7_patch4_32        32      4  256      7      4        64  token              3,976,680     3,722,250
 
 """
 from __future__ import annotations
@@ -331,6 +332,11 @@ PRESETS: dict[str, dict] = {
     # 2112.13492), which on CIFAR-10 trains to a higher accuracy than fewer, wider heads
     "vit_tiny_h12_patch4_32": dict(img_size=32, patch_size=4, embed_dim=192, depth=9,
                                    num_heads=12, mlp_ratio=2.0),
+    # 7 blocks of width 256, 4 heads of 64, an MLP ratio of 2: ViT-Lite-7/4 of "Escaping the
+    # Big Data Paradigm with Compact Transformers" (Hassani et al., arXiv 2104.05704), the
+    # plain ViT of that paper's CIFAR tables
+    "vit_lite7_patch4_32": dict(img_size=32, patch_size=4, embed_dim=256, depth=7, num_heads=4,
+                                mlp_ratio=2.0),
 }  # fmt: skip
 
 

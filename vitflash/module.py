@@ -136,6 +136,9 @@ class ViTModule(L.LightningModule):
         label_smoothing: of the cross-entropy (and of mixup's soft targets).
         mixup_alpha, cutmix_alpha, mixup_prob, mixup_switch_prob: timm's Mixup; both alphas
             0 turn mixing off.
+        mixup_off_epoch: the epoch (counted from 0) from which the images are no longer mixed,
+            as timm's train.py --mixup-off-epoch: the last epochs train on whole images, with
+            the same smoothed targets. None: mix to the end.
         compile: "auto", "false", "default" or "reduce-overhead": `torch.compile` of the model
             for training, applied in place at setup (state_dict keys do not change, so
             checkpoints load either way); see `resolve_compile`. Validation and test run the
@@ -168,6 +171,7 @@ class ViTModule(L.LightningModule):
         cutmix_alpha: float = 0.0,
         mixup_prob: float = 1.0,
         mixup_switch_prob: float = 0.5,
+        mixup_off_epoch: int | None = None,
         compile: str | bool | None = "auto",
         ema_decay: float | None = None,
         ema_warmup: bool = False,
@@ -198,6 +202,11 @@ class ViTModule(L.LightningModule):
             # in the network's mode, not the eval mode ModelEmaV3 leaves it in: Lightning warns of
             # modules in eval mode when fit starts, and puts all of them in eval mode to validate
             self.ema.train(self.model.training)
+        if mixup_off_epoch is not None and (isinstance(mixup_off_epoch, bool) or not isinstance(mixup_off_epoch, int)
+                                            or mixup_off_epoch < 0):
+            raise ValueError(f"model.mixup_off_epoch={mixup_off_epoch!r}: give a whole number of epochs >= 0 "
+                             "(the epoch, counted from 0, from which images are no longer mixed), or null to mix "
+                             "to the end")
         self.mixup = None
         if mixup_alpha > 0 or cutmix_alpha > 0:
             self.mixup = Mixup(
@@ -332,6 +341,10 @@ class ViTModule(L.LightningModule):
 
     def on_train_epoch_start(self) -> None:
         self._loss_sum, self._loss_count = None, 0  # nothing carried over from an epoch left unfinished
+        if self.mixup is not None:
+            # from the epoch alone, so a resumed run mixes exactly as an uninterrupted one
+            off = self.hparams.get("mixup_off_epoch")
+            self.mixup.mixup_enabled = off is None or self.current_epoch < off
 
     def on_train_epoch_end(self) -> None:
         # computed (and synchronized across DDP processes) once per epoch: logging the metric
