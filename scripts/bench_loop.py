@@ -19,6 +19,11 @@ Validation and checkpoints are off: they are per-epoch costs, not the loop under
 - loop GC ms: the time the interpreter spent in garbage collection (gc.callbacks) in each
   loop window: a collection of the oldest generation walks every object the process holds
   (compiled graphs and kernels included) and stalls the host for as long.
+- graph-step img/s (`--graph-step`, CUDA only): an eager copy of the model with the same weights
+  and an AdamW (fused, capturable, its LR a device tensor) run forward, cross-entropy, backward
+  and the optimizer step on the same batch as one CUDA graph, captured once and replayed per
+  step: what the step costs when the host launches one graph per step, the bound of capturing
+  the whole training step (the loop does not do this; the figure says what it would gain).
 - gpu_busy: the mean GPU utilization during the loop windows, from `nvidia-smi` sampling
   every 100 ms (NVML's share of time in which a kernel ran; torch.cuda.utilization()
   without nvidia-smi); null where it cannot be read.
@@ -39,7 +44,9 @@ import subprocess
 import tempfile
 import threading
 import time
+from contextlib import nullcontext
 from datetime import datetime
+from functools import partial
 from pathlib import Path
 
 import lightning as L
@@ -50,6 +57,7 @@ from hydra import compose, initialize_config_dir
 
 from bench_attention import command_line, environment, write_results  # scripts/ is on sys.path
 from train import build
+import vitflash
 from vitflash.module import COMPILE_CHOICES
 from vitflash.ops import ATTENTION_IMPLS
 
@@ -97,8 +105,10 @@ class LoopTimer(L.Callback):
     Results: `loop_s`, `bare_s` (seconds per window) and `windows` ((start, end) wall-clock
     times of the loop windows)."""
 
-    def __init__(self, warmup: int, steps: int, repeats: int, bare_warmup: int | None, profile: Path | None = None):
+    def __init__(self, warmup: int, steps: int, repeats: int, bare_warmup: int | None, profile: Path | None = None,
+                 graph_step: bool = False):
         self.warmup, self.steps, self.repeats, self.bare_warmup = warmup, steps, repeats, bare_warmup
+        self.graph_step = graph_step
         self.marks = {warmup - 1 + k * steps for k in range(repeats + 1)}  # batch ends that bound windows
         # one more window after the timed ones, under the profilers (its time is not reported)
         self.profile, self.profiled = profile, warmup - 1 + (repeats + 1) * steps
@@ -112,6 +122,8 @@ class LoopTimer(L.Callback):
         self.bare_s: list[float] = []
         self.loop_cpu_s: list[float] = []
         self.bare_cpu_s: list[float] = []
+        self.graph_s: list[float] = []
+        self.graph_cpu_s: list[float] = []
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         step = trainer.global_step - 1  # this batch's step, counted from 0
@@ -144,17 +156,25 @@ class LoopTimer(L.Callback):
         self.gc.stop()
         if self.bare_warmup is None:
             return
-        step = self._bare_step(trainer, pl_module)
+        self.bare_s, self.bare_cpu_s = self._time(self._bare_step(trainer, pl_module), pl_module.device)
+        if self.graph_step:
+            self.graph_s, self.graph_cpu_s = self._time(self._graph_step(trainer, pl_module), pl_module.device)
+
+    def _time(self, step, device: torch.device) -> tuple[list[float], list[float]]:
+        """(wall, CPU) seconds of each of `repeats` windows of `steps` calls of `step`, after
+        `bare_warmup` calls."""
         for _ in range(self.bare_warmup):
             step()
+        wall, cpu = [], []
         for _ in range(self.repeats):
-            sync(pl_module.device)
+            sync(device)
             start, start_cpu = time.perf_counter(), time.process_time()
             for _ in range(self.steps):
                 step()
-            sync(pl_module.device)
-            self.bare_s.append(time.perf_counter() - start)
-            self.bare_cpu_s.append(time.process_time() - start_cpu)
+            sync(device)
+            wall.append(time.perf_counter() - start)
+            cpu.append(time.process_time() - start_cpu)
+        return wall, cpu
 
     def _bare_step(self, trainer, module):
         x, y = self.batch
@@ -171,6 +191,50 @@ class LoopTimer(L.Callback):
             optimizer.zero_grad(set_to_none=True)
 
         return step
+
+
+    def _graph_step(self, trainer, module):
+        """The whole step (forward, loss, backward, AdamW) captured as one CUDA graph, on an eager
+        copy of the model: warmed up on a side stream (the flash autotuner's choices made there),
+        then captured once, as PyTorch's whole-network capture recipe does."""
+        hp = module.hparams
+        model = vitflash.create_model(hp.model_name, attention=module.model.attention, num_classes=hp.num_classes,
+                                      img_size=hp.img_size, drop_path_rate=hp.drop_path_rate)
+        model.load_state_dict(module.model.state_dict())
+        model.to(module.device).train()
+        lr = trainer.optimizers[0].param_groups[0]["lr"]
+        optimizer = torch.optim.AdamW(model.parameters(), lr=torch.tensor(float(lr), device=module.device),
+                                      fused=True, capturable=True)
+        x, y = (t.clone() for t in self.batch)
+        # the loop's autocast, without its cast cache: cached casts made during capture would be
+        # freed when the context exits (PyTorch's advice for autocast under graph capture)
+        precision = str(trainer.precision)
+        if precision == "bf16-mixed":
+            autocast = partial(torch.autocast, "cuda", dtype=torch.bfloat16, cache_enabled=False)
+        elif precision in ("32-true", "32"):
+            autocast = nullcontext
+        else:
+            raise ValueError(f"--graph-step times bf16-mixed or 32-bit steps, not precision {precision}: fp16 "
+                             "needs a gradient scaler, whose step waits for the GPU")
+
+        def one():
+            with autocast():
+                loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            optimizer.step()
+
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                optimizer.zero_grad(set_to_none=True)
+                one()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        optimizer.zero_grad(set_to_none=True)
+        with torch.cuda.graph(graph):
+            one()
+        return graph.replay
 
 
 def start_profilers():
@@ -297,7 +361,7 @@ def run_case(case: str, attention: str, compile_mode: str, args) -> dict:
         L.seed_everything(cfg.seed)
         torch.set_float32_matmul_precision(cfg.matmul_precision)
         timer = LoopTimer(args.warmup, args.steps, args.repeats, bare_warmup=max(args.warmup // 2, 2),
-                          profile=profile)
+                          profile=profile, graph_step=args.graph_step)
         datamodule, module, trainer = build(cfg, extra_callbacks=[timer])
         busy = GpuBusy()
         try:
@@ -308,6 +372,7 @@ def run_case(case: str, attention: str, compile_mode: str, args) -> dict:
     batch = cfg.data.batch_size
     loop = [batch * args.steps / s for s in timer.loop_s]
     bare = [batch * args.steps / s for s in timer.bare_s]
+    graph = [batch * args.steps / s for s in timer.graph_s]
     row = {
         "data": case, "model": cfg.model.model_name, "batch": batch, "attention": module.model.attention,
         "compile": compile_mode, "compile_mode": module.compile_mode or "eager",
@@ -318,6 +383,9 @@ def run_case(case: str, attention: str, compile_mode: str, args) -> dict:
         "loop_host_ms": [1e3 * s / args.steps for s in timer.loop_cpu_s],
         "step_host_ms": [1e3 * s / args.steps for s in timer.bare_cpu_s],
         "loop_gc_ms": [1e3 * s for s in timer.loop_gc_s],
+        # the whole step as one CUDA graph (--graph-step): null when not measured
+        "graph_step_img_per_s": statistics.median(graph) if graph else None, "graph_step_repeats": graph,
+        "graph_step_host_ms": [1e3 * s / args.steps for s in timer.graph_cpu_s],
         "overrides": overrides,
     }
     del datamodule, module, trainer, timer
@@ -341,16 +409,26 @@ def markdown(rows: list[dict], env: dict, command: str, args) -> str:
              "augmentation, callbacks and logger (no validation or checkpoints). Bare step: the same model and "
              "optimizer on one batch already on the device. GPU busy: nvidia-smi utilization during the loop. "
              "Host ms/step: the process's CPU time per step in the same windows. Loop GC ms: garbage "
-             "collection in each loop window.", "",
-             "| data | pipeline | model | batch | attention | compile | loop img/s | bare step img/s | loop/bare | GPU busy "
-             "| loop host ms/step | bare host ms/step | loop GC ms/window |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "collection in each loop window.", ""]
+    graphs = any(r.get("graph_step_repeats") for r in rows)
+    if graphs:
+        lines += ["Graph step: the same step on an eager copy of the model, forward, backward and a fused, "
+                  "capturable AdamW captured as one CUDA graph and replayed (`--graph-step`); host ms/step beside "
+                  "it.", ""]
+    head = ("| data | pipeline | model | batch | attention | compile | loop img/s | bare step img/s | loop/bare | "
+            "GPU busy | loop host ms/step | bare host ms/step | loop GC ms/window |")
+    lines += [head + (" graph step img/s | graph step host ms/step |" if graphs else ""),
+              "|---" * (13 + 2 * graphs) + "|"]
     for r in rows:
         busy = "n/a" if r["gpu_busy"] is None else f"{100 * r['gpu_busy']:.0f}%"
-        lines.append(f"| {r['data']} | {r['pipeline']} | {r['model']} | {r['batch']} | {r['attention']} | "
-                     f"{r['compile_mode']} | {spread(r['loop_repeats'])} | {spread(r['step_repeats'])} | "
-                     f"{r['ratio']:.2f} | {busy} | {spread(r['loop_host_ms'], 2)} | {spread(r['step_host_ms'], 2)} | "
-                     f"{spread(r['loop_gc_ms'], 1)} |")
+        line = (f"| {r['data']} | {r['pipeline']} | {r['model']} | {r['batch']} | {r['attention']} | "
+                f"{r['compile_mode']} | {spread(r['loop_repeats'])} | {spread(r['step_repeats'])} | "
+                f"{r['ratio']:.2f} | {busy} | {spread(r['loop_host_ms'], 2)} | {spread(r['step_host_ms'], 2)} | "
+                f"{spread(r['loop_gc_ms'], 1)} |")
+        if graphs:
+            line += (f" {spread(r['graph_step_repeats'])} | {spread(r['graph_step_host_ms'], 2)} |"
+                     if r.get("graph_step_repeats") else " n/a | n/a |")
+        lines.append(line)
     return "\n".join(lines) + "\n"
 
 
@@ -373,6 +451,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
                         help="after the timed windows, profile one more window of each case (torch.profiler and "
                              "cProfile) and write the tables and a trace into DIR")
     parser.add_argument("--profile-tag", default="", help="appended to the profile files' names")
+    parser.add_argument("--graph-step", action="store_true",
+                        help="also time the bare step captured whole (forward, backward, AdamW) as one CUDA graph "
+                             "(needs CUDA)")
     parser.add_argument("--quick", action="store_true",
                         help="one tiny case for a smoke test: synthetic data, vit_micro_patch4_32, b32, sdpa, eager")
     args = parser.parse_args(argv)
@@ -382,6 +463,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     args.compile = args.compile or (["false"] if args.quick else ["reduce-overhead", "false"])
     if min(args.warmup, args.steps, args.repeats) < 1:
         parser.error("--warmup, --steps and --repeats must be at least 1")
+    if args.graph_step and not torch.cuda.is_available():
+        parser.error("--graph-step captures a CUDA graph and needs a CUDA GPU: leave it out on this machine")
     if "flash" in args.attention and not torch.cuda.is_available():
         parser.error("attention flash needs a CUDA GPU: choose --attention sdpa naive on this machine")
 

@@ -47,9 +47,11 @@ def test_quick_run_writes_positive_rows(tmp_path, monkeypatch):
     assert row["ratio"] == pytest.approx(row["loop_img_per_s"] / row["step_img_per_s"])
     if not torch.cuda.is_available():
         assert row["gpu_busy"] is None
+    # the whole-step CUDA graph is timed only when asked for
+    assert row["graph_step_img_per_s"] is None and row["graph_step_repeats"] == row["graph_step_host_ms"] == []
     table = written.with_suffix(".md").read_text()
     assert "| synthetic | cpu | vit_micro_patch4_32 | 32 | sdpa | eager |" in table
-    assert "| loop host ms/step | bare host ms/step | loop GC ms/window |" in table
+    assert "| loop host ms/step | bare host ms/step | loop GC ms/window |\n" in table and "graph step" not in table
     # the case's GC callback is gone with it
     assert not any(isinstance(getattr(cb, "__self__", None), bench_loop.GcPauses) for cb in gc.callbacks)
 
@@ -65,3 +67,49 @@ def test_gc_pauses_count_collections(monkeypatch):
     assert pauses.collections == 2 and pauses.total_s > 0
     gc.collect()  # stopped: no longer counted
     assert pauses.collections == 2
+
+
+def test_graph_step_columns_only_where_measured(monkeypatch):
+    """The markdown gains the graph-step columns when a row has them, n/a in rows without."""
+    monkeypatch.syspath_prepend(str(SCRIPTS))
+    bench_loop = load_script("bench_loop")
+    base = {"data": "cifar10", "pipeline": "gpu", "model": "m", "batch": 128, "attention": "flash",
+            "compile_mode": "reduce-overhead", "loop_repeats": [1.0, 2.0, 3.0], "step_repeats": [4.0, 5.0, 6.0],
+            "ratio": 0.4, "gpu_busy": 0.5, "loop_host_ms": [9.0, 9.5, 10.0], "step_host_ms": [5.0, 5.1, 5.2],
+            "loop_gc_ms": [0.0, 0.1, 0.2], "graph_step_repeats": [], "graph_step_host_ms": []}
+    graphed = {**base, "attention": "naive", "graph_step_repeats": [7000.0, 8000.0, 9000.0],
+               "graph_step_host_ms": [1.0, 1.5, 2.0]}
+    args = type("Args", (), {"repeats": 3, "steps": 40, "warmup": 15})()
+    env = {k: "x" for k in ("gpu", "commit", "torch", "triton", "lightning", "timm", "cuda", "date")}
+    lines = bench_loop.markdown([base, graphed], env, "cmd", args).splitlines()
+    header = next(line for line in lines if line.startswith("| data |"))
+    assert header.endswith("| loop GC ms/window | graph step img/s | graph step host ms/step |")
+    rows = [line for line in lines if line.startswith("| cifar10 |")]
+    assert rows[0].endswith("| n/a | n/a |")
+    assert rows[1].endswith("| 8,000 (7,000-9,000) | 1.50 (1.00-2.00) |")
+    assert all(line.count("|") == header.count("|") for line in [*rows, lines[lines.index(header) + 1]])
+    assert bench_loop.markdown([base], env, "cmd", args).count("graph step") == 0
+
+
+def test_graph_step_needs_cuda(monkeypatch, capsys):
+    if torch.cuda.is_available():
+        pytest.skip("checks the refusal on a machine without CUDA")
+    monkeypatch.syspath_prepend(str(SCRIPTS))
+    bench_loop = load_script("bench_loop")
+    with pytest.raises(SystemExit) as exit_:
+        bench_loop.main(["--quick", "--graph-step"])
+    assert exit_.value.code == 2 and "--graph-step captures a CUDA graph and needs a CUDA GPU" in capsys.readouterr().err
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("attention", ["flash", "sdpa"])
+def test_graph_step_on_cuda(tmp_path, monkeypatch, attention):
+    """The whole step captured as one CUDA graph (flash's kernels inside it) replays and is timed."""
+    monkeypatch.syspath_prepend(str(SCRIPTS))
+    bench_loop = load_script("bench_loop")
+    (row,) = bench_loop.main(["--quick", "--graph-step", "--attention", attention, "--out", str(tmp_path)])
+    assert len(row["graph_step_repeats"]) == len(row["graph_step_host_ms"]) == 3
+    assert all(v > 0 for v in (*row["graph_step_repeats"], *row["graph_step_host_ms"]))
+    assert row["graph_step_img_per_s"] == statistics.median(row["graph_step_repeats"])
+    (table,) = tmp_path.glob("loop_*.md")
+    assert "graph step img/s" in table.read_text()
