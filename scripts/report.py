@@ -225,6 +225,9 @@ def summarize(pieces: list[Path], targets: tuple[float, ...] = ()) -> tuple[dict
         "seed": config.get("seed"),
         "epochs": int(max(epochs)) + 1 if epochs else None,
         "best_val_top1": max((c["val_top1"] for c in curves), default=None),
+        # data.val_size 0 (or a data module without it): validation scores the test split, so the
+        # best val top-1 is the best test score over the run
+        "val_split": "held out" if ((config.get("data") or {}).get("val_size") or 0) > 0 else "test",
         "test_top1": tests[-1]["test/top1"] if tests else None,
         "test_top5": tests[-1].get("test/top5") if tests else None,
         "img_per_s": _img_per_s(rows, pieces),
@@ -270,9 +273,15 @@ def markdown(summaries: list[dict]) -> str:
     lines.append("|---" * (len(columns) + len(targets) + 1) + "|")
     for s in summaries:
         cells = [_fmt(s[key], kind) for _, key, kind in columns]
+        if s.get("val_split") == "test" and s["best_val_top1"] is not None:
+            cells[columns.index(("best val top-1", "best_val_top1", "pct"))] += " *"
         cells += [_fmt(s["time_to_top1"][t], "s") for t in targets]
         cells.append(s["overrides"] or "(defaults)")
         lines.append("| " + " | ".join(cells) + " |")
+    if any(s.get("val_split") == "test" and s["best_val_top1"] is not None for s in summaries):
+        lines.append("\n\\* validated on the test split (`data.val_size=0`, or a dataset without a held-out "
+                     "split): the best val top-1 is the best test score over the run, and the tested checkpoint was "
+                     "chosen on the test split unless `callbacks.model_checkpoint.monitor=null` (the last).")
     return "\n".join(lines) + "\n"
 
 

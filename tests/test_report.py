@@ -97,6 +97,9 @@ def test_report_joins_the_resumed_run_and_reads_back(sweep, tmp_path):
 
     table = (out / "report.md").read_text()
     assert f"{100 * sdpa['test_top1']:.2f}%" in table and f"{100 * naive['test_top1']:.2f}%" in table
+    # the synthetic data has no held-out split: validation scored the test images, and the table says so
+    assert sdpa["val_split"] == naive["val_split"] == "test"
+    assert f"| {100 * sdpa['best_val_top1']:.2f}% * |" in table and "validated on the test split" in table
     curves = (out / "curves.csv").read_text().splitlines()
     assert len(curves) == 1 + 1 + 2  # header, one epoch of job 0, two of job 1 + resume
 
@@ -141,6 +144,15 @@ def test_a_piece_that_only_tested_keeps_the_earlier_pieces(sweep, tmp_path):
     for key in ("epochs", "best_val_top1", "train_wall_s", "img_per_s"):
         assert joined[key] == whole[key] and whole[key] is not None, key
     assert joined["test_top1"] == float(tested[-1]["test/top1"])
+
+
+def test_a_held_out_val_split_gets_no_mark():
+    row = {"run": "r", "dataset": "cifar10", "model": "m", "attention": "flash", "epochs": 3, "best_val_top1": 0.5,
+           "test_top1": 0.4, "test_top5": 0.9, "img_per_s": 100.0, "peak_gib": None, "train_wall_s": 10.0,
+           "time_to_top1": {}, "overrides": "", "val_split": "held out"}
+    table = report.markdown([row])
+    assert "| 50.00% |" in table and "*" not in table and "validated on the test split" not in table
+    assert "| 50.00% * |" in report.markdown([{**row, "val_split": "test"}])
 
 
 def test_report_names_a_folder_without_runs(tmp_path):
