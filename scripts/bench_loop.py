@@ -192,7 +192,6 @@ class LoopTimer(L.Callback):
 
         return step
 
-
     def _graph_step(self, trainer, module):
         """The whole step (forward, loss, backward, AdamW) captured as one CUDA graph, on an eager
         copy of the model: warmed up on a side stream (the flash autotuner's choices made there),
