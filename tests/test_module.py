@@ -475,3 +475,91 @@ def test_cuda_graphs_fit_without_host_syncs(tmp_path, attention):
     assert trap.graphs_in_validation == 0
     assert 0.0 <= float(trainer.callback_metrics["val/top1"]) <= 1.0
     assert torch.isfinite(torch.as_tensor(trainer.logged_metrics["train/loss_step"]))
+
+
+# --------------------------------------------------------------------------------------
+# model.graph_step: the whole step as one CUDA graph
+
+
+def test_graph_step_refuses_what_it_cannot_capture():
+    from vitflash.module import check_graph_step
+
+    good = dict(compile_mode="auto", cuda=True, precision="bf16-mixed", world_size=1, accumulate_grad_batches=1,
+                optimizer=torch.optim.AdamW)
+    check_graph_step(**good)  # the supported case passes
+    check_graph_step(**{**good, "compile_mode": False, "precision": "32-true", "optimizer": torch.optim.Adam})
+    cases = {
+        "cuda": (False, "needs a CUDA GPU"),
+        "compile_mode": ("reduce-overhead", "not with model.compile=reduce-overhead: set model.compile=false"),
+        "precision": ("16-mixed", "not trainer.precision=16-mixed"),
+        "world_size": (2, "runs on one device \\(2 processes here"),
+        "accumulate_grad_batches": (4, "not every 4 \\(trainer.accumulate_grad_batches\\)"),
+        "optimizer": (torch.optim.SGD, "not SGD: use optim=adamw"),
+    }
+    for key, (value, message) in cases.items():
+        with pytest.raises((ValueError, RuntimeError), match=message) as error:
+            check_graph_step(**{**good, key: value})
+        assert "model.graph_step=false" in str(error.value)
+    with pytest.raises(ValueError, match="model.graph_step='yes' is not true or false"):
+        make(graph_step="yes")
+
+
+def test_graph_step_without_cuda_stops_before_any_work(tmp_path):
+    if torch.cuda.is_available():
+        pytest.skip("checks the refusal on a machine without CUDA")
+    import vitflash
+
+    trainer = L.Trainer(accelerator="cpu", max_steps=2, logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path)
+    with pytest.raises(vitflash.SetupError, match="model.graph_step=true captures the training step as a CUDA graph"):
+        trainer.fit(make(graph_step=True), *loaders())
+    assert trainer.global_step == 0
+
+
+def _fit_on_gpu(tmp_path, graph_step: bool, ema: float | None = None):
+    """8 steps on the GPU from one seed, with mixup, clipping and the step's LR schedule; no
+    stochastic layers, so the captured and the eager step draw nothing that differs."""
+    L.seed_everything(0)
+    lrs = []
+
+    class LR(L.Callback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            lrs.append([float(g["lr"]) for g in trainer.optimizers[0].param_groups])
+
+    trainer = L.Trainer(accelerator="gpu", devices=1, precision="bf16-mixed", max_steps=8, logger=False,
+                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                        gradient_clip_val=1.0, callbacks=[LR()], limit_val_batches=0, default_root_dir=tmp_path)
+    module = ViTModule("vit_micro_patch4_32", num_classes=10, attention="flash", mixup_alpha=0.8, cutmix_alpha=1.0,
+                       compile=False, graph_step=graph_step, warmup_epochs=0.5, ema_decay=ema)
+    trainer.fit(module, loaders()[0])
+    return module, trainer, lrs
+
+
+@pytest.mark.gpu
+def test_graph_step_trains_as_the_eager_step(tmp_path):
+    eager, _, eager_lrs = _fit_on_gpu(tmp_path, graph_step=False)
+    graphed, trainer, graphed_lrs = _fit_on_gpu(tmp_path, graph_step=True)
+    assert graphed._whole_step is not None and graphed._whole_step.graph is not None  # captured, and replayed
+    assert trainer.global_step == 8
+    assert graphed_lrs == eager_lrs  # the schedule reached the graph's LR tensors
+    assert trainer.optimizers[0].defaults["capturable"] is True
+    for (name, a), b in zip(graphed.model.state_dict().items(), eager.model.state_dict().values()):
+        torch.testing.assert_close(a, b, rtol=2e-3, atol=2e-4, msg=name)
+
+
+@pytest.mark.gpu
+def test_graph_step_checkpoint_resumes_and_loads(tmp_path):
+    module, trainer, _ = _fit_on_gpu(tmp_path, graph_step=True, ema=0.99)
+    path = tmp_path / "graph.ckpt"
+    trainer.save_checkpoint(path)
+    loaded = load_checkpoint(path, attention="sdpa")  # the EMA's weights, on the CPU
+    x = torch.randn(4, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded.eval()(x), module.ema.module.set_attention("sdpa").cpu().eval()(x))
+    # resumed without the graph: the optimizer's tensor learning rates load into an eager fused AdamW
+    resumed = L.Trainer(accelerator="gpu", devices=1, precision="bf16-mixed", max_steps=12, logger=False,
+                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                        limit_val_batches=0, default_root_dir=tmp_path)
+    again = ViTModule("vit_micro_patch4_32", num_classes=10, attention="flash", compile=False, ema_decay=0.99)
+    resumed.fit(again, loaders()[0], ckpt_path=path)
+    assert resumed.global_step == 12

@@ -9,6 +9,7 @@ Lightning Trainer; see configs/trainer/.
 from __future__ import annotations
 
 import logging
+import warnings
 from contextlib import nullcontext
 from functools import partial
 from pathlib import Path
@@ -28,6 +29,7 @@ from torchmetrics import MetricCollection
 from torchmetrics.classification import MulticlassAccuracy
 
 import vitflash
+from vitflash.graph_step import WholeStepGraph
 from vitflash.ops import ATTENTION_IMPLS, check_attention_impl
 from vitflash.pretrained import EMA_PREFIX, read_checkpoint
 
@@ -97,6 +99,30 @@ def resolve_compile(mode: str | bool | None, cuda: bool, accumulate_grad_batches
     return None if mode == "false" else mode
 
 
+def check_graph_step(compile_mode, cuda: bool, precision: str, world_size: int, accumulate_grad_batches: int,
+                     optimizer) -> None:
+    """Raise a ValueError (SetupError without CUDA) where model.graph_step=true cannot run."""
+    fix = "or set model.graph_step=false"
+    if not cuda:
+        raise vitflash.SetupError(f"model.graph_step=true captures the training step as a CUDA graph and needs a "
+                                  f"CUDA GPU: run on one (trainer=gpu), {fix}")
+    if compile_mode not in ("auto", "false", False, None):
+        raise ValueError(f"model.graph_step=true runs the model eagerly inside its own CUDA graph, not with "
+                         f"model.compile={compile_mode}: set model.compile=false (or auto), {fix}")
+    if precision not in ("bf16-mixed", "32-true", "32"):
+        raise ValueError(f"model.graph_step=true runs in bf16-mixed or fp32, not trainer.precision={precision} (fp16's "
+                         f"gradient scaler reads the gradients' norm on the host): set trainer.precision=bf16-mixed, {fix}")
+    if world_size > 1:
+        raise ValueError(f"model.graph_step=true runs on one device ({world_size} processes here: DDP's gradient "
+                         f"all-reduce is not captured): use one GPU, {fix}")
+    if accumulate_grad_batches > 1:
+        raise ValueError(f"model.graph_step=true steps the optimizer every batch, not every "
+                         f"{accumulate_grad_batches} (trainer.accumulate_grad_batches): set it to 1, {fix}")
+    if optimizer not in (torch.optim.AdamW, torch.optim.Adam):
+        raise ValueError(f"model.graph_step=true captures a fused, capturable AdamW or Adam step, not "
+                         f"{getattr(optimizer, '__name__', optimizer)}: use optim=adamw, {fix}")
+
+
 def check_ema(decay: float | None, warmup: bool = False, sharded: bool = False) -> None:
     """Raise a ValueError unless `decay` is None (no EMA) or a number in (0, 1) and `warmup` a
     bool; and for an EMA under FSDP (`sharded`), where each process holds a shard of the
@@ -150,6 +176,11 @@ class ViTModule(L.LightningModule):
         ema_warmup: ModelEmaV3's use_warmup: the decay at optimizer step n is
             min(ema_decay, 1 - n ** (-2/3)) (0.999 at step 31,600); without it, 0 at step 1
             (a copy) and ema_decay after.
+        graph_step: run the whole training step (forward, loss, backward, clipping, AdamW) as
+            one CUDA graph replayed per batch (`vitflash.graph_step`): for small models at small
+            batches, where the host's work per step outlasts the GPU's. One CUDA device,
+            bf16-mixed or fp32, AdamW/Adam, the model eager (compile auto or false), no
+            gradient accumulation.
     """
 
     def __init__(
@@ -175,6 +206,7 @@ class ViTModule(L.LightningModule):
         compile: str | bool | None = "auto",
         ema_decay: float | None = None,
         ema_warmup: bool = False,
+        graph_step: bool = False,
     ):
         super().__init__()
         resolve_compile(compile, cuda=False)  # a bad value stops here, before the model is built
@@ -207,6 +239,11 @@ class ViTModule(L.LightningModule):
             raise ValueError(f"model.mixup_off_epoch={mixup_off_epoch!r}: give a whole number of epochs >= 0 "
                              "(the epoch, counted from 0, from which images are no longer mixed), or null to mix "
                              "to the end")
+        if not isinstance(graph_step, bool):
+            raise ValueError(f"model.graph_step={graph_step!r} is not true or false")
+        if graph_step and not torch.cuda.is_available():  # the rest is checked at setup, on the trainer
+            check_graph_step(compile, cuda=False, precision="", world_size=1, accumulate_grad_batches=1,
+                             optimizer=torch.optim.AdamW)
         self.mixup = None
         if mixup_alpha > 0 or cutmix_alpha > 0:
             self.mixup = Mixup(
@@ -233,6 +270,7 @@ class ViTModule(L.LightningModule):
         self._loss_sum: torch.Tensor | None = None
         self._loss_count = 0
         self._clip_params: list[nn.Parameter] | None = None  # what configure_gradient_clipping clips
+        self._whole_step: WholeStepGraph | None = None  # model.graph_step: made at the first training step
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """(B, 3, H, W) images -> (B, num_classes) logits."""
@@ -268,6 +306,15 @@ class ViTModule(L.LightningModule):
             if stage == "fit":
                 log.info("model.ema_decay=%g: validation and test evaluate the EMA of the weights; the best "
                          "checkpoint is chosen on it", self.hparams.ema_decay)
+        if self.hparams.get("graph_step") and stage == "fit":
+            check_graph_step(self.hparams.compile, cuda=on_cuda, precision=str(self.trainer.precision),
+                             world_size=self.trainer.world_size,
+                             accumulate_grad_batches=self.trainer.accumulate_grad_batches,
+                             optimizer=getattr(self.optimizer_factory, "func", self.optimizer_factory))
+            log.info("model.graph_step=true: the whole training step runs as one CUDA graph, the model eager")
+            # the step hands Lightning no loss on purpose: its backward and optimizer step are in the graph
+            warnings.filterwarnings("ignore", message=r"`training_step` returned `None`")
+            return
         mode = resolve_compile(self.hparams.compile, cuda=on_cuda,
                                accumulate_grad_batches=self.trainer.accumulate_grad_batches,
                                sharded=isinstance(self.trainer.strategy, FSDPStrategy))
@@ -297,8 +344,13 @@ class ViTModule(L.LightningModule):
         target = y
         if self.mixup is not None:
             x, target = self.mixup(x, y)  # target: (B, num_classes) soft labels
-        logits = self(x)
-        loss = self.train_loss(logits, target)
+        if self.hparams.get("graph_step"):
+            # forward, backward and the update, replayed: nothing is left for Lightning to do
+            # (returning None skips its backward; optimizer_step below skips its step)
+            logits, loss = self._graph_step().step(x, target)
+        else:
+            logits = self(x)
+            loss = self.train_loss(logits, target)
         # against the unmixed labels (a rough guide under mixup); read now, before the next
         # replay of a CUDA graph could overwrite the logits
         self.train_metrics.update(logits, y)
@@ -307,8 +359,19 @@ class ViTModule(L.LightningModule):
         self._loss_sum.add_(loss.detach(), alpha=len(x))  # weighted by the batch size, as Lightning's mean
         self._loss_count += len(x)
         if self._logs_this_step():
-            self.log("train/loss_step", loss)
-        return loss
+            self.log("train/loss_step", loss.clone())  # a copy: the next replay overwrites the graph's output
+        return None if self.hparams.get("graph_step") else loss
+
+    def _graph_step(self) -> WholeStepGraph:
+        if self._whole_step is None:
+            trainer = self.trainer
+            clip = None
+            if trainer.gradient_clip_val:
+                clip = (float(trainer.gradient_clip_val), trainer.gradient_clip_algorithm or "norm")
+            half = str(trainer.precision) == "bf16-mixed"
+            self._whole_step = WholeStepGraph(self.model, self.train_loss, self.optimizers(use_pl_optimizer=False),
+                                              clip, torch.bfloat16 if half else None)
+        return self._whole_step
 
     def _logs_this_step(self) -> bool:
         """Whether the logger writes this training step (as Lightning decides for on_step values)."""
@@ -384,7 +447,10 @@ class ViTModule(L.LightningModule):
                 and "fused" not in factory.keywords and "foreach" not in factory.keywords
                 and str(self.trainer.precision) not in ("16-mixed", "16")):
             factory = partial(factory, fused=True)
+        if hp.get("graph_step") and self.device.type == "cuda":
+            factory = partial(self.optimizer_factory, fused=True, capturable=True)  # its step inside the graph
         optimizer = factory(groups)
+        self._whole_step = None  # a new optimizer: captured again at the next fit's first steps
 
         total = int(self.trainer.estimated_stepping_batches)
         epochs = self.trainer.max_epochs if self.trainer.max_epochs and self.trainer.max_epochs > 0 else 1
@@ -404,6 +470,8 @@ class ViTModule(L.LightningModule):
         is never chosen under fp16) the gradients are the true ones: clip them directly.
         Under FSDP each process holds a shard of the gradients, so the norm is FSDP's own
         (an all-reduce of the shards' norms), which Lightning's FSDP precision does not call."""
+        if self.hparams.get("graph_step"):
+            return  # clipped inside the captured step
         if (gradient_clip_val and gradient_clip_algorithm in (None, "norm")
                 and isinstance(self.trainer.model, FullyShardedDataParallel)):
             self.trainer.model.clip_grad_norm_(gradient_clip_val)
@@ -423,7 +491,10 @@ class ViTModule(L.LightningModule):
             torch.nn.utils.clip_grad_value_(params, gradient_clip_val)
 
     def optimizer_step(self, epoch: int, batch_idx: int, optimizer, optimizer_closure=None) -> None:
-        super().optimizer_step(epoch, batch_idx, optimizer, optimizer_closure)
+        if self.hparams.get("graph_step"):
+            optimizer_closure()  # training_step: the update, replayed as part of the step's graph
+        else:
+            super().optimizer_step(epoch, batch_idx, optimizer, optimizer_closure)
         if self.ema is not None:
             # Once per optimizer step: Lightning calls this hook only at the last batch of an
             # accumulation. The step of ModelEmaV3's decay counts this one, as timm's train.py
@@ -436,6 +507,8 @@ class ViTModule(L.LightningModule):
     def lr_scheduler_step(self, scheduler: CosineLRScheduler, metric=None) -> None:
         # timm schedulers are driven by the number of optimizer updates, which also resumes right
         scheduler.step_update(num_updates=self.global_step)
+        if self._whole_step is not None:
+            self._whole_step.sync_lrs()  # the schedule writes floats; the graph reads its tensors
 
     # On resume the schedule is re-planned from the current config: timm's scheduler is a pure
     # function of (plan, step), so the plan that configure_optimizers just made is kept and the

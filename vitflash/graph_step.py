@@ -1,0 +1,107 @@
+"""The whole training step as one CUDA graph: forward, loss, backward, clipping and the
+optimizer's update, captured once and replayed for every batch (`model.graph_step=true`).
+
+A small ViT at a small batch is bound by the host: even compiled with CUDA graphs
+(`model.compile=reduce-overhead`, which captures the forward and the backward), the host
+still walks the autograd engine, the optimizer's parameter lists and the clipping for every
+step, longer than the GPU takes to run them. Captured whole, a step costs the host one
+replay. This follows PyTorch's recipe for whole-network capture: a few eager steps on a side
+stream (allocations settled, the flash autotuner's choices made), then a capture with the
+gradients unset, so that each replay writes them afresh; the optimizer is capturable and
+its learning rates are device tensors, which the LR schedule fills in place.
+
+What stays outside the graph: the data, mixup/cutmix (drawn per batch on the host), the
+metrics and the EMA. One device, one batch shape (the gpu data pipeline drops the last
+partial batch), no gradient accumulation, bf16-mixed or fp32.
+"""
+from __future__ import annotations
+
+from contextlib import nullcontext
+from functools import partial
+from typing import Callable
+
+import torch
+import torch.nn as nn
+
+WARMUP_STEPS = 3  # eager steps before the capture, as PyTorch's recipe does
+
+
+class WholeStepGraph:
+    """Runs `step(x, target) -> (logits, loss)`: the update of `model` by `optimizer` on one batch,
+    eagerly for the first WARMUP_STEPS calls, then from a CUDA graph captured at the next.
+
+    Args:
+        model: the network, on the GPU, in train mode.
+        loss_fn: (logits, target) -> scalar loss.
+        optimizer: built with capturable=True (e.g. a fused AdamW); its learning rates become
+            device tensors here (see `sync_lrs`).
+        clip: (value, "norm" or "value") of the gradient clipping, or None.
+        autocast_dtype: torch.bfloat16 under bf16-mixed, None in fp32.
+    """
+
+    def __init__(self, model: nn.Module, loss_fn: Callable, optimizer: torch.optim.Optimizer,
+                 clip: tuple[float, str] | None, autocast_dtype: torch.dtype | None):
+        self.model, self.loss_fn, self.optimizer, self.clip = model, loss_fn, optimizer, clip
+        # autocast without its cast cache: casts cached during the capture would be freed when
+        # the context exits (PyTorch's advice for autocast under graph capture)
+        self.autocast = (partial(torch.autocast, "cuda", dtype=autocast_dtype, cache_enabled=False)
+                         if autocast_dtype is not None else nullcontext)
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.lrs: list[torch.Tensor] = []
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.static: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.outputs: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.eager_steps = 0
+
+    def sync_lrs(self) -> None:
+        """Each param group's learning rate as a device tensor, holding the value the LR
+        schedule last wrote (a float): the graph reads the tensors it was captured with."""
+        groups = self.optimizer.param_groups
+        if not self.lrs:
+            device = self.params[0].device
+            self.lrs = [torch.tensor(float(g["lr"]), dtype=torch.float32, device=device) for g in groups]
+        for group, lr in zip(groups, self.lrs):
+            if group["lr"] is not lr:
+                lr.fill_(float(group["lr"]))
+                group["lr"] = lr
+
+    def _body(self, x: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        with self.autocast():
+            logits = self.model(x)
+            loss = self.loss_fn(logits, target)
+        loss.backward()
+        if self.clip is not None:
+            value, algorithm = self.clip
+            if algorithm == "value":
+                torch.nn.utils.clip_grad_value_(self.params, value, foreach=True)
+            else:  # no error_if_nonfinite: that check reads the norm on the host
+                torch.nn.utils.clip_grad_norm_(self.params, value, foreach=True)
+        self.optimizer.step()
+        return logits.detach(), loss.detach()
+
+    def step(self, x: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        self.sync_lrs()
+        if self.graph is None and self.eager_steps < WARMUP_STEPS:
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                self.optimizer.zero_grad(set_to_none=True)
+                out = self._body(x, target)
+            torch.cuda.current_stream().wait_stream(side)
+            self.eager_steps += 1
+            return out
+        if self.graph is None:
+            self.static = (x.clone(), target.clone())
+            self.optimizer.zero_grad(set_to_none=True)  # the graph allocates and writes the gradients
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph):
+                self.outputs = self._body(*self.static)
+        static_x, static_target = self.static
+        if x.shape != static_x.shape or target.shape != static_target.shape:
+            raise ValueError(
+                f"model.graph_step=true replays one captured step, for batches of {tuple(static_x.shape)}, and got "
+                f"{tuple(x.shape)}: drop the last partial batch (the gpu data pipeline does) or set model.graph_step=false")
+        static_x.copy_(x)
+        static_target.copy_(target)
+        self.graph.replay()
+        return self.outputs
