@@ -493,6 +493,7 @@ def test_graph_step_refuses_what_it_cannot_capture():
         "compile_mode": ("reduce-overhead", "not with model.compile=reduce-overhead: set model.compile=false"),
         "precision": ("16-mixed", "not trainer.precision=16-mixed"),
         "world_size": (2, "runs on one device \\(2 processes here"),
+        "sharded": (True, "cannot run under trainer=fsdp"),
         "accumulate_grad_batches": (4, "not every 4 \\(trainer.accumulate_grad_batches\\)"),
         "optimizer": (torch.optim.SGD, "not SGD: use optim=adamw"),
     }

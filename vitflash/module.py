@@ -100,7 +100,7 @@ def resolve_compile(mode: str | bool | None, cuda: bool, accumulate_grad_batches
 
 
 def check_graph_step(compile_mode, cuda: bool, precision: str, world_size: int, accumulate_grad_batches: int,
-                     optimizer) -> None:
+                     optimizer, sharded: bool = False) -> None:
     """Raise a ValueError (SetupError without CUDA) where model.graph_step=true cannot run."""
     fix = "or set model.graph_step=false"
     if not cuda:
@@ -112,6 +112,9 @@ def check_graph_step(compile_mode, cuda: bool, precision: str, world_size: int, 
     if precision not in ("bf16-mixed", "32-true", "32"):
         raise ValueError(f"model.graph_step=true runs in bf16-mixed or fp32, not trainer.precision={precision} (fp16's "
                          f"gradient scaler reads the gradients' norm on the host): set trainer.precision=bf16-mixed, {fix}")
+    if sharded:
+        raise ValueError(f"model.graph_step=true cannot run under trainer=fsdp (FSDP gathers and frees the weights "
+                         f"at every step, while a CUDA graph replays the addresses it recorded): use one GPU, {fix}")
     if world_size > 1:
         raise ValueError(f"model.graph_step=true runs on one device ({world_size} processes here: DDP's gradient "
                          f"all-reduce is not captured): use one GPU, {fix}")
@@ -309,6 +312,7 @@ class ViTModule(L.LightningModule):
         if self.hparams.get("graph_step") and stage == "fit":
             check_graph_step(self.hparams.compile, cuda=on_cuda, precision=str(self.trainer.precision),
                              world_size=self.trainer.world_size,
+                             sharded=isinstance(self.trainer.strategy, FSDPStrategy),
                              accumulate_grad_batches=self.trainer.accumulate_grad_batches,
                              optimizer=getattr(self.optimizer_factory, "func", self.optimizer_factory))
             log.info("model.graph_step=true: the whole training step runs as one CUDA graph, the model eager")
