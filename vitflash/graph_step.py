@@ -94,7 +94,9 @@ class WholeStepGraph:
             self.static = (x.clone(), target.clone())
             self.optimizer.zero_grad(set_to_none=True)  # the graph allocates and writes the gradients
             self.graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(self.graph):
+            # thread_local: the gpu data pipeline's loader thread may pin memory or wait on an
+            # event while this thread captures (global mode would fail the capture for it)
+            with torch.cuda.graph(self.graph, capture_error_mode="thread_local"):
                 self.outputs = self._body(*self.static)
         static_x, static_target = self.static
         if x.shape != static_x.shape or target.shape != static_target.shape:
