@@ -20,10 +20,9 @@ Validation and checkpoints are off: they are per-epoch costs, not the loop under
   loop window: a collection of the oldest generation walks every object the process holds
   (compiled graphs and kernels included) and stalls the host for as long.
 - graph-step img/s (`--graph-step`, CUDA only): an eager copy of the model with the same weights
-  and an AdamW (fused, capturable, its LR a device tensor) run forward, cross-entropy, backward
-  and the optimizer step on the same batch as one CUDA graph, captured once and replayed per
-  step: what the step costs when the host launches one graph per step, the bound of capturing
-  the whole training step (the loop does not do this; the figure says what it would gain).
+  and a fused, capturable AdamW run forward, cross-entropy, backward and the optimizer step on
+  the same batch as one CUDA graph, as `model.graph_step=true` does (`vitflash.graph_step`):
+  what the bare step costs when the host launches one graph per step.
 - gpu_busy: the mean GPU utilization during the loop windows, from `nvidia-smi` sampling
   every 100 ms (NVML's share of time in which a kernel ran; torch.cuda.utilization()
   without nvidia-smi); null where it cannot be read.
@@ -44,9 +43,7 @@ import subprocess
 import tempfile
 import threading
 import time
-from contextlib import nullcontext
 from datetime import datetime
-from functools import partial
 from pathlib import Path
 
 import lightning as L
@@ -58,6 +55,7 @@ from hydra import compose, initialize_config_dir
 from bench_attention import command_line, environment, write_results  # scripts/ is on sys.path
 from train import build
 import vitflash
+from vitflash.graph_step import WARMUP_STEPS, WholeStepGraph
 from vitflash.module import COMPILE_CHOICES
 from vitflash.ops import ATTENTION_IMPLS
 
@@ -193,47 +191,26 @@ class LoopTimer(L.Callback):
         return step
 
     def _graph_step(self, trainer, module):
-        """The whole step (forward, loss, backward, AdamW) captured as one CUDA graph, on an eager
-        copy of the model: warmed up on a side stream (the flash autotuner's choices made there),
-        then captured once, as PyTorch's whole-network capture recipe does."""
+        """The whole step (forward, loss, backward, AdamW) as one CUDA graph, as model.graph_step
+        runs it (`vitflash.graph_step.WholeStepGraph`), on an eager copy of the model with a fused,
+        capturable AdamW: three eager steps, the capture, then a replay per call."""
+        precision = str(trainer.precision)
+        if precision not in ("bf16-mixed", "32-true", "32"):
+            raise ValueError(f"--graph-step times bf16-mixed or 32-bit steps, not precision {precision}: fp16 "
+                             "needs a gradient scaler, whose step waits for the GPU")
         hp = module.hparams
         model = vitflash.create_model(hp.model_name, attention=module.model.attention, num_classes=hp.num_classes,
                                       img_size=hp.img_size, drop_path_rate=hp.drop_path_rate)
         model.load_state_dict(module.model.state_dict())
         model.to(module.device).train()
-        lr = trainer.optimizers[0].param_groups[0]["lr"]
-        optimizer = torch.optim.AdamW(model.parameters(), lr=torch.tensor(float(lr), device=module.device),
-                                      fused=True, capturable=True)
-        x, y = (t.clone() for t in self.batch)
-        # the loop's autocast, without its cast cache: cached casts made during capture would be
-        # freed when the context exits (PyTorch's advice for autocast under graph capture)
-        precision = str(trainer.precision)
-        if precision == "bf16-mixed":
-            autocast = partial(torch.autocast, "cuda", dtype=torch.bfloat16, cache_enabled=False)
-        elif precision in ("32-true", "32"):
-            autocast = nullcontext
-        else:
-            raise ValueError(f"--graph-step times bf16-mixed or 32-bit steps, not precision {precision}: fp16 "
-                             "needs a gradient scaler, whose step waits for the GPU")
-
-        def one():
-            with autocast():
-                loss = F.cross_entropy(model(x), y)
-            loss.backward()
-            optimizer.step()
-
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(3):
-                optimizer.zero_grad(set_to_none=True)
-                one()
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        optimizer.zero_grad(set_to_none=True)
-        with torch.cuda.graph(graph):
-            one()
-        return graph.replay
+        lr = float(trainer.optimizers[0].param_groups[0]["lr"])
+        optimizer = torch.optim.AdamW(model.parameters(), lr=lr, fused=True, capturable=True)
+        whole = WholeStepGraph(model, F.cross_entropy, optimizer, clip=None,
+                               autocast_dtype=torch.bfloat16 if precision == "bf16-mixed" else None)
+        x, y = self.batch
+        for _ in range(WARMUP_STEPS + 1):  # the eager steps and the capture, before any timed window
+            whole.step(x, y)
+        return lambda: whole.step(x, y)
 
 
 def start_profilers():
