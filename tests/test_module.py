@@ -542,7 +542,9 @@ def test_graph_step_trains_as_the_eager_step(tmp_path):
     graphed, trainer, graphed_lrs = _fit_on_gpu(tmp_path, graph_step=True)
     assert graphed._whole_step is not None and graphed._whole_step.graph is not None  # captured, and replayed
     assert trainer.global_step == 8
-    assert graphed_lrs == eager_lrs  # the schedule reached the graph's LR tensors
+    # the schedule reached the graph's LR tensors (float32 there)
+    assert sum(graphed_lrs, []) == pytest.approx(sum(eager_lrs, []), rel=1e-6)
+    assert len(set(sum(eager_lrs, []))) > 2  # the warmup moved the LR
     assert trainer.optimizers[0].defaults["capturable"] is True
     for (name, a), b in zip(graphed.model.state_dict().items(), eager.model.state_dict().values()):
         torch.testing.assert_close(a, b, rtol=2e-3, atol=2e-4, msg=name)
