@@ -55,7 +55,7 @@ from hydra import compose, initialize_config_dir
 from bench_attention import command_line, environment, write_results  # scripts/ is on sys.path
 from train import build
 import vitflash
-from vitflash.graph_step import WARMUP_STEPS, WholeStepGraph
+from vitflash.graph_step import AUTOCAST, WARMUP_STEPS, WholeStepGraph
 from vitflash.module import COMPILE_CHOICES
 from vitflash.ops import ATTENTION_IMPLS
 
@@ -195,7 +195,7 @@ class LoopTimer(L.Callback):
         runs it (`vitflash.graph_step.WholeStepGraph`), on an eager copy of the model with a fused,
         capturable AdamW: three eager steps, the capture, then a replay per call."""
         precision = str(trainer.precision)
-        if precision not in ("bf16-mixed", "32-true", "32"):
+        if precision not in AUTOCAST:
             raise ValueError(f"--graph-step times bf16-mixed or 32-bit steps, not precision {precision}: fp16 "
                              "needs a gradient scaler, whose step waits for the GPU")
         hp = module.hparams
@@ -205,8 +205,7 @@ class LoopTimer(L.Callback):
         model.to(module.device).train()
         lr = float(trainer.optimizers[0].param_groups[0]["lr"])
         optimizer = torch.optim.AdamW(model.parameters(), lr=lr, fused=True, capturable=True)
-        whole = WholeStepGraph(model, F.cross_entropy, optimizer, clip=None,
-                               autocast_dtype=torch.bfloat16 if precision == "bf16-mixed" else None)
+        whole = WholeStepGraph(model, F.cross_entropy, optimizer, clip=None, precision=precision)
         x, y = self.batch
         for _ in range(WARMUP_STEPS + 1):  # the eager steps and the capture, before any timed window
             whole.step(x, y)

@@ -24,6 +24,9 @@ import torch
 import torch.nn as nn
 
 WARMUP_STEPS = 3  # eager steps before the capture, as PyTorch's recipe does
+# the trainer precisions a captured step runs in, and their autocast dtype (fp16's gradient
+# scaler reads the gradients' norm on the host, which a graph cannot)
+AUTOCAST: dict[str, torch.dtype | None] = {"bf16-mixed": torch.bfloat16, "32-true": None, "32": None}
 
 
 class WholeStepGraph:
@@ -36,12 +39,13 @@ class WholeStepGraph:
         optimizer: built with capturable=True (e.g. a fused AdamW); its learning rates become
             device tensors here (see `sync_lrs`).
         clip: (value, "norm" or "value") of the gradient clipping, or None.
-        autocast_dtype: torch.bfloat16 under bf16-mixed, None in fp32.
+        precision: the trainer's, one of AUTOCAST's keys.
     """
 
     def __init__(self, model: nn.Module, loss_fn: Callable, optimizer: torch.optim.Optimizer,
-                 clip: tuple[float, str] | None, autocast_dtype: torch.dtype | None):
+                 clip: tuple[float, str] | None, precision: str):
         self.model, self.loss_fn, self.optimizer, self.clip = model, loss_fn, optimizer, clip
+        autocast_dtype = AUTOCAST[precision]
         # autocast without its cast cache: casts cached during the capture would be freed when
         # the context exits (PyTorch's advice for autocast under graph capture)
         self.autocast = (partial(torch.autocast, "cuda", dtype=autocast_dtype, cache_enabled=False)

@@ -29,7 +29,7 @@ from torchmetrics import MetricCollection
 from torchmetrics.classification import MulticlassAccuracy
 
 import vitflash
-from vitflash.graph_step import WholeStepGraph
+from vitflash.graph_step import AUTOCAST, WholeStepGraph
 from vitflash.ops import ATTENTION_IMPLS, check_attention_impl
 from vitflash.pretrained import EMA_PREFIX, read_checkpoint
 
@@ -109,7 +109,7 @@ def check_graph_step(compile_mode, cuda: bool, precision: str, world_size: int, 
     if compile_mode not in ("auto", "false", False, None):
         raise ValueError(f"model.graph_step=true runs the model eagerly inside its own CUDA graph, not with "
                          f"model.compile={compile_mode}: set model.compile=false (or auto), {fix}")
-    if precision not in ("bf16-mixed", "32-true", "32"):
+    if precision not in AUTOCAST:
         raise ValueError(f"model.graph_step=true runs in bf16-mixed or fp32, not trainer.precision={precision} (fp16's "
                          f"gradient scaler reads the gradients' norm on the host): set trainer.precision=bf16-mixed, {fix}")
     if sharded:
@@ -372,9 +372,8 @@ class ViTModule(L.LightningModule):
             clip = None
             if trainer.gradient_clip_val:
                 clip = (float(trainer.gradient_clip_val), trainer.gradient_clip_algorithm or "norm")
-            half = str(trainer.precision) == "bf16-mixed"
             self._whole_step = WholeStepGraph(self.model, self.train_loss, self.optimizers(use_pl_optimizer=False),
-                                              clip, torch.bfloat16 if half else None)
+                                              clip, str(trainer.precision))
         return self._whole_step
 
     def _logs_this_step(self) -> bool:
