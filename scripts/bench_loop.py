@@ -19,7 +19,8 @@ Validation and checkpoints are off: they are per-epoch costs, not the loop under
 - loop GC ms: the time the interpreter spent in garbage collection (gc.callbacks) in each
   loop window: a collection of the oldest generation walks every object the process holds
   (compiled graphs and kernels included) and stalls the host for as long.
-- graph-step img/s (`--graph-step`, CUDA only): an eager copy of the model with the same weights
+- graph-step img/s (`--graph-step`, CUDA only): a copy of the model with the same weights (eager,
+  or compiled without CUDA graphs of its own where the case's compile mode is default)
   and a fused, capturable AdamW run forward, cross-entropy, backward and the optimizer step on
   the same batch as one CUDA graph, as `model.graph_step=true` does (`vitflash.graph_step`):
   what the bare step costs when the host launches one graph per step.
@@ -192,8 +193,9 @@ class LoopTimer(L.Callback):
 
     def _graph_step(self, trainer, module):
         """The whole step (forward, loss, backward, AdamW) as one CUDA graph, as model.graph_step
-        runs it (`vitflash.graph_step.WholeStepGraph`), on an eager copy of the model with a fused,
-        capturable AdamW: three eager steps, the capture, then a replay per call."""
+        runs it (`vitflash.graph_step.WholeStepGraph`), on a copy of the model (eager, or compiled
+        without CUDA graphs where the loop's compile mode is default) with a fused, capturable
+        AdamW: three eager steps, the capture, then a replay per call."""
         precision = str(trainer.precision)
         if precision not in AUTOCAST:
             raise ValueError(f"--graph-step times bf16-mixed or 32-bit steps, not precision {precision}: fp16 "
@@ -203,6 +205,8 @@ class LoopTimer(L.Callback):
                                       img_size=hp.img_size, drop_path_rate=hp.drop_path_rate)
         model.load_state_dict(module.model.state_dict())
         model.to(module.device).train()
+        if module.compile_mode == "default":  # as model.graph_step=true model.compile=default runs it
+            model.compile(mode="default")
         lr = float(trainer.optimizers[0].param_groups[0]["lr"])
         optimizer = torch.optim.AdamW(model.parameters(), lr=lr, fused=True, capturable=True)
         whole = WholeStepGraph(model, F.cross_entropy, optimizer, clip=None, precision=precision)

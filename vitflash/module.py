@@ -106,9 +106,10 @@ def check_graph_step(compile_mode, cuda: bool, precision: str, world_size: int, 
     if not cuda:
         raise vitflash.SetupError(f"model.graph_step=true captures the training step as a CUDA graph and needs a "
                                   f"CUDA GPU: run on one (trainer=gpu), {fix}")
-    if compile_mode not in ("auto", "false", False, None):
-        raise ValueError(f"model.graph_step=true runs the model eagerly inside its own CUDA graph, not with "
-                         f"model.compile={compile_mode}: set model.compile=false (or auto), {fix}")
+    if compile_mode not in ("auto", "false", False, None, "default"):
+        raise ValueError(f"model.graph_step=true captures the step in its own CUDA graph, which cannot hold "
+                         f"model.compile={compile_mode}'s CUDA graphs: set model.compile=false (eager model) or "
+                         f"default (the compiled model inside the captured step), {fix}")
     if precision not in AUTOCAST:
         raise ValueError(f"model.graph_step=true runs in bf16-mixed or fp32, not trainer.precision={precision} (fp16's "
                          f"gradient scaler reads the gradients' norm on the host): set trainer.precision=bf16-mixed, {fix}")
@@ -182,8 +183,10 @@ class ViTModule(L.LightningModule):
         graph_step: run the whole training step (forward, loss, backward, clipping, AdamW) as
             one CUDA graph replayed per batch (`vitflash.graph_step`): for small models at small
             batches, where the host's work per step outlasts the GPU's. One CUDA device,
-            bf16-mixed or fp32, AdamW/Adam, the model eager (compile auto or false), no
-            gradient accumulation.
+            bf16-mixed or fp32, AdamW/Adam, no gradient accumulation. The model runs eager
+            (compile auto or false) or compiled without CUDA graphs of its own (compile
+            default: inductor's fused kernels inside the captured step, for larger batches
+            where the GPU's work, not the host's, sets the pace).
     """
 
     def __init__(
@@ -315,7 +318,13 @@ class ViTModule(L.LightningModule):
                              sharded=isinstance(self.trainer.strategy, FSDPStrategy),
                              accumulate_grad_batches=self.trainer.accumulate_grad_batches,
                              optimizer=getattr(self.optimizer_factory, "func", self.optimizer_factory))
-            log.info("model.graph_step=true: the whole training step runs as one CUDA graph, the model eager")
+            if self.hparams.compile == "default" and self.compile_mode is None:
+                # compiled without CUDA graphs of its own: the kernels inductor makes (fused
+                # elementwise ops, the flash op) are launched inside the whole step's graph
+                self.model.compile(mode="default")
+                self.compile_mode = "default"
+            log.info("model.graph_step=true: the whole training step runs as one CUDA graph, the model %s",
+                     "compiled (torch.compile mode='default')" if self.compile_mode else "eager")
             # the step hands Lightning no loss on purpose: its backward and optimizer step are in the graph
             warnings.filterwarnings("ignore", message=r"`training_step` returned `None`")
             return
