@@ -24,6 +24,10 @@ Validation and checkpoints are off: they are per-epoch costs, not the loop under
   and a fused, capturable AdamW run forward, cross-entropy, backward and the optimizer step on
   the same batch as one CUDA graph, as `model.graph_step=true` does (`vitflash.graph_step`):
   what the bare step costs when the host launches one graph per step.
+- `--loop-graph-step`: the loop runs with model.graph_step=true (the whole training step as one
+  CUDA graph) in the cases compiled `false` or `default`; the compile column says "+ graph step".
+  Where a case is measured in several modes, a last table sets the fastest loop against the
+  fastest bare step of any mode (bare or graph step) of the same model, batch and attention.
 - gpu_busy: the mean GPU utilization during the loop windows, from `nvidia-smi` sampling
   every 100 ms (NVML's share of time in which a kernel ran; torch.cuda.utilization()
   without nvidia-smi); null where it cannot be read.
@@ -314,6 +318,9 @@ class GpuBusy:
         return statistics.mean(inside) / 100 if inside else None
 
 
+GRAPH_STEP_COMPILE = ("false", "default")  # model.compile values that model.graph_step=true runs with
+
+
 def compose_case(case: str, attention: str, compile_mode: str, args, out_dir: Path, max_steps: int):
     model, batch, overrides = CASES[case]
     overrides = [
@@ -327,6 +334,8 @@ def compose_case(case: str, attention: str, compile_mode: str, args, out_dir: Pa
         overrides.append(f"paths.data_dir={args.data_root}")
     if args.pipeline:
         overrides.append(f"data.pipeline={args.pipeline}")
+    if getattr(args, "loop_graph_step", False) and compile_mode in GRAPH_STEP_COMPILE:
+        overrides.append("model.graph_step=true")
     overrides += args.override
     with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
         return compose("train", overrides=overrides), overrides
@@ -355,6 +364,8 @@ def run_case(case: str, attention: str, compile_mode: str, args) -> dict:
     row = {
         "data": case, "model": cfg.model.model_name, "batch": batch, "attention": module.model.attention,
         "compile": compile_mode, "compile_mode": module.compile_mode or "eager",
+        # the loop ran the whole step as one CUDA graph (model.graph_step=true, --loop-graph-step)
+        "loop_graph_step": bool(module.hparams.get("graph_step")),
         "pipeline": cfg.data.get("pipeline", "cpu"), "precision": str(trainer.precision),
         "loop_img_per_s": statistics.median(loop), "step_img_per_s": statistics.median(bare),
         "ratio": statistics.median(loop) / statistics.median(bare), "gpu_busy": busy.mean(timer.windows),
@@ -401,14 +412,46 @@ def markdown(rows: list[dict], env: dict, command: str, args) -> str:
     for r in rows:
         busy = "n/a" if r["gpu_busy"] is None else f"{100 * r['gpu_busy']:.0f}%"
         line = (f"| {r['data']} | {r['pipeline']} | {r['model']} | {r['batch']} | {r['attention']} | "
-                f"{r['compile_mode']} | {spread(r['loop_repeats'])} | {spread(r['step_repeats'])} | "
+                f"{loop_mode(r)} | {spread(r['loop_repeats'])} | {spread(r['step_repeats'])} | "
                 f"{r['ratio']:.2f} | {busy} | {spread(r['loop_host_ms'], 2)} | {spread(r['step_host_ms'], 2)} | "
                 f"{spread(r['loop_gc_ms'], 1)} |")
         if graphs:
             line += (f" {spread(r['graph_step_repeats'])} | {spread(r['graph_step_host_ms'], 2)} |"
                      if r.get("graph_step_repeats") else " n/a | n/a |")
         lines.append(line)
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + fastest(rows)) + "\n"
+
+
+def loop_mode(row: dict) -> str:
+    """How the row's loop ran: its compile mode, and whether the whole step was one CUDA graph."""
+    return row["compile_mode"] + (" + graph step" if row.get("loop_graph_step") else "")
+
+
+def fastest(rows: list[dict]) -> list[str]:
+    """Markdown lines: per data, model, batch and attention measured in more than one way, the
+    fastest loop against the fastest bare step of any mode in this run (bare step or graph
+    step): how close the loop comes to the step in its fastest mode. No lines otherwise."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        groups.setdefault((r["data"], r["model"], r["batch"], r["attention"]), []).append(r)
+    out = []
+    for (data, model, batch, attention), group in groups.items():
+        bares = [(statistics.median(r["step_repeats"]), f"bare step, {r['compile_mode']}") for r in group]
+        bares += [(statistics.median(r["graph_step_repeats"]),
+                   f"graph step, {'compiled' if r['compile_mode'] == 'default' else 'eager'} model")
+                  for r in group if r.get("graph_step_repeats")]
+        if len(bares) < 2:
+            continue
+        loop = max(group, key=lambda r: statistics.median(r["loop_repeats"]))
+        loop_ips = statistics.median(loop["loop_repeats"])
+        bare_ips, bare_mode = max(bares)
+        out.append(f"| {data} | {model} | {batch} | {attention} | {loop_ips:,.0f} ({loop_mode(loop)}) | "
+                   f"{bare_ips:,.0f} ({bare_mode}) | {loop_ips / bare_ips:.2f} |")
+    if not out:
+        return []
+    return ["", "Fastest loop against the fastest bare step of any mode, the same model, batch and attention in "
+            "this run (medians):", "", "| data | model | batch | attention | fastest loop img/s | "
+            "fastest bare img/s | loop / bare |", "|---" * 7 + "|", *out]
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
@@ -433,6 +476,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--graph-step", action="store_true",
                         help="also time the bare step captured whole (forward, backward, AdamW) as one CUDA graph "
                              "(needs CUDA)")
+    parser.add_argument("--loop-graph-step", action="store_true",
+                        help="run the loop with model.graph_step=true (the whole step as one CUDA graph) in the "
+                             f"cases whose --compile value allows it ({', '.join(GRAPH_STEP_COMPILE)}); needs CUDA")
     parser.add_argument("--quick", action="store_true",
                         help="one tiny case for a smoke test: synthetic data, vit_micro_patch4_32, b32, sdpa, eager")
     args = parser.parse_args(argv)
@@ -444,6 +490,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
         parser.error("--warmup, --steps and --repeats must be at least 1")
     if args.graph_step and not torch.cuda.is_available():
         parser.error("--graph-step captures a CUDA graph and needs a CUDA GPU: leave it out on this machine")
+    if args.loop_graph_step and not torch.cuda.is_available():
+        parser.error("--loop-graph-step captures the training step as a CUDA graph and needs a CUDA GPU: "
+                     "leave it out on this machine")
+    if args.loop_graph_step and not set(args.compile) & set(GRAPH_STEP_COMPILE):
+        parser.error(f"--loop-graph-step runs with --compile {' or '.join(GRAPH_STEP_COMPILE)} (the model eager or "
+                     f"compiled inside the captured step), and got --compile {' '.join(args.compile)}: add one")
     if "flash" in args.attention and not torch.cuda.is_available():
         parser.error("attention flash needs a CUDA GPU: choose --attention sdpa naive on this machine")
 
@@ -455,7 +507,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
             for attention in args.attention:
                 rows.append(run_case(case, attention, compile_mode, args))
                 r = rows[-1]
-                print(f"{case} {r['model']} b{r['batch']} {r['attention']} compile={r['compile_mode']}: "
+                print(f"{case} {r['model']} b{r['batch']} {r['attention']} compile={loop_mode(r)}: "
                       f"loop {spread(r['loop_repeats'])} img/s, bare {spread(r['step_repeats'])} img/s, "
                       f"ratio {r['ratio']:.2f}, GPU busy {r['gpu_busy']}, host ms/step: loop "
                       f"{spread(r['loop_host_ms'], 2)}, bare {spread(r['step_host_ms'], 2)}, loop GC ms/window "

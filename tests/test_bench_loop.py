@@ -84,11 +84,47 @@ def test_graph_step_columns_only_where_measured(monkeypatch):
     lines = bench_loop.markdown([base, graphed], env, "cmd", args).splitlines()
     header = next(line for line in lines if line.startswith("| data |"))
     assert header.endswith("| loop GC ms/window | graph step img/s | graph step host ms/step |")
-    rows = [line for line in lines if line.startswith("| cifar10 |")]
+    start = lines.index(header) + 2
+    rows = lines[start:lines.index("", start) if "" in lines[start:] else None]  # the main table's rows
+    assert len(rows) == 2
     assert rows[0].endswith("| n/a | n/a |")
     assert rows[1].endswith("| 8,000 (7,000-9,000) | 1.50 (1.00-2.00) |")
     assert all(line.count("|") == header.count("|") for line in [*rows, lines[lines.index(header) + 1]])
     assert bench_loop.markdown([base], env, "cmd", args).count("graph step") == 0
+
+
+def test_fastest_loop_against_fastest_bare_step(monkeypatch):
+    """The closing table takes, per model, batch and attention, the fastest loop of any mode
+    against the fastest bare step of any mode, graph steps included; one mode: no table."""
+    monkeypatch.syspath_prepend(str(SCRIPTS))
+    bench_loop = load_script("bench_loop")
+    common = {"data": "cifar10", "pipeline": "gpu", "model": "m", "batch": 1024, "gpu_busy": None,
+              "loop_host_ms": [1.0], "step_host_ms": [1.0], "loop_gc_ms": [0.0], "graph_step_host_ms": []}
+    compiled = {**common, "attention": "flash", "compile_mode": "reduce-overhead", "loop_repeats": [70.0, 77.0, 76.0],
+                "step_repeats": [90.0, 92.0, 91.0], "ratio": 0.84, "graph_step_repeats": []}
+    graphed = {**common, "attention": "flash", "compile_mode": "default", "loop_graph_step": True,
+               "loop_repeats": [85.0, 86.0, 84.0], "step_repeats": [60.0, 61.0, 62.0], "ratio": 1.4,
+               "graph_step_repeats": [95.0, 94.0, 96.0], "graph_step_host_ms": [1.0, 1.0, 1.0]}
+    alone = {**compiled, "attention": "naive"}
+    args = type("Args", (), {"repeats": 3, "steps": 40, "warmup": 15})()
+    env = {k: "x" for k in ("gpu", "commit", "torch", "triton", "lightning", "timm", "cuda", "date")}
+    lines = bench_loop.markdown([compiled, graphed, alone], env, "cmd", args).splitlines()
+    assert "| cifar10 | gpu | m | 1024 | flash | default + graph step |" in "\n".join(lines)
+    title = next(i for i, line in enumerate(lines) if line.startswith("Fastest loop against"))
+    table = [line for line in lines[title:] if line.startswith("| cifar10 |")]
+    # flash: the graph-step loop (85) against the compiled graph step (95); naive has one mode only
+    assert table == ["| cifar10 | m | 1024 | flash | 85 (default + graph step) | 95 (graph step, compiled model) | 0.89 |"]
+    assert not any(line.startswith("Fastest loop") for line in bench_loop.markdown([compiled], env, "c", args).splitlines())
+
+
+def test_loop_graph_step_refusals(monkeypatch, capsys):
+    if torch.cuda.is_available():
+        pytest.skip("checks the refusal on a machine without CUDA")
+    monkeypatch.syspath_prepend(str(SCRIPTS))
+    bench_loop = load_script("bench_loop")
+    with pytest.raises(SystemExit) as exit_:
+        bench_loop.main(["--quick", "--loop-graph-step"])
+    assert exit_.value.code == 2 and "--loop-graph-step captures the training step as a CUDA graph" in capsys.readouterr().err
 
 
 def test_graph_step_needs_cuda(monkeypatch, capsys):
@@ -113,3 +149,18 @@ def test_graph_step_on_cuda(tmp_path, monkeypatch, attention):
     assert row["graph_step_img_per_s"] == statistics.median(row["graph_step_repeats"])
     (table,) = tmp_path.glob("loop_*.md")
     assert "graph step img/s" in table.read_text()
+
+
+@pytest.mark.gpu
+def test_loop_graph_step_on_cuda(tmp_path, monkeypatch):
+    """--loop-graph-step: the loop itself runs the captured step, with the model eager and
+    compiled; the closing table sets the fastest loop against the fastest bare step."""
+    monkeypatch.syspath_prepend(str(SCRIPTS))
+    bench_loop = load_script("bench_loop")
+    rows = bench_loop.main(["--quick", "--attention", "flash", "--compile", "false", "default", "--loop-graph-step",
+                            "--graph-step", "--out", str(tmp_path)])
+    assert [(r["compile_mode"], r["loop_graph_step"]) for r in rows] == [("eager", True), ("default", True)]
+    assert all(v > 0 for r in rows for v in (*r["loop_repeats"], *r["graph_step_repeats"]))
+    (table,) = tmp_path.glob("loop_*.md")
+    text = table.read_text()
+    assert "| flash | default + graph step |" in text and "Fastest loop against the fastest bare step" in text
