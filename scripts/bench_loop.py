@@ -206,7 +206,8 @@ class LoopTimer(L.Callback):
                              "needs a gradient scaler, whose step waits for the GPU")
         hp = module.hparams
         model = vitflash.create_model(hp.model_name, attention=module.model.attention, num_classes=hp.num_classes,
-                                      img_size=hp.img_size, drop_path_rate=hp.drop_path_rate)
+                                      img_size=hp.img_size, drop_path_rate=hp.drop_path_rate,
+                                      attn_drop_rate=hp.get("attn_drop_rate", 0.0))
         model.load_state_dict(module.model.state_dict())
         model.to(module.device).train()
         if module.compile_mode == "default":  # as model.graph_step=true model.compile=default runs it

@@ -332,12 +332,90 @@ def test_custom_ops_schema_and_fake_shapes():
     """The torch.library ops that torch.compile sees: schema and fake (meta) implementations
     agree with the real kernels."""
     qkv, do = _packed_inputs(1, 20, 2, 32, torch.float16)
-    o, lse = torch.ops.vitflash.flash_attn_forward(qkv, 0.2)
-    for op, args in ((torch.ops.vitflash.flash_attn_forward, (qkv, 0.2)),
-                     (torch.ops.vitflash.flash_attn_backward, (do, qkv, o, lse, 0.2))):
+    o, lse = torch.ops.vitflash.flash_attn_forward(qkv, 0.2, 0.0, None)
+    seed = torch.tensor([7], dtype=torch.int64, device=DEVICE)
+    for op, args in ((torch.ops.vitflash.flash_attn_forward, (qkv, 0.2, 0.0, None)),
+                     (torch.ops.vitflash.flash_attn_forward, (qkv, 0.2, 0.25, seed)),
+                     (torch.ops.vitflash.flash_attn_backward, (do, qkv, o, lse, 0.2, 0.0, None))):
         torch.library.opcheck(op, args, test_utils=("test_schema", "test_faketensor"))
     assert lse.shape == (1, 2, 20) and lse.dtype == torch.float32
     assert torch.equal(o, flash_attention_qkvpacked(qkv, 0.2))
+
+
+# ---------------------------------------------------------------------------------------
+# Attention dropout: the kernels' mask, regenerated in the backward
+# ---------------------------------------------------------------------------------------
+def _dropout_reference(qkv, do, mask, p):
+    """o and dq, dk, dv of softmax(q k^T / sqrt(D)) o mask / (1 - p) v, in qkv's dtype
+    (float64 for the reference, the low precision for the rule's yardstick)."""
+    leaf = qkv.detach().clone().requires_grad_()
+    q, k, v = (t.transpose(1, 2) for t in leaf.unbind(2))  # (B, H, N, D)
+    probs = torch.softmax(q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5, -1)
+    o = ((probs * mask.to(probs.dtype) / (1 - p)) @ v).transpose(1, 2)
+    (dqkv,) = torch.autograd.grad(o, leaf, do)
+    return [o, *dqkv.unbind(2)]
+
+
+@pytest.mark.parametrize("N", [17, 65, 130])
+def test_dropout_matches_reference_with_the_kernels_mask(monkeypatch, N):
+    """With dropout_p > 0 the forward and the backward drop the same weights, those of
+    `dropout_keep_mask` for the seed, in both kernel families, within the FA2 rule."""
+    B, H, D, p = 2, 2, 32, 0.3
+    qkv, do = _packed_inputs(B, N, H, D, torch.float16, seed=N)
+    seed = torch.tensor([1234 + N], dtype=torch.int64, device=DEVICE)
+    mask = flash_mod.dropout_keep_mask(seed, B, H, N, p)
+    assert abs(mask.float().mean().item() - (1 - p)) < 0.05
+    ref = _dropout_reference(qkv.double(), do.double(), mask, p)
+    low = _dropout_reference(qkv, do, mask, p)
+    general = (launch.Candidate("general", (("BLOCK_M", 32), ("BLOCK_N", 16))),
+               launch.Candidate("general", (("BLOCK_M1", 16), ("BLOCK_N1", 32), ("BLOCK_M2", 32), ("BLOCK_N2", 16))))
+    for fwd, bwd in (general, (launch.short_fwd(N, 16, heads=2, stages=2), launch.short_bwd(N, 16))):
+        _force(monkeypatch, fwd, bwd)
+        o, lse = flash_mod._forward(qkv.contiguous(), D ** -0.5, p, seed)
+        dqkv = flash_mod._backward(do, qkv.contiguous(), o, lse, D ** -0.5, p, seed)
+        for name, r, lo, g in zip(("o", "dq", "dk", "dv"), ref, low, [o, *dqkv.unbind(2)]):
+            err = (g.double() - r).abs().max().item()
+            naive_err = (lo.double() - r).abs().max().item()
+            assert err <= 2 * naive_err + ABS_FLOOR, f"{fwd.family}/{bwd.family} {name}: {err:.3g} > 2 x {naive_err:.3g}"
+
+
+def test_dropout_masks_per_seed_head_and_call():
+    """The mask is a function of the seed alone, differs between heads and seeds; the op
+    draws a new seed per call from torch's generator (torch.manual_seed repeats it)."""
+    B, H, N, D = 2, 2, 33, 32
+    one = torch.tensor([5], dtype=torch.int64, device=DEVICE)
+    mask = flash_mod.dropout_keep_mask(one, B, H, N, 0.5)
+    assert torch.equal(mask, flash_mod.dropout_keep_mask(one.clone(), B, H, N, 0.5))
+    assert not torch.equal(mask, flash_mod.dropout_keep_mask(one + 1, B, H, N, 0.5))
+    assert not torch.equal(mask[0, 0], mask[0, 1]) and not torch.equal(mask[0, 0], mask[1, 0])
+    qkv, _ = _packed_inputs(B, N, H, D, torch.float16)
+    torch.manual_seed(3)
+    first = flash_attention_qkvpacked(qkv, dropout_p=0.2)
+    second = flash_attention_qkvpacked(qkv, dropout_p=0.2)
+    torch.manual_seed(3)
+    assert torch.equal(first, flash_attention_qkvpacked(qkv, dropout_p=0.2)) and not torch.equal(first, second)
+    # dropout_p=0 is the plain op
+    assert torch.equal(flash_attention_qkvpacked(qkv, dropout_p=0.0), flash_attention_qkvpacked(qkv))
+
+
+@pytest.mark.parametrize("impl", ["flash", "naive", "sdpa"])
+@pytest.mark.parametrize("p, error", [(1.0, ValueError), (-0.1, ValueError), ("0.1", TypeError), (True, TypeError)])
+def test_rejects_bad_dropout_p(impl, p, error):
+    qkv, _ = _packed_inputs(1, 8, 2, 32, torch.float16 if impl == "flash" else torch.float32)
+    with pytest.raises(error, match="dropout_p="):
+        attention_qkvpacked(qkv, impl, dropout_p=p)
+
+
+def test_reference_paths_drop_attention_weights():
+    """naive and sdpa: dropout_p > 0 changes the output, repeatably under one torch seed."""
+    qkv, _ = _packed_inputs(2, 16, 2, 32, torch.float32)
+    for impl in ("naive", "sdpa"):
+        plain = attention_qkvpacked(qkv, impl)
+        torch.manual_seed(0)
+        dropped = attention_qkvpacked(qkv, impl, dropout_p=0.5)
+        torch.manual_seed(0)
+        assert torch.equal(dropped, attention_qkvpacked(qkv, impl, dropout_p=0.5))
+        assert not torch.allclose(dropped, plain), impl
 
 
 # ---------------------------------------------------------------------------------------
@@ -396,6 +474,24 @@ def test_cuda_graphs_capture_the_flash_path():
         torch.testing.assert_close(grad, eager_grad, atol=1e-3, rtol=2e-2)
     assert counters["inductor"]["cudagraph_skips"] == 0
     assert counters["stats"]["unique_graphs"] == 1
+
+
+@pytest.mark.gpu
+def test_dropout_under_a_cuda_graph_draws_a_new_mask_per_replay():
+    """The seed is drawn on the device inside the graph: each replay drops other weights."""
+    qkv, _ = _packed_inputs(4, 65, 3, 64, torch.bfloat16)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # tuning and compiling before the capture
+        flash_attention_qkvpacked(qkv, dropout_p=0.3)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = flash_attention_qkvpacked(qkv, dropout_p=0.3)
+    graph.replay()
+    first = out.clone()
+    graph.replay()
+    assert torch.isfinite(first).all() and not torch.equal(first, out)
 
 
 def test_tuning_choices_survive_the_process(monkeypatch, tmp_path):

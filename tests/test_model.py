@@ -103,9 +103,9 @@ def test_attention_switch_changes_every_block_and_keeps_logits():
 def test_attention_gets_views_of_the_fused_qkv(monkeypatch):
     seen = []
 
-    def spy(qkv, impl, softmax_scale=None):
+    def spy(qkv, impl, softmax_scale=None, dropout_p=0.0):
         seen.append((tuple(qkv.shape), qkv._base is not None, impl))
-        return real(qkv, impl, softmax_scale)
+        return real(qkv, impl, softmax_scale, dropout_p)
 
     real = vm.attention_qkvpacked
     monkeypatch.setattr(vm, "attention_qkvpacked", spy)
@@ -198,3 +198,21 @@ def test_flash_rejects_head_dims_the_kernel_lacks():
 def test_token_pooling_needs_a_class_token():
     with pytest.raises(ValueError, match="global_pool='token' needs class_token=True"):
         build_model("vit_micro_patch4_32", class_token=False)
+
+
+@pytest.mark.parametrize("attention", ["naive", "sdpa"])
+def test_attention_dropout_only_in_training(attention):
+    """attn_drop_rate drops attention weights in train mode only; eval is the model without it."""
+    torch.manual_seed(0)
+    dropped = build_model("vit_micro_patch4_32", attention=attention, attn_drop_rate=0.5)
+    plain = build_model("vit_micro_patch4_32", attention=attention)
+    plain.load_state_dict(dropped.state_dict())  # the rate is no weight: the same state_dict
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(dropped.eval()(x), plain.eval()(x))
+        dropped.train(), plain.train()
+        a, b = dropped(x), dropped(x)
+        assert not torch.allclose(a, b) and torch.equal(plain(x), plain(x))
+    assert all(blk.attn.attn_drop == 0.5 for blk in dropped.blocks)
+    with pytest.raises(ValueError, match=r"attn_drop_rate=1\.0 is not in \[0, 1\)"):
+        build_model("vit_micro_patch4_32", attn_drop_rate=1.0)

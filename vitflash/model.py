@@ -74,7 +74,8 @@ class PatchEmbed(nn.Module):
 class Attention(nn.Module):
     """Multi-head self-attention. q, k and v stay views of one fused projection."""
 
-    def __init__(self, dim: int, num_heads: int, qkv_bias: bool, proj_drop: float, impl: str):
+    def __init__(self, dim: int, num_heads: int, qkv_bias: bool, proj_drop: float, impl: str,
+                 attn_drop: float = 0.0):
         super().__init__()
         if dim % num_heads != 0:
             raise ValueError(f"embed_dim {dim} is not divisible by num_heads {num_heads}")
@@ -84,11 +85,13 @@ class Attention(nn.Module):
         self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias)
         self.proj = nn.Linear(dim, dim)
         self.proj_drop = nn.Dropout(proj_drop)
+        self.attn_drop = attn_drop  # dropout of the attention weights, inside the attention op
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, N, C = x.shape
         qkv = self.qkv(x).view(B, N, 3, self.num_heads, self.head_dim)  # (B, N, 3, H, D)
-        o = attention_qkvpacked(qkv, self.impl)  # (B, N, H, D), contiguous
+        drop = self.attn_drop if self.training else 0.0
+        o = attention_qkvpacked(qkv, self.impl, dropout_p=drop)  # (B, N, H, D), contiguous
         return self.proj_drop(self.proj(o.reshape(B, N, C)))  # (B, N, C)
 
 
@@ -128,10 +131,11 @@ class Block(nn.Module):
         proj_drop: float,
         drop_path: float,
         impl: str,
+        attn_drop: float = 0.0,
     ):
         super().__init__()
         self.norm1 = nn.LayerNorm(dim, eps=1e-6)
-        self.attn = Attention(dim, num_heads, qkv_bias, proj_drop, impl)
+        self.attn = Attention(dim, num_heads, qkv_bias, proj_drop, impl, attn_drop)
         self.ls1 = LayerScale(dim, init_values) if init_values is not None else nn.Identity()
         self.drop_path1 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
         self.norm2 = nn.LayerNorm(dim, eps=1e-6)
@@ -178,7 +182,9 @@ class VisionTransformer(nn.Module):
             as in timm.
         drop_rate: dropout before the head. proj_drop_rate: dropout after the attention
             projection and in the MLP. drop_path_rate: stochastic depth, rising linearly to
-            this value over the blocks. Attention dropout is not offered: no path has it.
+            this value over the blocks. attn_drop_rate: dropout of the attention weights
+            in training, done inside each attention path (the flash kernels regenerate
+            its mask in the backward).
         attention: "flash", "naive" or "sdpa".
     """
 
@@ -201,12 +207,14 @@ class VisionTransformer(nn.Module):
         drop_rate: float = 0.0,
         proj_drop_rate: float = 0.0,
         drop_path_rate: float = 0.0,
+        attn_drop_rate: float = 0.0,
         attention: str = "sdpa",
     ):
         super().__init__()
         _check_sizes(img_size=img_size, patch_size=patch_size, in_chans=in_chans, embed_dim=embed_dim,
                      depth=depth, num_heads=num_heads, num_classes=num_classes, mlp_ratio=mlp_ratio,
-                     drop_rate=drop_rate, proj_drop_rate=proj_drop_rate, drop_path_rate=drop_path_rate)
+                     drop_rate=drop_rate, proj_drop_rate=proj_drop_rate, drop_path_rate=drop_path_rate,
+                     attn_drop_rate=attn_drop_rate)
         if global_pool not in ("token", "avg"):
             raise ValueError(f"global_pool must be 'token' or 'avg', got {global_pool!r}")
         if global_pool == "token" and not class_token:
@@ -236,7 +244,7 @@ class VisionTransformer(nn.Module):
         dpr = [drop_path_rate * i / max(depth - 1, 1) for i in range(depth)]
         self.blocks = nn.Sequential(*[
             Block(embed_dim, num_heads, mlp_ratio, qkv_bias, init_values, proj_drop_rate,
-                  dpr[i], attention)
+                  dpr[i], attention, attn_drop_rate)
             for i in range(depth)
         ])  # fmt: skip
         # With fc_norm the final norm moves after pooling, as in timm (and MAE/BEiT).

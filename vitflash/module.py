@@ -156,7 +156,8 @@ class ViTModule(L.LightningModule):
         num_classes, img_size: passed to create_model (img_size None keeps the preset's).
         pretrained: weights for create_model (None: random init).
         attention: "auto", "flash", "naive" or "sdpa".
-        drop_path_rate, drop_rate: stochastic depth and head dropout of the model.
+        drop_path_rate, drop_rate, attn_drop_rate: stochastic depth, head dropout and
+            attention-weight dropout of the model.
         optimizer: a partial optimizer taking the parameter groups, e.g.
             `partial(torch.optim.AdamW, lr=1e-3, weight_decay=0.05)`; its weight_decay goes to
             every parameter except norms, biases, position embedding and class token.
@@ -198,6 +199,7 @@ class ViTModule(L.LightningModule):
         attention: str = "auto",
         drop_path_rate: float = 0.0,
         drop_rate: float = 0.0,
+        attn_drop_rate: float = 0.0,
         optimizer: Callable[..., torch.optim.Optimizer] = partial(torch.optim.AdamW, lr=1e-3, weight_decay=0.05),
         warmup_epochs: float = 0.0,
         warmup_lr: float = 1e-6,
@@ -224,6 +226,7 @@ class ViTModule(L.LightningModule):
         self.model = vitflash.create_model(
             model_name, attention=impl, num_classes=num_classes, img_size=img_size,
             pretrained=pretrained, drop_path_rate=drop_path_rate, drop_rate=drop_rate,
+            attn_drop_rate=attn_drop_rate,
         )
         # The EMA: a copy of the network, made before setup compiles self.model in place, so it
         # stays eager; no gradients, and not in the optimizer's groups (configure_optimizers

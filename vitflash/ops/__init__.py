@@ -38,20 +38,21 @@ def check_attention_impl(impl: str, head_dim: int | None = None) -> str:
 
 
 def attention_qkvpacked(
-    qkv: torch.Tensor, impl: str, softmax_scale: float | None = None
+    qkv: torch.Tensor, impl: str, softmax_scale: float | None = None, dropout_p: float = 0.0
 ) -> torch.Tensor:
     """The one attention dispatch of the project.
 
     Args:
         qkv: (B, N, 3, H, D), e.g. `qkv_linear(x).view(B, N, 3, H, D)`.
         impl: "flash", "naive" or "sdpa".
+        dropout_p: attention dropout, applied whenever > 0 (pass 0 at evaluation).
     Returns:
         o: (B, N, H, D), contiguous, so `o.reshape(B, N, H * D)` is free.
     """
     if impl == "flash":
-        return flash_attention_qkvpacked(qkv, softmax_scale)
+        return flash_attention_qkvpacked(qkv, softmax_scale, dropout_p)
     q, k, v = qkv.unbind(2)  # each (B, N, H, D), views
     if impl == "naive":
-        return naive_attention(q, k, v, softmax_scale)
+        return naive_attention(q, k, v, softmax_scale, dropout_p)
     check_attention_impl(impl)
-    return sdpa_attention(q, k, v, softmax_scale)
+    return sdpa_attention(q, k, v, softmax_scale, dropout_p)

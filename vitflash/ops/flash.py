@@ -26,7 +26,7 @@ from vitflash.ops import kernels
 from vitflash.ops import launch as _launch
 from vitflash.ops.launch import Candidate, Launch, block_d, choose, tail_tile
 
-from vitflash.ops.reference import check_softmax_scale
+from vitflash.ops.reference import check_dropout_p, check_softmax_scale
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
 MAX_HEAD_DIM = 256
@@ -46,9 +46,9 @@ def _cdiv(a: int, b: int) -> int:  # plain Python: triton.cdiv is a jit function
 _plans: dict[tuple, list[Launch]] = {}
 
 
-def _fwd_launches(c: Candidate, B: int, N: int, H: int, D: int) -> list[Launch]:
+def _fwd_launches(c: Candidate, B: int, N: int, H: int, D: int, dropout: bool = False) -> list[Launch]:
     kernel = kernels.fwd_short_kernel if c.family == "short" else kernels.fwd_kernel
-    meta = c.meta
+    meta = {**c.meta, "DROPOUT": dropout}
     if (B * H) % meta.get("HEADS", 1):  # tuned at another B * H of the same bucket
         meta.update(HEADS=1, STAGES=1)
     if c.family == "general":  # the tail tile: the keys past the last full BLOCK_N
@@ -57,93 +57,119 @@ def _fwd_launches(c: Candidate, B: int, N: int, H: int, D: int) -> list[Launch]:
         meta["BLOCK_MT"] = tail_tile(N, meta["BLOCK_M"])
     consts = {"HEAD_DIM": D, "BLOCK_D": block_d(D), **meta}
     grid = _cdiv(N, meta["BLOCK_M"]) * (B * H // meta.get("HEADS", 1))
-    return [Launch(kernel, grid, consts, c.num_warps, c.num_stages, n_tensors=3)]
+    return [Launch(kernel, grid, consts, c.num_warps, c.num_stages, n_tensors=4)]
 
 
-def _bwd_launches(c: Candidate, B: int, N: int, H: int, D: int) -> list[Launch]:
+def _bwd_launches(c: Candidate, B: int, N: int, H: int, D: int, dropout: bool = False) -> list[Launch]:
     head = {"HEAD_DIM": D, "BLOCK_D": block_d(D)}
     if c.family == "short":  # one program per (batch, head), delta computed inside
         tail = {"BLOCK_MT": tail_tile(N, c.meta["BLOCK_M"])}  # the rows past the last BLOCK_M
-        return [Launch(kernels.bwd_short_kernel, B * H, {**head, **c.meta, **tail},
-                       c.num_warps, c.num_stages, n_tensors=5)]
+        return [Launch(kernels.bwd_short_kernel, B * H, {**head, **c.meta, **tail, "DROPOUT": dropout},
+                       c.num_warps, c.num_stages, n_tensors=6)]
     m = c.meta
     return [Launch(kernels.bwd_delta_kernel, _cdiv(N, DELTA_BLOCK) * B * H,
                    {**head, "BLOCK_M": DELTA_BLOCK}, 4, 1, n_tensors=3),
             Launch(kernels.bwd_kernel, (_cdiv(N, m["BLOCK_N1"]) + _cdiv(N, m["BLOCK_M2"])) * B * H,
-                   {**head, **m}, c.num_warps, c.num_stages, n_tensors=5)]
+                   {**head, **m, "DROPOUT": dropout}, c.num_warps, c.num_stages, n_tensors=6)]
 
 
-def _plan(op: str, t: torch.Tensor, B: int, N: int, H: int, D: int, run) -> list[Launch]:
+def _plan(op: str, t: torch.Tensor, B: int, N: int, H: int, D: int, dropout: bool, run) -> list[Launch]:
     """The plan for this shape: cached, or chosen now (`run(launches)` runs a candidate's
-    launches on the real arguments, for timing)."""
-    key = (op, t.dtype, t.device, B, N, H, D)
+    launches on the real arguments, for timing). With dropout the kernels are traced with
+    its code, but the candidate is the one chosen for the shape (the tuning key has no
+    dropout: the mask's work scales with every candidate's)."""
+    key = (op, t.dtype, t.device, B, N, H, D, dropout)
     plan = _plans.get(key)
     if plan is None:
         make = _fwd_launches if op == "fwd" else _bwd_launches
         cand = choose(op, t.dtype, N, D, B * H, t.device,
-                      lambda c: run(make(c, B, N, H, D)))
-        plan = make(cand, B, N, H, D)
+                      lambda c: run(make(c, B, N, H, D, dropout)))
+        plan = make(cand, B, N, H, D, dropout)
         if not (t.is_cuda and torch.cuda.is_current_stream_capturing()):
             _plans[key] = plan  # a plan made during capture is untuned: not kept
     return plan
 
 
-def _forward(qkv: torch.Tensor, softmax_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+def _forward(qkv: torch.Tensor, softmax_scale: float, dropout_p: float = 0.0,
+             seed: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """qkv (B, N, 3, H, D) contiguous -> o (B, N, H, D) contiguous, lse (B, H, N) fp32 in
-    base-2 units."""
+    base-2 units. dropout_p > 0: the probabilities are dropped by the mask that `seed` (a
+    one-element int64 tensor on qkv's device) keys; the LSE is that of the whole row."""
     B, N, _, H, D = qkv.shape
     o = torch.empty((B, N, H, D), dtype=qkv.dtype, device=qkv.device)
     lse = torch.empty((B, H, N), dtype=torch.float32, device=qkv.device)
-    args = (qkv, o, lse, softmax_scale * LOG2E, H, N)
-    (launch,) = _plans.get(("fwd", qkv.dtype, qkv.device, B, N, H, D)) or \
-        _plan("fwd", qkv, B, N, H, D, lambda plan: plan[0](*args))
+    dropout = dropout_p > 0
+    # without dropout the kernels never read SEED: any aligned pointer stands in for it
+    args = (qkv, o, lse, seed if dropout else lse, softmax_scale * LOG2E, dropout_p, H, N)
+    (launch,) = _plans.get(("fwd", qkv.dtype, qkv.device, B, N, H, D, dropout)) or \
+        _plan("fwd", qkv, B, N, H, D, dropout, lambda plan: plan[0](*args))
     launch(*args)
     return o, lse
 
 
 def _backward(do: torch.Tensor, qkv: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
-              softmax_scale: float) -> torch.Tensor:
-    """dqkv (B, N, 3, H, D), contiguous, from do (B, N, H, D) and the forward's qkv, o, lse."""
+              softmax_scale: float, dropout_p: float = 0.0, seed: torch.Tensor | None = None
+              ) -> torch.Tensor:
+    """dqkv (B, N, 3, H, D), contiguous, from do (B, N, H, D) and the forward's qkv, o, lse
+    (and its dropout_p and seed: the backward regenerates the forward's mask)."""
     B, N, _, H, D = qkv.shape
     do = do if do.is_contiguous() else do.contiguous()
     dqkv = torch.empty_like(qkv)
     qk_scale = softmax_scale * LOG2E
+    dropout = dropout_p > 0
+    seed = seed if dropout else lse
 
     def run(plan: list[Launch]) -> None:
         if len(plan) == 1:
-            plan[0](qkv, o, do, lse, dqkv, qk_scale, softmax_scale, H, N)
+            plan[0](qkv, o, do, lse, dqkv, seed, qk_scale, softmax_scale, dropout_p, H, N)
         else:
             delta = torch.empty_like(lse)
             plan[0](o, do, delta, H, N)
-            plan[1](qkv, do, lse, delta, dqkv, qk_scale, softmax_scale, B * H, H, N)
+            plan[1](qkv, do, lse, delta, dqkv, seed, qk_scale, softmax_scale, dropout_p, B * H, H, N)
 
-    run(_plans.get(("bwd", qkv.dtype, qkv.device, B, N, H, D))
-        or _plan("bwd", qkv, B, N, H, D, run))
+    run(_plans.get(("bwd", qkv.dtype, qkv.device, B, N, H, D, dropout))
+        or _plan("bwd", qkv, B, N, H, D, dropout, run))
     return dqkv
+
+
+def new_seed(device: torch.device) -> torch.Tensor:
+    """A dropout seed: one int64 drawn on `device` from torch's generator, so that
+    torch.manual_seed fixes the masks and a CUDA graph draws a new one at each replay."""
+    return torch.randint(0, 2**31 - 1, (1,), dtype=torch.int64, device=device)
+
+
+def dropout_keep_mask(seed: torch.Tensor, B: int, H: int, N: int, dropout_p: float) -> torch.Tensor:
+    """The (B, H, N, N) bool mask of the probabilities that the kernels keep for `seed`
+    (True: kept, then scaled by 1 / (1 - dropout_p)). For tests and inspection: the kernels
+    regenerate it and never store it."""
+    mask = torch.empty((B * H, N, N), dtype=torch.uint8, device=seed.device)
+    kernels.dropout_mask_kernel[(N, B * H)](seed, mask, dropout_p, N, BLOCK=min(128, max(16, 1 << (N - 1).bit_length())))
+    return mask.view(B, H, N, N).bool()
 
 
 # ----------------------------------------------------------------------------------------
 # torch.library ops for torch.compile, and autograd
 # ----------------------------------------------------------------------------------------
 @torch.library.custom_op("vitflash::flash_attn_forward", mutates_args=())
-def _forward_op(qkv: torch.Tensor, softmax_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    return _forward(qkv, softmax_scale)
+def _forward_op(qkv: torch.Tensor, softmax_scale: float, dropout_p: float,
+                seed: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    return _forward(qkv, softmax_scale, dropout_p, seed)
 
 
 @_forward_op.register_fake
-def _(qkv, softmax_scale):
+def _(qkv, softmax_scale, dropout_p, seed):
     B, N, _, H, D = qkv.shape
     return qkv.new_empty((B, N, H, D)), qkv.new_empty((B, H, N), dtype=torch.float32)
 
 
 @torch.library.custom_op("vitflash::flash_attn_backward", mutates_args=())
 def _backward_op(do: torch.Tensor, qkv: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
-                 softmax_scale: float) -> torch.Tensor:
-    return _backward(do, qkv, o, lse, softmax_scale)
+                 softmax_scale: float, dropout_p: float, seed: torch.Tensor | None) -> torch.Tensor:
+    return _backward(do, qkv, o, lse, softmax_scale, dropout_p, seed)
 
 
 @_backward_op.register_fake
-def _(do, qkv, o, lse, softmax_scale):
+def _(do, qkv, o, lse, softmax_scale, dropout_p, seed):
     return torch.empty_like(qkv, memory_format=torch.contiguous_format)
 
 
@@ -154,18 +180,21 @@ class _FlashAttention(torch.autograd.Function):
     time."""
 
     @staticmethod
-    def forward(ctx, qkv, softmax_scale):
+    def forward(ctx, qkv, softmax_scale, dropout_p):
         compiling = torch.compiler.is_compiling()
-        o, lse = (_forward_op if compiling else _forward)(qkv, softmax_scale)
-        ctx.save_for_backward(qkv, o, lse)
-        ctx.softmax_scale = softmax_scale
+        seed = new_seed(qkv.device) if dropout_p > 0 else None
+        o, lse = (_forward_op if compiling else _forward)(qkv, softmax_scale, dropout_p, seed)
+        ctx.save_for_backward(qkv, o, lse, seed)
+        ctx.softmax_scale, ctx.dropout_p = softmax_scale, dropout_p
         return o
 
     @staticmethod
     def backward(ctx, do):
         compiling = torch.compiler.is_compiling()
-        return (_backward_op if compiling else _backward)(do, *ctx.saved_tensors,
-                                                          ctx.softmax_scale), None
+        qkv, o, lse, seed = ctx.saved_tensors
+        dqkv = (_backward_op if compiling else _backward)(do, qkv, o, lse, ctx.softmax_scale,
+                                                          ctx.dropout_p, seed)
+        return dqkv, None, None
 
 
 # ----------------------------------------------------------------------------------------
@@ -221,7 +250,7 @@ def _scale(softmax_scale: float | None, d: int) -> float:
 
 
 def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                    softmax_scale: float | None = None) -> torch.Tensor:
+                    softmax_scale: float | None = None, dropout_p: float = 0.0) -> torch.Tensor:
     """Exact attention softmax(q k^T * scale) v without materializing the scores.
 
     Args:
@@ -230,6 +259,10 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
             projection should call `flash_attention_qkvpacked` instead. D a multiple of 8,
             at most 256; any N >= 1.
         softmax_scale: defaults to 1/sqrt(D).
+        dropout_p: attention dropout, the probability of dropping each attention weight
+            (the kept ones are scaled by 1 / (1 - p)), in [0, 1). The mask is drawn from
+            torch's generator on the device and regenerated in the backward, never stored.
+            Pass 0 at evaluation.
     Returns:
         o: (B, N, H, D), contiguous, so `o.reshape(B, N, H * D)` is free.
     Differentiable in q, k, v (deterministic backward).
@@ -241,16 +274,17 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     _check_tensor("v", v, q)
     _check_sizes(*q.shape, tuple(q.shape))
     scale = _scale(softmax_scale, q.shape[-1])
-    return _FlashAttention.apply(torch.stack((q, k, v), dim=2), scale)
+    return _FlashAttention.apply(torch.stack((q, k, v), dim=2), scale, check_dropout_p(dropout_p))
 
 
-def flash_attention_qkvpacked(qkv: torch.Tensor, softmax_scale: float | None = None
-                              ) -> torch.Tensor:
+def flash_attention_qkvpacked(qkv: torch.Tensor, softmax_scale: float | None = None,
+                              dropout_p: float = 0.0) -> torch.Tensor:
     """flash_attention on a packed qkv tensor, the output of a fused projection.
 
     Args:
         qkv: (B, N, 3, H, D), e.g. `linear(x).view(B, N, 3, H, D)`; same dtype, device and
             head-dim rules as `flash_attention`. Read in place when contiguous (else copied).
+        softmax_scale, dropout_p: as `flash_attention`.
     Returns:
         o: (B, N, H, D), contiguous.
     The backward writes a single dqkv (B, N, 3, H, D) tensor: no cat/stack copies.
@@ -261,4 +295,5 @@ def flash_attention_qkvpacked(qkv: torch.Tensor, softmax_scale: float | None = N
     B, N, _, H, D = qkv.shape
     _check_sizes(B, N, H, D, tuple(qkv.shape))
     scale = _scale(softmax_scale, D)
-    return _FlashAttention.apply(qkv if qkv.is_contiguous() else qkv.contiguous(), scale)
+    return _FlashAttention.apply(qkv if qkv.is_contiguous() else qkv.contiguous(), scale,
+                                 check_dropout_p(dropout_p))

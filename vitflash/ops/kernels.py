@@ -23,6 +23,14 @@ Algorithm (Dao et al., "FlashAttention", 2022, and "FlashAttention-2", 2023):
   64 + 16 rows of work, not 128. The forward's program of the partial tile and the
   backward's last chunk run the same code (a helper) on the smaller tile.
 
+Dropout (DROPOUT, a constexpr: without it no dropout code is traced). Each probability P_ij
+of head bh is kept where a counter-based random number, Philox keyed by seed + bh at counter
+i * N + j (`_keep`), is >= p, and the kept ones are scaled by 1 / (1 - p). The seed is read
+from a device tensor, so a CUDA graph replays fresh masks. The forward applies the mask to
+P V (the normalizer sums the whole row); the backward regenerates the same mask instead of
+storing it: dV = (P o Z)^T dO and dP = (dO V^T) o Z, with Z the scaled mask, and delta =
+rowsum(dO * O) still holds, since O is the dropped output.
+
 Layout. Q, K and V are the (B, N, 3, H, D) tensor a fused qkv projection gives, contiguous:
 every address follows from (N, H, HEAD_DIM), so no strides are passed, and the gradient
 dQKV has the same layout. O and dO are (B, N, H, D), contiguous; LSE and delta (B, H, N).
@@ -131,6 +139,32 @@ def _round(x, dtype: tl.constexpr):
 
 
 @triton.jit
+def _keep(seed, bh, q_rows, k_cols, N, drop_p, TRANS: tl.constexpr):
+    """Which probabilities of head bh survive dropout: (len(q_rows), len(k_cols)) booleans,
+    or their transpose if TRANS. One random number per (query, key) pair of a head, the same
+    in the forward and the backward whatever the tiles."""
+    if TRANS:
+        offs = q_rows[None, :] * N + k_cols[:, None]
+    else:
+        offs = q_rows[:, None] * N + k_cols[None, :]
+    return tl.rand(seed + bh, offs) >= drop_p
+
+
+@triton.jit
+def dropout_mask_kernel(SEED, MASK, drop_p, N, BLOCK: tl.constexpr):
+    """MASK (B * H, N, N) uint8: the keep mask `_keep` gives the attention kernels (for tests
+    and inspection). One program per (query row, batch * head)."""
+    row, bh = tl.program_id(0), tl.program_id(1)
+    seed = tl.load(SEED)
+    rows = row + tl.arange(0, 1)
+    for start in range(0, N, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        keep = _keep(seed, bh, rows, cols, N, drop_p, False)
+        ptrs = MASK + (bh.to(tl.int64) * N + rows[:, None]) * N + cols[None, :]
+        tl.store(ptrs, keep.to(tl.uint8), mask=cols[None, :] < N)
+
+
+@triton.jit
 def _split_pid(pid, N, BLOCK: tl.constexpr):
     """A flat program id (no 65535 limit on B*H) -> (tile, batch*head). Neighbouring
     programs share a (batch, head), so its K/V tiles come from L2 for all but the first."""
@@ -143,8 +177,9 @@ def _split_pid(pid, N, BLOCK: tl.constexpr):
 # ----------------------------------------------------------------------------------------
 @triton.jit
 def _fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, start, end, N, H, offs_n, offs_d, qk_scale,
+               seed, bh, offs_m, drop_p,
                HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-               MASK_N: tl.constexpr):
+               MASK_N: tl.constexpr, DROPOUT: tl.constexpr):
     row_stride = 3 * H * HEAD_DIM
     for start_n in range(start, end, BLOCK_N):
         cols = start_n + offs_n
@@ -157,6 +192,8 @@ def _fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, start, end, N, H, offs_n, offs_
         p = tl.math.exp2(s - m_new[:, None])
         alpha = tl.math.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, 1)
+        if DROPOUT:  # the normalizer above sums every probability; P V only the kept ones
+            p = tl.where(_keep(seed, bh, offs_m, cols, N, drop_p, False), p, 0.0)
         v = _load(v_ptrs + start_n * row_stride, cols, N, offs_d, HEAD_DIM, BLOCK_D, MASK_N)
         acc = _dot(_round(p, v.dtype), v, acc * alpha[:, None])
         m_i = m_new
@@ -164,9 +201,10 @@ def _fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, start, end, N, H, offs_n, offs_
 
 
 @triton.jit
-def fwd_kernel(QKV, O, LSE, qk_scale, H, N,
+def fwd_kernel(QKV, O, LSE, SEED, qk_scale, drop_p, H, N,
                HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr):
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr,
+               DROPOUT: tl.constexpr):
     """O and LSE of BLOCK_M query rows; K, V stream past in BLOCK_N tiles, the keys past the
     last full tile in one BLOCK_T tile (197 = 3 x 64 + a 16-key tail, not a fourth 64;
     BLOCK_T = 0 when BLOCK_N divides N)."""
@@ -181,19 +219,31 @@ def fwd_kernel(QKV, O, LSE, qk_scale, H, N,
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    seed = tl.load(SEED) if DROPOUT else 0
     n_full = (N // BLOCK_N) * BLOCK_N
     acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, 0, n_full, N, H, offs_n,
-                               offs_d, qk_scale, HEAD_DIM, BLOCK_D, BLOCK_N, False)
+                               offs_d, qk_scale, seed, bh, offs_m, drop_p,
+                               HEAD_DIM, BLOCK_D, BLOCK_N, False, DROPOUT)
     if BLOCK_T > 0:  # the one partial key tile
         offs_t = tl.arange(0, BLOCK_T)
         acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q,
                                    _head_ptrs(QKV, bh, offs_t, offs_d, N, H, 3, 1, HEAD_DIM),
                                    _head_ptrs(QKV, bh, offs_t, offs_d, N, H, 3, 2, HEAD_DIM),
                                    n_full, N, N, H, offs_t, offs_d, qk_scale,
-                                   HEAD_DIM, BLOCK_D, BLOCK_T, True)
+                                   seed, bh, offs_m, drop_p,
+                                   HEAD_DIM, BLOCK_D, BLOCK_T, True, DROPOUT)
 
-    _store_rows(O, acc / l_i[:, None], bh, offs_m, offs_d, N, H, 1, 0, HEAD_DIM, BLOCK_D)
+    _store_rows(O, acc * (_keep_scale(drop_p, DROPOUT) / l_i)[:, None], bh, offs_m, offs_d, N, H,
+                1, 0, HEAD_DIM, BLOCK_D)
     tl.store(LSE + bh.to(tl.int64) * N + offs_m, m_i + tl.math.log2(l_i), mask=offs_m < N)
+
+
+@triton.jit
+def _keep_scale(drop_p, DROPOUT: tl.constexpr):
+    """1 / (1 - p), the scale of the kept probabilities (1 without dropout)."""
+    if DROPOUT:
+        return 1.0 / (1.0 - drop_p)
+    return 1.0
 
 
 @triton.jit
@@ -207,15 +257,16 @@ def _fwd_short_scores(q, QKV, bh, offs, N, H, offs_d, qk_scale,
 
 
 @triton.jit
-def _fwd_short_rows(QKV, O, LSE, qk_scale, H, N, group, start_m,
+def _fwd_short_rows(QKV, O, LSE, SEED, qk_scale, drop_p, H, N, group, start_m,
                     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, ROWS: tl.constexpr,
                     BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, HAS_TAIL: tl.constexpr,
                     BLOCK_T2: tl.constexpr, HEADS: tl.constexpr, STAGES: tl.constexpr,
-                    MASK_M: tl.constexpr):
+                    MASK_M: tl.constexpr, DROPOUT: tl.constexpr):
     """The body of fwd_short_kernel on a tile of ROWS query rows from start_m, for each of
     the HEADS (batch, head)s of `group`. MASK_M: the tile may reach past row N - 1."""
     offs_m = start_m + tl.arange(0, ROWS)
     offs_d = tl.arange(0, BLOCK_D)
+    seed = tl.load(SEED) if DROPOUT else 0
     for i in tl.range(0, HEADS, num_stages=STAGES):
         bh = group * HEADS + i
         q = _load_rows(QKV, bh, offs_m, offs_d, N, H, 3, 0, HEAD_DIM, BLOCK_D, MASK_M)
@@ -233,25 +284,33 @@ def _fwd_short_rows(QKV, O, LSE, qk_scale, H, N, group, start_m,
             m = tl.maximum(m, tl.max(s_t2, 1))
         p = tl.math.exp2(s - m[:, None])
         l = tl.sum(p, 1)
+        if DROPOUT:
+            p = tl.where(_keep(seed, bh, offs_m, tl.arange(0, BLOCK_N), N, drop_p, False), p, 0.0)
         acc = _dot(_round(p, v.dtype), v, tl.zeros([ROWS, BLOCK_D], tl.float32))
         if HAS_TAIL:
             p_t = tl.math.exp2(s_t - m[:, None])
             l += tl.sum(p_t, 1)
+            if DROPOUT:
+                p_t = tl.where(_keep(seed, bh, offs_m, BLOCK_N + tl.arange(0, BLOCK_T), N, drop_p, False),
+                               p_t, 0.0)
             acc = _dot(_round(p_t, v.dtype), v_t, acc)
         if BLOCK_T2 > 0:
             p_t2 = tl.math.exp2(s_t2 - m[:, None])
             l += tl.sum(p_t2, 1)
+            if DROPOUT:
+                p_t2 = tl.where(_keep(seed, bh, offs_m, offs_t2, N, drop_p, False), p_t2, 0.0)
             acc = _dot(_round(p_t2, v.dtype), v_t2, acc)
-        _store_rows(O, acc / l[:, None], bh, offs_m, offs_d, N, H, 1, 0, HEAD_DIM, BLOCK_D)
+        _store_rows(O, acc * (_keep_scale(drop_p, DROPOUT) / l)[:, None], bh, offs_m, offs_d, N, H,
+                    1, 0, HEAD_DIM, BLOCK_D)
         tl.store(LSE + bh.to(tl.int64) * N + offs_m, m + tl.math.log2(l), mask=offs_m < N)
 
 
 @triton.jit
-def fwd_short_kernel(QKV, O, LSE, qk_scale, H, N,
+def fwd_short_kernel(QKV, O, LSE, SEED, qk_scale, drop_p, H, N,
                      HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
                      BLOCK_MT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr,
                      HAS_TAIL: tl.constexpr, BLOCK_T2: tl.constexpr, HEADS: tl.constexpr,
-                     STAGES: tl.constexpr):
+                     STAGES: tl.constexpr, DROPOUT: tl.constexpr):
     """fwd_kernel when all keys fit on chip: one pass, a plain softmax, no rescaling. The
     keys are a BLOCK_N tile plus, if HAS_TAIL, a BLOCK_T tail tile (65 = 64 + 16 keys rather
     than a 128-key tile: 80 columns of work instead of 128) and, unless BLOCK_T2 = 0, a
@@ -264,14 +323,14 @@ def fwd_short_kernel(QKV, O, LSE, qk_scale, H, N,
     pid_m, group = _split_pid(tl.program_id(0), N, BLOCK_M)
     start_m = pid_m * BLOCK_M
     if BLOCK_MT == 0:  # every query tile is full
-        _fwd_short_rows(QKV, O, LSE, qk_scale, H, N, group, start_m, HEAD_DIM, BLOCK_D,
-                        BLOCK_M, BLOCK_N, BLOCK_T, HAS_TAIL, BLOCK_T2, HEADS, STAGES, False)
+        _fwd_short_rows(QKV, O, LSE, SEED, qk_scale, drop_p, H, N, group, start_m, HEAD_DIM, BLOCK_D,
+                        BLOCK_M, BLOCK_N, BLOCK_T, HAS_TAIL, BLOCK_T2, HEADS, STAGES, False, DROPOUT)
     elif start_m + BLOCK_M <= N:
-        _fwd_short_rows(QKV, O, LSE, qk_scale, H, N, group, start_m, HEAD_DIM, BLOCK_D,
-                        BLOCK_M, BLOCK_N, BLOCK_T, HAS_TAIL, BLOCK_T2, HEADS, STAGES, False)
+        _fwd_short_rows(QKV, O, LSE, SEED, qk_scale, drop_p, H, N, group, start_m, HEAD_DIM, BLOCK_D,
+                        BLOCK_M, BLOCK_N, BLOCK_T, HAS_TAIL, BLOCK_T2, HEADS, STAGES, False, DROPOUT)
     else:  # the partial last tile, in a tile of its own size
-        _fwd_short_rows(QKV, O, LSE, qk_scale, H, N, group, start_m, HEAD_DIM, BLOCK_D,
-                        BLOCK_MT, BLOCK_N, BLOCK_T, HAS_TAIL, BLOCK_T2, HEADS, STAGES, True)
+        _fwd_short_rows(QKV, O, LSE, SEED, qk_scale, drop_p, H, N, group, start_m, HEAD_DIM, BLOCK_D,
+                        BLOCK_MT, BLOCK_N, BLOCK_T, HAS_TAIL, BLOCK_T2, HEADS, STAGES, True, DROPOUT)
 
 
 # ----------------------------------------------------------------------------------------
@@ -291,22 +350,30 @@ def bwd_delta_kernel(O, DO, DELTA, H, N,
 
 
 @triton.jit
-def _bwd_dkdv_step(dk, dv, k, v, q, do, lse, delta, qk_scale):
+def _bwd_dkdv_step(dk, dv, k, v, q, do, lse, delta, qk_scale, seed, bh, rows, cols, N, drop_p,
+                   DROPOUT: tl.constexpr):
     """One query tile's share of dK, dV, on transposed tiles so that they accumulate as
-    (BLOCK_N, BLOCK_D). Returns dS^T too, for a caller that also wants dQ."""
+    (BLOCK_N, BLOCK_D). Returns dS^T too, for a caller that also wants dQ. rows, cols: the
+    tile's query rows and keys (for the dropout mask)."""
     s_t = _dot(k, tl.trans(q), tl.zeros([k.shape[0], q.shape[0]], tl.float32))
     p_t = tl.math.exp2(s_t * qk_scale - lse[None, :])  # (BLOCK_N, BLOCK_M)
-    dv = _dot(_round(p_t, do.dtype), do, dv)
     dp_t = _dot(v, tl.trans(do), tl.zeros([k.shape[0], q.shape[0]], tl.float32))
+    if DROPOUT:
+        keep_t = _keep(seed, bh, rows, cols, N, drop_p, True)
+        scale = _keep_scale(drop_p, DROPOUT)
+        dv = _dot(_round(tl.where(keep_t, p_t * scale, 0.0), do.dtype), do, dv)
+        dp_t = tl.where(keep_t, dp_t * scale, 0.0)
+    else:
+        dv = _dot(_round(p_t, do.dtype), do, dv)
     ds_t = p_t * (dp_t - delta[None, :])
     dk = _dot(_round(ds_t, q.dtype), q, dk)
     return dk, dv, ds_t
 
 
 @triton.jit
-def _bwd_dkdv(pid, QKV, DO, LSE, DELTA, DQKV, qk_scale, sm_scale, H, N,
+def _bwd_dkdv(pid, QKV, DO, LSE, DELTA, DQKV, seed, qk_scale, sm_scale, drop_p, H, N,
               HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DROPOUT: tl.constexpr):
     """dK, dV of one BLOCK_N key tile; Q, dO, LSE, delta stream past in BLOCK_M tiles."""
     pid_n, bh = _split_pid(pid, N, BLOCK_N)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -327,16 +394,17 @@ def _bwd_dkdv(pid, QKV, DO, LSE, DELTA, DQKV, qk_scale, sm_scale, H, N,
         do = _load(do_ptrs + start_m * H * HEAD_DIM, rows, N, offs_d, HEAD_DIM, BLOCK_D, True)
         lse = tl.load(LSE + stats + rows, mask=rows < N, other=float("inf"))
         delta = tl.load(DELTA + stats + rows, mask=rows < N, other=0.0)
-        dk, dv, _ = _bwd_dkdv_step(dk, dv, k, v, q, do, lse, delta, qk_scale)
+        dk, dv, _ = _bwd_dkdv_step(dk, dv, k, v, q, do, lse, delta, qk_scale, seed, bh, rows,
+                                   offs_n, N, drop_p, DROPOUT)
 
     _store_rows(DQKV, dk * sm_scale, bh, offs_n, offs_d, N, H, 3, 1, HEAD_DIM, BLOCK_D)
     _store_rows(DQKV, dv, bh, offs_n, offs_d, N, H, 3, 2, HEAD_DIM, BLOCK_D)
 
 
 @triton.jit
-def _bwd_dq(pid, QKV, DO, LSE, DELTA, DQKV, qk_scale, sm_scale, H, N,
+def _bwd_dq(pid, QKV, DO, LSE, DELTA, DQKV, seed, qk_scale, sm_scale, drop_p, H, N,
             HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DROPOUT: tl.constexpr):
     """dQ of one BLOCK_M query tile; K, V stream past in BLOCK_N tiles."""
     pid_m, bh = _split_pid(pid, N, BLOCK_M)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -359,6 +427,9 @@ def _bwd_dq(pid, QKV, DO, LSE, DELTA, DQKV, qk_scale, sm_scale, H, N,
         # Padded keys have k = 0, so exp2(-lse) could be anything: zero them explicitly.
         p = tl.where(cols[None, :] < N, tl.math.exp2(s * qk_scale - lse[:, None]), 0.0)
         dp = _dot(do, tl.trans(v), tl.zeros([BLOCK_M, BLOCK_N], tl.float32))
+        if DROPOUT:
+            dp = tl.where(_keep(seed, bh, offs_m, cols, N, drop_p, False),
+                          dp * _keep_scale(drop_p, DROPOUT), 0.0)
         ds = p * (dp - delta[:, None])
         dq = _dot(_round(ds, k.dtype), k, dq)
 
@@ -366,29 +437,30 @@ def _bwd_dq(pid, QKV, DO, LSE, DELTA, DQKV, qk_scale, sm_scale, H, N,
 
 
 @triton.jit
-def bwd_kernel(QKV, DO, LSE, DELTA, DQKV, qk_scale, sm_scale, BH, H, N,
+def bwd_kernel(QKV, DO, LSE, DELTA, DQKV, SEED, qk_scale, sm_scale, drop_p, BH, H, N,
                HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                BLOCK_M1: tl.constexpr, BLOCK_N1: tl.constexpr,
-               BLOCK_M2: tl.constexpr, BLOCK_N2: tl.constexpr):
+               BLOCK_M2: tl.constexpr, BLOCK_N2: tl.constexpr, DROPOUT: tl.constexpr):
     """The backward after bwd_delta_kernel, in one launch: the first cdiv(N, BLOCK_N1) * B * H
     programs compute dK, dV (one key tile each), the rest dQ (one query tile each). One
     launch rather than two fills the GPU without a tail between them."""
     pid = tl.program_id(0)
     n_dkdv = tl.cdiv(N, BLOCK_N1) * BH
+    seed = tl.load(SEED) if DROPOUT else 0
     if pid < n_dkdv:
-        _bwd_dkdv(pid, QKV, DO, LSE, DELTA, DQKV, qk_scale, sm_scale, H, N,
-                  HEAD_DIM, BLOCK_D, BLOCK_M1, BLOCK_N1)
+        _bwd_dkdv(pid, QKV, DO, LSE, DELTA, DQKV, seed, qk_scale, sm_scale, drop_p, H, N,
+                  HEAD_DIM, BLOCK_D, BLOCK_M1, BLOCK_N1, DROPOUT)
     else:
-        _bwd_dq(pid - n_dkdv, QKV, DO, LSE, DELTA, DQKV, qk_scale, sm_scale, H, N,
-                HEAD_DIM, BLOCK_D, BLOCK_M2, BLOCK_N2)
+        _bwd_dq(pid - n_dkdv, QKV, DO, LSE, DELTA, DQKV, seed, qk_scale, sm_scale, drop_p, H, N,
+                HEAD_DIM, BLOCK_D, BLOCK_M2, BLOCK_N2, DROPOUT)
 
 
 @triton.jit
 def _bwd_short_chunk(dk, dv, dk_t, dv_t, k, v, k_t, v_t, QKV, O, DO, LSE, DQKV, bh, start_m,
-                     qk_scale, sm_scale, H, N,
+                     seed, qk_scale, sm_scale, drop_p, H, N,
                      HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, ROWS: tl.constexpr,
                      BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, HAS_TAIL: tl.constexpr,
-                     MASK_M: tl.constexpr):
+                     MASK_M: tl.constexpr, DROPOUT: tl.constexpr):
     """One chunk of bwd_short_kernel: ROWS query rows from start_m (MASK_M: the chunk may
     reach past row N - 1). Computes the chunk's delta, writes its finished dQ and returns
     dK, dV (and the tail tile's dK, dV) with its share added."""
@@ -405,13 +477,15 @@ def _bwd_short_chunk(dk, dv, dk_t, dv_t, k, v, k_t, v_t, QKV, O, DO, LSE, DQKV, 
         lse = tl.load(LSE + bh.to(tl.int64) * N + rows, mask=rows < N, other=float("inf"))
     else:
         lse = tl.load(LSE + bh.to(tl.int64) * N + rows)
-    dk, dv, ds_t = _bwd_dkdv_step(dk, dv, k, v, q, do, lse, delta, qk_scale)
+    dk, dv, ds_t = _bwd_dkdv_step(dk, dv, k, v, q, do, lse, delta, qk_scale, seed, bh, rows, offs_n,
+                                  N, drop_p, DROPOUT)
     # Padded keys (k = v = 0) get p = exp2(-lse) != 0 in _bwd_dkdv_step: harmless for
     # their own dK, dV rows, which are never stored, but they must not reach dQ.
     ds_t = tl.where(offs_n[:, None] < N, ds_t, 0.0)
     dq = _dot(tl.trans(_round(ds_t, k.dtype)), k, tl.zeros([ROWS, BLOCK_D], tl.float32))
     if HAS_TAIL:
-        dk_t, dv_t, ds_tt = _bwd_dkdv_step(dk_t, dv_t, k_t, v_t, q, do, lse, delta, qk_scale)
+        dk_t, dv_t, ds_tt = _bwd_dkdv_step(dk_t, dv_t, k_t, v_t, q, do, lse, delta, qk_scale, seed, bh,
+                                           rows, offs_t, N, drop_p, DROPOUT)
         ds_tt = tl.where(offs_t[:, None] < N, ds_tt, 0.0)
         dq = _dot(tl.trans(_round(ds_tt, k.dtype)), k_t, dq)
     _store_rows(DQKV, dq * sm_scale, bh, rows, offs_d, N, H, 3, 0, HEAD_DIM, BLOCK_D)
@@ -419,10 +493,10 @@ def _bwd_short_chunk(dk, dv, dk_t, dv_t, k, v, k_t, v_t, QKV, O, DO, LSE, DQKV, 
 
 
 @triton.jit
-def bwd_short_kernel(QKV, O, DO, LSE, DQKV, qk_scale, sm_scale, H, N,
+def bwd_short_kernel(QKV, O, DO, LSE, DQKV, SEED, qk_scale, sm_scale, drop_p, H, N,
                      HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
                      BLOCK_MT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr,
-                     HAS_TAIL: tl.constexpr):
+                     HAS_TAIL: tl.constexpr, DROPOUT: tl.constexpr):
     """The whole backward of one (batch, head) when all keys fit on chip (a BLOCK_N tile and,
     if HAS_TAIL, a BLOCK_T tail), in one launch and without bwd_delta_kernel: K and V stay
     on chip while the query rows pass in full BLOCK_M chunks and then, unless BLOCK_MT = 0
@@ -443,18 +517,19 @@ def bwd_short_kernel(QKV, O, DO, LSE, DQKV, qk_scale, sm_scale, H, N,
     v_t = _load_rows(QKV, bh, offs_t, offs_d, N, H, 3, 2, HEAD_DIM, BLOCK_D, True)
     dk_t = tl.zeros([BLOCK_T, BLOCK_D], tl.float32)
     dv_t = tl.zeros([BLOCK_T, BLOCK_D], tl.float32)
+    seed = tl.load(SEED) if DROPOUT else 0
 
     m_full = (N // BLOCK_M) * BLOCK_M
     for start_m in range(0, m_full, BLOCK_M):
         dk, dv, dk_t, dv_t = _bwd_short_chunk(dk, dv, dk_t, dv_t, k, v, k_t, v_t, QKV, O, DO,
-                                              LSE, DQKV, bh, start_m, qk_scale, sm_scale, H, N,
-                                              HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, BLOCK_T,
-                                              HAS_TAIL, False)
+                                              LSE, DQKV, bh, start_m, seed, qk_scale, sm_scale, drop_p,
+                                              H, N, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, BLOCK_T,
+                                              HAS_TAIL, False, DROPOUT)
     if BLOCK_MT > 0:  # the rows past the last full chunk
         dk, dv, dk_t, dv_t = _bwd_short_chunk(dk, dv, dk_t, dv_t, k, v, k_t, v_t, QKV, O, DO,
-                                              LSE, DQKV, bh, m_full, qk_scale, sm_scale, H, N,
-                                              HEAD_DIM, BLOCK_D, BLOCK_MT, BLOCK_N, BLOCK_T,
-                                              HAS_TAIL, True)
+                                              LSE, DQKV, bh, m_full, seed, qk_scale, sm_scale, drop_p,
+                                              H, N, HEAD_DIM, BLOCK_D, BLOCK_MT, BLOCK_N, BLOCK_T,
+                                              HAS_TAIL, True, DROPOUT)
 
     _store_rows(DQKV, dk * sm_scale, bh, offs_n, offs_d, N, H, 3, 1, HEAD_DIM, BLOCK_D)
     _store_rows(DQKV, dv, bh, offs_n, offs_d, N, H, 3, 2, HEAD_DIM, BLOCK_D)

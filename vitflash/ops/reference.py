@@ -25,14 +25,28 @@ def check_softmax_scale(softmax_scale: float | None) -> float | None:
     return softmax_scale
 
 
+def check_dropout_p(dropout_p: float) -> float:
+    """Return `dropout_p` as a float if it is a number in [0, 1), else raise a TypeError/ValueError
+    naming it."""
+    if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)):
+        raise TypeError(f"attention dropout_p={dropout_p!r} is not a number: pass a float in [0, 1), "
+                        "e.g. 0.1, or 0 for none")
+    if not 0 <= dropout_p < 1:
+        raise ValueError(f"attention dropout_p={dropout_p!r} is outside [0, 1): pass e.g. 0.1, or 0 for none")
+    return float(dropout_p)
+
+
 def naive_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float | None = None
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float | None = None,
+    dropout_p: float = 0.0,
 ) -> torch.Tensor:
     """Textbook attention: softmax(q k^T * scale) v, with the N x N scores materialized.
 
     Args:
         q, k, v: (B, N, H, D) tensors, any strides.
         softmax_scale: defaults to 1/sqrt(D).
+        dropout_p: attention dropout on the probabilities (torch.nn.functional.dropout,
+            always applied: pass 0 at evaluation).
     Returns:
         o: (B, N, H, D), contiguous, in the dtype of q.
 
@@ -44,18 +58,23 @@ def naive_attention(
     qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))  # (B, H, N, D)
     scores = torch.matmul(qt, kt.transpose(-2, -1)) * scale  # (B, H, N, N)
     probs = torch.softmax(scores, dim=-1)  # (B, H, N, N)
+    if check_dropout_p(dropout_p) > 0:
+        probs = F.dropout(probs, dropout_p)
     o = torch.matmul(probs, vt)  # (B, H, N, D)
     return o.transpose(1, 2).contiguous()  # (B, N, H, D)
 
 
 def sdpa_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float | None = None
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float | None = None,
+    dropout_p: float = 0.0,
 ) -> torch.Tensor:
-    """PyTorch's fused scaled_dot_product_attention on the (B, N, H, D) layout.
+    """PyTorch's fused scaled_dot_product_attention on the (B, N, H, D) layout; dropout_p as
+    `naive_attention`'s.
 
     Returns o: (B, N, H, D), contiguous.
     """
     o = F.scaled_dot_product_attention(
-        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), scale=check_softmax_scale(softmax_scale)
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), dropout_p=check_dropout_p(dropout_p),
+        scale=check_softmax_scale(softmax_scale)
     )  # (B, H, N, D)
     return o.transpose(1, 2).contiguous()  # (B, N, H, D)
