@@ -59,24 +59,26 @@ IMPLS = ["flash", "naive", *SDPA_BACKENDS]
 LATENCY_IMPLS = ["flash", "naive", "sdpa"]  # sdpa: the backend PyTorch picks itself
 
 
-def make_case(impl: str, B: int, H: int, N: int, D: int, dtype: torch.dtype):
-    """Return (leaf tensors, fn() -> o, do) for one implementation, on random inputs."""
+def make_case(impl: str, B: int, H: int, N: int, D: int, dtype: torch.dtype, dropout_p: float = 0.0):
+    """Return (leaf tensors, fn() -> o, do) for one implementation, on random inputs, with
+    attention dropout `dropout_p` (every path drops its weights whenever it is > 0)."""
+    p = dropout_p
     if impl in ("flash", "naive"):
         qkv = torch.randn(B, N, 3, H, D, device="cuda", dtype=dtype, requires_grad=True)
         do = torch.randn(B, N, H, D, device="cuda", dtype=dtype)
         if impl == "flash":
-            return [qkv], (lambda: flash_attention_qkvpacked(qkv)), do
-        return [qkv], (lambda: naive_attention(*qkv.unbind(2))), do
+            return [qkv], (lambda: flash_attention_qkvpacked(qkv, dropout_p=p)), do
+        return [qkv], (lambda: naive_attention(*qkv.unbind(2), dropout_p=p)), do
     q, k, v = (torch.randn(B, H, N, D, device="cuda", dtype=dtype, requires_grad=True)
                for _ in range(3))
     if impl == "sdpa":
-        return [q, k, v], (lambda: F.scaled_dot_product_attention(q, k, v)), \
+        return [q, k, v], (lambda: F.scaled_dot_product_attention(q, k, v, dropout_p=p)), \
             torch.randn(B, H, N, D, device="cuda", dtype=dtype)
     backend = SDPA_BACKENDS[impl]
 
     def fn():
         with sdpa_kernel(backend):
-            return F.scaled_dot_product_attention(q, k, v)
+            return F.scaled_dot_product_attention(q, k, v, dropout_p=p)
 
     return [q, k, v], fn, torch.randn(B, H, N, D, device="cuda", dtype=dtype)
 
@@ -99,9 +101,9 @@ def spread(values: list[float]) -> dict:
             "n": len(values)}
 
 
-def bench_case(impl, shape, dtype, warmup_ms, rep_ms, repeats):
+def bench_case(impl, shape, dtype, warmup_ms, rep_ms, repeats, dropout_p=0.0):
     B, H, N, D = shape
-    leaves, fwd, do = make_case(impl, B, H, N, D, dtype)
+    leaves, fwd, do = make_case(impl, B, H, N, D, dtype, dropout_p)
 
     def fwd_bwd():
         fwd().backward(do)
@@ -144,11 +146,12 @@ def bench_case(impl, shape, dtype, warmup_ms, rep_ms, repeats):
             "peak_extra_mib": peak_mib, "first_call_s": first_call_s}
 
 
-def latency_us(impl: str, shape, dtype, calls: int = 200, repeats: int = REPEATS) -> dict:
+def latency_us(impl: str, shape, dtype, calls: int = 200, repeats: int = REPEATS,
+               dropout_p: float = 0.0) -> dict:
     """Wall microseconds of one forward+backward followed by a synchronize: per-call
     overhead (host work and launches), which is what a small layer costs without CUDA graphs."""
     B, H, N, D = shape
-    leaves, fwd, do = make_case(impl, B, H, N, D, dtype)
+    leaves, fwd, do = make_case(impl, B, H, N, D, dtype, dropout_p)
     for _ in range(20):
         fwd().backward(do)
     torch.cuda.synchronize()
@@ -244,6 +247,7 @@ def markdown(results: list[dict], latency: dict, env: dict, command: str) -> str
              f"Command: `{command}`", "",
              f"Commit {env['commit']}; torch {env['torch']}, triton {env['triton']}, CUDA "
              f"{env['cuda']}, cuDNN {env['cudnn']}, Python {env['python']}; {env['date']}. bf16, non-causal, "
+             + (f"attention dropout p = {env['dropout_p']} in every path, " if env.get("dropout_p") else "") +
              "random inputs, `triton.testing.do_bench` median, each case repeated "
              f"{REPEATS} times: median of the repeats (min-max). TFLOP/s count 4*B*H*N^2*D "
              "for the forward, 3.5x that for forward+backward. Peak extra memory: what one "
@@ -299,6 +303,8 @@ def main() -> None:
     parser.add_argument("--warmup-ms", type=int, default=25)
     parser.add_argument("--rep-ms", type=int, default=100)
     parser.add_argument("--repeats", type=int, default=REPEATS)
+    parser.add_argument("--dropout", type=float, default=0.0, metavar="P",
+                        help="attention dropout in every path (the results go to attention_dropout_<gpu>.*)")
     parser.add_argument("--first-call-only", action="store_true",
                         help="only time the flash op's first call at each shape and exit (run "
                              "twice: the second process reads the autotuning cache)")
@@ -316,18 +322,24 @@ def main() -> None:
             print(f"first call {shape}: {time.perf_counter() - start:.2f} s", flush=True)
         return
 
+    if not 0 <= args.dropout < 1:
+        parser.error(f"--dropout {args.dropout}: the dropout probability must be in [0, 1)")
     env = environment()
+    prefix = "attention"
+    if args.dropout:
+        env["dropout_p"], prefix = args.dropout, "attention_dropout"
     command = command_line()
     latency = {"shape": list(LATENCY_SHAPE)}
     for impl in LATENCY_IMPLS:
-        latency[impl] = latency_us(impl, LATENCY_SHAPE, torch.bfloat16, repeats=args.repeats)
+        latency[impl] = latency_us(impl, LATENCY_SHAPE, torch.bfloat16, repeats=args.repeats,
+                                   dropout_p=args.dropout)
         print("latency", LATENCY_SHAPE, impl, latency[impl], flush=True)
     results = []
     for shape in shapes:
         row = {"shape": list(shape)}
         for impl in IMPLS:
             row[impl] = (bench_case(impl, shape, torch.bfloat16, args.warmup_ms, args.rep_ms,
-                                    args.repeats)
+                                    args.repeats, args.dropout)
                          if impl in args.impls else {"error": "not selected"})
             torch.cuda.empty_cache()
             print(shape, impl, {k: round(v, 3) if isinstance(v, float) else v
@@ -337,7 +349,7 @@ def main() -> None:
         # after every shape, so that a run stopped by a time limit keeps what it measured
         env["fast_launch_plans"] = launch.fast_launches()  # plans calling compiled kernels directly
         table = markdown(results, latency, env, command)
-        write_results(args.out, "attention", env, command,
+        write_results(args.out, prefix, env, command,
                       {"latency": latency, "shapes": results}, table)
     print(table)
 
