@@ -418,6 +418,30 @@ def test_reference_paths_drop_attention_weights():
         assert not torch.allclose(dropped, plain), impl
 
 
+def test_compiled_op_matches_eager_with_and_without_dropout():
+    """torch.compile traces the op whole (fullgraph: no graph break), the dropout seed drawn
+    inside the graph from torch's generator: under one torch seed the compiled function
+    gives eager's loss and gradient. aot_eager runs the traced graphs without code
+    generation, so this runs on any machine."""
+    qkv, _ = _packed_inputs(1, 17, 2, 32, torch.float16)
+    qkv.requires_grad_()
+
+    def loss(x, p):
+        return flash_attention_qkvpacked(x, dropout_p=p).float().square().sum()
+
+    for p in (0.0, 0.3):
+        torch._dynamo.reset()
+        compiled = torch.compile(loss, backend="aot_eager", fullgraph=True)
+        torch.manual_seed(1)
+        got = compiled(qkv, p)
+        (got_grad,) = torch.autograd.grad(got, qkv)
+        torch.manual_seed(1)
+        want = loss(qkv, p)
+        (want_grad,) = torch.autograd.grad(want, qkv)
+        assert torch.equal(got, want) and torch.equal(got_grad, want_grad), p
+    torch._dynamo.reset()
+
+
 # ---------------------------------------------------------------------------------------
 # GPU only: torch.compile sees one op
 # ---------------------------------------------------------------------------------------
