@@ -491,12 +491,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
         parser.error("--warmup, --steps and --repeats must be at least 1")
     if args.graph_step and not torch.cuda.is_available():
         parser.error("--graph-step captures a CUDA graph and needs a CUDA GPU: leave it out on this machine")
-    if args.loop_graph_step and not torch.cuda.is_available():
-        parser.error("--loop-graph-step captures the training step as a CUDA graph and needs a CUDA GPU: "
-                     "leave it out on this machine")
     if args.loop_graph_step and not set(args.compile) & set(GRAPH_STEP_COMPILE):
         parser.error(f"--loop-graph-step runs with --compile {' or '.join(GRAPH_STEP_COMPILE)} (the model eager or "
                      f"compiled inside the captured step), and got --compile {' '.join(args.compile)}: add one")
+    if args.loop_graph_step and not torch.cuda.is_available():
+        parser.error("--loop-graph-step captures the training step as a CUDA graph and needs a CUDA GPU: "
+                     "leave it out on this machine")
     if "flash" in args.attention and not torch.cuda.is_available():
         parser.error("attention flash needs a CUDA GPU: choose --attention sdpa naive on this machine")
 

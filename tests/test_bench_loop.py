@@ -117,24 +117,21 @@ def test_fastest_loop_against_fastest_bare_step(monkeypatch):
     assert not any(line.startswith("Fastest loop") for line in bench_loop.markdown([compiled], env, "c", args).splitlines())
 
 
-def test_loop_graph_step_refusals(monkeypatch, capsys):
-    if torch.cuda.is_available():
+@pytest.mark.parametrize("flags, message", [
+    (["--graph-step"], "--graph-step captures a CUDA graph and needs a CUDA GPU"),
+    (["--loop-graph-step"], "--loop-graph-step captures the training step as a CUDA graph"),
+    (["--loop-graph-step", "--compile", "reduce-overhead"],
+     "--loop-graph-step runs with --compile false or default (the model eager or compiled inside the captured "
+     "step), and got --compile reduce-overhead: add one"),
+])
+def test_cuda_graph_flags_refused_where_they_cannot_run(monkeypatch, capsys, flags, message):
+    if torch.cuda.is_available() and "--compile" not in flags:
         pytest.skip("checks the refusal on a machine without CUDA")
     monkeypatch.syspath_prepend(str(SCRIPTS))
     bench_loop = load_script("bench_loop")
     with pytest.raises(SystemExit) as exit_:
-        bench_loop.main(["--quick", "--loop-graph-step"])
-    assert exit_.value.code == 2 and "--loop-graph-step captures the training step as a CUDA graph" in capsys.readouterr().err
-
-
-def test_graph_step_needs_cuda(monkeypatch, capsys):
-    if torch.cuda.is_available():
-        pytest.skip("checks the refusal on a machine without CUDA")
-    monkeypatch.syspath_prepend(str(SCRIPTS))
-    bench_loop = load_script("bench_loop")
-    with pytest.raises(SystemExit) as exit_:
-        bench_loop.main(["--quick", "--graph-step"])
-    assert exit_.value.code == 2 and "--graph-step captures a CUDA graph and needs a CUDA GPU" in capsys.readouterr().err
+        bench_loop.main(["--quick", *flags])
+    assert exit_.value.code == 2 and message in capsys.readouterr().err
 
 
 @pytest.mark.gpu
