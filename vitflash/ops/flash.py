@@ -11,6 +11,10 @@ The kernels read one contiguous (B, N, 3, H, D) qkv tensor, the output of a ViT'
 projection, and write one dqkv of that layout: `flash_attention_qkvpacked` takes it as it
 is; `flash_attention` stacks separate q, k, v into it (one copy).
 
+Attention dropout (`dropout_p`): the kernels drop weights by a mask that a per-call seed (one
+int64 drawn on the device, saved for the backward) and the head determine, and regenerate it
+in the backward (kernels.py); `dropout_keep_mask` shows it for a seed.
+
 Configurations are autotuned on the first call at each (N, D, dtype, B*H bucket) and the
 choice is kept on disk (see launch.py): a few seconds once per GPU and shape, not per run.
 On CPU the kernels run under Triton's interpreter (TRITON_INTERPRET=1, set before Triton
