@@ -100,8 +100,14 @@ class WholeStepGraph:
             self.graph = torch.cuda.CUDAGraph()
             # thread_local: the gpu data pipeline's loader thread may pin memory or wait on an
             # event while this thread captures (global mode would fail the capture for it)
-            with torch.cuda.graph(self.graph, capture_error_mode="thread_local"):
-                self.outputs = self._body(*self.static)
+            try:
+                with torch.cuda.graph(self.graph, capture_error_mode="thread_local"):
+                    self.outputs = self._body(*self.static)
+            except RuntimeError as err:  # e.g. an op that waits on the device, or a compiled model's guard
+                raise RuntimeError(
+                    f"model.graph_step=true could not capture the training step as a CUDA graph: {err}. With "
+                    "model.compile=default, try model.compile=false (the model eager inside the graph); else set "
+                    "model.graph_step=false") from err
         static_x, static_target = self.static
         if x.shape != static_x.shape or target.shape != static_target.shape:
             raise ValueError(
