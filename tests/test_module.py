@@ -584,3 +584,24 @@ def test_graph_step_checkpoint_resumes_and_loads(tmp_path):
     again = ViTModule("vit_micro_patch4_32", num_classes=10, attention="flash", compile=False, ema_decay=0.99)
     resumed.fit(again, loaders()[0], ckpt_path=path)
     assert resumed.global_step == 12
+
+
+@pytest.mark.gpu
+def test_graph_step_says_what_to_change_when_the_capture_fails():
+    """A step that cannot be captured (here a loss that reads a value on the host) stops with a
+    message naming the settings to change, after the eager warm-up steps ran."""
+    from vitflash.graph_step import WARMUP_STEPS, WholeStepGraph
+
+    model = torch.nn.Linear(8, 4).cuda()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True, capturable=True)
+
+    def host_reading_loss(logits, target):
+        return torch.nn.functional.cross_entropy(logits, target) * float(logits.abs().sum().item() > -1)
+
+    whole = WholeStepGraph(model, host_reading_loss, optimizer, clip=None, precision="32-true")
+    x, y = torch.randn(16, 8, device="cuda"), torch.randint(0, 4, (16,), device="cuda")
+    for _ in range(WARMUP_STEPS):
+        whole.step(x, y)
+    with pytest.raises(RuntimeError, match="could not capture the training step.*model.graph_step=false"):
+        whole.step(x, y)
+    torch.cuda.synchronize()
