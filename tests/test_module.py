@@ -132,6 +132,26 @@ def test_warmup_then_cosine_per_step():
     assert lrs[100] == pytest.approx(1e-5)
 
 
+def test_cooldown_epochs_hold_min_lr_at_the_end():
+    """cooldown_epochs=2 of 10: the cosine ends at step 80 of 100 and the last 20 steps stay at
+    min_lr (timm's --cooldown-epochs); a cool-down that leaves no cosine is refused."""
+    module = make(warmup_epochs=1, warmup_lr=1e-6, min_lr=1e-5, cooldown_epochs=2)
+    optimizer, scheduler = optimizer_of(module, total_steps=100, max_epochs=10)
+
+    def lr_at(step: int) -> float:
+        scheduler.step_update(num_updates=step)
+        return optimizer.param_groups[0]["lr"]
+
+    lrs = [lr_at(step) for step in range(101)]
+    assert lrs[10] == pytest.approx(1e-3) and lrs[45] == pytest.approx((1e-3 + 1e-5) / 2, rel=1e-3)
+    assert lrs[79] > 1e-5 and all(lr == pytest.approx(1e-5) for lr in lrs[80:])
+    with pytest.raises(ValueError, match="model.cooldown_epochs=9.5 leaves the cosine no steps"):
+        optimizer_of(make(warmup_epochs=1, cooldown_epochs=9.5), total_steps=100, max_epochs=10)
+    for bad in (-1, "2", True):
+        with pytest.raises(ValueError, match="model.cooldown_epochs="):
+            make(cooldown_epochs=bad)
+
+
 def test_mixup_trains_on_soft_targets():
     module = make(mixup_alpha=0.8, cutmix_alpha=1.0, label_smoothing=0.1)
     x, y = torch.randn(8, 3, 32, 32), torch.arange(8) % 10

@@ -162,6 +162,9 @@ class ViTModule(L.LightningModule):
             `partial(torch.optim.AdamW, lr=1e-3, weight_decay=0.05)`; its weight_decay goes to
             every parameter except norms, biases, position embedding and class token.
         warmup_epochs: linear warmup from warmup_lr, then cosine decay to min_lr, per step.
+        cooldown_epochs: the last epochs of the run held at min_lr, the cosine ending before
+            them (timm's train.py --cooldown-epochs: its 300 + 10 epochs are
+            trainer.max_epochs=310 with cooldown_epochs=10).
         layer_decay: layer-wise LR decay for fine-tuning (e.g. 0.75): block i of L gets
             lr * layer_decay ** (L - i); None turns it off.
         label_smoothing: of the cross-entropy (and of mixup's soft targets).
@@ -202,6 +205,7 @@ class ViTModule(L.LightningModule):
         attn_drop_rate: float = 0.0,
         optimizer: Callable[..., torch.optim.Optimizer] = partial(torch.optim.AdamW, lr=1e-3, weight_decay=0.05),
         warmup_epochs: float = 0.0,
+        cooldown_epochs: float = 0.0,
         warmup_lr: float = 1e-6,
         min_lr: float = 1e-5,
         layer_decay: float | None = None,
@@ -248,6 +252,9 @@ class ViTModule(L.LightningModule):
             raise ValueError(f"model.mixup_off_epoch={mixup_off_epoch!r}: give a whole number of epochs >= 0 "
                              "(the epoch, counted from 0, from which images are no longer mixed), or null to mix "
                              "to the end")
+        if isinstance(cooldown_epochs, bool) or not isinstance(cooldown_epochs, (int, float)) or cooldown_epochs < 0:
+            raise ValueError(f"model.cooldown_epochs={cooldown_epochs!r}: give a number of epochs >= 0 (the last "
+                             "epochs, held at min_lr), or 0 for none")
         if not isinstance(graph_step, bool):
             raise ValueError(f"model.graph_step={graph_step!r} is not true or false")
         if graph_step and not torch.cuda.is_available():  # the rest is checked at setup, on the trainer
@@ -470,10 +477,15 @@ class ViTModule(L.LightningModule):
         total = int(self.trainer.estimated_stepping_batches)
         epochs = self.trainer.max_epochs if self.trainer.max_epochs and self.trainer.max_epochs > 0 else 1
         # A warmup longer than a short (debug) run is cut to half of it, leaving the cosine
-        # at least two steps (a one-step cosine is flat, and timm warns about it).
+        # at least two steps (a one-step cosine is flat, and timm warns about it). The
+        # cool-down's steps come off the cosine's end: past t_initial timm holds lr_min.
         warmup = min(round(hp.warmup_epochs * total / epochs), total // 2)
+        cooldown = round(hp.get("cooldown_epochs", 0.0) * total / epochs)
+        if cooldown and total - warmup - cooldown < 2:
+            raise ValueError(f"model.cooldown_epochs={hp.cooldown_epochs} leaves the cosine no steps in "
+                             f"{epochs} epochs with {hp.warmup_epochs} of warmup: lower it, or raise trainer.max_epochs")
         scheduler = CosineLRScheduler(
-            optimizer, t_initial=max(total - warmup, 2), lr_min=hp.min_lr, warmup_t=warmup,
+            optimizer, t_initial=max(total - warmup - cooldown, 2), lr_min=hp.min_lr, warmup_t=warmup,
             warmup_lr_init=hp.warmup_lr, warmup_prefix=True, t_in_epochs=False,
         )
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
