@@ -356,12 +356,15 @@ def _dropout_reference(qkv, do, mask, p):
     return [o, *dqkv.unbind(2)]
 
 
-@pytest.mark.parametrize("N", [17, 65, 130])
-def test_dropout_matches_reference_with_the_kernels_mask(monkeypatch, N):
+@pytest.mark.parametrize("N, D, dtype", [(17, 32, torch.float16), (65, 32, torch.float16), (100, 32, torch.float16),
+                                         (130, 32, torch.float16), (65, 80, torch.bfloat16)])
+def test_dropout_matches_reference_with_the_kernels_mask(monkeypatch, N, D, dtype):
     """With dropout_p > 0 the forward and the backward drop the same weights, those of
-    `dropout_keep_mask` for the seed, in both kernel families, within the FA2 rule."""
-    B, H, D, p = 2, 2, 32, 0.3
-    qkv, do = _packed_inputs(B, N, H, D, torch.float16, seed=N)
+    `dropout_keep_mask` for the seed, in both kernel families, within the FA2 rule: key tail
+    tiles (17, 65, 130), the short forward's second tail (100 = 64 + 32 + 16), a padded head
+    dim in bf16."""
+    B, H, p = 2, 2, 0.3
+    qkv, do = _packed_inputs(B, N, H, D, dtype, seed=N)
     seed = torch.tensor([1234 + N], dtype=torch.int64, device=DEVICE)
     mask = flash_mod.dropout_keep_mask(seed, B, H, N, p)
     assert abs(mask.float().mean().item() - (1 - p)) < 0.05
