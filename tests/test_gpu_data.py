@@ -182,6 +182,43 @@ def test_rand_augment_draws_its_own_op_per_sample():
     assert not torch.equal(out, aug.train(x, gen(1)))
 
 
+def test_cifar10_autoaugment_is_torchvisions_policy():
+    """The 25 sub-policies, probabilities and magnitude bins are torchvision's, as OP_FNS
+    arguments: enhance factors 1 -/+ m, shifts of int(m) pixels as a fraction of the side."""
+    from torchvision.transforms import AutoAugment, AutoAugmentPolicy
+
+    from vitflash.gpu_augment import _TV_OPS, CIFAR10AutoAugment
+
+    tv = AutoAugment(AutoAugmentPolicy.CIFAR10).policies
+    ours = CIFAR10AutoAugment(32).subpolicies
+    assert len(ours) == len(tv) == 25
+    assert [[(kind, prob) for kind, prob, _, _ in sub] for sub in ours] == \
+        [[(_TV_OPS[name], prob) for name, prob, _ in sub] for sub in tv]
+    assert set(_TV_OPS.values()) <= set(OP_FNS)
+    assert ours[0] == [("invert", 0.1, 0.0, 0.0), ("contrast", 0.2, 1.0, pytest.approx(0.6))]  # bin 6 of 0-0.9
+    assert ours[1][1] == ("translate_x", 0.3, 0.0, 14 / 32)  # bin 9: int(150/331 * 32) = 14 px
+    posterize = {arg for sub in ours for kind, _, arg, m in sub if kind == "posterize"}
+    assert posterize and all(arg == int(arg) and 4 <= arg <= 8 for arg in posterize)
+
+
+def test_cifar10_autoaugment_per_sample_and_seeded():
+    from vitflash.gpu_augment import AUTOAUGMENT_CIFAR10
+
+    aug = GPUAugment(Augment(train_crop="pad", auto_augment=AUTOAUGMENT_CIFAR10), 16)
+    x = torch.randint(0, 256, (1, 16, 16, 3), dtype=torch.uint8, generator=gen(2)).expand(200, 16, 16, 3).contiguous()
+    out = aug.train(x, gen())
+    assert out.shape == (200, 3, 16, 16) and torch.isfinite(out).all()
+    assert len({tuple(o.flatten()[:64].mul(100).round().tolist()) for o in out}) > 50  # per-sample ops and crops
+    assert torch.equal(out, aug.train(x, gen())) and not torch.equal(out, aug.train(x, gen(1)))
+    # the cpu pipeline runs torchvision's own policy (timm has no CIFAR-10 AutoAugment)
+    from torchvision import transforms as T
+
+    cpu = Augment(train_crop="pad", auto_augment=AUTOAUGMENT_CIFAR10).train_transform(16)
+    policy = [t for t in cpu.transforms if isinstance(t, T.AutoAugment)]
+    assert len(policy) == 1 and policy[0].policy == T.AutoAugmentPolicy.CIFAR10
+    assert cpu(Image.fromarray(x[0].numpy())).shape == (3, 16, 16)
+
+
 def test_unsupported_policy_says_what_to_do():
     with pytest.raises(ValueError, match="data.pipeline=cpu"):
         GPUAugment(Augment(auto_augment="original"), 32)
@@ -426,11 +463,12 @@ def test_on_cuda_resident_and_streamed_batches_agree():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("crop", ["pad", "rrc"])
-def test_on_cuda_graph_replay_makes_the_eager_batches(crop, caplog):
+@pytest.mark.parametrize("crop, policy", [("pad", "rand-m9-mstd0.5-inc1"), ("rrc", "rand-m9-mstd0.5-inc1"),
+                                          ("pad", "autoaugment-cifar10")])
+def test_on_cuda_graph_replay_makes_the_eager_batches(crop, policy, caplog):
     """The augmentation replayed as a CUDA graph (the default on a GPU) gives the batches of the
     eager ops from the same seeds."""
-    aug = GPUAugment(Augment(train_crop=crop, auto_augment="rand-m9-mstd0.5-inc1", re_prob=0.25), 32)
+    aug = GPUAugment(Augment(train_crop=crop, auto_augment=policy, re_prob=0.25), 32)
     images = torch.randint(0, 256, (300, 32, 32, 3), dtype=torch.uint8, generator=gen(3)).cuda()
     kw = dict(transform=aug.train, batch_size=64, device="cuda", train=True, seed=5)
     with caplog.at_level(logging.INFO, logger="vitflash.gpu_data"):

@@ -54,8 +54,9 @@ class Augment:
 
     Training: train_crop "rrc" (timm's random-resized crop over `scale` and aspect `ratio`, the ImageNet recipe)
     or "pad" (a random crop of the image padded by img_size/8, the CIFAR recipe), a flip with
-    probability hflip, then timm's RandAugment (`auto_augment`, e.g. "rand-m9-mstd0.5-inc1"),
-    color jitter and random erasing (`re_prob`). Evaluation resizes to img_size / crop_pct and
+    probability hflip, then timm's RandAugment (`auto_augment`, e.g. "rand-m9-mstd0.5-inc1") or
+    torchvision's AutoAugment with its CIFAR-10 policy (`auto_augment="autoaugment-cifar10"`),
+    color jitter (off under either policy, as timm does) and random erasing (`re_prob`). Evaluation resizes to img_size / crop_pct and
     center-crops img_size.
     """
 
@@ -76,12 +77,19 @@ class Augment:
             raise ValueError(f"train_crop={self.train_crop!r}: choose 'rrc' (random-resized) or 'pad'")
 
     def train_transform(self, img_size: int) -> Callable[[Image.Image], torch.Tensor]:
+        from vitflash.gpu_augment import AUTOAUGMENT_CIFAR10
+
+        cifar_policy = self.auto_augment == AUTOAUGMENT_CIFAR10  # torchvision's, which timm lacks
         primary, secondary, final = create_transform(
             img_size, is_training=True, scale=tuple(self.scale), ratio=tuple(self.ratio), hflip=self.hflip,
-            color_jitter=self.color_jitter, auto_augment=self.auto_augment, re_prob=self.re_prob,
+            color_jitter=0.0 if cifar_policy else self.color_jitter,
+            auto_augment=None if cifar_policy else self.auto_augment, re_prob=self.re_prob,
             re_mode="pixel", interpolation=self.interpolation, mean=tuple(self.mean),
             std=tuple(self.std), separate=True,
         )
+        if cifar_policy:  # bilinear and the mean colour's fill, as the gpu pipeline's
+            secondary = T.AutoAugment(T.AutoAugmentPolicy.CIFAR10, T.InterpolationMode.BILINEAR,
+                                      fill=[round(255 * m) for m in self.mean])
         if self.train_crop == "pad":
             primary = T.Compose([
                 T.RandomCrop(img_size, padding=img_size // 8, padding_mode="reflect"),

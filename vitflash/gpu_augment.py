@@ -288,7 +288,8 @@ class RandAugment:
 
         if not config.startswith("rand"):
             raise ValueError(f"auto_augment={config!r}: the gpu pipeline runs timm's RandAugment "
-                             "('rand-...', e.g. 'rand-m9-mstd0.5-inc1'); for other policies set data.pipeline=cpu")
+                             "('rand-...', e.g. 'rand-m9-mstd0.5-inc1') and torchvision's CIFAR-10 AutoAugment "
+                             f"('{AUTOAUGMENT_CIFAR10}'); for other policies set data.pipeline=cpu")
         ra = rand_augment_transform(config, {})
         missing = sorted({op.name for op in ra.ops} - set(OPS))
         if missing:
@@ -356,6 +357,74 @@ class RandAugment:
         return x
 
 
+AUTOAUGMENT_CIFAR10 = "autoaugment-cifar10"  # the auto_augment value of torchvision's CIFAR-10 policy
+
+# torchvision's AutoAugment op -> (kind in OP_FNS, base, whether the magnitude is an offset from
+# 1: the enhance ops take a factor 1 + magnitude), its argument from torchvision's magnitude m
+_TV_OPS = {
+    "ShearX": "shear_x", "ShearY": "shear_y", "TranslateX": "translate_x", "TranslateY": "translate_y",
+    "Rotate": "rotate", "Brightness": "brightness", "Color": "color", "Contrast": "contrast",
+    "Sharpness": "sharpness", "Posterize": "posterize", "Solarize": "solarize",
+    "AutoContrast": "autocontrast", "Equalize": "equalize", "Invert": "invert",
+}
+
+
+class CIFAR10AutoAugment:
+    """torchvision's AutoAugment with its CIFAR-10 policy (`AutoAugmentPolicy.CIFAR10`, the
+    learned policy of Cubuk et al.) on a batch: each sample runs one of the 25 sub-policies,
+    each of its two ops with the sub-policy's probability, signed magnitudes with a random sign
+    per sample. The policy and the magnitude bins are read from torchvision; the ops are
+    OP_FNS. As in RandAugment here, the batch is shuffled and each sub-policy owns a fixed
+    slice of it (uniform choice per sample, no data-dependent shapes). Differences from
+    torchvision's per-image op: shears are about the centre (torchvision's about the top-left
+    corner), resampling is bilinear, and the uncovered area takes the fill passed in."""
+
+    def __init__(self, img_size: int):
+        from torchvision.transforms import AutoAugment, AutoAugmentPolicy
+
+        policy = AutoAugment(AutoAugmentPolicy.CIFAR10)
+        # the magnitude bins torchvision draws from (a private method, the one source of them)
+        space = policy._augmentation_space(10, (img_size, img_size))
+        self.subpolicies = []  # per sub-policy, per op: (kind, probability, base, signed magnitude)
+        for sub in policy.policies:
+            ops = []
+            for name, prob, bin_ in sub:
+                magnitudes, signed = space[name]
+                m = float(magnitudes[bin_]) if bin_ is not None and magnitudes.ndim else 0.0
+                kind = _TV_OPS[name]
+                if kind in ("translate_x", "translate_y"):
+                    m = int(m) / img_size  # torchvision shifts by int(m) pixels; OP_FNS by a fraction
+                base = 1.0 if kind in ("brightness", "color", "contrast", "sharpness") else 0.0
+                ops.append((kind, prob, base, m) if signed else (kind, prob, base + m, 0.0))
+            self.subpolicies.append(ops)
+
+    def __call__(self, x: torch.Tensor, fill: torch.Tensor, g: torch.Generator) -> torch.Tensor:
+        """x (B, 3, H, W) float in [0, 1]; fill (1, 3, 1, 1) -> same shape."""
+        B, n = x.shape[0], len(self.subpolicies)
+        bounds = [round(k * B / n) for k in range(n + 1)]
+        perm = torch.randperm(B, generator=g, device=x.device)
+        applies = torch.rand(2, B, generator=g, device=x.device)
+        signs = torch.where(torch.rand(2, B, generator=g, device=x.device) < 0.5, -1.0, 1.0)
+        y = x[perm]  # slot j holds sample perm[j]
+        for k, ops in enumerate(self.subpolicies):
+            s = slice(bounds[k], bounds[k + 1])
+            if s.start == s.stop:
+                continue
+            for j, (kind, prob, base, magnitude) in enumerate(ops):
+                arg = base + signs[j, s] * magnitude
+                out = OP_FNS[kind](y[s], arg, fill)
+                y[s] = torch.where((applies[j, s] < prob).view(-1, 1, 1, 1), out, y[s])
+        return torch.empty_like(y).index_copy_(0, perm, y)
+
+
+def policy(config: str, img_size: int):
+    """The batched augmentation policy that `auto_augment` names: timm's RandAugment ("rand-...")
+    or torchvision's CIFAR-10 AutoAugment (AUTOAUGMENT_CIFAR10)."""
+    if config == AUTOAUGMENT_CIFAR10:
+        return CIFAR10AutoAugment(img_size)
+    return RandAugment(config)
+
+
 # ---------------------------------------------------------------------------------------------
 
 
@@ -363,7 +432,7 @@ class GPUAugment:
     """`Augment` (the cpu pipeline's recipe) as batched ops on uint8 batches, on their device.
 
     train: crop ("pad": padded random crop, or "rrc": random-resized crop over scale/ratio) and
-    flip with probability hflip, then RandAugment (auto_augment) or else color jitter
+    flip with probability hflip, then RandAugment or the CIFAR-10 AutoAugment (auto_augment) or else color jitter
     (brightness/contrast/saturation, in that order), normalize, random erasing (re_prob).
     evaluate: resize the short side to img_size / crop_pct and center-crop img_size (one box,
     resampled once), normalize.
@@ -371,7 +440,7 @@ class GPUAugment:
 
     def __init__(self, augment: Augment, img_size: int):
         self.augment, self.img_size = augment, img_size
-        self.rand_augment = RandAugment(augment.auto_augment) if augment.auto_augment else None
+        self.rand_augment = policy(augment.auto_augment, img_size) if augment.auto_augment else None
         # as timm's create_transform: color jitter is off when an auto-augment policy is on
         self.jitter = 0.0 if augment.auto_augment else float(augment.color_jitter or 0.0)
         self._consts: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
