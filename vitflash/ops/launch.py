@@ -34,7 +34,7 @@ from vitflash.files import written_whole
 from vitflash.ops import kernels
 
 INTERPRET = bool(kernels.INTERPRET)
-CACHE_VERSION = 2  # bump when a kernel changes in a way that can change the best config
+CACHE_VERSION = 3  # bump when a kernel or the candidate list changes in a way that can change the best config
 
 
 @dataclass(frozen=True)
@@ -137,8 +137,10 @@ def candidates(op: str, n: int, d: int, bh: int = 1) -> list[Candidate]:
         if keys <= SHORT_FWD_MAX and keys * bd <= 256 * 128:
             out += [short_fwd(n, m, w) for m in (16, 32, 64, 128) for w in (4, 8)
                     if m <= max(16, _pow2(n)) and m * keys <= 128 * 160]
+            # small tiles in 2 warps: more programs resident per SM where a tile is tiny
+            out += [short_fwd(n, m, 2) for m in (16, 32) if m <= max(16, _pow2(n)) and keys * bd <= 128 * 64]
             # pipelined: `st` copies of the Q, K, V tiles in shared memory; keep under ~160 KB
-            out += [short_fwd(n, m, 4, g, st) for m in (32, 64) for g, st in ((4, 2), (8, 3))
+            out += [short_fwd(n, m, 4, g, st) for m in (32, 64) for g, st in ((2, 2), (4, 2), (8, 3), (16, 3))
                     if m <= max(16, _pow2(n)) and bh % g == 0
                     and st * (m + 2 * keys) * bd * 2 <= 160 * 1024]
     elif op == "bwd":
@@ -156,6 +158,8 @@ def candidates(op: str, n: int, d: int, bh: int = 1) -> list[Candidate]:
         if keys <= SHORT_BWD_MAX and keys * bd <= 160 * 128:
             out += [short_bwd(n, m, w) for m in (16, 32, 64) for w in (4, 8)
                     if m <= max(16, _pow2(n))]
+            if keys * bd <= 128 * 64:  # a small head's whole backward in 2 warps, 16-row chunks
+                out.append(short_bwd(n, 16, 2))
             # 128-row chunks (65 rows: one chunk, against 64 + 16 above) only with 8 warps,
             # and only where their Q, dO, O chunks and (keys, 128) score tiles stay far
             # below the shared memory: D <= 64 and at most 128 keys
