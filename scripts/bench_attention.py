@@ -62,23 +62,22 @@ LATENCY_IMPLS = ["flash", "naive", "sdpa"]  # sdpa: the backend PyTorch picks it
 def make_case(impl: str, B: int, H: int, N: int, D: int, dtype: torch.dtype, dropout_p: float = 0.0):
     """Return (leaf tensors, fn() -> o, do) for one implementation, on random inputs, with
     attention dropout `dropout_p` (every path drops its weights whenever it is > 0)."""
-    p = dropout_p
     if impl in ("flash", "naive"):
         qkv = torch.randn(B, N, 3, H, D, device="cuda", dtype=dtype, requires_grad=True)
         do = torch.randn(B, N, H, D, device="cuda", dtype=dtype)
         if impl == "flash":
-            return [qkv], (lambda: flash_attention_qkvpacked(qkv, dropout_p=p)), do
-        return [qkv], (lambda: naive_attention(*qkv.unbind(2), dropout_p=p)), do
+            return [qkv], (lambda: flash_attention_qkvpacked(qkv, dropout_p=dropout_p)), do
+        return [qkv], (lambda: naive_attention(*qkv.unbind(2), dropout_p=dropout_p)), do
     q, k, v = (torch.randn(B, H, N, D, device="cuda", dtype=dtype, requires_grad=True)
                for _ in range(3))
     if impl == "sdpa":
-        return [q, k, v], (lambda: F.scaled_dot_product_attention(q, k, v, dropout_p=p)), \
+        return [q, k, v], (lambda: F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)), \
             torch.randn(B, H, N, D, device="cuda", dtype=dtype)
     backend = SDPA_BACKENDS[impl]
 
     def fn():
         with sdpa_kernel(backend):
-            return F.scaled_dot_product_attention(q, k, v, dropout_p=p)
+            return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)
 
     return [q, k, v], fn, torch.randn(B, H, N, D, device="cuda", dtype=dtype)
 

@@ -335,7 +335,7 @@ def compose_case(case: str, attention: str, compile_mode: str, args, out_dir: Pa
         overrides.append(f"paths.data_dir={args.data_root}")
     if args.pipeline:
         overrides.append(f"data.pipeline={args.pipeline}")
-    if getattr(args, "loop_graph_step", False) and compile_mode in GRAPH_STEP_COMPILE:
+    if args.loop_graph_step and compile_mode in GRAPH_STEP_COMPILE:
         overrides.append("model.graph_step=true")
     overrides += args.override
     with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
@@ -403,7 +403,8 @@ def markdown(rows: list[dict], env: dict, command: str, args) -> str:
              "collection in each loop window.", ""]
     graphs = any(r.get("graph_step_repeats") for r in rows)
     if graphs:
-        lines += ["Graph step: the same step on an eager copy of the model, forward, backward and a fused, "
+        lines += ["Graph step: the same step on a copy of the model (eager, or compiled in default mode as the "
+                  "case's model is), forward, backward and a fused, "
                   "capturable AdamW captured as one CUDA graph and replayed (`--graph-step`); host ms/step beside "
                   "it.", ""]
     head = ("| data | pipeline | model | batch | attention | compile | loop img/s | bare step img/s | loop/bare | "

@@ -33,7 +33,7 @@ from torchvision import transforms as T
 from tqdm.auto import tqdm
 
 from vitflash.files import written_whole
-from vitflash.gpu_augment import GPUAugment
+from vitflash.gpu_augment import AUTOAUGMENT_CIFAR10, GPUAugment
 from vitflash.gpu_data import STORAGES, GPUArrays, GPULoader, choose_storage
 
 log = logging.getLogger(__name__)
@@ -77,8 +77,6 @@ class Augment:
             raise ValueError(f"train_crop={self.train_crop!r}: choose 'rrc' (random-resized) or 'pad'")
 
     def train_transform(self, img_size: int) -> Callable[[Image.Image], torch.Tensor]:
-        from vitflash.gpu_augment import AUTOAUGMENT_CIFAR10
-
         cifar_policy = self.auto_augment == AUTOAUGMENT_CIFAR10  # torchvision's, which timm lacks
         primary, secondary, final = create_transform(
             img_size, is_training=True, scale=tuple(self.scale), ratio=tuple(self.ratio), hflip=self.hflip,

@@ -359,8 +359,7 @@ class RandAugment:
 
 AUTOAUGMENT_CIFAR10 = "autoaugment-cifar10"  # the auto_augment value of torchvision's CIFAR-10 policy
 
-# torchvision's AutoAugment op -> (kind in OP_FNS, base, whether the magnitude is an offset from
-# 1: the enhance ops take a factor 1 + magnitude), its argument from torchvision's magnitude m
+# torchvision's AutoAugment op name -> the kind of OP_FNS that does it
 _TV_OPS = {
     "ShearX": "shear_x", "ShearY": "shear_y", "TranslateX": "translate_x", "TranslateY": "translate_y",
     "Rotate": "rotate", "Brightness": "brightness", "Color": "color", "Contrast": "contrast",
@@ -394,7 +393,7 @@ class CIFAR10AutoAugment:
                 kind = _TV_OPS[name]
                 if kind in ("translate_x", "translate_y"):
                     m = int(m) / img_size  # torchvision shifts by int(m) pixels; OP_FNS by a fraction
-                base = 1.0 if kind in ("brightness", "color", "contrast", "sharpness") else 0.0
+                base = 1.0 if kind in ("brightness", "color", "contrast", "sharpness") else 0.0  # factor 1 -/+ m
                 ops.append((kind, prob, base, m) if signed else (kind, prob, base + m, 0.0))
             self.subpolicies.append(ops)
 

@@ -328,19 +328,17 @@ class ViTModule(L.LightningModule):
                              sharded=isinstance(self.trainer.strategy, FSDPStrategy),
                              accumulate_grad_batches=self.trainer.accumulate_grad_batches,
                              optimizer=getattr(self.optimizer_factory, "func", self.optimizer_factory))
-            if self.hparams.compile == "default" and self.compile_mode is None:
-                # compiled without CUDA graphs of its own: the kernels inductor makes (fused
-                # elementwise ops, the flash op) are launched inside the whole step's graph
-                self.model.compile(mode="default")
-                self.compile_mode = "default"
+            # the model eager, or compiled without CUDA graphs of its own: the kernels inductor
+            # makes (fused elementwise ops, the flash op) are launched inside the step's graph
+            mode = "default" if self.hparams.compile == "default" else None
             log.info("model.graph_step=true: the whole training step runs as one CUDA graph, the model %s",
-                     "compiled (torch.compile mode='default')" if self.compile_mode else "eager")
+                     "compiled" if mode else "eager")
             # the step hands Lightning no loss on purpose: its backward and optimizer step are in the graph
             warnings.filterwarnings("ignore", message=r"`training_step` returned `None`")
-            return
-        mode = resolve_compile(self.hparams.compile, cuda=on_cuda,
-                               accumulate_grad_batches=self.trainer.accumulate_grad_batches,
-                               sharded=isinstance(self.trainer.strategy, FSDPStrategy))
+        else:
+            mode = resolve_compile(self.hparams.compile, cuda=on_cuda,
+                                   accumulate_grad_batches=self.trainer.accumulate_grad_batches,
+                                   sharded=isinstance(self.trainer.strategy, FSDPStrategy))
         if stage == "fit" and mode and self.compile_mode is None:
             # in place (nn.Module.compile): the module tree and state_dict keys stay as they are
             self.model.compile(mode=mode)

@@ -28,7 +28,7 @@ import torch
 
 from vitflash.ops import kernels
 from vitflash.ops import launch as _launch
-from vitflash.ops.launch import Candidate, Launch, block_d, choose, tail_tile
+from vitflash.ops.launch import Candidate, Launch, _pow2, block_d, choose, tail_tile
 
 from vitflash.ops.reference import check_dropout_p, check_softmax_scale
 
@@ -147,7 +147,7 @@ def dropout_keep_mask(seed: torch.Tensor, B: int, H: int, N: int, dropout_p: flo
     (True: kept, then scaled by 1 / (1 - dropout_p)). For tests and inspection: the kernels
     regenerate it and never store it."""
     mask = torch.empty((B * H, N, N), dtype=torch.uint8, device=seed.device)
-    kernels.dropout_mask_kernel[(N, B * H)](seed, mask, dropout_p, N, BLOCK=min(128, max(16, 1 << (N - 1).bit_length())))
+    kernels.dropout_mask_kernel[(N, B * H)](seed, mask, dropout_p, N, BLOCK=min(128, max(16, _pow2(N))))
     return mask.view(B, H, N, N).bool()
 
 
