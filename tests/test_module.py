@@ -578,13 +578,22 @@ def test_graph_step_with_the_compiled_model_trains_as_the_eager_step(tmp_path):
     assert graphed.compile_mode == "default" and graphed._whole_step.graph is not None
     assert trainer.global_step == 8
     # inductor fuses and reorders the bf16 arithmetic, so the weights agree less closely
-    # than the eager model's captured step does, but far closer than the steps moved them
+    # than the eager model's captured step does, but far closer than the steps moved them.
+    # The key bias is left out: softmax ignores a shift shared by a row's scores, so its
+    # gradient is zero up to rounding, and AdamW scales that rounding noise to full-size steps
+    # that differ between any two orders of the arithmetic.
     L.seed_everything(0)
     start = ViTModule("vit_micro_patch4_32", num_classes=10, attention="flash").model.state_dict()
-    moved = 0.0
+    moved, off = 0.0, {}
     for (name, a), b in zip(graphed.model.state_dict().items(), eager.model.state_dict().values()):
-        torch.testing.assert_close(a, b, rtol=2e-2, atol=2e-3, msg=name)
-        moved = max(moved, (a.cpu() - start[name]).abs().max().item())
+        a, b, s = a.float().cpu(), b.float().cpu(), start[name].float()
+        if name.endswith("attn.qkv.bias"):
+            q, k, v = a.chunk(3)
+            a, b, s = torch.cat([q, v]), torch.cat([b.chunk(3)[0], b.chunk(3)[2]]), torch.cat([s.chunk(3)[0], s.chunk(3)[2]])
+        if not torch.allclose(a, b, rtol=2e-2, atol=2e-3):
+            off[name] = (a - b).abs().max().item()
+        moved = max(moved, (a - s).abs().max().item())
+    assert not off, f"weights that differ from the eager step's (largest difference): {off}"
     assert moved > 2e-3  # the steps moved the weights by more than the tolerance
 
 
@@ -622,6 +631,6 @@ def test_graph_step_says_what_to_change_when_the_capture_fails():
     x, y = torch.randn(16, 8, device="cuda"), torch.randint(0, 4, (16,), device="cuda")
     for _ in range(WARMUP_STEPS):
         whole.step(x, y)
-    with pytest.raises(RuntimeError, match="could not capture the training step.*model.graph_step=false"):
+    with pytest.raises(RuntimeError, match="(?s)could not capture the training step.*model.graph_step=false"):
         whole.step(x, y)
     torch.cuda.synchronize()
