@@ -598,6 +598,31 @@ def test_graph_step_with_the_compiled_model_trains_as_the_eager_step(tmp_path):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("compile", [False, "default"])
+def test_graph_step_draws_new_random_masks_at_every_replay(compile):
+    """Stochastic depth and dropout inside the captured step, the model eager or compiled (whose
+    random ops inductor generates from its own seeds): each replay must draw new masks, not
+    replay the captured ones. With the learning rate 0 the weights stay put, so two replays on
+    one batch differ only by their masks."""
+    from vitflash.graph_step import WARMUP_STEPS, WholeStepGraph
+
+    L.seed_everything(0)
+    module = ViTModule("vit_micro_patch4_32", num_classes=10, attention="flash", drop_path_rate=0.5,
+                       attn_drop_rate=0.2, compile=False).cuda().train()
+    model = module.model
+    if compile:
+        model.compile(mode=compile)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.0, weight_decay=0.0, fused=True, capturable=True)
+    whole = WholeStepGraph(model, torch.nn.functional.cross_entropy, optimizer, clip=None, precision="bf16-mixed")
+    x, y = torch.randn(32, 3, 32, 32, device="cuda"), torch.randint(0, 10, (32,), device="cuda")
+    for _ in range(WARMUP_STEPS + 1):  # the last call captures the graph and replays it
+        whole.step(x, y)
+    losses = [whole.step(x, y)[1].item() for _ in range(4)]
+    assert whole.graph is not None
+    assert len(set(losses)) == len(losses), f"replays drew the same masks: losses {losses}"
+
+
+@pytest.mark.gpu
 def test_graph_step_checkpoint_resumes_and_loads(tmp_path):
     module, trainer, _ = _fit_on_gpu(tmp_path, graph_step=True, ema=0.99)
     path = tmp_path / "graph.ckpt"
