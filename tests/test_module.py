@@ -622,6 +622,37 @@ def test_graph_step_draws_new_random_masks_at_every_replay(compile):
     assert len(set(losses)) == len(losses), f"replays drew the same masks: losses {losses}"
 
 
+def test_a_loaded_optimizer_state_is_made_capturable_for_the_graph_step():
+    """A run without the graph step saves capturable=False; resumed with it, the loaded groups
+    must say capturable again, or the optimizer refuses the capture."""
+    from vitflash.graph_step import make_capturable
+
+    model = torch.nn.Linear(4, 2)
+    eager = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model(torch.randn(3, 4)).sum().backward()
+    eager.step()
+    resumed = torch.optim.AdamW(model.parameters(), lr=1e-3, capturable=True)
+    resumed.load_state_dict(eager.state_dict())
+    assert resumed.param_groups[0]["capturable"] is False  # what the checkpoint said
+    make_capturable(resumed)
+    assert all(g["capturable"] is True for g in resumed.param_groups)
+    for p in model.parameters():
+        assert resumed.state[p]["step"].device == p.device and resumed.state[p]["step"].item() == 1
+
+
+@pytest.mark.gpu
+def test_graph_step_resumes_a_checkpoint_of_an_eager_run(tmp_path):
+    _, trainer, _ = _fit_on_gpu(tmp_path, graph_step=False)
+    path = tmp_path / "eager.ckpt"
+    trainer.save_checkpoint(path)
+    resumed = L.Trainer(accelerator="gpu", devices=1, precision="bf16-mixed", max_steps=14, logger=False,
+                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                        limit_val_batches=0, default_root_dir=tmp_path)
+    again = ViTModule("vit_micro_patch4_32", num_classes=10, attention="flash", compile=False, graph_step=True)
+    resumed.fit(again, loaders()[0], ckpt_path=path)
+    assert resumed.global_step == 14 and again._whole_step.graph is not None  # captured after the resume
+
+
 @pytest.mark.gpu
 def test_graph_step_checkpoint_resumes_and_loads(tmp_path):
     module, trainer, _ = _fit_on_gpu(tmp_path, graph_step=True, ema=0.99)

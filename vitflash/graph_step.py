@@ -29,6 +29,19 @@ WARMUP_STEPS = 3  # eager steps before the capture, as PyTorch's recipe does
 AUTOCAST: dict[str, torch.dtype | None] = {"bf16-mixed": torch.bfloat16, "32-true": None, "32": None}
 
 
+def make_capturable(optimizer: torch.optim.Optimizer) -> None:
+    """Set every param group capturable, with each parameter's step count on the parameter's
+    device, as a capturable optimizer keeps it. A state loaded from a checkpoint of a run
+    without the graph step (resumed with it) says capturable=False, and a non-fused one holds
+    its step counts on the CPU: the optimizer would refuse the capture, or read them on the host."""
+    for group in optimizer.param_groups:
+        group["capturable"] = True
+        for param in group["params"]:
+            step = optimizer.state.get(param, {}).get("step")
+            if isinstance(step, torch.Tensor) and step.device != param.device:
+                optimizer.state[param]["step"] = step.to(param.device)
+
+
 class WholeStepGraph:
     """Runs `step(x, target) -> (logits, loss)`: the update of `model` by `optimizer` on one batch,
     eagerly for the first WARMUP_STEPS calls, then from a CUDA graph captured at the next.
@@ -51,6 +64,7 @@ class WholeStepGraph:
         self.autocast = (partial(torch.autocast, "cuda", dtype=autocast_dtype, cache_enabled=False)
                          if autocast_dtype is not None else nullcontext)
         self.params = [p for p in model.parameters() if p.requires_grad]
+        make_capturable(optimizer)
         self.lrs: list[torch.Tensor] = []
         self.graph: torch.cuda.CUDAGraph | None = None
         self.static: tuple[torch.Tensor, torch.Tensor] | None = None
