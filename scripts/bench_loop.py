@@ -367,7 +367,7 @@ def run_case(case: str, attention: str, compile_mode: str, args) -> dict:
         "data": case, "model": cfg.model.model_name, "batch": batch, "attention": module.model.attention,
         "compile": compile_mode, "compile_mode": module.compile_mode or "eager",
         # the loop ran the whole step as one CUDA graph (model.graph_step=true, --loop-graph-step)
-        "loop_graph_step": bool(module.hparams.get("graph_step")),
+        "loop_graph_step": module.graph_step,
         "pipeline": cfg.data.get("pipeline", "cpu"), "precision": str(trainer.precision),
         "loop_img_per_s": statistics.median(loop), "step_img_per_s": statistics.median(bare),
         "ratio": statistics.median(loop) / statistics.median(bare), "gpu_busy": busy.mean(timer.windows),

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 from contextlib import nullcontext
 import socket
@@ -522,8 +523,22 @@ def test_graph_step_refuses_what_it_cannot_capture():
         with pytest.raises((ValueError, RuntimeError), match=message) as error:
             check_graph_step(**{**good, key: value})
         assert "model.graph_step=false" in str(error.value)
-    with pytest.raises(ValueError, match="model.graph_step='yes' is not true or false"):
+    with pytest.raises(ValueError, match="model.graph_step='yes' is not true, false or auto"):
         make(graph_step="yes")
+
+
+def test_graph_step_auto_trains_the_eager_step_where_it_cannot_capture(tmp_path, caplog):
+    """model.graph_step=auto on a machine without CUDA: the usual step, and a log line saying why."""
+    if torch.cuda.is_available():
+        pytest.skip("checks auto's fallback on a machine without CUDA")
+    trainer = L.Trainer(accelerator="cpu", max_steps=2, logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path)
+    module = make(graph_step="auto", compile="auto")
+    with caplog.at_level(logging.INFO, logger="vitflash.module"):
+        trainer.fit(module, *loaders())
+    assert trainer.global_step == 2 and module.graph_step is False and module._whole_step is None
+    assert module.compile_mode is None  # compile=auto: eager on the CPU, as without the graph step
+    assert "model.graph_step=auto -> false" in caplog.text and "needs a CUDA GPU" in caplog.text
 
 
 def test_graph_step_without_cuda_stops_before_any_work(tmp_path):
@@ -538,7 +553,7 @@ def test_graph_step_without_cuda_stops_before_any_work(tmp_path):
     assert trainer.global_step == 0
 
 
-def _fit_on_gpu(tmp_path, graph_step: bool, ema: float | None = None, compile=False):
+def _fit_on_gpu(tmp_path, graph_step: bool | str, ema: float | None = None, compile=False):
     """8 steps on the GPU from one seed, with mixup, clipping and the step's LR schedule; no
     stochastic layers, so the captured and the eager step draw nothing that differs."""
     L.seed_everything(0)
@@ -649,6 +664,15 @@ def test_graph_step_resumes_a_checkpoint_of_an_eager_run(tmp_path):
     again = ViTModule("vit_micro_patch4_32", num_classes=10, attention="flash", compile=False, graph_step=True)
     resumed.fit(again, loaders()[0], ckpt_path=path)
     assert resumed.global_step == 14 and again._whole_step.graph is not None  # captured after the resume
+
+
+@pytest.mark.gpu
+def test_graph_step_auto_captures_the_compiled_model_on_one_gpu(tmp_path):
+    """auto on one GPU in bf16 with AdamW: the whole step captured, and compile=auto puts the
+    compiled model (no CUDA graphs of its own) inside it."""
+    module, trainer, _ = _fit_on_gpu(tmp_path, graph_step="auto", compile="auto")
+    assert module.graph_step is True and module.compile_mode == "default"
+    assert module._whole_step.graph is not None and trainer.global_step == 8
 
 
 @pytest.mark.gpu

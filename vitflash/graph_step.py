@@ -119,9 +119,9 @@ class WholeStepGraph:
                     self.outputs = self._body(*self.static)
             except RuntimeError as err:  # e.g. an op that waits on the device, or a compiled model's guard
                 raise RuntimeError(
-                    f"model.graph_step=true could not capture the training step as a CUDA graph: {err}. With "
-                    "model.compile=default, try model.compile=false (the model eager inside the graph); else set "
-                    "model.graph_step=false") from err
+                    f"model.graph_step=true could not capture the training step as a CUDA graph: {err}. With the "
+                    "model compiled (model.compile=default or auto), try model.compile=false (the model eager inside "
+                    "the graph); else set model.graph_step=false") from err
         static_x, static_target = self.static
         if x.shape != static_x.shape or target.shape != static_target.shape:
             raise ValueError(

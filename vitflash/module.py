@@ -188,9 +188,10 @@ class ViTModule(L.LightningModule):
             one CUDA graph replayed per batch (`vitflash.graph_step`): for small models at small
             batches, where the host's work per step outlasts the GPU's. One CUDA device,
             bf16-mixed or fp32, AdamW/Adam, no gradient accumulation. The model runs eager
-            (compile auto or false) or compiled without CUDA graphs of its own (compile
-            default: inductor's fused kernels inside the captured step, for larger batches
-            where the GPU's work, not the host's, sets the pace).
+            (compile false) or compiled without CUDA graphs of its own (compile default or
+            auto: inductor's fused kernels inside the captured step). "auto": on where the
+            trainer allows it (the conditions above, checked at fit), else off, with a log
+            line that says why.
     """
 
     def __init__(
@@ -218,7 +219,7 @@ class ViTModule(L.LightningModule):
         compile: str | bool | None = "auto",
         ema_decay: float | None = None,
         ema_warmup: bool = False,
-        graph_step: bool = False,
+        graph_step: bool | str = False,
     ):
         super().__init__()
         resolve_compile(compile, cuda=False)  # a bad value stops here, before the model is built
@@ -255,9 +256,9 @@ class ViTModule(L.LightningModule):
         if isinstance(cooldown_epochs, bool) or not isinstance(cooldown_epochs, (int, float)) or cooldown_epochs < 0:
             raise ValueError(f"model.cooldown_epochs={cooldown_epochs!r}: give a number of epochs >= 0 (the last "
                              "epochs, held at min_lr), or 0 for none")
-        if not isinstance(graph_step, bool):
-            raise ValueError(f"model.graph_step={graph_step!r} is not true or false")
-        if graph_step and not torch.cuda.is_available():  # the rest is checked at setup, on the trainer
+        if not isinstance(graph_step, bool) and graph_step != "auto":
+            raise ValueError(f"model.graph_step={graph_step!r} is not true, false or auto")
+        if graph_step is True and not torch.cuda.is_available():  # the rest is checked at setup, on the trainer
             check_graph_step(compile, cuda=False, precision="", world_size=1, accumulate_grad_batches=1,
                              optimizer=torch.optim.AdamW)
         self.mixup = None
@@ -287,6 +288,7 @@ class ViTModule(L.LightningModule):
         self._loss_count = 0
         self._clip_params: list[nn.Parameter] | None = None  # what configure_gradient_clipping clips
         self._whole_step: WholeStepGraph | None = None  # model.graph_step: made at the first training step
+        self.graph_step = False  # whether this fit runs the captured whole step: settled at setup
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """(B, 3, H, W) images -> (B, num_classes) logits."""
@@ -322,17 +324,14 @@ class ViTModule(L.LightningModule):
             if stage == "fit":
                 log.info("model.ema_decay=%g: validation and test evaluate the EMA of the weights; the best "
                          "checkpoint is chosen on it", self.hparams.ema_decay)
-        if self.hparams.get("graph_step") and stage == "fit":
-            check_graph_step(self.hparams.compile, cuda=on_cuda, precision=str(self.trainer.precision),
-                             world_size=self.trainer.world_size,
-                             sharded=isinstance(self.trainer.strategy, FSDPStrategy),
-                             accumulate_grad_batches=self.trainer.accumulate_grad_batches,
-                             optimizer=getattr(self.optimizer_factory, "func", self.optimizer_factory))
-            # the model eager, or compiled without CUDA graphs of its own: the kernels inductor
+        if stage == "fit":
+            self.graph_step = self._settle_graph_step(on_cuda)
+        if stage == "fit" and self.graph_step:
+            # the model compiled without CUDA graphs of its own, or eager: the kernels inductor
             # makes (fused elementwise ops, the flash op) are launched inside the step's graph
-            mode = "default" if self.hparams.compile == "default" else None
-            log.info("model.graph_step=true: the whole training step runs as one CUDA graph, the model %s",
-                     "compiled" if mode else "eager")
+            mode = "default" if self.hparams.compile in ("default", "auto") else None
+            log.info("model.graph_step=%s: the whole training step runs as one CUDA graph, the model %s",
+                     "true" if self.hparams.graph_step is True else "auto -> true", "compiled" if mode else "eager")
             # the step hands Lightning no loss on purpose: its backward and optimizer step are in the graph
             warnings.filterwarnings("ignore", message=r"`training_step` returned `None`")
         else:
@@ -365,7 +364,7 @@ class ViTModule(L.LightningModule):
         target = y
         if self.mixup is not None:
             x, target = self.mixup(x, y)  # target: (B, num_classes) soft labels
-        if self.hparams.get("graph_step"):
+        if self.graph_step:
             # forward, backward and the update, replayed: nothing is left for Lightning to do
             # (returning None skips its backward; optimizer_step below skips its step)
             logits, loss = self._graph_step().step(x, target)
@@ -381,7 +380,26 @@ class ViTModule(L.LightningModule):
         self._loss_count += len(x)
         if self._logs_this_step():
             self.log("train/loss_step", loss.clone())  # a copy: the next replay overwrites the graph's output
-        return None if self.hparams.get("graph_step") else loss
+        return None if self.graph_step else loss
+
+    def _settle_graph_step(self, on_cuda: bool) -> bool:
+        """model.graph_step for this fit: true where the trainer allows it (else the error that
+        says what to change); auto: the same check, off where it fails."""
+        choice = self.hparams.get("graph_step", False)
+        if not choice:
+            return False
+        try:
+            check_graph_step(self.hparams.compile, cuda=on_cuda, precision=str(self.trainer.precision),
+                             world_size=self.trainer.world_size,
+                             sharded=isinstance(self.trainer.strategy, FSDPStrategy),
+                             accumulate_grad_batches=self.trainer.accumulate_grad_batches,
+                             optimizer=getattr(self.optimizer_factory, "func", self.optimizer_factory))
+        except (ValueError, vitflash.SetupError) as err:
+            if choice is True:
+                raise
+            log.info("model.graph_step=auto -> false: %s", str(err).split(": ")[0])
+            return False
+        return True
 
     def _graph_step(self) -> WholeStepGraph:
         if self._whole_step is None:
@@ -467,7 +485,7 @@ class ViTModule(L.LightningModule):
                 and "fused" not in factory.keywords and "foreach" not in factory.keywords
                 and str(self.trainer.precision) not in ("16-mixed", "16")):
             factory = partial(factory, fused=True)
-        if hp.get("graph_step") and self.device.type == "cuda":
+        if self.graph_step:
             factory = partial(self.optimizer_factory, fused=True, capturable=True)  # its step inside the graph
         optimizer = factory(groups)
         self._whole_step = None  # a new optimizer: captured again at the next fit's first steps
@@ -495,7 +513,7 @@ class ViTModule(L.LightningModule):
         is never chosen under fp16) the gradients are the true ones: clip them directly.
         Under FSDP each process holds a shard of the gradients, so the norm is FSDP's own
         (an all-reduce of the shards' norms), which Lightning's FSDP precision does not call."""
-        if self.hparams.get("graph_step"):
+        if self.graph_step:
             return  # clipped inside the captured step
         if (gradient_clip_val and gradient_clip_algorithm in (None, "norm")
                 and isinstance(self.trainer.model, FullyShardedDataParallel)):
@@ -516,7 +534,7 @@ class ViTModule(L.LightningModule):
             torch.nn.utils.clip_grad_value_(params, gradient_clip_val)
 
     def optimizer_step(self, epoch: int, batch_idx: int, optimizer, optimizer_closure=None) -> None:
-        if self.hparams.get("graph_step"):
+        if self.graph_step:
             optimizer_closure()  # training_step: the update, replayed as part of the step's graph
         else:
             super().optimizer_step(epoch, batch_idx, optimizer, optimizer_closure)
