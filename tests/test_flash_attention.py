@@ -401,6 +401,22 @@ def test_dropout_masks_per_seed_head_and_call():
     assert torch.equal(flash_attention_qkvpacked(qkv, dropout_p=0.0), flash_attention_qkvpacked(qkv))
 
 
+def test_dropout_mask_has_no_pattern_across_keys_or_rows():
+    """Four keys share one Philox call: each of the four numbers, and neighbouring keys, must
+    still look independent. For p = 0.5: each key position mod 4 kept half the time, and two
+    neighbouring keys (within and across a call's four) equal half the time; no two rows alike."""
+    B, H, N, p = 1, 4, 256, 0.5
+    mask = flash_mod.dropout_keep_mask(torch.tensor([99], dtype=torch.int64, device=DEVICE), B, H, N, p).float()
+    for lane in range(4):
+        assert abs(mask[..., lane::4].mean().item() - 0.5) < 0.02, lane
+    same = (mask[..., 1:] == mask[..., :-1]).float()
+    for lane in range(4):  # key 4c + lane against key 4c + lane + 1 (lane 3: the next call's first)
+        assert abs(same[..., lane::4].mean().item() - 0.5) < 0.02, lane
+    assert abs((mask[..., 1:, :] == mask[..., :-1, :]).float().mean().item() - 0.5) < 0.02  # neighbouring rows
+    rows = mask.reshape(-1, N)
+    assert torch.unique(rows, dim=0).shape[0] == rows.shape[0]
+
+
 @pytest.mark.parametrize("impl", ["flash", "naive", "sdpa"])
 @pytest.mark.parametrize("p, error", [(1.0, ValueError), (-0.1, ValueError), ("0.1", TypeError), (True, TypeError)])
 def test_rejects_bad_dropout_p(impl, p, error):

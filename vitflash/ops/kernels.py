@@ -24,8 +24,10 @@ Algorithm (Dao et al., "FlashAttention", 2022, and "FlashAttention-2", 2023):
   backward's last chunk run the same code (a helper) on the smaller tile.
 
 Dropout (DROPOUT, a constexpr: without it no dropout code is traced). Each probability P_ij
-of head bh is kept where a counter-based random number, Philox keyed by seed + bh at counter
-i * N + j (`_keep`), is >= p, and the kept ones are scaled by 1 / (1 - p). The seed is read
+of head bh is kept where a counter-based random number, Philox keyed by seed + bh, is >= p
+(`_keep`: one Philox call at counter i * ceil(N / 4) + j // 4 gives the numbers of the keys
+4 (j // 4) .. + 3, a quarter of the calls of one per key), and the kept ones are scaled by
+1 / (1 - p). The seed is read
 from a device tensor, so a CUDA graph replays fresh masks. The forward applies the mask to
 P V (the normalizer sums the whole row); the backward regenerates the same mask instead of
 storing it: dV = (P o Z)^T dO and dP = (dO V^T) o Z, with Z the scaled mask, and delta =
@@ -139,15 +141,21 @@ def _round(x, dtype: tl.constexpr):
 
 
 @triton.jit
-def _keep(seed, bh, q_rows, k_cols, N, drop_p, TRANS: tl.constexpr):
-    """Which probabilities of head bh survive dropout: (len(q_rows), len(k_cols)) booleans,
-    or their transpose if TRANS. One random number per (query, key) pair of a head, the same
-    in the forward and the backward whatever the tiles."""
+def _keep(seed, bh, q_rows, k_start, N, drop_p, BLOCK_K: tl.constexpr, TRANS: tl.constexpr):
+    """Which probabilities of head bh survive dropout, for the query rows q_rows and the
+    BLOCK_K keys from k_start (a multiple of 4): (len(q_rows), BLOCK_K) booleans, or their
+    transpose if TRANS. One Philox call gives four numbers: those of counter
+    i * ceil(N / 4) + c decide the keys 4c .. 4c + 3 of query i, so the mask is one function
+    of (query, key) in the forward and the backward whatever the tiles."""
+    quads = k_start // 4 + tl.arange(0, BLOCK_K // 4)
+    r0, r1, r2, r3 = tl.randint4x(seed + bh, q_rows[:, None] * ((N + 3) // 4) + quads[None, :])
+    # (rows, quads, 2, 2) -> (rows, BLOCK_K): the four numbers of a quad side by side
+    u = tl.join(tl.join(tl.uint_to_uniform_float(r0), tl.uint_to_uniform_float(r1)),
+                tl.join(tl.uint_to_uniform_float(r2), tl.uint_to_uniform_float(r3)))
+    u = tl.reshape(u, [q_rows.shape[0], BLOCK_K])
     if TRANS:
-        offs = q_rows[None, :] * N + k_cols[:, None]
-    else:
-        offs = q_rows[:, None] * N + k_cols[None, :]
-    return tl.rand(seed + bh, offs) >= drop_p
+        u = tl.trans(u)
+    return u >= drop_p
 
 
 @triton.jit
@@ -159,7 +167,7 @@ def dropout_mask_kernel(SEED, MASK, drop_p, N, BLOCK: tl.constexpr):
     rows = row + tl.arange(0, 1)
     for start in range(0, N, BLOCK):
         cols = start + tl.arange(0, BLOCK)
-        keep = _keep(seed, bh, rows, cols, N, drop_p, False)
+        keep = _keep(seed, bh, rows, start, N, drop_p, BLOCK, False)
         ptrs = MASK + (bh.to(tl.int64) * N + rows[:, None]) * N + cols[None, :]
         tl.store(ptrs, keep.to(tl.uint8), mask=cols[None, :] < N)
 
@@ -193,7 +201,7 @@ def _fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, start, end, N, H, offs_n, offs_
         alpha = tl.math.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, 1)
         if DROPOUT:  # the normalizer above sums every probability; P V only the kept ones
-            p = tl.where(_keep(seed, bh, offs_m, cols, N, drop_p, False), p, 0.0)
+            p = tl.where(_keep(seed, bh, offs_m, start_n, N, drop_p, BLOCK_N, False), p, 0.0)
         v = _load(v_ptrs + start_n * row_stride, cols, N, offs_d, HEAD_DIM, BLOCK_D, MASK_N)
         acc = _dot(_round(p, v.dtype), v, acc * alpha[:, None])
         m_i = m_new
@@ -285,20 +293,21 @@ def _fwd_short_rows(QKV, O, LSE, SEED, qk_scale, drop_p, H, N, group, start_m,
         p = tl.math.exp2(s - m[:, None])
         l = tl.sum(p, 1)
         if DROPOUT:
-            p = tl.where(_keep(seed, bh, offs_m, tl.arange(0, BLOCK_N), N, drop_p, False), p, 0.0)
+            p = tl.where(_keep(seed, bh, offs_m, 0, N, drop_p, BLOCK_N, False), p, 0.0)
         acc = _dot(_round(p, v.dtype), v, tl.zeros([ROWS, BLOCK_D], tl.float32))
         if HAS_TAIL:
             p_t = tl.math.exp2(s_t - m[:, None])
             l += tl.sum(p_t, 1)
             if DROPOUT:
-                p_t = tl.where(_keep(seed, bh, offs_m, BLOCK_N + tl.arange(0, BLOCK_T), N, drop_p, False),
+                p_t = tl.where(_keep(seed, bh, offs_m, BLOCK_N, N, drop_p, BLOCK_T, False),
                                p_t, 0.0)
             acc = _dot(_round(p_t, v.dtype), v_t, acc)
         if BLOCK_T2 > 0:
             p_t2 = tl.math.exp2(s_t2 - m[:, None])
             l += tl.sum(p_t2, 1)
             if DROPOUT:
-                p_t2 = tl.where(_keep(seed, bh, offs_m, offs_t2, N, drop_p, False), p_t2, 0.0)
+                p_t2 = tl.where(_keep(seed, bh, offs_m, BLOCK_N + BLOCK_T, N, drop_p, BLOCK_T2, False),
+                                p_t2, 0.0)
             acc = _dot(_round(p_t2, v.dtype), v_t2, acc)
         _store_rows(O, acc * (_keep_scale(drop_p, DROPOUT) / l)[:, None], bh, offs_m, offs_d, N, H,
                     1, 0, HEAD_DIM, BLOCK_D)
@@ -350,16 +359,16 @@ def bwd_delta_kernel(O, DO, DELTA, H, N,
 
 
 @triton.jit
-def _bwd_dkdv_step(dk, dv, k, v, q, do, lse, delta, qk_scale, seed, bh, rows, cols, N, drop_p,
+def _bwd_dkdv_step(dk, dv, k, v, q, do, lse, delta, qk_scale, seed, bh, rows, k_start, N, drop_p,
                    DROPOUT: tl.constexpr):
     """One query tile's share of dK, dV, on transposed tiles so that they accumulate as
-    (BLOCK_N, BLOCK_D). Returns dS^T too, for a caller that also wants dQ. rows, cols: the
-    tile's query rows and keys (for the dropout mask)."""
+    (BLOCK_N, BLOCK_D). Returns dS^T too, for a caller that also wants dQ. rows, k_start: the
+    tile's query rows and its first key (for the dropout mask)."""
     s_t = _dot(k, tl.trans(q), tl.zeros([k.shape[0], q.shape[0]], tl.float32))
     p_t = tl.math.exp2(s_t * qk_scale - lse[None, :])  # (BLOCK_N, BLOCK_M)
     dp_t = _dot(v, tl.trans(do), tl.zeros([k.shape[0], q.shape[0]], tl.float32))
     if DROPOUT:
-        keep_t = _keep(seed, bh, rows, cols, N, drop_p, True)
+        keep_t = _keep(seed, bh, rows, k_start, N, drop_p, k.shape[0], True)
         scale = _keep_scale(drop_p, DROPOUT)
         dv = _dot(_round(tl.where(keep_t, p_t * scale, 0.0), do.dtype), do, dv)
         dp_t = tl.where(keep_t, dp_t * scale, 0.0)
@@ -395,7 +404,7 @@ def _bwd_dkdv(pid, QKV, DO, LSE, DELTA, DQKV, seed, qk_scale, sm_scale, drop_p, 
         lse = tl.load(LSE + stats + rows, mask=rows < N, other=float("inf"))
         delta = tl.load(DELTA + stats + rows, mask=rows < N, other=0.0)
         dk, dv, _ = _bwd_dkdv_step(dk, dv, k, v, q, do, lse, delta, qk_scale, seed, bh, rows,
-                                   offs_n, N, drop_p, DROPOUT)
+                                   pid_n * BLOCK_N, N, drop_p, DROPOUT)
 
     _store_rows(DQKV, dk * sm_scale, bh, offs_n, offs_d, N, H, 3, 1, HEAD_DIM, BLOCK_D)
     _store_rows(DQKV, dv, bh, offs_n, offs_d, N, H, 3, 2, HEAD_DIM, BLOCK_D)
@@ -428,7 +437,7 @@ def _bwd_dq(pid, QKV, DO, LSE, DELTA, DQKV, seed, qk_scale, sm_scale, drop_p, H,
         p = tl.where(cols[None, :] < N, tl.math.exp2(s * qk_scale - lse[:, None]), 0.0)
         dp = _dot(do, tl.trans(v), tl.zeros([BLOCK_M, BLOCK_N], tl.float32))
         if DROPOUT:
-            dp = tl.where(_keep(seed, bh, offs_m, cols, N, drop_p, False),
+            dp = tl.where(_keep(seed, bh, offs_m, start_n, N, drop_p, BLOCK_N, False),
                           dp * _keep_scale(drop_p, DROPOUT), 0.0)
         ds = p * (dp - delta[:, None])
         dq = _dot(_round(ds, k.dtype), k, dq)
@@ -477,7 +486,7 @@ def _bwd_short_chunk(dk, dv, dk_t, dv_t, k, v, k_t, v_t, QKV, O, DO, LSE, DQKV, 
         lse = tl.load(LSE + bh.to(tl.int64) * N + rows, mask=rows < N, other=float("inf"))
     else:
         lse = tl.load(LSE + bh.to(tl.int64) * N + rows)
-    dk, dv, ds_t = _bwd_dkdv_step(dk, dv, k, v, q, do, lse, delta, qk_scale, seed, bh, rows, offs_n,
+    dk, dv, ds_t = _bwd_dkdv_step(dk, dv, k, v, q, do, lse, delta, qk_scale, seed, bh, rows, 0,
                                   N, drop_p, DROPOUT)
     # Padded keys (k = v = 0) get p = exp2(-lse) != 0 in _bwd_dkdv_step: harmless for
     # their own dK, dV rows, which are never stored, but they must not reach dQ.
@@ -485,7 +494,7 @@ def _bwd_short_chunk(dk, dv, dk_t, dv_t, k, v, k_t, v_t, QKV, O, DO, LSE, DQKV, 
     dq = _dot(tl.trans(_round(ds_t, k.dtype)), k, tl.zeros([ROWS, BLOCK_D], tl.float32))
     if HAS_TAIL:
         dk_t, dv_t, ds_tt = _bwd_dkdv_step(dk_t, dv_t, k_t, v_t, q, do, lse, delta, qk_scale, seed, bh,
-                                           rows, offs_t, N, drop_p, DROPOUT)
+                                           rows, BLOCK_N, N, drop_p, DROPOUT)
         ds_tt = tl.where(offs_t[:, None] < N, ds_tt, 0.0)
         dq = _dot(tl.trans(_round(ds_tt, k.dtype)), k_t, dq)
     _store_rows(DQKV, dq * sm_scale, bh, rows, offs_d, N, H, 3, 0, HEAD_DIM, BLOCK_D)
