@@ -11,7 +11,8 @@ Two suites:
 - cifar: the CIFAR presets (32 px, 65 tokens), eager, `torch.compile` and
   `torch.compile(mode="reduce-overhead")` (CUDA graphs), where these small models are
   launch-bound and the compiled modes are the ones that matter;
-- large: ViT-S/16 and ViT-B/16 at 224 and 384 px, eager, against timm.
+- large: ViT-S/16 and ViT-B/16 at 224 and 384 px, eager, and ViT-B/16 at 224 px under
+  `torch.compile` too (the training shape where flash meets cuDNN), against timm.
 
     python scripts/bench_model.py --suite cifar --out benchmarks/results
 writes train_step_<suite>_<gpu>.json and .md there (a GPU is required). JSON rows: model,
@@ -43,7 +44,7 @@ SUITES = {
     "cifar": [(m, b, c) for m in ("vit_tiny_patch4_32", "vit_small_patch4_32")
               for b in (256, 1024) for c in (None, "default", "reduce-overhead")],
     "large": [("vit_small_patch16_224", 256, None), ("vit_base_patch16_224", 256, None),
-              ("vit_base_patch16_384", 64, None)],
+              ("vit_base_patch16_224", 256, "default"), ("vit_base_patch16_384", 64, None)],
 }
 PATHS = {"cifar": ["flash", "sdpa", "naive"], "large": ["flash", "sdpa", "naive", "timm"]}
 REPEATS = 3
