@@ -335,9 +335,10 @@ def compose_case(case: str, attention: str, compile_mode: str, args, out_dir: Pa
         overrides.append(f"paths.data_dir={args.data_root}")
     if args.pipeline:
         overrides.append(f"data.pipeline={args.pipeline}")
+    # explicit either way: the config's default (auto) would capture every eligible case.
     # getattr: bench_ddp.py composes its cases here with arguments that have no --loop-graph-step
-    if getattr(args, "loop_graph_step", False) and compile_mode in GRAPH_STEP_COMPILE:
-        overrides.append("model.graph_step=true")
+    graphed = getattr(args, "loop_graph_step", False) and compile_mode in GRAPH_STEP_COMPILE
+    overrides.append(f"model.graph_step={'true' if graphed else 'false'}")
     overrides += args.override
     with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
         return compose("train", overrides=overrides), overrides

@@ -75,6 +75,8 @@ def resolve_compile(mode: str | bool | None, cuda: bool, accumulate_grad_batches
     Under FSDP (`sharded`) "auto" is eager and "reduce-overhead" is refused: FSDP frees each
     block's gathered weights after use and gathers them again into new memory, while a CUDA
     graph replays the addresses it recorded (and compiling around FSDP's hooks is untested here).
+    Where the whole step is captured (model.graph_step, on by default on one GPU), setup
+    compiles "auto" as "default" inside that graph instead of calling this.
     Raises ValueError for anything else, listing the choices.
     """
     if mode is None or mode is False:
@@ -189,9 +191,9 @@ class ViTModule(L.LightningModule):
             batches, where the host's work per step outlasts the GPU's. One CUDA device,
             bf16-mixed or fp32, AdamW/Adam, no gradient accumulation. The model runs eager
             (compile false) or compiled without CUDA graphs of its own (compile default or
-            auto: inductor's fused kernels inside the captured step). "auto": on where the
-            trainer allows it (the conditions above, checked at fit), else off, with a log
-            line that says why.
+            auto: inductor's fused kernels inside the captured step). "auto" (the default): on
+            where the trainer allows it (the conditions above, checked at fit), else off,
+            with a log line that says why.
     """
 
     def __init__(
@@ -219,7 +221,7 @@ class ViTModule(L.LightningModule):
         compile: str | bool | None = "auto",
         ema_decay: float | None = None,
         ema_warmup: bool = False,
-        graph_step: bool | str = False,
+        graph_step: bool | str = "auto",
     ):
         super().__init__()
         resolve_compile(compile, cuda=False)  # a bad value stops here, before the model is built
