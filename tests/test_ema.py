@@ -111,7 +111,7 @@ def test_ema_is_not_trained_clipped_or_compiled(tmp_path):
     # setup compiles self.model in place (nn.Module.compile), never the EMA's copy
     compiled = make(ema_decay=0.9, compile="default")
     fake = SimpleNamespace(strategy=SimpleNamespace(root_device=torch.device("cpu")), precision="32-true",
-                           accumulate_grad_batches=1)
+                           accumulate_grad_batches=1, world_size=1)
     with mock.patch.object(ViTModule, "trainer", new_callable=mock.PropertyMock, return_value=fake):
         compiled.setup("fit")
     assert compiled.compile_mode == "default"
@@ -182,7 +182,8 @@ def test_ema_under_cuda_graphs_syncs_nothing_and_stays_eager(tmp_path):
     trainer = L.Trainer(accelerator="gpu", devices=1, precision="bf16-mixed", max_steps=16, log_every_n_steps=4,
                         callbacks=[trap, Record()], logger=False, enable_checkpointing=False, val_check_interval=8,
                         num_sanity_val_steps=0, gradient_clip_val=1.0, default_root_dir=tmp_path)
-    module = ViTModule("vit_micro_patch4_32", num_classes=10, attention="flash", ema_decay=0.8, ema_warmup=True)
+    module = ViTModule("vit_micro_patch4_32", num_classes=10, attention="flash", ema_decay=0.8, ema_warmup=True,
+                       graph_step=False)  # the compiled step with CUDA graphs (auto would capture the whole step)
     train, _ = loaders(n_train=512)
     train = DataLoader(train.dataset, batch_size=16, shuffle=True, drop_last=True, pin_memory=True)
     val = DataLoader(TensorDataset(*(t[:40] for t in train.dataset.tensors)), batch_size=16, pin_memory=True)
@@ -309,7 +310,7 @@ def test_fsdp_and_half_precision_weights_are_refused(tmp_path):
         (mock.MagicMock(spec=FSDPStrategy, root_device=torch.device("cpu")), "32-true", "cannot run under trainer=fsdp"),
         (SimpleNamespace(root_device=torch.device("cpu")), "bf16-true", "trainer.precision=bf16-true: .*bf16-mixed"),
     ]:
-        fake = SimpleNamespace(strategy=strategy, precision=precision, accumulate_grad_batches=1)
+        fake = SimpleNamespace(strategy=strategy, precision=precision, accumulate_grad_batches=1, world_size=1)
         with mock.patch.object(ViTModule, "trainer", new_callable=mock.PropertyMock, return_value=fake):
             with pytest.raises(ValueError, match=message):
                 module.setup("fit")

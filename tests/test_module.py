@@ -476,15 +476,17 @@ class SyncTrap(HostReadTrap):
 @pytest.mark.gpu
 @pytest.mark.parametrize("attention", ["flash", "naive", "sdpa"])
 def test_cuda_graphs_fit_without_host_syncs(tmp_path, attention):
-    # compile=auto on CUDA is reduce-overhead (CUDA graphs); bf16 autocast; mixup/cutmix; the
-    # configured callbacks and logger. Validation, with a partial last batch, compiles nothing.
+    # compile=auto on CUDA without the graph step is reduce-overhead (CUDA graphs); bf16 autocast;
+    # mixup/cutmix; the configured callbacks and logger. Validation, with a partial last batch,
+    # compiles nothing. (graph_step=false: the default, auto, would capture the whole step instead.)
     cfg = compose_cfg(tmp_path, ["data=synthetic", "trainer.log_every_n_steps=4"])
     trap = SyncTrap(every=4)
     callbacks = [trap, *(instantiate(c, _convert_="all") for c in cfg.callbacks.values())]
     trainer = L.Trainer(accelerator="gpu", devices=1, precision="bf16-mixed", max_steps=16, log_every_n_steps=4,
                         callbacks=callbacks, logger=CSVLogger(tmp_path), val_check_interval=8,
                         num_sanity_val_steps=0, gradient_clip_val=1.0, default_root_dir=tmp_path)
-    module = ViTModule("vit_micro_patch4_32", num_classes=10, attention=attention, mixup_alpha=0.8, cutmix_alpha=1.0)
+    module = ViTModule("vit_micro_patch4_32", num_classes=10, attention=attention, mixup_alpha=0.8, cutmix_alpha=1.0,
+                       graph_step=False)
     train, _ = loaders(n_train=512)
     train = DataLoader(train.dataset, batch_size=16, shuffle=True, drop_last=True, pin_memory=True)
     val = DataLoader(TensorDataset(*(t[:40] for t in train.dataset.tensors)), batch_size=16, pin_memory=True)
@@ -516,6 +518,7 @@ def test_graph_step_refuses_what_it_cannot_capture():
         "precision": ("16-mixed", "not trainer.precision=16-mixed"),
         "world_size": (2, "runs on one device \\(2 processes here"),
         "sharded": (True, "cannot run under trainer=fsdp"),
+        "ddp": (True, "cannot run under trainer=ddp, even with one device"),
         "accumulate_grad_batches": (4, "not every 4 \\(trainer.accumulate_grad_batches\\)"),
         "optimizer": (torch.optim.SGD, "not SGD: use optim=adamw"),
     }
@@ -688,7 +691,8 @@ def test_graph_step_checkpoint_resumes_and_loads(tmp_path):
     resumed = L.Trainer(accelerator="gpu", devices=1, precision="bf16-mixed", max_steps=12, logger=False,
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                         limit_val_batches=0, default_root_dir=tmp_path)
-    again = ViTModule("vit_micro_patch4_32", num_classes=10, attention="flash", compile=False, ema_decay=0.99)
+    again = ViTModule("vit_micro_patch4_32", num_classes=10, attention="flash", compile=False, ema_decay=0.99,
+                      graph_step=False)
     resumed.fit(again, loaders()[0], ckpt_path=path)
     assert resumed.global_step == 12
 

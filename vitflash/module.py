@@ -18,7 +18,7 @@ from typing import Callable
 import lightning as L
 import torch
 import torch.nn as nn
-from lightning.pytorch.strategies import FSDPStrategy
+from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy
 from timm.data import Mixup
 from timm.loss import SoftTargetCrossEntropy
 from timm.optim import param_groups_layer_decay, param_groups_weight_decay
@@ -102,7 +102,7 @@ def resolve_compile(mode: str | bool | None, cuda: bool, accumulate_grad_batches
 
 
 def check_graph_step(compile_mode, cuda: bool, precision: str, world_size: int, accumulate_grad_batches: int,
-                     optimizer, sharded: bool = False) -> None:
+                     optimizer, sharded: bool = False, ddp: bool = False) -> None:
     """Raise a ValueError (SetupError without CUDA) where model.graph_step=true cannot run."""
     fix = "or set model.graph_step=false"
     if not cuda:
@@ -121,6 +121,9 @@ def check_graph_step(compile_mode, cuda: bool, precision: str, world_size: int, 
     if world_size > 1:
         raise ValueError(f"model.graph_step=true runs on one device ({world_size} processes here: DDP's gradient "
                          f"all-reduce is not captured): use one GPU, {fix}")
+    if ddp:  # a process group of one still runs DDP's reducer hooks around the backward
+        raise ValueError(f"model.graph_step=true cannot run under trainer=ddp, even with one device (DDP's gradient "
+                         f"hooks are not captured): use trainer=gpu, {fix}")
     if accumulate_grad_batches > 1:
         raise ValueError(f"model.graph_step=true steps the optimizer every batch, not every "
                          f"{accumulate_grad_batches} (trainer.accumulate_grad_batches): set it to 1, {fix}")
@@ -394,6 +397,7 @@ class ViTModule(L.LightningModule):
             check_graph_step(self.hparams.compile, cuda=on_cuda, precision=str(self.trainer.precision),
                              world_size=self.trainer.world_size,
                              sharded=isinstance(self.trainer.strategy, FSDPStrategy),
+                             ddp=isinstance(self.trainer.strategy, DDPStrategy),
                              accumulate_grad_batches=self.trainer.accumulate_grad_batches,
                              optimizer=getattr(self.optimizer_factory, "func", self.optimizer_factory))
         except (ValueError, vitflash.SetupError) as err:
