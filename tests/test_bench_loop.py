@@ -164,17 +164,18 @@ def test_loop_graph_step_on_cuda(tmp_path, monkeypatch):
     assert "| flash | default + graph step |" in text and "Fastest loop against the fastest bare step" in text
 
 
-@pytest.mark.parametrize(("flags", "compile_mode", "expected"), [
-    ([], "default", "model.graph_step=false"),  # the config's auto would capture it on a GPU
-    ([], "reduce-overhead", "model.graph_step=false"),
-    (["--loop-graph-step"], "default", "model.graph_step=true"),
-    (["--loop-graph-step"], "reduce-overhead", "model.graph_step=false"),  # CUDA graphs of its own
+@pytest.mark.parametrize(("loop_graph_step", "compile_mode", "expected"), [
+    (False, "default", "model.graph_step=false"),  # the config's auto would capture it on a GPU
+    (False, "reduce-overhead", "model.graph_step=false"),
+    (True, "default", "model.graph_step=true"),
+    (True, "reduce-overhead", "model.graph_step=false"),  # CUDA graphs of its own
 ])
-def test_each_case_sets_the_graph_step_explicitly(monkeypatch, tmp_path, flags, compile_mode, expected):
-    """The loop runs the mode its row names, whatever model.graph_step's default is."""
+def test_each_case_sets_the_graph_step_explicitly(monkeypatch, tmp_path, loop_graph_step, compile_mode, expected):
+    """The loop runs the mode its row names (--loop-graph-step or not), whatever model.graph_step's
+    default is."""
     monkeypatch.syspath_prepend(str(SCRIPTS))
     bench_loop = load_script("bench_loop")
-    args = argparse.Namespace(data_root=None, pipeline=None, override=[], loop_graph_step=bool(flags))
+    args = argparse.Namespace(data_root=None, pipeline=None, override=[], loop_graph_step=loop_graph_step)
     cfg, overrides = bench_loop.compose_case("cifar10", "flash", compile_mode, args, tmp_path, max_steps=4)
     assert expected in overrides
     assert cfg.model.graph_step == (expected.endswith("true"))
