@@ -48,6 +48,13 @@ SMALL_SHAPES = [(256, 3, 65, 64), (1024, 3, 65, 64), (256, 6, 65, 64), (1024, 6,
 LARGE_SHAPES = [(256, 12, 197, 64), (256, 6, 197, 64), (64, 12, 577, 64), (32, 16, 1025, 64),
                 (8, 12, 4097, 64), (4, 16, 4097, 128)]
 SHAPES = SMALL_SHAPES + LARGE_SHAPES
+# Shapes of the same kinds that the sets above leave out (other N, head dims 80 and 96, other
+# B*H), for checking that a kernel change holds beyond the listed shapes (--shapes varied):
+# ViT-B/32 @224 b256 (7x7 + 1 tokens), ViT-B/16 @256 b128 (16x16 + 1), ViT-H/14 @224 b64 and
+# @336 b32 (16 heads of 80), a 768-wide ViT with 8 heads of 96 @224 b128, a ViT-B/14 @518 b16
+# (37x37 + 1), and ViT-B/16 @224 at b1024 and b16 (4x and 1/16 the B*H of the first large shape).
+VARIED_SHAPES = [(256, 12, 50, 64), (128, 12, 257, 64), (64, 16, 257, 80), (32, 16, 577, 80),
+                 (128, 8, 197, 96), (16, 12, 1370, 64), (1024, 12, 197, 64), (16, 12, 197, 64)]
 # One call of a CIFAR ViT layer at batch 1, forward+backward, synchronized.
 LATENCY_SHAPE = (1, 3, 65, 64)
 PEAK_TFLOPS = 790.0  # dense bf16 matrix product on random data, measured on the H200
@@ -298,7 +305,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     parser.add_argument("--impls", nargs="+", default=IMPLS, choices=IMPLS)
-    parser.add_argument("--shapes", choices=("all", "small", "large"), default="all")
+    parser.add_argument("--shapes", choices=("all", "small", "large", "varied"), default="all",
+                        help="all: small + large; varied: shapes of the same kinds outside those sets")
     parser.add_argument("--warmup-ms", type=int, default=25)
     parser.add_argument("--rep-ms", type=int, default=100)
     parser.add_argument("--repeats", type=int, default=REPEATS)
@@ -310,7 +318,7 @@ def main() -> None:
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("bench_attention.py needs a CUDA GPU: it times GPU kernels.")
-    shapes = {"all": SHAPES, "small": SMALL_SHAPES, "large": LARGE_SHAPES}[args.shapes]
+    shapes = {"all": SHAPES, "small": SMALL_SHAPES, "large": LARGE_SHAPES, "varied": VARIED_SHAPES}[args.shapes]
 
     if args.first_call_only:
         for shape in shapes:
