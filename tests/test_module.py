@@ -544,6 +544,30 @@ def test_graph_step_auto_trains_the_eager_step_where_it_cannot_capture(tmp_path,
     assert "model.graph_step=auto -> false" in caplog.text and "needs a CUDA GPU" in caplog.text
 
 
+def test_graph_step_auto_is_the_default_and_settles_on_the_trainer(caplog):
+    """The default, auto, turns the captured step on for a one-device trainer that can run it
+    and off, saying why, under DDP (even with one process), fp16 or compile=reduce-overhead."""
+    from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
+
+    def settle(strategy, precision="bf16-mixed", **kw):
+        module = make(**kw)
+        fake = SimpleNamespace(strategy=strategy, precision=precision, world_size=1, accumulate_grad_batches=1)
+        with mock.patch.object(ViTModule, "trainer", new_callable=mock.PropertyMock, return_value=fake):
+            return module._settle_graph_step(on_cuda=True)
+
+    assert make().hparams.graph_step == "auto"
+    one = mock.MagicMock(spec=SingleDeviceStrategy)
+    assert settle(one) is True
+    with caplog.at_level(logging.INFO, logger="vitflash.module"):
+        assert settle(mock.MagicMock(spec=DDPStrategy)) is False
+        assert settle(one, precision="16-mixed") is False
+        assert settle(one, compile="reduce-overhead") is False
+    reasons = [r.getMessage() for r in caplog.records if "model.graph_step=auto -> false" in r.getMessage()]
+    assert len(reasons) == 3
+    assert "trainer=ddp" in reasons[0] and "16-mixed" in reasons[1] and "reduce-overhead" in reasons[2]
+    assert settle(one, graph_step=False) is False
+
+
 def test_graph_step_without_cuda_stops_before_any_work(tmp_path):
     if torch.cuda.is_available():
         pytest.skip("checks the refusal on a machine without CUDA")
