@@ -5,7 +5,8 @@ Each op (forward, backward) has candidates: a kernel family ("general" streams K
 "short" holds all keys of a head on chip: a power-of-two tile and a tail tile, two in the
 forward where that saves work) with its block sizes, warps and stages. The tiles of a
 partial last block of queries (short kernels) or keys (general forward) are not part of a
-candidate: `tail_tile` derives them from N and the block when the launch is built. The
+candidate: `tail_tile` derives them from N and the block when the launch is built (a
+general backward candidate says only whether it cuts them to size, TAILS: `bwd_tiles`). The
 first call at a key (op, dtype, N, D, B*H rounded up to a power of two) times every
 candidate that compiles and keeps the fastest; the choice is written to a JSON file keyed by
 GPU and versions (`$VITFLASH_CACHE_DIR/autotune.json`, default `~/.cache/vitflash`), so later
