@@ -57,8 +57,8 @@ def gpu_work(events: list[dict]) -> dict:
     by_tid: dict = collections.defaultdict(list)
     for e in host:
         by_tid[e.get("tid")].append(e)
-    starts = {tid: [e["ts"] for e in sorted(evs, key=lambda e: e["ts"])] for tid, evs in by_tid.items()}
     ordered = {tid: sorted(evs, key=lambda e: e["ts"]) for tid, evs in by_tid.items()}
+    starts = {tid: [e["ts"] for e in evs] for tid, evs in ordered.items()}
 
     def enclosing(launch: dict) -> list[str]:
         tid, ts = launch.get("tid"), launch["ts"]

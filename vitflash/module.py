@@ -390,7 +390,7 @@ class ViTModule(L.LightningModule):
     def _settle_graph_step(self, on_cuda: bool) -> bool:
         """model.graph_step for this fit: true where the trainer allows it (else the error that
         says what to change); auto: the same check, off where it fails."""
-        choice = self.hparams.get("graph_step", False)
+        choice = self.hparams.graph_step
         if not choice:
             return False
         try:

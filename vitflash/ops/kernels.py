@@ -497,6 +497,8 @@ def bwd_kernel(QKV, DO, LSE, DELTA, DQKV, SEED, qk_scale, sm_scale, drop_p, BH, 
     if pid < n_dkdv:
         pid_n, bh = _split_pid(pid, N, BLOCK_N1)
         start_n = pid_n * BLOCK_N1
+        # A tile's size is a constexpr, so the choice is made twice, as in fwd_short_kernel:
+        # at trace time (no tail: only the whole-tile code exists), then per program.
         if BLOCK_NT1 == 0:
             _bwd_dkdv(start_n, bh, QKV, DO, LSE, DELTA, DQKV, seed, qk_scale, sm_scale, drop_p, H, N,
                       HEAD_DIM, BLOCK_D, BLOCK_N1, BLOCK_M1, BLOCK_MT1, DROPOUT)
