@@ -69,6 +69,12 @@ def _yaml(path: Path):
     return yaml.safe_load(path.read_text()) if path.is_file() else None
 
 
+def _checkpoint_dirs(run: Path) -> set[str]:
+    """The checkpoint folders a run's config names (callbacks.<name>.dirpath), as written."""
+    callbacks = (_yaml(run / ".hydra" / "config.yaml") or {}).get("callbacks") or {}
+    return {str(Path(c["dirpath"])) for c in callbacks.values() if isinstance(c, dict) and c.get("dirpath")}
+
+
 def resumed_from(run: Path, known: list[Path]) -> Path | None:
     """The run folder whose checkpoint `run` resumed from (its ckpt_path), or None.
 
@@ -76,10 +82,15 @@ def resumed_from(run: Path, known: list[Path]) -> Path | None:
     One that does not resolve to a `known` folder (a relative path, or runs copied from the
     machine that made them) is matched against them by its last two parts (e.g.
     runs/<time>), else by its folder's name where exactly one known folder bears it; failing
-    both, an existing folder it names is taken as it is."""
+    both, an existing folder it names is taken as it is. A checkpoint written outside its run
+    folder (callbacks.*.dirpath set elsewhere) belongs to the known run whose configured
+    checkpoint folder it is in."""
     ckpt = (_yaml(run / ".hydra" / "config.yaml") or {}).get("ckpt_path")
     if not ckpt:
         return None
+    owners = [k for k in known if k != run and str(Path(ckpt).parent) in _checkpoint_dirs(k)]
+    if len(owners) == 1:
+        return owners[0]
     folder = Path(ckpt).parent.parent  # <run>/checkpoints/<file>.ckpt
     here = (folder / METRICS_FILE).is_file()
     if here and folder.resolve() in known:

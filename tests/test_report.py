@@ -118,6 +118,27 @@ def test_pieces_copied_elsewhere_are_still_joined(sweep, tmp_path):
     assert len(rows) == 2  # the copy of job 1 is a piece, not a run of its own
 
 
+def test_pieces_whose_checkpoints_lived_outside_the_run_folders_are_joined(sweep, tmp_path):
+    """Checkpoints written to a folder of their own (callbacks.*.dirpath set elsewhere): the
+    resumed piece's ckpt_path names neither run folder, and the earlier piece is the one
+    whose configured checkpoint folder held it."""
+    jobs, resumed = sweep
+    copies = tmp_path / "results"
+    for src, name in ((jobs / "0", "a"), (jobs / "1", "b"), (resumed, "c")):
+        shutil.copytree(src, copies / name)
+    elsewhere = tmp_path / "gone" / "ckpt_b"  # no such folder here, and its name matches no run
+    for name, text in (("b", f"dirpath: {elsewhere}"), ("c", f"dirpath: {tmp_path / 'gone' / 'ckpt_c'}")):
+        config = copies / name / ".hydra" / "config.yaml"
+        config.write_text(re.sub(r"(?m)^(\s+)dirpath: .*$", lambda m: m.group(1) + text, config.read_text()))
+    config = copies / "c" / ".hydra" / "config.yaml"
+    config.write_text(re.sub(r"(?m)^ckpt_path: .*$", f"ckpt_path: {elsewhere / 'last.ckpt'}", config.read_text()))
+    assert report.resumed_from(copies / "c", [copies / "a", copies / "b", copies / "c"]) == copies / "b"
+    rows = report.main([str(copies / n) for n in "abc"] + ["--out", str(tmp_path / "out")])
+    naive = next(r for r in rows if r["attention"] == "naive")
+    assert [Path(p).name for p in naive["pieces"]] == ["b", "c"]
+    assert len(rows) == 2
+
+
 def test_a_piece_that_only_tested_keeps_the_earlier_pieces(sweep, tmp_path):
     """A last piece with no training rows (it resumed a finished run and only scored the test
     split) adds its test score and keeps the training curves and times of the pieces before it."""
