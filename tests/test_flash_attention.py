@@ -82,36 +82,11 @@ def test_each_kernel_family(monkeypatch, N):
     general_fwd = launch.Candidate("general", (("BLOCK_M", 32), ("BLOCK_N", 16)))
     general_bwd = launch.Candidate("general", (("BLOCK_M1", 16), ("BLOCK_N1", 32),
                                                ("BLOCK_M2", 32), ("BLOCK_N2", 16)))
-    # the general backward with its partial last tiles cut to size (65: 32 + 32 + 16 keys per
-    # dK/dV program, 16 + 16 + 16 + 16 + 16 rows per chunk walk; 130: 4 x 32 + 16)
-    tails_bwd = launch.Candidate("general", general_bwd.blocks + (("TAILS", True),))
-    pairs = [(general_fwd, general_bwd), (launch.short_fwd(N, 32), tails_bwd),
+    pairs = [(general_fwd, general_bwd), (launch.short_fwd(N, 32), general_bwd),
              (launch.short_fwd(N, 16, heads=2, stages=2), launch.short_bwd(N, 16))]
     for fwd, bwd in pairs:
         _force(monkeypatch, fwd, bwd)
         _assert_within_rule(qkv, do)
-        if bwd is tails_bwd:  # the launch ran with the tiles bwd_tiles gives for N
-            (plan,) = [p for key, p in flash_mod._plans.items() if key[0] == "bwd"]
-            assert plan[1].consts.items() >= launch.bwd_tiles(N, tails_bwd.meta).items()
-
-
-def test_bwd_tiles():
-    """The general backward's tiles past its blocks: with TAILS each partial last tile is cut
-    to size; without, the chunk loops end in a whole masked block and the programs' tiles
-    stay whole."""
-    blocks = {"BLOCK_M1": 32, "BLOCK_N1": 64, "BLOCK_M2": 64, "BLOCK_N2": 32}
-    assert launch.bwd_tiles(197, blocks) == {**blocks, "BLOCK_NT1": 0, "BLOCK_MT1": 32, "BLOCK_MT2": 0,
-                                             "BLOCK_NT2": 32}
-    assert launch.bwd_tiles(197, {**blocks, "TAILS": True}) == {**blocks, "BLOCK_NT1": 16, "BLOCK_MT1": 16,
-                                                                "BLOCK_MT2": 16, "BLOCK_NT2": 16}
-    # a block that divides N leaves no tail either way; a tail as large as the block is none
-    assert launch.bwd_tiles(256, {**blocks, "TAILS": True}) == {**blocks, "BLOCK_NT1": 0, "BLOCK_MT1": 0,
-                                                                "BLOCK_MT2": 0, "BLOCK_NT2": 0}
-    big = {"BLOCK_M1": 64, "BLOCK_N1": 128, "BLOCK_M2": 128, "BLOCK_N2": 64, "TAILS": True}
-    assert launch.bwd_tiles(197, big)["BLOCK_NT1"] == 0 and launch.bwd_tiles(197, big)["BLOCK_MT1"] == 16
-    # TAILS variants are candidates only where they change a tile
-    assert any(c.meta.get("TAILS") for c in launch.candidates("bwd", 197, 64))
-    assert not any(c.meta.get("TAILS") for c in launch.candidates("bwd", 256, 64))
 
 
 def test_tail_tile():
@@ -395,12 +370,9 @@ def test_dropout_matches_reference_with_the_kernels_mask(monkeypatch, N, D, dtyp
     assert abs(mask.float().mean().item() - (1 - p)) < 0.05
     ref = _dropout_reference(qkv.double(), do.double(), mask, p)
     low = _dropout_reference(qkv, do, mask, p)
-    general_bwd = launch.Candidate("general", (("BLOCK_M1", 16), ("BLOCK_N1", 32), ("BLOCK_M2", 32), ("BLOCK_N2", 16)))
-    general = (launch.Candidate("general", (("BLOCK_M", 32), ("BLOCK_N", 16))), general_bwd)
-    # the general backward again with its partial last tiles cut to size (the mask's keys
-    # then start at a tail tile's first key)
-    tails = (general[0], launch.Candidate("general", general_bwd.blocks + (("TAILS", True),)))
-    for fwd, bwd in (general, tails, (launch.short_fwd(N, 16, heads=2, stages=2), launch.short_bwd(N, 16))):
+    general = (launch.Candidate("general", (("BLOCK_M", 32), ("BLOCK_N", 16))),
+               launch.Candidate("general", (("BLOCK_M1", 16), ("BLOCK_N1", 32), ("BLOCK_M2", 32), ("BLOCK_N2", 16))))
+    for fwd, bwd in (general, (launch.short_fwd(N, 16, heads=2, stages=2), launch.short_bwd(N, 16))):
         _force(monkeypatch, fwd, bwd)
         o, lse = flash_mod._forward(qkv.contiguous(), D ** -0.5, p, seed)
         dqkv = flash_mod._backward(do, qkv.contiguous(), o, lse, D ** -0.5, p, seed)

@@ -28,7 +28,7 @@ import torch
 
 from vitflash.ops import kernels
 from vitflash.ops import launch as _launch
-from vitflash.ops.launch import Candidate, Launch, _pow2, block_d, bwd_tiles, choose, tail_tile
+from vitflash.ops.launch import Candidate, Launch, _pow2, block_d, choose, tail_tile
 
 from vitflash.ops.reference import check_dropout_p, check_softmax_scale
 
@@ -74,7 +74,7 @@ def _bwd_launches(c: Candidate, B: int, N: int, H: int, D: int, dropout: bool = 
     return [Launch(kernels.bwd_delta_kernel, _cdiv(N, DELTA_BLOCK) * B * H,
                    {**head, "BLOCK_M": DELTA_BLOCK}, 4, 1, n_tensors=3),
             Launch(kernels.bwd_kernel, (_cdiv(N, m["BLOCK_N1"]) + _cdiv(N, m["BLOCK_M2"])) * B * H,
-                   {**head, **bwd_tiles(N, m), "DROPOUT": dropout}, c.num_warps, c.num_stages, n_tensors=6)]
+                   {**head, **m, "DROPOUT": dropout}, c.num_warps, c.num_stages, n_tensors=6)]
 
 
 def _plan(op: str, t: torch.Tensor, B: int, N: int, H: int, D: int, dropout: bool, run) -> list[Launch]:

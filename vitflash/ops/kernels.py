@@ -10,9 +10,7 @@ Algorithm (Dao et al., "FlashAttention", 2022, and "FlashAttention-2", 2023):
 * Backward. A small kernel computes delta = rowsum(dO * O); then one launch does the rest:
   a dK/dV program owns a key tile and streams Q, dO, LSE, delta past it, recomputing
   P = exp(S - LSE) tile by tile; a dQ program does the same with the roles swapped. No
-  program writes where another does: no atomics, so the backward is deterministic. The
-  partial last tiles (a program's tile, a loop's last chunk) may take a smaller tile of
-  their own, as the short kernels' do (bwd_kernel, `launch.bwd_tiles`).
+  program writes where another does: no atomics, so the backward is deterministic.
 * Short sequences (all keys of a head fit on chip, e.g. the 65 tokens of a CIFAR ViT, as
   a 64-key tile and a 16-key tail tile; the forward takes a second tail tile where that
   saves work, 197 keys = 128 + 64 + 16).
@@ -381,97 +379,68 @@ def _bwd_dkdv_step(dk, dv, k, v, q, do, lse, delta, qk_scale, seed, bh, rows, k_
 
 
 @triton.jit
-def _bwd_dkdv_rows(dk, dv, k, v, QKV, DO, LSE, DELTA, seed, qk_scale, drop_p, bh, start_m, k_start, H, N,
-                   HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, ROWS: tl.constexpr, MASK: tl.constexpr,
-                   DROPOUT: tl.constexpr):
-    """ROWS query rows from start_m (MASK: some may be past row N - 1) pass the key tile from
-    k_start: returns its dK, dV with their share added."""
-    rows = start_m + tl.arange(0, ROWS)
-    offs_d = tl.arange(0, BLOCK_D)
-    # Padded query rows: q = dO = 0 and LSE = +inf make their column of P^T zero.
-    q = _load_rows(QKV, bh, rows, offs_d, N, H, 3, 0, HEAD_DIM, BLOCK_D, MASK)
-    do = _load_rows(DO, bh, rows, offs_d, N, H, 1, 0, HEAD_DIM, BLOCK_D, MASK)
-    stats = bh.to(tl.int64) * N + rows
-    if MASK:
-        lse = tl.load(LSE + stats, mask=rows < N, other=float("inf"))
-        delta = tl.load(DELTA + stats, mask=rows < N, other=0.0)
-    else:
-        lse = tl.load(LSE + stats)
-        delta = tl.load(DELTA + stats)
-    dk, dv, _ = _bwd_dkdv_step(dk, dv, k, v, q, do, lse, delta, qk_scale, seed, bh, rows, k_start, N,
-                               drop_p, DROPOUT)
-    return dk, dv
-
-
-@triton.jit
-def _bwd_dkdv(start_n, bh, QKV, DO, LSE, DELTA, DQKV, seed, qk_scale, sm_scale, drop_p, H, N,
-              HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, TILE: tl.constexpr,
-              BLOCK_M: tl.constexpr, BLOCK_MT: tl.constexpr, DROPOUT: tl.constexpr):
-    """dK, dV of the TILE keys from start_n. Q, dO, LSE and delta stream past in full BLOCK_M
-    chunks, then, unless BLOCK_MT = 0 (BLOCK_M divides N), the rows past them in one masked
-    BLOCK_MT chunk."""
-    offs_n = start_n + tl.arange(0, TILE)
+def _bwd_dkdv(pid, QKV, DO, LSE, DELTA, DQKV, seed, qk_scale, sm_scale, drop_p, H, N,
+              HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DROPOUT: tl.constexpr):
+    """dK, dV of one BLOCK_N key tile; Q, dO, LSE, delta stream past in BLOCK_M tiles."""
+    pid_n, bh = _split_pid(pid, N, BLOCK_N)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_m = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     k = _load_rows(QKV, bh, offs_n, offs_d, N, H, 3, 1, HEAD_DIM, BLOCK_D, True)
     v = _load_rows(QKV, bh, offs_n, offs_d, N, H, 3, 2, HEAD_DIM, BLOCK_D, True)
-    dk = tl.zeros([TILE, BLOCK_D], tl.float32)
-    dv = tl.zeros([TILE, BLOCK_D], tl.float32)
-    m_full = (N // BLOCK_M) * BLOCK_M
-    for start_m in range(0, m_full, BLOCK_M):
-        dk, dv = _bwd_dkdv_rows(dk, dv, k, v, QKV, DO, LSE, DELTA, seed, qk_scale, drop_p, bh, start_m,
-                                start_n, H, N, HEAD_DIM, BLOCK_D, BLOCK_M, False, DROPOUT)
-    if BLOCK_MT > 0:
-        dk, dv = _bwd_dkdv_rows(dk, dv, k, v, QKV, DO, LSE, DELTA, seed, qk_scale, drop_p, bh, m_full,
-                                start_n, H, N, HEAD_DIM, BLOCK_D, BLOCK_MT, True, DROPOUT)
+    q_ptrs = _head_ptrs(QKV, bh, offs_m, offs_d, N, H, 3, 0, HEAD_DIM)
+    do_ptrs = _head_ptrs(DO, bh, offs_m, offs_d, N, H, 1, 0, HEAD_DIM)
+    stats = bh.to(tl.int64) * N
+
+    dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+    for start_m in range(0, N, BLOCK_M):
+        rows = start_m + offs_m
+        # Padded query rows: q = dO = 0 and LSE = +inf make their column of P^T zero.
+        q = _load(q_ptrs + start_m * 3 * H * HEAD_DIM, rows, N, offs_d, HEAD_DIM, BLOCK_D, True)
+        do = _load(do_ptrs + start_m * H * HEAD_DIM, rows, N, offs_d, HEAD_DIM, BLOCK_D, True)
+        lse = tl.load(LSE + stats + rows, mask=rows < N, other=float("inf"))
+        delta = tl.load(DELTA + stats + rows, mask=rows < N, other=0.0)
+        dk, dv, _ = _bwd_dkdv_step(dk, dv, k, v, q, do, lse, delta, qk_scale, seed, bh, rows,
+                                   pid_n * BLOCK_N, N, drop_p, DROPOUT)
+
     _store_rows(DQKV, dk * sm_scale, bh, offs_n, offs_d, N, H, 3, 1, HEAD_DIM, BLOCK_D)
     _store_rows(DQKV, dv, bh, offs_n, offs_d, N, H, 3, 2, HEAD_DIM, BLOCK_D)
 
 
 @triton.jit
-def _bwd_dq_cols(dq, q, do, lse, delta, QKV, seed, qk_scale, drop_p, bh, rows, start_n, H, N,
-                 HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, COLS: tl.constexpr, MASK: tl.constexpr,
-                 DROPOUT: tl.constexpr):
-    """COLS keys from start_n (MASK: some may be past key N - 1) pass the query tile: returns
-    its dQ with their share added."""
-    cols = start_n + tl.arange(0, COLS)
-    offs_d = tl.arange(0, BLOCK_D)
-    k = _load_rows(QKV, bh, cols, offs_d, N, H, 3, 1, HEAD_DIM, BLOCK_D, MASK)
-    v = _load_rows(QKV, bh, cols, offs_d, N, H, 3, 2, HEAD_DIM, BLOCK_D, MASK)
-    s = _dot(q, tl.trans(k), tl.zeros([q.shape[0], COLS], tl.float32))
-    if MASK:  # padded keys have k = 0, so exp2(-lse) could be anything: zero them explicitly
-        p = tl.where(cols[None, :] < N, tl.math.exp2(s * qk_scale - lse[:, None]), 0.0)
-    else:
-        p = tl.math.exp2(s * qk_scale - lse[:, None])
-    dp = _dot(do, tl.trans(v), tl.zeros([q.shape[0], COLS], tl.float32))
-    if DROPOUT:
-        dp = tl.where(_keep(seed, bh, rows, start_n, N, drop_p, COLS, False),
-                      dp * _keep_scale(drop_p, DROPOUT), 0.0)
-    ds = p * (dp - delta[:, None])
-    return _dot(_round(ds, k.dtype), k, dq)
-
-
-@triton.jit
-def _bwd_dq(start_m, bh, QKV, DO, LSE, DELTA, DQKV, seed, qk_scale, sm_scale, drop_p, H, N,
-            HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, TILE: tl.constexpr,
-            BLOCK_N: tl.constexpr, BLOCK_NT: tl.constexpr, DROPOUT: tl.constexpr):
-    """dQ of the TILE query rows from start_m. K and V stream past in full BLOCK_N chunks,
-    then, unless BLOCK_NT = 0 (BLOCK_N divides N), the keys past them in one masked BLOCK_NT
-    chunk."""
-    offs_m = start_m + tl.arange(0, TILE)
+def _bwd_dq(pid, QKV, DO, LSE, DELTA, DQKV, seed, qk_scale, sm_scale, drop_p, H, N,
+            HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DROPOUT: tl.constexpr):
+    """dQ of one BLOCK_M query tile; K, V stream past in BLOCK_N tiles."""
+    pid_m, bh = _split_pid(pid, N, BLOCK_M)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     q = _load_rows(QKV, bh, offs_m, offs_d, N, H, 3, 0, HEAD_DIM, BLOCK_D, True)
     do = _load_rows(DO, bh, offs_m, offs_d, N, H, 1, 0, HEAD_DIM, BLOCK_D, True)
-    stats = bh.to(tl.int64) * N + offs_m
-    lse = tl.load(LSE + stats, mask=offs_m < N, other=0.0)
-    delta = tl.load(DELTA + stats, mask=offs_m < N, other=0.0)
-    dq = tl.zeros([TILE, BLOCK_D], tl.float32)
-    n_full = (N // BLOCK_N) * BLOCK_N
-    for start_n in range(0, n_full, BLOCK_N):
-        dq = _bwd_dq_cols(dq, q, do, lse, delta, QKV, seed, qk_scale, drop_p, bh, offs_m, start_n, H, N,
-                          HEAD_DIM, BLOCK_D, BLOCK_N, False, DROPOUT)
-    if BLOCK_NT > 0:
-        dq = _bwd_dq_cols(dq, q, do, lse, delta, QKV, seed, qk_scale, drop_p, bh, offs_m, n_full, H, N,
-                          HEAD_DIM, BLOCK_D, BLOCK_NT, True, DROPOUT)
+    stats = bh.to(tl.int64) * N
+    lse = tl.load(LSE + stats + offs_m, mask=offs_m < N, other=0.0)
+    delta = tl.load(DELTA + stats + offs_m, mask=offs_m < N, other=0.0)
+    k_ptrs = _head_ptrs(QKV, bh, offs_n, offs_d, N, H, 3, 1, HEAD_DIM)
+    v_ptrs = _head_ptrs(QKV, bh, offs_n, offs_d, N, H, 3, 2, HEAD_DIM)
+
+    dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    for start_n in range(0, N, BLOCK_N):
+        cols = start_n + offs_n
+        k = _load(k_ptrs + start_n * 3 * H * HEAD_DIM, cols, N, offs_d, HEAD_DIM, BLOCK_D, True)
+        v = _load(v_ptrs + start_n * 3 * H * HEAD_DIM, cols, N, offs_d, HEAD_DIM, BLOCK_D, True)
+        s = _dot(q, tl.trans(k), tl.zeros([BLOCK_M, BLOCK_N], tl.float32))
+        # Padded keys have k = 0, so exp2(-lse) could be anything: zero them explicitly.
+        p = tl.where(cols[None, :] < N, tl.math.exp2(s * qk_scale - lse[:, None]), 0.0)
+        dp = _dot(do, tl.trans(v), tl.zeros([BLOCK_M, BLOCK_N], tl.float32))
+        if DROPOUT:
+            dp = tl.where(_keep(seed, bh, offs_m, start_n, N, drop_p, BLOCK_N, False),
+                          dp * _keep_scale(drop_p, DROPOUT), 0.0)
+        ds = p * (dp - delta[:, None])
+        dq = _dot(_round(ds, k.dtype), k, dq)
+
     _store_rows(DQKV, dq * sm_scale, bh, offs_m, offs_d, N, H, 3, 0, HEAD_DIM, BLOCK_D)
 
 
@@ -479,47 +448,19 @@ def _bwd_dq(start_m, bh, QKV, DO, LSE, DELTA, DQKV, seed, qk_scale, sm_scale, dr
 def bwd_kernel(QKV, DO, LSE, DELTA, DQKV, SEED, qk_scale, sm_scale, drop_p, BH, H, N,
                HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                BLOCK_M1: tl.constexpr, BLOCK_N1: tl.constexpr,
-               BLOCK_M2: tl.constexpr, BLOCK_N2: tl.constexpr,
-               BLOCK_NT1: tl.constexpr, BLOCK_MT1: tl.constexpr,
-               BLOCK_MT2: tl.constexpr, BLOCK_NT2: tl.constexpr, DROPOUT: tl.constexpr):
+               BLOCK_M2: tl.constexpr, BLOCK_N2: tl.constexpr, DROPOUT: tl.constexpr):
     """The backward after bwd_delta_kernel, in one launch: the first cdiv(N, BLOCK_N1) * B * H
     programs compute dK, dV (one key tile each), the rest dQ (one query tile each). One
-    launch rather than two fills the GPU without a tail between them.
-
-    The tiles past the last full block, sized by the launcher from N: BLOCK_MT1 rows (the
-    dK/dV programs' last chunk of queries) and BLOCK_NT2 keys (the dQ programs' last chunk
-    of keys), 0 where the block divides N; and, unless 0, the last dK/dV program's key tile
-    (BLOCK_NT1) and the last dQ program's query tile (BLOCK_MT2) in tiles of their own size
-    (197 keys in blocks of 64: 64 + 64 + 64 + 16, not 4 x 64)."""
+    launch rather than two fills the GPU without a tail between them."""
     pid = tl.program_id(0)
     n_dkdv = tl.cdiv(N, BLOCK_N1) * BH
     seed = tl.load(SEED) if DROPOUT else 0
     if pid < n_dkdv:
-        pid_n, bh = _split_pid(pid, N, BLOCK_N1)
-        start_n = pid_n * BLOCK_N1
-        # A tile's size is a constexpr, so the choice is made twice, as in fwd_short_kernel:
-        # at trace time (no tail: only the whole-tile code exists), then per program.
-        if BLOCK_NT1 == 0:
-            _bwd_dkdv(start_n, bh, QKV, DO, LSE, DELTA, DQKV, seed, qk_scale, sm_scale, drop_p, H, N,
-                      HEAD_DIM, BLOCK_D, BLOCK_N1, BLOCK_M1, BLOCK_MT1, DROPOUT)
-        elif start_n + BLOCK_N1 <= N:
-            _bwd_dkdv(start_n, bh, QKV, DO, LSE, DELTA, DQKV, seed, qk_scale, sm_scale, drop_p, H, N,
-                      HEAD_DIM, BLOCK_D, BLOCK_N1, BLOCK_M1, BLOCK_MT1, DROPOUT)
-        else:  # the partial last key tile
-            _bwd_dkdv(start_n, bh, QKV, DO, LSE, DELTA, DQKV, seed, qk_scale, sm_scale, drop_p, H, N,
-                      HEAD_DIM, BLOCK_D, BLOCK_NT1, BLOCK_M1, BLOCK_MT1, DROPOUT)
+        _bwd_dkdv(pid, QKV, DO, LSE, DELTA, DQKV, seed, qk_scale, sm_scale, drop_p, H, N,
+                  HEAD_DIM, BLOCK_D, BLOCK_M1, BLOCK_N1, DROPOUT)
     else:
-        pid_m, bh = _split_pid(pid - n_dkdv, N, BLOCK_M2)
-        start_m = pid_m * BLOCK_M2
-        if BLOCK_MT2 == 0:
-            _bwd_dq(start_m, bh, QKV, DO, LSE, DELTA, DQKV, seed, qk_scale, sm_scale, drop_p, H, N,
-                    HEAD_DIM, BLOCK_D, BLOCK_M2, BLOCK_N2, BLOCK_NT2, DROPOUT)
-        elif start_m + BLOCK_M2 <= N:
-            _bwd_dq(start_m, bh, QKV, DO, LSE, DELTA, DQKV, seed, qk_scale, sm_scale, drop_p, H, N,
-                    HEAD_DIM, BLOCK_D, BLOCK_M2, BLOCK_N2, BLOCK_NT2, DROPOUT)
-        else:  # the partial last query tile
-            _bwd_dq(start_m, bh, QKV, DO, LSE, DELTA, DQKV, seed, qk_scale, sm_scale, drop_p, H, N,
-                    HEAD_DIM, BLOCK_D, BLOCK_MT2, BLOCK_N2, BLOCK_NT2, DROPOUT)
+        _bwd_dq(pid - n_dkdv, QKV, DO, LSE, DELTA, DQKV, seed, qk_scale, sm_scale, drop_p, H, N,
+                HEAD_DIM, BLOCK_D, BLOCK_M2, BLOCK_N2, DROPOUT)
 
 
 @triton.jit

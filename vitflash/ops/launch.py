@@ -5,8 +5,7 @@ Each op (forward, backward) has candidates: a kernel family ("general" streams K
 "short" holds all keys of a head on chip: a power-of-two tile and a tail tile, two in the
 forward where that saves work) with its block sizes, warps and stages. The tiles of a
 partial last block of queries (short kernels) or keys (general forward) are not part of a
-candidate: `tail_tile` derives them from N and the block when the launch is built (a
-general backward candidate says only whether it cuts them to size, TAILS: `bwd_tiles`). The
+candidate: `tail_tile` derives them from N and the block when the launch is built. The
 first call at a key (op, dtype, N, D, B*H rounded up to a power of two) times every
 candidate that compiles and keeps the fastest; the choice is written to a JSON file keyed by
 GPU and versions (`$VITFLASH_CACHE_DIR/autotune.json`, default `~/.cache/vitflash`), so later
@@ -35,7 +34,7 @@ from vitflash.files import written_whole
 from vitflash.ops import kernels
 
 INTERPRET = bool(kernels.INTERPRET)
-CACHE_VERSION = 4  # bump when a kernel or the candidate list changes in a way that can change the best config
+CACHE_VERSION = 3  # bump when a kernel or the candidate list changes in a way that can change the best config
 
 
 @dataclass(frozen=True)
@@ -102,29 +101,6 @@ def short_keys(n: int, tails: int = 1) -> int:
     return t["BLOCK_N"] + t["BLOCK_T"] * t["HAS_TAIL"] + t.get("BLOCK_T2", 0)
 
 
-def bwd_tiles(n: int, meta: dict) -> dict:
-    """bwd_kernel's constexprs at length n for a general backward candidate's blocks: the
-    blocks, and the tiles past them. The chunks that its programs loop over (BLOCK_M1 rows,
-    BLOCK_N2 keys) end, where the block does not divide n, in one masked chunk: a whole block,
-    or with the candidate's TAILS its own tile (`tail_tile`, BLOCK_MT1 and BLOCK_NT2). With
-    TAILS the last dK/dV program's key tile and the last dQ program's query tile are cut the
-    same way (BLOCK_NT1, BLOCK_MT2; 0 where that tile would be a whole block). 197 in blocks
-    of 64: 64 + 64 + 64 + 16 with TAILS, 4 x 64 without."""
-    tails = meta.get("TAILS", False)
-    blocks = {k: v for k, v in meta.items() if k != "TAILS"}
-
-    def chunk(block: int) -> int:
-        t = tail_tile(n, block)
-        return t if tails or t == 0 else block
-
-    def tile(block: int) -> int:
-        t = tail_tile(n, block) if tails else 0
-        return 0 if t == block else t
-
-    return {**blocks, "BLOCK_NT1": tile(blocks["BLOCK_N1"]), "BLOCK_MT1": chunk(blocks["BLOCK_M1"]),
-            "BLOCK_MT2": tile(blocks["BLOCK_M2"]), "BLOCK_NT2": chunk(blocks["BLOCK_N2"])}
-
-
 SHORT_FWD_MAX = 256  # short forward when all keys (padded) fit in this many
 SHORT_BWD_MAX = 160  # short backward: K, V, dK, dV of a head stay on chip
 
@@ -179,9 +155,6 @@ def candidates(op: str, n: int, d: int, bh: int = 1) -> list[Candidate]:
         else:
             out += _c("general", names, (16, 64, 64, 16, 4, 1), (32, 32, 32, 32, 4, 1),
                       (16, 32, 32, 16, 4, 1))
-        # each again with its partial last tiles cut to size, where that changes a tile
-        out += [Candidate(c.family, c.blocks + (("TAILS", True),), c.num_warps, c.num_stages) for c in out
-                if bwd_tiles(n, {**c.meta, "TAILS": True}) != bwd_tiles(n, c.meta)]
         if keys <= SHORT_BWD_MAX and keys * bd <= 160 * 128:
             out += [short_bwd(n, m, w) for m in (16, 32, 64) for w in (4, 8)
                     if m <= max(16, _pow2(n))]
