@@ -79,12 +79,12 @@ def resumed_from(run: Path, known: list[Path]) -> Path | None:
     """The run folder whose checkpoint `run` resumed from (its ckpt_path), or None.
 
     ckpt_path is as typed on the command line: absolute, or relative to where train.py ran.
-    One that does not resolve to a `known` folder (a relative path, or runs copied from the
-    machine that made them) is matched against them by its last two parts (e.g.
-    runs/<time>), else by its folder's name where exactly one known folder bears it; failing
-    both, an existing folder it names is taken as it is. A checkpoint written outside its run
-    folder (callbacks.*.dirpath set elsewhere) belongs to the known run whose configured
-    checkpoint folder it is in."""
+    A checkpoint written outside its run folder (callbacks.*.dirpath set elsewhere) belongs
+    to the one known run whose configured checkpoint folder holds it. Otherwise the run is
+    <ckpt_path>/../..; one that does not resolve to a `known` folder (a relative path, or runs
+    copied from the machine that made them) is matched against them by its last two parts
+    (e.g. runs/<time>), else by its folder's name where exactly one known folder bears it;
+    failing both, an existing folder it names is taken as it is."""
     ckpt = (_yaml(run / ".hydra" / "config.yaml") or {}).get("ckpt_path")
     if not ckpt:
         return None
