@@ -101,6 +101,13 @@ def host_us(fn, calls: int = 20) -> float:
     return elapsed / calls * 1e6
 
 
+def flash_candidates(shape) -> dict:
+    """The forward and backward candidates the flash op ran at this (B, H, N, D), bf16."""
+    B, H, N, D = shape
+    found = {op: launch.chosen(op, torch.bfloat16, N, D, B * H) for op in ("fwd", "bwd")}
+    return {op: c.to_json() if c is not None else None for op, c in found.items()}
+
+
 def spread(values: list[float]) -> dict:
     """Median and min-max of repeated measurements."""
     return {"median": statistics.median(values), "min": min(values), "max": max(values),
@@ -239,6 +246,14 @@ def _best_sdpa(row: dict, key: str) -> dict:
     return max(ran, key=lambda r: r[key]) if ran else {}
 
 
+def _candidate(c: dict | None) -> str:
+    """A candidate as one cell: family, tile sizes, warps and stages."""
+    if c is None:
+        return "n/a"
+    blocks = ", ".join(f"{k}={v}" for k, v in c["blocks"].items())
+    return f"{c['family']}: {blocks}; {c['num_warps']} warps, {c['num_stages']} stages"
+
+
 def markdown(results: list[dict], latency: dict, env: dict, command: str) -> str:
     def cell(r, key, fmt):
         if key not in r:
@@ -295,6 +310,12 @@ def markdown(results: list[dict], latency: dict, env: dict, command: str) -> str
             lines.append(f"| {tuple(r['shape'])} | "
                          + " | ".join(cell(r[i], metric, fmt) for i in IMPLS) + " |")
         lines.append("")
+    picked = [(r["shape"], r["flash"]["candidates"]) for r in results if "candidates" in r["flash"]]
+    if picked:
+        lines += ["## Flash candidates (chosen by the autotuner, or read from its cache)", "",
+                  "| (B, H, N, D) | forward | backward |", "|---|---|---|"]
+        lines += [f"| {tuple(s)} | {_candidate(c['fwd'])} | {_candidate(c['bwd'])} |" for s, c in picked]
+        lines.append("")
     errors = [(r["shape"], i, r[i]["error"]) for r in results for i in IMPLS if "error" in r[i]]
     if errors:
         lines += ["", "Not run:"] + [f"- {tuple(s)} {i}: {e}" for s, i, e in errors]
@@ -348,6 +369,8 @@ def main() -> None:
             row[impl] = (bench_case(impl, shape, torch.bfloat16, args.warmup_ms, args.rep_ms,
                                     args.repeats, args.dropout)
                          if impl in args.impls else {"error": "not selected"})
+            if impl == "flash" and "error" not in row[impl]:  # which kernels gave these timings
+                row[impl]["candidates"] = flash_candidates(shape)
             torch.cuda.empty_cache()
             print(shape, impl, {k: round(v, 3) if isinstance(v, float) else v
                                 for k, v in row[impl].items() if not k.endswith("spread")},

@@ -313,6 +313,12 @@ def _write_disk(entry: str, cand: Candidate) -> None:
         pass  # a read-only home costs a re-tune next time, nothing more
 
 
+def chosen(op: str, dtype: torch.dtype, n: int, d: int, bh: int) -> Candidate | None:
+    """The candidate this process uses for the key, or None before its first call there
+    (benchmarks record it beside their timings)."""
+    return _chosen.get((op, dtype, n, d, _pow2(bh)))
+
+
 def choose(op: str, dtype: torch.dtype, n: int, d: int, bh: int, device: torch.device,
            run: Callable[[Candidate], None]) -> Candidate:
     """The candidate for this key: remembered, read from the cache file, or timed now by

@@ -1,0 +1,34 @@
+"""scripts/bench_attention.py's record of which flash kernels gave its timings: the candidate
+the op chose at a shape (here the interpreter's fixed choice), in the JSON row and the table."""
+from __future__ import annotations
+
+import torch
+
+from test_train import load_script
+from vitflash.ops import flash_attention_qkvpacked, launch
+
+bench = load_script("bench_attention")
+
+
+def test_the_candidates_a_flash_call_ran_are_recorded():
+    B, H, N, D = 2, 3, 23, 40  # a shape no other test runs: nothing chosen yet in this process
+    assert bench.flash_candidates((B, H, N, D)) == {"fwd": None, "bwd": None}
+    qkv = torch.randn(B, N, 3, H, D, dtype=torch.bfloat16, requires_grad=True)
+    flash_attention_qkvpacked(qkv).sum().backward()
+    found = bench.flash_candidates((B, H, N, D))
+    assert found == {op: launch.heuristic(op, N, D).to_json() for op in ("fwd", "bwd")}
+    assert launch.chosen("fwd", torch.float16, N, D, B * H) is None  # another key
+
+
+def test_the_table_names_each_shapes_candidates():
+    fwd = launch.heuristic("fwd", 65, 64).to_json()
+    bwd = launch.heuristic("bwd", 65, 64).to_json()
+    row = {"shape": [256, 3, 65, 64], "flash": {"fwd_tflops": 40.0, "candidates": {"fwd": fwd, "bwd": bwd}},
+           **{impl: {"error": "not selected"} for impl in bench.IMPLS if impl != "flash"}}
+    env = {k: "x" for k in ("gpu", "commit", "torch", "triton", "cuda", "cudnn", "python", "date")}
+    lines = bench.markdown([row], {}, env, "cmd").splitlines()
+    at = lines.index("## Flash candidates (chosen by the autotuner, or read from its cache)")
+    cell = bench._candidate(fwd)
+    assert cell.startswith(f"{fwd['family']}: BLOCK_M={fwd['blocks']['BLOCK_M']}")
+    assert f"{fwd['num_warps']} warps, {fwd['num_stages']} stages" in cell
+    assert lines[at + 4] == f"| (256, 3, 65, 64) | {cell} | {bench._candidate(bwd)} |"
