@@ -4,7 +4,8 @@ Times forward and forward+backward with `triton.testing.do_bench` (median, after
 autotuning), REPEATS times per case: the tables give the median of the repeats and their
 min-max. Also measures the peak memory one forward+backward adds on top of its inputs, the
 synchronized time of one small call (what a launch-bound model pays per layer), and the
-first call of the flash op at each shape (autotuning, or a hit in its on-disk cache).
+first call of the flash op at each shape (autotuning, or a hit in its on-disk cache), and
+which flash candidates (kernel family, tiles, warps, stages) ran at each shape.
 FLOPs: forward 4*B*H*N^2*D, forward+backward 3.5x that; "of peak" divides by the measured
 dense bf16 matrix rate of an H200 (PEAK_TFLOPS).
 
