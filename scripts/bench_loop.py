@@ -417,7 +417,7 @@ def markdown(rows: list[dict], env: dict, command: str, args) -> str:
         busy = "n/a" if r["gpu_busy"] is None else f"{100 * r['gpu_busy']:.0f}%"
         line = (f"| {r['data']} | {r['pipeline']} | {r['model']} | {r['batch']} | {r['attention']} | "
                 f"{loop_mode(r)} | {spread(r['loop_repeats'])} | {spread(r['step_repeats'])} | "
-                f"{r['ratio']:.2f} | {busy} | {spread(r['loop_host_ms'], 2)} | {spread(r['step_host_ms'], 2)} | "
+                f"{r['ratio']:.3f} | {busy} | {spread(r['loop_host_ms'], 2)} | {spread(r['step_host_ms'], 2)} | "
                 f"{spread(r['loop_gc_ms'], 1)} |")
         if graphs:
             line += (f" {spread(r['graph_step_repeats'])} | {spread(r['graph_step_host_ms'], 2)} |"
@@ -450,7 +450,7 @@ def fastest(rows: list[dict]) -> list[str]:
         loop_ips = statistics.median(loop["loop_repeats"])
         bare_ips, bare_mode = max(bares)
         out.append(f"| {data} | {model} | {batch} | {attention} | {loop_ips:,.0f} ({loop_mode(loop)}) | "
-                   f"{bare_ips:,.0f} ({bare_mode}) | {loop_ips / bare_ips:.2f} |")
+                   f"{bare_ips:,.0f} ({bare_mode}) | {loop_ips / bare_ips:.3f} |")
     if not out:
         return []
     return ["", "Fastest loop against the fastest bare step of any mode, the same model, batch and attention in "
