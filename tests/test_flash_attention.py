@@ -59,8 +59,11 @@ DTYPES = [torch.float16, torch.bfloat16]
 # In the interpreter's fixed choice (launch.heuristic) N <= 128 takes the short kernels and
 # N = 130 the general ones (two full key tiles and a partial one); test_each_kernel_family
 # crosses them, and on the GPU test_every_config_gpu runs every candidate at N = 197, 577.
+# Head dims: powers of two, split ones (80 = 64 + 16, 96 = 64 + 32, 160 = 128 + 32: two
+# column chunks, launch.split_d; at 160 the backward takes the general kernels at every N)
+# and a padded one (112: one 128-column tile).
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).split(".")[-1])
-@pytest.mark.parametrize("D", [32, 64, 80, 128])
+@pytest.mark.parametrize("D", [32, 64, 80, 96, 112, 128, 160])
 @pytest.mark.parametrize("N", [1, 17, 64, 65, 128, 130])
 def test_matches_reference(N, D, dtype):
     qkv, do = _packed_inputs(2, N, 2, D, dtype, seed=N * 1000 + D)
@@ -87,6 +90,21 @@ def test_each_kernel_family(monkeypatch, N):
     for fwd, bwd in pairs:
         _force(monkeypatch, fwd, bwd)
         _assert_within_rule(qkv, do)
+
+
+def test_split_d():
+    """Head dims that are the sum of two powers of two A > B >= 16 are held as two column
+    chunks (A, B); any other is padded to one power-of-two tile (B = 0)."""
+    assert launch.split_d(80) == (64, 16) and launch.split_d(96) == (64, 32)
+    assert launch.split_d(48) == (32, 16) and launch.split_d(160) == (128, 32)
+    assert launch.split_d(144) == (128, 16) and launch.split_d(192) == (128, 64)
+    assert launch.split_d(64) == (64, 0) and launch.split_d(40) == (64, 0)
+    assert launch.split_d(112) == (128, 0) and launch.split_d(8) == (16, 0)
+    assert launch.split_d(24) == (32, 0) and launch.split_d(256) == (256, 0)
+    for d in range(8, 257, 8):  # the kernels' tiles cover the head, split ones exactly
+        a, b = launch.split_d(d)
+        assert a + b == d if b else a >= d
+        assert launch.tile_width(d) == a + b
 
 
 def test_tail_tile():

@@ -28,7 +28,7 @@ import torch
 
 from vitflash.ops import kernels
 from vitflash.ops import launch as _launch
-from vitflash.ops.launch import Candidate, Launch, _pow2, block_d, choose, tail_tile
+from vitflash.ops.launch import Candidate, Launch, _pow2, block_d, choose, split_d, tail_tile
 
 from vitflash.ops.reference import check_dropout_p, check_softmax_scale
 
@@ -59,7 +59,8 @@ def _fwd_launches(c: Candidate, B: int, N: int, H: int, D: int, dropout: bool = 
         meta["BLOCK_T"] = tail_tile(N, meta["BLOCK_N"])
     else:  # the query rows past the last full BLOCK_M
         meta["BLOCK_MT"] = tail_tile(N, meta["BLOCK_M"])
-    consts = {"HEAD_DIM": D, "BLOCK_D": block_d(D), **meta}
+    block_d1, block_d2 = split_d(D)  # (64, 16) at D = 80: two column chunks, no padding
+    consts = {"HEAD_DIM": D, "BLOCK_D": block_d1, "BLOCK_D2": block_d2, **meta}
     grid = _cdiv(N, meta["BLOCK_M"]) * (B * H // meta.get("HEADS", 1))
     return [Launch(kernel, grid, consts, c.num_warps, c.num_stages, n_tensors=4)]
 

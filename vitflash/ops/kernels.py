@@ -67,9 +67,10 @@ INTERPRET = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") == "1")
 @triton.jit
 def _head_ptrs(base, bh, rows, offs_d, N, H, PACK: tl.constexpr, WHICH: tl.constexpr,
                HEAD_DIM: tl.constexpr):
-    """Pointers (len(rows), BLOCK_D) to rows `rows` of head bh = b * H + h: the one place
-    that knows the layout. PACK=3 addresses q, k, v (WHICH 0, 1, 2) of a contiguous
-    (B, N, 3, H, D) tensor; PACK=1, WHICH=0 a contiguous (B, N, H, D) one (O, dO)."""
+    """Pointers (len(rows), len(offs_d)) to the columns offs_d of rows `rows` of head
+    bh = b * H + h: the one place that knows the layout. PACK=3 addresses q, k, v (WHICH 0,
+    1, 2) of a contiguous (B, N, 3, H, D) tensor; PACK=1, WHICH=0 a contiguous (B, N, H, D)
+    one (O, dO)."""
     b = (bh // H).to(tl.int64)
     row_stride = PACK * H * HEAD_DIM
     head = base + b * N * row_stride + (WHICH * H + bh % H) * HEAD_DIM
@@ -79,15 +80,17 @@ def _head_ptrs(base, bh, rows, offs_d, N, H, PACK: tl.constexpr, WHICH: tl.const
 @triton.jit
 def _load(ptrs, rows, N, offs_d, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
           MASK_ROWS: tl.constexpr):
-    """Load a (rows, BLOCK_D) tile, zero-filling rows >= N (if MASK_ROWS) and padded dims."""
+    """Load a (rows, BLOCK_D) tile of the columns offs_d, zero-filling rows >= N (if
+    MASK_ROWS) and padded dims: columns >= HEAD_DIM, which only a tile wider than the head
+    has (a padded head dim; each chunk of a split one lies within the head)."""
     if MASK_ROWS:
-        if HEAD_DIM == BLOCK_D:
+        if BLOCK_D <= HEAD_DIM:
             return tl.load(ptrs, mask=rows[:, None] < N, other=0.0)
         else:
             return tl.load(ptrs, mask=(rows[:, None] < N) & (offs_d[None, :] < HEAD_DIM),
                            other=0.0)
     else:
-        if HEAD_DIM == BLOCK_D:
+        if BLOCK_D <= HEAD_DIM:
             return tl.load(ptrs)
         else:
             return tl.load(ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
@@ -95,27 +98,105 @@ def _load(ptrs, rows, N, offs_d, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
 
 @triton.jit
 def _store(ptrs, tile, rows, N, offs_d, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Store a (rows, BLOCK_D) tile at the columns offs_d: rows < N, columns < HEAD_DIM."""
     tile = _round(tile, ptrs.dtype.element_ty)
-    if HEAD_DIM == BLOCK_D:
+    if BLOCK_D <= HEAD_DIM:
         tl.store(ptrs, tile, mask=rows[:, None] < N)
     else:
         tl.store(ptrs, tile, mask=(rows[:, None] < N) & (offs_d[None, :] < HEAD_DIM))
 
 
+# Head-dim tiles in two column chunks. Every tile that spans the head dim (Q, K, V, O, dO,
+# their gradients, the accumulators) is a pair: columns [0, BLOCK_D) and, "_hi",
+# [BLOCK_D, BLOCK_D + BLOCK_D2). With a split head dim (BLOCK_D2 > 0: HEAD_DIM =
+# BLOCK_D + BLOCK_D2, two powers of two, launch.split_d) neither chunk is padded: 80 = 64 + 16
+# columns of work, not 128. Without one (BLOCK_D2 = 0) the first chunk is the whole head,
+# padded to BLOCK_D, and the "_hi" one is only a name: the helpers below give back the
+# first chunk again in its place (no code is traced for it, every use is under
+# `if BLOCK_D2 > 0`), and where a loop assigns it, it assigns it unchanged, a loop-carried
+# value that the compiler drops. So with BLOCK_D2 = 0 the kernels compile to what they
+# were before the split existed.
 @triton.jit
-def _load_rows(base, bh, rows, offs_d, N, H, PACK: tl.constexpr, WHICH: tl.constexpr,
-               HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, MASK_ROWS: tl.constexpr):
-    """The (len(rows), BLOCK_D) tile of rows `rows` of head bh: _head_ptrs, then _load."""
-    return _load(_head_ptrs(base, bh, rows, offs_d, N, H, PACK, WHICH, HEAD_DIM),
-                 rows, N, offs_d, HEAD_DIM, BLOCK_D, MASK_ROWS)
+def _chunk_ptrs(base, bh, rows, N, H, PACK: tl.constexpr, WHICH: tl.constexpr,
+                HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_D2: tl.constexpr):
+    """_head_ptrs of both chunks of rows `rows` of head bh."""
+    ptrs = _head_ptrs(base, bh, rows, tl.arange(0, BLOCK_D), N, H, PACK, WHICH, HEAD_DIM)
+    ptrs_hi = ptrs
+    if BLOCK_D2 > 0:
+        ptrs_hi = _head_ptrs(base, bh, rows, BLOCK_D + tl.arange(0, BLOCK_D2), N, H, PACK,
+                             WHICH, HEAD_DIM)
+    return ptrs, ptrs_hi
 
 
 @triton.jit
-def _store_rows(base, tile, bh, rows, offs_d, N, H, PACK: tl.constexpr, WHICH: tl.constexpr,
-                HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr):
-    """Store `tile` into rows `rows` (< N) of head bh: _head_ptrs, then _store."""
-    _store(_head_ptrs(base, bh, rows, offs_d, N, H, PACK, WHICH, HEAD_DIM), tile,
-           rows, N, offs_d, HEAD_DIM, BLOCK_D)
+def _load_chunks(ptrs, ptrs_hi, rows, N, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                 BLOCK_D2: tl.constexpr, MASK_ROWS: tl.constexpr):
+    """_load of both chunks, from their pointers (_chunk_ptrs, shifted by whole rows)."""
+    tile = _load(ptrs, rows, N, tl.arange(0, BLOCK_D), HEAD_DIM, BLOCK_D, MASK_ROWS)
+    tile_hi = tile
+    if BLOCK_D2 > 0:
+        tile_hi = _load(ptrs_hi, rows, N, BLOCK_D + tl.arange(0, BLOCK_D2), HEAD_DIM, BLOCK_D2,
+                        MASK_ROWS)
+    return tile, tile_hi
+
+
+@triton.jit
+def _load_rows(base, bh, rows, N, H, PACK: tl.constexpr, WHICH: tl.constexpr,
+               HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_D2: tl.constexpr,
+               MASK_ROWS: tl.constexpr):
+    """Both chunks of the tile of rows `rows` of head bh: _chunk_ptrs, then _load_chunks."""
+    ptrs, ptrs_hi = _chunk_ptrs(base, bh, rows, N, H, PACK, WHICH, HEAD_DIM, BLOCK_D, BLOCK_D2)
+    return _load_chunks(ptrs, ptrs_hi, rows, N, HEAD_DIM, BLOCK_D, BLOCK_D2, MASK_ROWS)
+
+
+@triton.jit
+def _store_rows(base, tile, tile_hi, bh, rows, N, H, PACK: tl.constexpr, WHICH: tl.constexpr,
+                HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_D2: tl.constexpr):
+    """Store the chunks `tile`, `tile_hi` (read only if BLOCK_D2 > 0) into rows `rows` (< N)
+    of head bh."""
+    ptrs, ptrs_hi = _chunk_ptrs(base, bh, rows, N, H, PACK, WHICH, HEAD_DIM, BLOCK_D, BLOCK_D2)
+    _store(ptrs, tile, rows, N, tl.arange(0, BLOCK_D), HEAD_DIM, BLOCK_D)
+    if BLOCK_D2 > 0:
+        _store(ptrs_hi, tile_hi, rows, N, BLOCK_D + tl.arange(0, BLOCK_D2), HEAD_DIM, BLOCK_D2)
+
+
+@triton.jit
+def _zeros(ROWS: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_D2: tl.constexpr):
+    """An fp32 accumulator of ROWS rows over the head dim, as its two chunks of zeros."""
+    acc = tl.zeros([ROWS, BLOCK_D], tl.float32)
+    acc_hi = acc
+    if BLOCK_D2 > 0:
+        acc_hi = tl.zeros([ROWS, BLOCK_D2], tl.float32)
+    return acc, acc_hi
+
+
+@triton.jit
+def _dot_t(a, a_hi, b, b_hi, BLOCK_D2: tl.constexpr):
+    """a b^T in fp32, (len(a), len(b)), contracting the head dim (S = Q K^T, dP = dO V^T):
+    with a split head dim, the first chunks' product plus the second chunks'."""
+    acc = _dot(a, tl.trans(b), tl.zeros([a.shape[0], b.shape[0]], tl.float32))
+    if BLOCK_D2 > 0:
+        acc = _dot(a_hi, tl.trans(b_hi), acc)
+    return acc
+
+
+@triton.jit
+def _dot_d(a, b, b_hi, acc, acc_hi, BLOCK_D2: tl.constexpr):
+    """(acc + a b, acc_hi + a b_hi): a product into the head dim (P V, dS K, ...), chunk by
+    chunk."""
+    acc = _dot(a, b, acc)
+    if BLOCK_D2 > 0:
+        acc_hi = _dot(a, b_hi, acc_hi)
+    return acc, acc_hi
+
+
+@triton.jit
+def _rowdot(a, a_hi, b, b_hi, BLOCK_D2: tl.constexpr):
+    """rowsum(a * b) in fp32 over the head dim (delta = rowsum(dO * O))."""
+    out = tl.sum(a.to(tl.float32) * b.to(tl.float32), 1)
+    if BLOCK_D2 > 0:
+        out += tl.sum(a_hi.to(tl.float32) * b_hi.to(tl.float32), 1)
+    return out
 
 
 @triton.jit
@@ -125,6 +206,22 @@ def _dot(a, b, acc):
         if a.dtype == tl.bfloat16:
             return tl.dot(a.to(tl.float32), b.to(tl.float32), acc)
     return tl.dot(a, b, acc)
+
+
+# The single-tile row helpers of the padded layout, for the backward until it takes split
+# head dims too.
+@triton.jit
+def _load_rows1(base, bh, rows, offs_d, N, H, PACK: tl.constexpr, WHICH: tl.constexpr,
+                HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, MASK_ROWS: tl.constexpr):
+    return _load(_head_ptrs(base, bh, rows, offs_d, N, H, PACK, WHICH, HEAD_DIM),
+                 rows, N, offs_d, HEAD_DIM, BLOCK_D, MASK_ROWS)
+
+
+@triton.jit
+def _store_rows1(base, tile, bh, rows, offs_d, N, H, PACK: tl.constexpr, WHICH: tl.constexpr,
+                 HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr):
+    _store(_head_ptrs(base, bh, rows, offs_d, N, H, PACK, WHICH, HEAD_DIM), tile,
+           rows, N, offs_d, HEAD_DIM, BLOCK_D)
 
 
 @triton.jit
@@ -183,15 +280,16 @@ def _split_pid(pid, N, BLOCK: tl.constexpr):
 # Forward
 # ----------------------------------------------------------------------------------------
 @triton.jit
-def _fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, start, end, N, H, offs_n, offs_d, qk_scale,
-               seed, bh, offs_m, drop_p,
-               HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-               MASK_N: tl.constexpr, DROPOUT: tl.constexpr):
+def _fwd_inner(acc, acc_hi, l_i, m_i, q, q_hi, k_ptrs, k_ptrs_hi, v_ptrs, v_ptrs_hi, start, end,
+               N, H, offs_n, qk_scale, seed, bh, offs_m, drop_p,
+               HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_D2: tl.constexpr,
+               BLOCK_N: tl.constexpr, MASK_N: tl.constexpr, DROPOUT: tl.constexpr):
     row_stride = 3 * H * HEAD_DIM
     for start_n in range(start, end, BLOCK_N):
         cols = start_n + offs_n
-        k = _load(k_ptrs + start_n * row_stride, cols, N, offs_d, HEAD_DIM, BLOCK_D, MASK_N)
-        s = _dot(q, tl.trans(k), tl.zeros([q.shape[0], BLOCK_N], tl.float32))
+        k, k_hi = _load_chunks(k_ptrs + start_n * row_stride, k_ptrs_hi + start_n * row_stride,
+                               cols, N, HEAD_DIM, BLOCK_D, BLOCK_D2, MASK_N)
+        s = _dot_t(q, q_hi, k, k_hi, BLOCK_D2)
         s = s * qk_scale  # (BLOCK_M, BLOCK_N), log2 units
         if MASK_N:
             s = tl.where(cols[None, :] < N, s, float("-inf"))
@@ -201,15 +299,19 @@ def _fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, start, end, N, H, offs_n, offs_
         l_i = l_i * alpha + tl.sum(p, 1)
         if DROPOUT:  # the normalizer above sums every probability; P V only the kept ones
             p = tl.where(_keep(seed, bh, offs_m, start_n, N, drop_p, BLOCK_N, False), p, 0.0)
-        v = _load(v_ptrs + start_n * row_stride, cols, N, offs_d, HEAD_DIM, BLOCK_D, MASK_N)
-        acc = _dot(_round(p, v.dtype), v, acc * alpha[:, None])
+        v, v_hi = _load_chunks(v_ptrs + start_n * row_stride, v_ptrs_hi + start_n * row_stride,
+                               cols, N, HEAD_DIM, BLOCK_D, BLOCK_D2, MASK_N)
+        p = _round(p, v.dtype)
+        acc = _dot(p, v, acc * alpha[:, None])
+        if BLOCK_D2 > 0:  # (otherwise acc_hi is never assigned: the loop does not carry it)
+            acc_hi = _dot(p, v_hi, acc_hi * alpha[:, None])
         m_i = m_new
-    return acc, l_i, m_i
+    return acc, acc_hi, l_i, m_i
 
 
 @triton.jit
 def fwd_kernel(QKV, O, LSE, SEED, qk_scale, drop_p, H, N,
-               HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+               HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_D2: tl.constexpr,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr,
                DROPOUT: tl.constexpr):
     """O and LSE of BLOCK_M query rows; K, V stream past in BLOCK_N tiles, the keys past the
@@ -218,30 +320,31 @@ def fwd_kernel(QKV, O, LSE, SEED, qk_scale, drop_p, H, N,
     pid_m, bh = _split_pid(tl.program_id(0), N, BLOCK_M)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, BLOCK_D)
-    q = _load_rows(QKV, bh, offs_m, offs_d, N, H, 3, 0, HEAD_DIM, BLOCK_D, True)
-    k_ptrs = _head_ptrs(QKV, bh, offs_n, offs_d, N, H, 3, 1, HEAD_DIM)
-    v_ptrs = _head_ptrs(QKV, bh, offs_n, offs_d, N, H, 3, 2, HEAD_DIM)
+    q, q_hi = _load_rows(QKV, bh, offs_m, N, H, 3, 0, HEAD_DIM, BLOCK_D, BLOCK_D2, True)
+    k_ptrs, k_ptrs_hi = _chunk_ptrs(QKV, bh, offs_n, N, H, 3, 1, HEAD_DIM, BLOCK_D, BLOCK_D2)
+    v_ptrs, v_ptrs_hi = _chunk_ptrs(QKV, bh, offs_n, N, H, 3, 2, HEAD_DIM, BLOCK_D, BLOCK_D2)
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    acc, acc_hi = _zeros(BLOCK_M, BLOCK_D, BLOCK_D2)
     seed = tl.load(SEED) if DROPOUT else 0
     n_full = (N // BLOCK_N) * BLOCK_N
-    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, 0, n_full, N, H, offs_n,
-                               offs_d, qk_scale, seed, bh, offs_m, drop_p,
-                               HEAD_DIM, BLOCK_D, BLOCK_N, False, DROPOUT)
+    acc, acc_hi, l_i, m_i = _fwd_inner(acc, acc_hi, l_i, m_i, q, q_hi, k_ptrs, k_ptrs_hi,
+                                       v_ptrs, v_ptrs_hi, 0, n_full, N, H, offs_n, qk_scale,
+                                       seed, bh, offs_m, drop_p,
+                                       HEAD_DIM, BLOCK_D, BLOCK_D2, BLOCK_N, False, DROPOUT)
     if BLOCK_T > 0:  # the one partial key tile
         offs_t = tl.arange(0, BLOCK_T)
-        acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q,
-                                   _head_ptrs(QKV, bh, offs_t, offs_d, N, H, 3, 1, HEAD_DIM),
-                                   _head_ptrs(QKV, bh, offs_t, offs_d, N, H, 3, 2, HEAD_DIM),
-                                   n_full, N, N, H, offs_t, offs_d, qk_scale,
-                                   seed, bh, offs_m, drop_p,
-                                   HEAD_DIM, BLOCK_D, BLOCK_T, True, DROPOUT)
+        kt_ptrs, kt_ptrs_hi = _chunk_ptrs(QKV, bh, offs_t, N, H, 3, 1, HEAD_DIM, BLOCK_D, BLOCK_D2)
+        vt_ptrs, vt_ptrs_hi = _chunk_ptrs(QKV, bh, offs_t, N, H, 3, 2, HEAD_DIM, BLOCK_D, BLOCK_D2)
+        acc, acc_hi, l_i, m_i = _fwd_inner(acc, acc_hi, l_i, m_i, q, q_hi, kt_ptrs, kt_ptrs_hi,
+                                           vt_ptrs, vt_ptrs_hi, n_full, N, N, H, offs_t,
+                                           qk_scale, seed, bh, offs_m, drop_p,
+                                           HEAD_DIM, BLOCK_D, BLOCK_D2, BLOCK_T, True, DROPOUT)
 
-    _store_rows(O, acc * (_keep_scale(drop_p, DROPOUT) / l_i)[:, None], bh, offs_m, offs_d, N, H,
-                1, 0, HEAD_DIM, BLOCK_D)
+    scale = (_keep_scale(drop_p, DROPOUT) / l_i)[:, None]
+    _store_rows(O, acc * scale, acc_hi * scale, bh, offs_m, N, H, 1, 0, HEAD_DIM, BLOCK_D,
+                BLOCK_D2)
     tl.store(LSE + bh.to(tl.int64) * N + offs_m, m_i + tl.math.log2(l_i), mask=offs_m < N)
 
 
@@ -254,71 +357,73 @@ def _keep_scale(drop_p, DROPOUT: tl.constexpr):
 
 
 @triton.jit
-def _fwd_short_scores(q, QKV, bh, offs, N, H, offs_d, qk_scale,
-                      HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr):
-    """Scores of q against the keys `offs` (log2 units, -inf past N) and their V tile."""
-    k = _load_rows(QKV, bh, offs, offs_d, N, H, 3, 1, HEAD_DIM, BLOCK_D, True)
-    v = _load_rows(QKV, bh, offs, offs_d, N, H, 3, 2, HEAD_DIM, BLOCK_D, True)
-    s = _dot(q, tl.trans(k), tl.zeros([q.shape[0], offs.shape[0]], tl.float32)) * qk_scale
-    return tl.where(offs[None, :] < N, s, float("-inf")), v
+def _fwd_short_scores(q, q_hi, QKV, bh, offs, N, H, qk_scale, HEAD_DIM: tl.constexpr,
+                      BLOCK_D: tl.constexpr, BLOCK_D2: tl.constexpr):
+    """Scores of q against the keys `offs` (log2 units, -inf past N) and their V tile (its
+    two chunks)."""
+    k, k_hi = _load_rows(QKV, bh, offs, N, H, 3, 1, HEAD_DIM, BLOCK_D, BLOCK_D2, True)
+    v, v_hi = _load_rows(QKV, bh, offs, N, H, 3, 2, HEAD_DIM, BLOCK_D, BLOCK_D2, True)
+    s = _dot_t(q, q_hi, k, k_hi, BLOCK_D2) * qk_scale
+    return tl.where(offs[None, :] < N, s, float("-inf")), v, v_hi
 
 
 @triton.jit
 def _fwd_short_rows(QKV, O, LSE, SEED, qk_scale, drop_p, H, N, group, start_m,
-                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, ROWS: tl.constexpr,
-                    BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, HAS_TAIL: tl.constexpr,
-                    BLOCK_T2: tl.constexpr, HEADS: tl.constexpr, STAGES: tl.constexpr,
-                    MASK_M: tl.constexpr, DROPOUT: tl.constexpr):
+                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_D2: tl.constexpr,
+                    ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr,
+                    HAS_TAIL: tl.constexpr, BLOCK_T2: tl.constexpr, HEADS: tl.constexpr,
+                    STAGES: tl.constexpr, MASK_M: tl.constexpr, DROPOUT: tl.constexpr):
     """The body of fwd_short_kernel on a tile of ROWS query rows from start_m, for each of
     the HEADS (batch, head)s of `group`. MASK_M: the tile may reach past row N - 1."""
     offs_m = start_m + tl.arange(0, ROWS)
-    offs_d = tl.arange(0, BLOCK_D)
     seed = tl.load(SEED) if DROPOUT else 0
     for i in tl.range(0, HEADS, num_stages=STAGES):
         bh = group * HEADS + i
-        q = _load_rows(QKV, bh, offs_m, offs_d, N, H, 3, 0, HEAD_DIM, BLOCK_D, MASK_M)
-        s, v = _fwd_short_scores(q, QKV, bh, tl.arange(0, BLOCK_N), N, H, offs_d, qk_scale,
-                                 HEAD_DIM, BLOCK_D)
+        q, q_hi = _load_rows(QKV, bh, offs_m, N, H, 3, 0, HEAD_DIM, BLOCK_D, BLOCK_D2, MASK_M)
+        s, v, v_hi = _fwd_short_scores(q, q_hi, QKV, bh, tl.arange(0, BLOCK_N), N, H, qk_scale,
+                                       HEAD_DIM, BLOCK_D, BLOCK_D2)
         m = tl.max(s, 1)
         if HAS_TAIL:
-            s_t, v_t = _fwd_short_scores(q, QKV, bh, BLOCK_N + tl.arange(0, BLOCK_T), N, H,
-                                         offs_d, qk_scale, HEAD_DIM, BLOCK_D)
+            s_t, v_t, v_t_hi = _fwd_short_scores(q, q_hi, QKV, bh, BLOCK_N + tl.arange(0, BLOCK_T),
+                                                 N, H, qk_scale, HEAD_DIM, BLOCK_D, BLOCK_D2)
             m = tl.maximum(m, tl.max(s_t, 1))
         if BLOCK_T2 > 0:
             offs_t2 = BLOCK_N + BLOCK_T + tl.arange(0, BLOCK_T2)
-            s_t2, v_t2 = _fwd_short_scores(q, QKV, bh, offs_t2, N, H, offs_d, qk_scale,
-                                           HEAD_DIM, BLOCK_D)
+            s_t2, v_t2, v_t2_hi = _fwd_short_scores(q, q_hi, QKV, bh, offs_t2, N, H, qk_scale,
+                                                    HEAD_DIM, BLOCK_D, BLOCK_D2)
             m = tl.maximum(m, tl.max(s_t2, 1))
         p = tl.math.exp2(s - m[:, None])
         l = tl.sum(p, 1)
         if DROPOUT:
             p = tl.where(_keep(seed, bh, offs_m, 0, N, drop_p, BLOCK_N, False), p, 0.0)
-        acc = _dot(_round(p, v.dtype), v, tl.zeros([ROWS, BLOCK_D], tl.float32))
+        acc, acc_hi = _zeros(ROWS, BLOCK_D, BLOCK_D2)
+        acc, acc_hi = _dot_d(_round(p, v.dtype), v, v_hi, acc, acc_hi, BLOCK_D2)
         if HAS_TAIL:
             p_t = tl.math.exp2(s_t - m[:, None])
             l += tl.sum(p_t, 1)
             if DROPOUT:
                 p_t = tl.where(_keep(seed, bh, offs_m, BLOCK_N, N, drop_p, BLOCK_T, False),
                                p_t, 0.0)
-            acc = _dot(_round(p_t, v.dtype), v_t, acc)
+            acc, acc_hi = _dot_d(_round(p_t, v.dtype), v_t, v_t_hi, acc, acc_hi, BLOCK_D2)
         if BLOCK_T2 > 0:
             p_t2 = tl.math.exp2(s_t2 - m[:, None])
             l += tl.sum(p_t2, 1)
             if DROPOUT:
                 p_t2 = tl.where(_keep(seed, bh, offs_m, BLOCK_N + BLOCK_T, N, drop_p, BLOCK_T2, False),
                                 p_t2, 0.0)
-            acc = _dot(_round(p_t2, v.dtype), v_t2, acc)
-        _store_rows(O, acc * (_keep_scale(drop_p, DROPOUT) / l)[:, None], bh, offs_m, offs_d, N, H,
-                    1, 0, HEAD_DIM, BLOCK_D)
+            acc, acc_hi = _dot_d(_round(p_t2, v.dtype), v_t2, v_t2_hi, acc, acc_hi, BLOCK_D2)
+        scale = (_keep_scale(drop_p, DROPOUT) / l)[:, None]
+        _store_rows(O, acc * scale, acc_hi * scale, bh, offs_m, N, H, 1, 0, HEAD_DIM, BLOCK_D,
+                    BLOCK_D2)
         tl.store(LSE + bh.to(tl.int64) * N + offs_m, m + tl.math.log2(l), mask=offs_m < N)
 
 
 @triton.jit
 def fwd_short_kernel(QKV, O, LSE, SEED, qk_scale, drop_p, H, N,
-                     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
-                     BLOCK_MT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr,
-                     HAS_TAIL: tl.constexpr, BLOCK_T2: tl.constexpr, HEADS: tl.constexpr,
-                     STAGES: tl.constexpr, DROPOUT: tl.constexpr):
+                     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_D2: tl.constexpr,
+                     BLOCK_M: tl.constexpr, BLOCK_MT: tl.constexpr, BLOCK_N: tl.constexpr,
+                     BLOCK_T: tl.constexpr, HAS_TAIL: tl.constexpr, BLOCK_T2: tl.constexpr,
+                     HEADS: tl.constexpr, STAGES: tl.constexpr, DROPOUT: tl.constexpr):
     """fwd_kernel when all keys fit on chip: one pass, a plain softmax, no rescaling. The
     keys are a BLOCK_N tile plus, if HAS_TAIL, a BLOCK_T tail tile (65 = 64 + 16 keys rather
     than a 128-key tile: 80 columns of work instead of 128) and, unless BLOCK_T2 = 0, a
@@ -331,14 +436,17 @@ def fwd_short_kernel(QKV, O, LSE, SEED, qk_scale, drop_p, H, N,
     pid_m, group = _split_pid(tl.program_id(0), N, BLOCK_M)
     start_m = pid_m * BLOCK_M
     if BLOCK_MT == 0:  # every query tile is full
-        _fwd_short_rows(QKV, O, LSE, SEED, qk_scale, drop_p, H, N, group, start_m, HEAD_DIM, BLOCK_D,
-                        BLOCK_M, BLOCK_N, BLOCK_T, HAS_TAIL, BLOCK_T2, HEADS, STAGES, False, DROPOUT)
+        _fwd_short_rows(QKV, O, LSE, SEED, qk_scale, drop_p, H, N, group, start_m, HEAD_DIM,
+                        BLOCK_D, BLOCK_D2, BLOCK_M, BLOCK_N, BLOCK_T, HAS_TAIL, BLOCK_T2, HEADS,
+                        STAGES, False, DROPOUT)
     elif start_m + BLOCK_M <= N:
-        _fwd_short_rows(QKV, O, LSE, SEED, qk_scale, drop_p, H, N, group, start_m, HEAD_DIM, BLOCK_D,
-                        BLOCK_M, BLOCK_N, BLOCK_T, HAS_TAIL, BLOCK_T2, HEADS, STAGES, False, DROPOUT)
+        _fwd_short_rows(QKV, O, LSE, SEED, qk_scale, drop_p, H, N, group, start_m, HEAD_DIM,
+                        BLOCK_D, BLOCK_D2, BLOCK_M, BLOCK_N, BLOCK_T, HAS_TAIL, BLOCK_T2, HEADS,
+                        STAGES, False, DROPOUT)
     else:  # the partial last tile, in a tile of its own size
-        _fwd_short_rows(QKV, O, LSE, SEED, qk_scale, drop_p, H, N, group, start_m, HEAD_DIM, BLOCK_D,
-                        BLOCK_MT, BLOCK_N, BLOCK_T, HAS_TAIL, BLOCK_T2, HEADS, STAGES, True, DROPOUT)
+        _fwd_short_rows(QKV, O, LSE, SEED, qk_scale, drop_p, H, N, group, start_m, HEAD_DIM,
+                        BLOCK_D, BLOCK_D2, BLOCK_MT, BLOCK_N, BLOCK_T, HAS_TAIL, BLOCK_T2, HEADS,
+                        STAGES, True, DROPOUT)
 
 
 # ----------------------------------------------------------------------------------------
@@ -351,8 +459,8 @@ def bwd_delta_kernel(O, DO, DELTA, H, N,
     pid_m, bh = _split_pid(tl.program_id(0), N, BLOCK_M)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
-    o = _load_rows(O, bh, offs_m, offs_d, N, H, 1, 0, HEAD_DIM, BLOCK_D, True)
-    do = _load_rows(DO, bh, offs_m, offs_d, N, H, 1, 0, HEAD_DIM, BLOCK_D, True)
+    o = _load_rows1(O, bh, offs_m, offs_d, N, H, 1, 0, HEAD_DIM, BLOCK_D, True)
+    do = _load_rows1(DO, bh, offs_m, offs_d, N, H, 1, 0, HEAD_DIM, BLOCK_D, True)
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
     tl.store(DELTA + bh.to(tl.int64) * N + offs_m, delta, mask=offs_m < N)
 
@@ -387,8 +495,8 @@ def _bwd_dkdv(pid, QKV, DO, LSE, DELTA, DQKV, seed, qk_scale, sm_scale, drop_p, 
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
-    k = _load_rows(QKV, bh, offs_n, offs_d, N, H, 3, 1, HEAD_DIM, BLOCK_D, True)
-    v = _load_rows(QKV, bh, offs_n, offs_d, N, H, 3, 2, HEAD_DIM, BLOCK_D, True)
+    k = _load_rows1(QKV, bh, offs_n, offs_d, N, H, 3, 1, HEAD_DIM, BLOCK_D, True)
+    v = _load_rows1(QKV, bh, offs_n, offs_d, N, H, 3, 2, HEAD_DIM, BLOCK_D, True)
     q_ptrs = _head_ptrs(QKV, bh, offs_m, offs_d, N, H, 3, 0, HEAD_DIM)
     do_ptrs = _head_ptrs(DO, bh, offs_m, offs_d, N, H, 1, 0, HEAD_DIM)
     stats = bh.to(tl.int64) * N
@@ -405,8 +513,8 @@ def _bwd_dkdv(pid, QKV, DO, LSE, DELTA, DQKV, seed, qk_scale, sm_scale, drop_p, 
         dk, dv, _ = _bwd_dkdv_step(dk, dv, k, v, q, do, lse, delta, qk_scale, seed, bh, rows,
                                    pid_n * BLOCK_N, N, drop_p, DROPOUT)
 
-    _store_rows(DQKV, dk * sm_scale, bh, offs_n, offs_d, N, H, 3, 1, HEAD_DIM, BLOCK_D)
-    _store_rows(DQKV, dv, bh, offs_n, offs_d, N, H, 3, 2, HEAD_DIM, BLOCK_D)
+    _store_rows1(DQKV, dk * sm_scale, bh, offs_n, offs_d, N, H, 3, 1, HEAD_DIM, BLOCK_D)
+    _store_rows1(DQKV, dv, bh, offs_n, offs_d, N, H, 3, 2, HEAD_DIM, BLOCK_D)
 
 
 @triton.jit
@@ -418,8 +526,8 @@ def _bwd_dq(pid, QKV, DO, LSE, DELTA, DQKV, seed, qk_scale, sm_scale, drop_p, H,
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
-    q = _load_rows(QKV, bh, offs_m, offs_d, N, H, 3, 0, HEAD_DIM, BLOCK_D, True)
-    do = _load_rows(DO, bh, offs_m, offs_d, N, H, 1, 0, HEAD_DIM, BLOCK_D, True)
+    q = _load_rows1(QKV, bh, offs_m, offs_d, N, H, 3, 0, HEAD_DIM, BLOCK_D, True)
+    do = _load_rows1(DO, bh, offs_m, offs_d, N, H, 1, 0, HEAD_DIM, BLOCK_D, True)
     stats = bh.to(tl.int64) * N
     lse = tl.load(LSE + stats + offs_m, mask=offs_m < N, other=0.0)
     delta = tl.load(DELTA + stats + offs_m, mask=offs_m < N, other=0.0)
@@ -441,7 +549,7 @@ def _bwd_dq(pid, QKV, DO, LSE, DELTA, DQKV, seed, qk_scale, sm_scale, drop_p, H,
         ds = p * (dp - delta[:, None])
         dq = _dot(_round(ds, k.dtype), k, dq)
 
-    _store_rows(DQKV, dq * sm_scale, bh, offs_m, offs_d, N, H, 3, 0, HEAD_DIM, BLOCK_D)
+    _store_rows1(DQKV, dq * sm_scale, bh, offs_m, offs_d, N, H, 3, 0, HEAD_DIM, BLOCK_D)
 
 
 @triton.jit
@@ -476,9 +584,9 @@ def _bwd_short_chunk(dk, dv, dk_t, dv_t, k, v, k_t, v_t, QKV, O, DO, LSE, DQKV, 
     offs_n = tl.arange(0, BLOCK_N)
     offs_t = BLOCK_N + tl.arange(0, BLOCK_T)
     offs_d = tl.arange(0, BLOCK_D)
-    q = _load_rows(QKV, bh, rows, offs_d, N, H, 3, 0, HEAD_DIM, BLOCK_D, MASK_M)
-    do = _load_rows(DO, bh, rows, offs_d, N, H, 1, 0, HEAD_DIM, BLOCK_D, MASK_M)
-    o = _load_rows(O, bh, rows, offs_d, N, H, 1, 0, HEAD_DIM, BLOCK_D, MASK_M)
+    q = _load_rows1(QKV, bh, rows, offs_d, N, H, 3, 0, HEAD_DIM, BLOCK_D, MASK_M)
+    do = _load_rows1(DO, bh, rows, offs_d, N, H, 1, 0, HEAD_DIM, BLOCK_D, MASK_M)
+    o = _load_rows1(O, bh, rows, offs_d, N, H, 1, 0, HEAD_DIM, BLOCK_D, MASK_M)
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
     # Padded query rows: q = dO = 0 and LSE = +inf make their column of P^T zero.
     if MASK_M:
@@ -496,7 +604,7 @@ def _bwd_short_chunk(dk, dv, dk_t, dv_t, k, v, k_t, v_t, QKV, O, DO, LSE, DQKV, 
                                            rows, BLOCK_N, N, drop_p, DROPOUT)
         ds_tt = tl.where(offs_t[:, None] < N, ds_tt, 0.0)
         dq = _dot(tl.trans(_round(ds_tt, k.dtype)), k_t, dq)
-    _store_rows(DQKV, dq * sm_scale, bh, rows, offs_d, N, H, 3, 0, HEAD_DIM, BLOCK_D)
+    _store_rows1(DQKV, dq * sm_scale, bh, rows, offs_d, N, H, 3, 0, HEAD_DIM, BLOCK_D)
     return dk, dv, dk_t, dv_t
 
 
@@ -515,14 +623,14 @@ def bwd_short_kernel(QKV, O, DO, LSE, DQKV, SEED, qk_scale, sm_scale, drop_p, H,
     offs_n = tl.arange(0, BLOCK_N)
     offs_t = BLOCK_N + tl.arange(0, BLOCK_T)
     offs_d = tl.arange(0, BLOCK_D)
-    k = _load_rows(QKV, bh, offs_n, offs_d, N, H, 3, 1, HEAD_DIM, BLOCK_D, True)
-    v = _load_rows(QKV, bh, offs_n, offs_d, N, H, 3, 2, HEAD_DIM, BLOCK_D, True)
+    k = _load_rows1(QKV, bh, offs_n, offs_d, N, H, 3, 1, HEAD_DIM, BLOCK_D, True)
+    v = _load_rows1(QKV, bh, offs_n, offs_d, N, H, 3, 2, HEAD_DIM, BLOCK_D, True)
     dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     # The tail tiles exist either way (without HAS_TAIL, offs_t >= BLOCK_N >= N masks every
     # load and nothing reads them), so that the loop carries the same variables.
-    k_t = _load_rows(QKV, bh, offs_t, offs_d, N, H, 3, 1, HEAD_DIM, BLOCK_D, True)
-    v_t = _load_rows(QKV, bh, offs_t, offs_d, N, H, 3, 2, HEAD_DIM, BLOCK_D, True)
+    k_t = _load_rows1(QKV, bh, offs_t, offs_d, N, H, 3, 1, HEAD_DIM, BLOCK_D, True)
+    v_t = _load_rows1(QKV, bh, offs_t, offs_d, N, H, 3, 2, HEAD_DIM, BLOCK_D, True)
     dk_t = tl.zeros([BLOCK_T, BLOCK_D], tl.float32)
     dv_t = tl.zeros([BLOCK_T, BLOCK_D], tl.float32)
     seed = tl.load(SEED) if DROPOUT else 0
@@ -539,8 +647,8 @@ def bwd_short_kernel(QKV, O, DO, LSE, DQKV, SEED, qk_scale, sm_scale, drop_p, H,
                                               H, N, HEAD_DIM, BLOCK_D, BLOCK_MT, BLOCK_N, BLOCK_T,
                                               HAS_TAIL, True, DROPOUT)
 
-    _store_rows(DQKV, dk * sm_scale, bh, offs_n, offs_d, N, H, 3, 1, HEAD_DIM, BLOCK_D)
-    _store_rows(DQKV, dv, bh, offs_n, offs_d, N, H, 3, 2, HEAD_DIM, BLOCK_D)
+    _store_rows1(DQKV, dk * sm_scale, bh, offs_n, offs_d, N, H, 3, 1, HEAD_DIM, BLOCK_D)
+    _store_rows1(DQKV, dv, bh, offs_n, offs_d, N, H, 3, 2, HEAD_DIM, BLOCK_D)
     if HAS_TAIL:
-        _store_rows(DQKV, dk_t * sm_scale, bh, offs_t, offs_d, N, H, 3, 1, HEAD_DIM, BLOCK_D)
-        _store_rows(DQKV, dv_t, bh, offs_t, offs_d, N, H, 3, 2, HEAD_DIM, BLOCK_D)
+        _store_rows1(DQKV, dk_t * sm_scale, bh, offs_t, offs_d, N, H, 3, 1, HEAD_DIM, BLOCK_D)
+        _store_rows1(DQKV, dv_t, bh, offs_t, offs_d, N, H, 3, 2, HEAD_DIM, BLOCK_D)

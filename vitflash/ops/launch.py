@@ -34,7 +34,10 @@ from vitflash.files import written_whole
 from vitflash.ops import kernels
 
 INTERPRET = bool(kernels.INTERPRET)
-CACHE_VERSION = 3  # bump when a kernel or the candidate list changes in a way that can change the best config
+# bump when a kernel or the candidate list changes in a way that can change the best config;
+# 5 (split head dims), not 4: version 4 keyed the reverted TAILS candidates (067433b), which
+# a GPU machine's cache file may still hold
+CACHE_VERSION = 5
 
 
 @dataclass(frozen=True)
@@ -67,8 +70,28 @@ def _pow2(n: int) -> int:
 
 
 def block_d(d: int) -> int:
-    """Head dim padded to the power of two the kernels compute with."""
+    """Head dim padded to the power of two that the kernels compute with unless it splits
+    (`split_d`)."""
     return max(16, _pow2(d))
+
+
+def split_d(d: int) -> tuple[int, int]:
+    """(BLOCK_D, BLOCK_D2): the column chunks the kernels hold a head-dim tile in. A head dim
+    that is the sum of two powers of two A > B >= 16 (48 = 32 + 16, 80 = 64 + 16,
+    96 = 64 + 32, 144 = 128 + 16, 160 = 128 + 32, 192 = 128 + 64) is split into (A, B), with
+    no padding; any other is one chunk padded to block_d(d), and BLOCK_D2 = 0 (40 = 32 + 8
+    and 112 = 64 + 48 too: 8 is below the matrix units' 16, 48 no power of two)."""
+    a = 1 << (d.bit_length() - 1)  # the largest power of two <= d; d - a < a
+    b = d - a
+    if b >= 16 and b & (b - 1) == 0:
+        return a, b
+    return block_d(d), 0
+
+
+def tile_width(d: int) -> int:
+    """Columns of a head-dim tile on chip: d itself when it splits, else the padded
+    block_d(d)."""
+    return sum(split_d(d))
 
 
 def tail_tile(n: int, block: int) -> int:
@@ -122,8 +145,18 @@ def short_bwd(n: int, block_m: int, num_warps: int = 4) -> Candidate:
 
 def candidates(op: str, n: int, d: int, bh: int = 1) -> list[Candidate]:
     """Every candidate of op ("fwd" or "bwd") at sequence length n, head dim d and B * H = bh
-    (forward programs that loop over several heads need bh to be a multiple of them)."""
-    bd = block_d(d)
+    (forward programs that loop over several heads need bh to be a multiple of them).
+
+    The limits below size shared memory and registers by bd, the columns a head-dim tile
+    takes on chip: the padded block_d(d), or d itself for a split head dim (80 = 64 + 16
+    columns, not 128). The 64 / 128 steps that pick the general candidates put every split
+    head dim where its padded width would (48 with 64, 80 and 96 with 128, 144-192 above
+    128), so the real width changes only the short kernels' limits, which then let through
+    a few candidates more than the padded width would: the pipelined multi-head forwards
+    (their shared-memory bound) and the 2-warp tiles at every split D, and at D = 144-192
+    short kernels for more keys (up to 8 more candidates at a shape: more tuning time on a
+    first call)."""
+    bd = tile_width(d)
     out: list[Candidate] = []
     if op == "fwd":
         keys = short_keys(n, tails=2)
@@ -173,7 +206,7 @@ def candidates(op: str, n: int, d: int, bh: int = 1) -> list[Candidate]:
 def heuristic(op: str, n: int, d: int) -> Candidate:
     """The candidate used without timing: in the interpreter (one config keeps CI fast) and
     for keys first seen during CUDA-graph capture. Short kernels wherever they apply."""
-    keys, bd = short_keys(n), block_d(d)
+    keys, bd = short_keys(n), tile_width(d)  # the same choices as with block_d(d) (see candidates)
     if op == "fwd":
         if keys <= 128:
             return short_fwd(n, 64)
