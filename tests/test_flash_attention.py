@@ -115,23 +115,26 @@ def test_tail_tile():
     assert launch.tail_tile(197, 64) == 16 and launch.tail_tile(197, 128) == 128
 
 
-@pytest.mark.parametrize("N, block_ms", [(16, {16}), (17, {16, 32}), (33, {16, 32, 64}),
-                                         (64, {16, 32, 64}), (65, {16, 32, 64, 128})])
-def test_every_short_candidate(monkeypatch, N, block_ms):
+@pytest.mark.parametrize("N, D, block_ms", [(16, 32, {16}), (17, 32, {16, 32}), (33, 32, {16, 32, 64}),
+                                            (64, 32, {16, 32, 64}), (65, 32, {16, 32, 64, 128}),
+                                            (33, 48, {16, 32, 64}), (65, 80, {16, 32, 64, 128})])
+def test_every_short_candidate(monkeypatch, N, D, block_ms):
     """Every short candidate of both ops (every BLOCK_M, HEADS and STAGES; warps do not
     change the interpreter's arithmetic) at lengths whose query rows end in a tail tile
     (17, 33, 65: 64 + 16 or 32 + 32 + 16 rows) or in full tiles (16, 64, and 33, 65 with
-    16-row tiles), against the reference. On the GPU, test_every_config_gpu runs them all."""
-    B, H, D = 2, 4, 32
-    qkv, do = _packed_inputs(B, N, H, D, torch.float16, seed=N)
+    16-row tiles), against the reference; and at split head dims (48 = 32 + 16,
+    80 = 64 + 16), in two column chunks. On the GPU, test_every_config_gpu runs them all."""
+    B, H = 2, 4
+    qkv, do = _packed_inputs(B, N, H, D, torch.float16, seed=N + D)
 
     def short(op, **kw):  # one candidate per distinct set of blocks
         cands = {c.blocks: c for c in launch.candidates(op, N, D, **kw) if c.family == "short"}
         return list(cands.values())
 
     fwds, bwds = short("fwd", bh=B * H), short("bwd")
-    for cands in (fwds, bwds):
-        assert {c.meta["BLOCK_M"] for c in cands} == block_ms
+    assert {c.meta["BLOCK_M"] for c in fwds} == block_ms
+    # the backward's 128-row chunks only where a tile is at most 64 columns wide
+    assert {c.meta["BLOCK_M"] for c in bwds} == (block_ms if D <= 64 else block_ms - {128})
     for i in range(max(len(fwds), len(bwds))):  # each run checks one of each
         fwd, bwd = fwds[i % len(fwds)], bwds[i % len(bwds)]
         _force(monkeypatch, fwd, bwd)
@@ -143,11 +146,13 @@ def test_every_short_candidate(monkeypatch, N, block_ms):
         plans = {key[0]: plan for key, plan in flash_mod._plans.items()}
         assert plans.keys() == {"fwd", "bwd"}
         for op, cand in (("fwd", fwd), ("bwd", bwd)):
-            assert plans[op][0].consts["BLOCK_MT"] == launch.tail_tile(N, cand.meta["BLOCK_M"])
+            consts = plans[op][0].consts
+            assert consts["BLOCK_MT"] == launch.tail_tile(N, cand.meta["BLOCK_M"])
+            assert (consts["BLOCK_D"], consts["BLOCK_D2"]) == launch.split_d(D)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("D", [64, 80, 128])
+@pytest.mark.parametrize("D", [64, 80, 96, 128])
 @pytest.mark.parametrize("N", [1, 65, 197, 577])
 def test_every_config_gpu(monkeypatch, N, D):
     """Every autotuning candidate, not only the winner, keeps to the rule."""
@@ -375,12 +380,13 @@ def _dropout_reference(qkv, do, mask, p):
 
 
 @pytest.mark.parametrize("N, D, dtype", [(17, 32, torch.float16), (65, 32, torch.float16), (100, 32, torch.float16),
-                                         (130, 32, torch.float16), (65, 80, torch.bfloat16)])
+                                         (130, 32, torch.float16), (65, 80, torch.bfloat16),
+                                         (33, 40, torch.float16)])
 def test_dropout_matches_reference_with_the_kernels_mask(monkeypatch, N, D, dtype):
     """With dropout_p > 0 the forward and the backward drop the same weights, those of
     `dropout_keep_mask` for the seed, in both kernel families, within the FA2 rule: key tail
-    tiles (17, 65, 130), the short forward's second tail (100 = 64 + 32 + 16), a padded head
-    dim in bf16."""
+    tiles (17, 65, 130), the short forward's second tail (100 = 64 + 32 + 16), a split head
+    dim in bf16 (80 = 64 + 16, two column chunks) and a padded one (40, in a 64-column tile)."""
     B, H, p = 2, 2, 0.3
     qkv, do = _packed_inputs(B, N, H, D, dtype, seed=N)
     seed = torch.tensor([1234 + N], dtype=torch.int64, device=DEVICE)

@@ -28,7 +28,7 @@ import torch
 
 from vitflash.ops import kernels
 from vitflash.ops import launch as _launch
-from vitflash.ops.launch import Candidate, Launch, _pow2, block_d, choose, split_d, tail_tile
+from vitflash.ops.launch import Candidate, Launch, _pow2, choose, split_d, tail_tile
 
 from vitflash.ops.reference import check_dropout_p, check_softmax_scale
 
@@ -66,7 +66,8 @@ def _fwd_launches(c: Candidate, B: int, N: int, H: int, D: int, dropout: bool = 
 
 
 def _bwd_launches(c: Candidate, B: int, N: int, H: int, D: int, dropout: bool = False) -> list[Launch]:
-    head = {"HEAD_DIM": D, "BLOCK_D": block_d(D)}
+    block_d1, block_d2 = split_d(D)
+    head = {"HEAD_DIM": D, "BLOCK_D": block_d1, "BLOCK_D2": block_d2}
     if c.family == "short":  # one program per (batch, head), delta computed inside
         tail = {"BLOCK_MT": tail_tile(N, c.meta["BLOCK_M"])}  # the rows past the last BLOCK_M
         return [Launch(kernels.bwd_short_kernel, B * H, {**head, **c.meta, **tail, "DROPOUT": dropout},

@@ -40,8 +40,15 @@ Exponentials are base 2 with the softmax scale folded into log2(e); the LSE is k
 base-2 units. N need not be a multiple of a block (197, 577, ... are not): out-of-range rows
 and keys are masked. The general forward's key tail tile BLOCK_T and the short kernels'
 query tail tile BLOCK_MT are sized by the launcher from N (`launch.tail_tile`); 0 means
-that the block divides N, and then no tail code is traced. Head dims D <= 256 with
-D % 8 == 0 are padded to BLOCK_D, a power of two, inside the kernels.
+that the block divides N, and then no tail code is traced.
+
+Head dims: D <= 256 with D % 8 == 0. A D that is the sum of two powers of two A > B >= 16
+(48, 80 = 64 + 16, 96 = 64 + 32, 144, 160, 192) is split (BLOCK_D = A, BLOCK_D2 = B, from
+`launch.split_d`): every tile over the head dim is held as two column chunks, [0, A) and
+[A, A + B), with no padding. Q K^T and dO V^T sum two products, P V, dS K, dS^T Q and
+P^T dO fill two accumulators, delta sums over both chunks. Any other D (BLOCK_D2 = 0) is
+padded to BLOCK_D, a power of two, and its padded columns masked; the code of the second
+chunk is not traced then (see the note above `_chunk_ptrs`).
 
 Under Triton's CPU interpreter (TRITON_INTERPRET=1, read once when this module is
 imported) two bf16 operations are wrong in triton 3.8: `tl.dot` on bf16 operands returns
@@ -206,22 +213,6 @@ def _dot(a, b, acc):
         if a.dtype == tl.bfloat16:
             return tl.dot(a.to(tl.float32), b.to(tl.float32), acc)
     return tl.dot(a, b, acc)
-
-
-# The single-tile row helpers of the padded layout, for the backward until it takes split
-# head dims too.
-@triton.jit
-def _load_rows1(base, bh, rows, offs_d, N, H, PACK: tl.constexpr, WHICH: tl.constexpr,
-                HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, MASK_ROWS: tl.constexpr):
-    return _load(_head_ptrs(base, bh, rows, offs_d, N, H, PACK, WHICH, HEAD_DIM),
-                 rows, N, offs_d, HEAD_DIM, BLOCK_D, MASK_ROWS)
-
-
-@triton.jit
-def _store_rows1(base, tile, bh, rows, offs_d, N, H, PACK: tl.constexpr, WHICH: tl.constexpr,
-                 HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr):
-    _store(_head_ptrs(base, bh, rows, offs_d, N, H, PACK, WHICH, HEAD_DIM), tile,
-           rows, N, offs_d, HEAD_DIM, BLOCK_D)
 
 
 @triton.jit
@@ -454,107 +445,117 @@ def fwd_short_kernel(QKV, O, LSE, SEED, qk_scale, drop_p, H, N,
 # ----------------------------------------------------------------------------------------
 @triton.jit
 def bwd_delta_kernel(O, DO, DELTA, H, N,
-                     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr):
+                     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_D2: tl.constexpr,
+                     BLOCK_M: tl.constexpr):
     """delta = rowsum(dO * O), the diagonal term of the softmax Jacobian, per query row."""
     pid_m, bh = _split_pid(tl.program_id(0), N, BLOCK_M)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, BLOCK_D)
-    o = _load_rows1(O, bh, offs_m, offs_d, N, H, 1, 0, HEAD_DIM, BLOCK_D, True)
-    do = _load_rows1(DO, bh, offs_m, offs_d, N, H, 1, 0, HEAD_DIM, BLOCK_D, True)
-    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+    o, o_hi = _load_rows(O, bh, offs_m, N, H, 1, 0, HEAD_DIM, BLOCK_D, BLOCK_D2, True)
+    do, do_hi = _load_rows(DO, bh, offs_m, N, H, 1, 0, HEAD_DIM, BLOCK_D, BLOCK_D2, True)
+    delta = _rowdot(o, o_hi, do, do_hi, BLOCK_D2)
     tl.store(DELTA + bh.to(tl.int64) * N + offs_m, delta, mask=offs_m < N)
 
 
 @triton.jit
-def _bwd_dkdv_step(dk, dv, k, v, q, do, lse, delta, qk_scale, seed, bh, rows, k_start, N, drop_p,
-                   DROPOUT: tl.constexpr):
+def _bwd_dkdv_step(dk, dk_hi, dv, dv_hi, k, k_hi, v, v_hi, q, q_hi, do, do_hi, lse, delta,
+                   qk_scale, seed, bh, rows, k_start, N, drop_p,
+                   BLOCK_D2: tl.constexpr, DROPOUT: tl.constexpr):
     """One query tile's share of dK, dV, on transposed tiles so that they accumulate as
-    (BLOCK_N, BLOCK_D). Returns dS^T too, for a caller that also wants dQ. rows, k_start: the
-    tile's query rows and its first key (for the dropout mask)."""
-    s_t = _dot(k, tl.trans(q), tl.zeros([k.shape[0], q.shape[0]], tl.float32))
+    (BLOCK_N, head dim) chunks. Returns dS^T too, for a caller that also wants dQ. rows,
+    k_start: the tile's query rows and its first key (for the dropout mask)."""
+    s_t = _dot_t(k, k_hi, q, q_hi, BLOCK_D2)
     p_t = tl.math.exp2(s_t * qk_scale - lse[None, :])  # (BLOCK_N, BLOCK_M)
-    dp_t = _dot(v, tl.trans(do), tl.zeros([k.shape[0], q.shape[0]], tl.float32))
+    dp_t = _dot_t(v, v_hi, do, do_hi, BLOCK_D2)
     if DROPOUT:
         keep_t = _keep(seed, bh, rows, k_start, N, drop_p, k.shape[0], True)
         scale = _keep_scale(drop_p, DROPOUT)
-        dv = _dot(_round(tl.where(keep_t, p_t * scale, 0.0), do.dtype), do, dv)
+        dv, dv_hi = _dot_d(_round(tl.where(keep_t, p_t * scale, 0.0), do.dtype), do, do_hi,
+                           dv, dv_hi, BLOCK_D2)
         dp_t = tl.where(keep_t, dp_t * scale, 0.0)
     else:
-        dv = _dot(_round(p_t, do.dtype), do, dv)
+        dv, dv_hi = _dot_d(_round(p_t, do.dtype), do, do_hi, dv, dv_hi, BLOCK_D2)
     ds_t = p_t * (dp_t - delta[None, :])
-    dk = _dot(_round(ds_t, q.dtype), q, dk)
-    return dk, dv, ds_t
+    dk, dk_hi = _dot_d(_round(ds_t, q.dtype), q, q_hi, dk, dk_hi, BLOCK_D2)
+    return dk, dk_hi, dv, dv_hi, ds_t
 
 
 @triton.jit
 def _bwd_dkdv(pid, QKV, DO, LSE, DELTA, DQKV, seed, qk_scale, sm_scale, drop_p, H, N,
-              HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+              HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_D2: tl.constexpr,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DROPOUT: tl.constexpr):
     """dK, dV of one BLOCK_N key tile; Q, dO, LSE, delta stream past in BLOCK_M tiles."""
     pid_n, bh = _split_pid(pid, N, BLOCK_N)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, BLOCK_D)
-    k = _load_rows1(QKV, bh, offs_n, offs_d, N, H, 3, 1, HEAD_DIM, BLOCK_D, True)
-    v = _load_rows1(QKV, bh, offs_n, offs_d, N, H, 3, 2, HEAD_DIM, BLOCK_D, True)
-    q_ptrs = _head_ptrs(QKV, bh, offs_m, offs_d, N, H, 3, 0, HEAD_DIM)
-    do_ptrs = _head_ptrs(DO, bh, offs_m, offs_d, N, H, 1, 0, HEAD_DIM)
+    k, k_hi = _load_rows(QKV, bh, offs_n, N, H, 3, 1, HEAD_DIM, BLOCK_D, BLOCK_D2, True)
+    v, v_hi = _load_rows(QKV, bh, offs_n, N, H, 3, 2, HEAD_DIM, BLOCK_D, BLOCK_D2, True)
+    q_ptrs, q_ptrs_hi = _chunk_ptrs(QKV, bh, offs_m, N, H, 3, 0, HEAD_DIM, BLOCK_D, BLOCK_D2)
+    do_ptrs, do_ptrs_hi = _chunk_ptrs(DO, bh, offs_m, N, H, 1, 0, HEAD_DIM, BLOCK_D, BLOCK_D2)
     stats = bh.to(tl.int64) * N
 
-    dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
-    dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+    dk, dk_hi = _zeros(BLOCK_N, BLOCK_D, BLOCK_D2)
+    dv, dv_hi = _zeros(BLOCK_N, BLOCK_D, BLOCK_D2)
     for start_m in range(0, N, BLOCK_M):
         rows = start_m + offs_m
         # Padded query rows: q = dO = 0 and LSE = +inf make their column of P^T zero.
-        q = _load(q_ptrs + start_m * 3 * H * HEAD_DIM, rows, N, offs_d, HEAD_DIM, BLOCK_D, True)
-        do = _load(do_ptrs + start_m * H * HEAD_DIM, rows, N, offs_d, HEAD_DIM, BLOCK_D, True)
+        q_shift = start_m * 3 * H * HEAD_DIM
+        q, q_hi = _load_chunks(q_ptrs + q_shift, q_ptrs_hi + q_shift, rows, N, HEAD_DIM,
+                               BLOCK_D, BLOCK_D2, True)
+        do_shift = start_m * H * HEAD_DIM
+        do, do_hi = _load_chunks(do_ptrs + do_shift, do_ptrs_hi + do_shift, rows, N, HEAD_DIM,
+                                 BLOCK_D, BLOCK_D2, True)
         lse = tl.load(LSE + stats + rows, mask=rows < N, other=float("inf"))
         delta = tl.load(DELTA + stats + rows, mask=rows < N, other=0.0)
-        dk, dv, _ = _bwd_dkdv_step(dk, dv, k, v, q, do, lse, delta, qk_scale, seed, bh, rows,
-                                   pid_n * BLOCK_N, N, drop_p, DROPOUT)
+        dk, dk_hi, dv, dv_hi, _ = _bwd_dkdv_step(dk, dk_hi, dv, dv_hi, k, k_hi, v, v_hi, q, q_hi,
+                                                 do, do_hi, lse, delta, qk_scale, seed, bh, rows,
+                                                 pid_n * BLOCK_N, N, drop_p, BLOCK_D2, DROPOUT)
 
-    _store_rows1(DQKV, dk * sm_scale, bh, offs_n, offs_d, N, H, 3, 1, HEAD_DIM, BLOCK_D)
-    _store_rows1(DQKV, dv, bh, offs_n, offs_d, N, H, 3, 2, HEAD_DIM, BLOCK_D)
+    _store_rows(DQKV, dk * sm_scale, dk_hi * sm_scale, bh, offs_n, N, H, 3, 1, HEAD_DIM,
+                BLOCK_D, BLOCK_D2)
+    _store_rows(DQKV, dv, dv_hi, bh, offs_n, N, H, 3, 2, HEAD_DIM, BLOCK_D, BLOCK_D2)
 
 
 @triton.jit
 def _bwd_dq(pid, QKV, DO, LSE, DELTA, DQKV, seed, qk_scale, sm_scale, drop_p, H, N,
-            HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+            HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_D2: tl.constexpr,
             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DROPOUT: tl.constexpr):
     """dQ of one BLOCK_M query tile; K, V stream past in BLOCK_N tiles."""
     pid_m, bh = _split_pid(pid, N, BLOCK_M)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, BLOCK_D)
-    q = _load_rows1(QKV, bh, offs_m, offs_d, N, H, 3, 0, HEAD_DIM, BLOCK_D, True)
-    do = _load_rows1(DO, bh, offs_m, offs_d, N, H, 1, 0, HEAD_DIM, BLOCK_D, True)
+    q, q_hi = _load_rows(QKV, bh, offs_m, N, H, 3, 0, HEAD_DIM, BLOCK_D, BLOCK_D2, True)
+    do, do_hi = _load_rows(DO, bh, offs_m, N, H, 1, 0, HEAD_DIM, BLOCK_D, BLOCK_D2, True)
     stats = bh.to(tl.int64) * N
     lse = tl.load(LSE + stats + offs_m, mask=offs_m < N, other=0.0)
     delta = tl.load(DELTA + stats + offs_m, mask=offs_m < N, other=0.0)
-    k_ptrs = _head_ptrs(QKV, bh, offs_n, offs_d, N, H, 3, 1, HEAD_DIM)
-    v_ptrs = _head_ptrs(QKV, bh, offs_n, offs_d, N, H, 3, 2, HEAD_DIM)
+    k_ptrs, k_ptrs_hi = _chunk_ptrs(QKV, bh, offs_n, N, H, 3, 1, HEAD_DIM, BLOCK_D, BLOCK_D2)
+    v_ptrs, v_ptrs_hi = _chunk_ptrs(QKV, bh, offs_n, N, H, 3, 2, HEAD_DIM, BLOCK_D, BLOCK_D2)
 
-    dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    dq, dq_hi = _zeros(BLOCK_M, BLOCK_D, BLOCK_D2)
     for start_n in range(0, N, BLOCK_N):
         cols = start_n + offs_n
-        k = _load(k_ptrs + start_n * 3 * H * HEAD_DIM, cols, N, offs_d, HEAD_DIM, BLOCK_D, True)
-        v = _load(v_ptrs + start_n * 3 * H * HEAD_DIM, cols, N, offs_d, HEAD_DIM, BLOCK_D, True)
-        s = _dot(q, tl.trans(k), tl.zeros([BLOCK_M, BLOCK_N], tl.float32))
+        shift = start_n * 3 * H * HEAD_DIM
+        k, k_hi = _load_chunks(k_ptrs + shift, k_ptrs_hi + shift, cols, N, HEAD_DIM, BLOCK_D,
+                               BLOCK_D2, True)
+        v, v_hi = _load_chunks(v_ptrs + shift, v_ptrs_hi + shift, cols, N, HEAD_DIM, BLOCK_D,
+                               BLOCK_D2, True)
+        s = _dot_t(q, q_hi, k, k_hi, BLOCK_D2)
         # Padded keys have k = 0, so exp2(-lse) could be anything: zero them explicitly.
         p = tl.where(cols[None, :] < N, tl.math.exp2(s * qk_scale - lse[:, None]), 0.0)
-        dp = _dot(do, tl.trans(v), tl.zeros([BLOCK_M, BLOCK_N], tl.float32))
+        dp = _dot_t(do, do_hi, v, v_hi, BLOCK_D2)
         if DROPOUT:
             dp = tl.where(_keep(seed, bh, offs_m, start_n, N, drop_p, BLOCK_N, False),
                           dp * _keep_scale(drop_p, DROPOUT), 0.0)
         ds = p * (dp - delta[:, None])
-        dq = _dot(_round(ds, k.dtype), k, dq)
+        dq, dq_hi = _dot_d(_round(ds, k.dtype), k, k_hi, dq, dq_hi, BLOCK_D2)
 
-    _store_rows1(DQKV, dq * sm_scale, bh, offs_m, offs_d, N, H, 3, 0, HEAD_DIM, BLOCK_D)
+    _store_rows(DQKV, dq * sm_scale, dq_hi * sm_scale, bh, offs_m, N, H, 3, 0, HEAD_DIM,
+                BLOCK_D, BLOCK_D2)
 
 
 @triton.jit
 def bwd_kernel(QKV, DO, LSE, DELTA, DQKV, SEED, qk_scale, sm_scale, drop_p, BH, H, N,
-               HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+               HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_D2: tl.constexpr,
                BLOCK_M1: tl.constexpr, BLOCK_N1: tl.constexpr,
                BLOCK_M2: tl.constexpr, BLOCK_N2: tl.constexpr, DROPOUT: tl.constexpr):
     """The backward after bwd_delta_kernel, in one launch: the first cdiv(N, BLOCK_N1) * B * H
@@ -565,54 +566,60 @@ def bwd_kernel(QKV, DO, LSE, DELTA, DQKV, SEED, qk_scale, sm_scale, drop_p, BH, 
     seed = tl.load(SEED) if DROPOUT else 0
     if pid < n_dkdv:
         _bwd_dkdv(pid, QKV, DO, LSE, DELTA, DQKV, seed, qk_scale, sm_scale, drop_p, H, N,
-                  HEAD_DIM, BLOCK_D, BLOCK_M1, BLOCK_N1, DROPOUT)
+                  HEAD_DIM, BLOCK_D, BLOCK_D2, BLOCK_M1, BLOCK_N1, DROPOUT)
     else:
         _bwd_dq(pid - n_dkdv, QKV, DO, LSE, DELTA, DQKV, seed, qk_scale, sm_scale, drop_p, H, N,
-                HEAD_DIM, BLOCK_D, BLOCK_M2, BLOCK_N2, DROPOUT)
+                HEAD_DIM, BLOCK_D, BLOCK_D2, BLOCK_M2, BLOCK_N2, DROPOUT)
 
 
 @triton.jit
-def _bwd_short_chunk(dk, dv, dk_t, dv_t, k, v, k_t, v_t, QKV, O, DO, LSE, DQKV, bh, start_m,
-                     seed, qk_scale, sm_scale, drop_p, H, N,
-                     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, ROWS: tl.constexpr,
-                     BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, HAS_TAIL: tl.constexpr,
-                     MASK_M: tl.constexpr, DROPOUT: tl.constexpr):
+def _bwd_short_chunk(dk, dk_hi, dv, dv_hi, dk_t, dk_t_hi, dv_t, dv_t_hi,
+                     k, k_hi, v, v_hi, k_t, k_t_hi, v_t, v_t_hi,
+                     QKV, O, DO, LSE, DQKV, bh, start_m, seed, qk_scale, sm_scale, drop_p, H, N,
+                     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_D2: tl.constexpr,
+                     ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr,
+                     HAS_TAIL: tl.constexpr, MASK_M: tl.constexpr, DROPOUT: tl.constexpr):
     """One chunk of bwd_short_kernel: ROWS query rows from start_m (MASK_M: the chunk may
     reach past row N - 1). Computes the chunk's delta, writes its finished dQ and returns
-    dK, dV (and the tail tile's dK, dV) with its share added."""
+    dK, dV (and the tail tile's dK, dV) with its share added, each as its two chunks."""
     rows = start_m + tl.arange(0, ROWS)
     offs_n = tl.arange(0, BLOCK_N)
     offs_t = BLOCK_N + tl.arange(0, BLOCK_T)
-    offs_d = tl.arange(0, BLOCK_D)
-    q = _load_rows1(QKV, bh, rows, offs_d, N, H, 3, 0, HEAD_DIM, BLOCK_D, MASK_M)
-    do = _load_rows1(DO, bh, rows, offs_d, N, H, 1, 0, HEAD_DIM, BLOCK_D, MASK_M)
-    o = _load_rows1(O, bh, rows, offs_d, N, H, 1, 0, HEAD_DIM, BLOCK_D, MASK_M)
-    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+    q, q_hi = _load_rows(QKV, bh, rows, N, H, 3, 0, HEAD_DIM, BLOCK_D, BLOCK_D2, MASK_M)
+    do, do_hi = _load_rows(DO, bh, rows, N, H, 1, 0, HEAD_DIM, BLOCK_D, BLOCK_D2, MASK_M)
+    o, o_hi = _load_rows(O, bh, rows, N, H, 1, 0, HEAD_DIM, BLOCK_D, BLOCK_D2, MASK_M)
+    delta = _rowdot(o, o_hi, do, do_hi, BLOCK_D2)
     # Padded query rows: q = dO = 0 and LSE = +inf make their column of P^T zero.
     if MASK_M:
         lse = tl.load(LSE + bh.to(tl.int64) * N + rows, mask=rows < N, other=float("inf"))
     else:
         lse = tl.load(LSE + bh.to(tl.int64) * N + rows)
-    dk, dv, ds_t = _bwd_dkdv_step(dk, dv, k, v, q, do, lse, delta, qk_scale, seed, bh, rows, 0,
-                                  N, drop_p, DROPOUT)
+    dk, dk_hi, dv, dv_hi, ds_t = _bwd_dkdv_step(dk, dk_hi, dv, dv_hi, k, k_hi, v, v_hi, q, q_hi,
+                                                do, do_hi, lse, delta, qk_scale, seed, bh, rows,
+                                                0, N, drop_p, BLOCK_D2, DROPOUT)
     # Padded keys (k = v = 0) get p = exp2(-lse) != 0 in _bwd_dkdv_step: harmless for
     # their own dK, dV rows, which are never stored, but they must not reach dQ.
     ds_t = tl.where(offs_n[:, None] < N, ds_t, 0.0)
-    dq = _dot(tl.trans(_round(ds_t, k.dtype)), k, tl.zeros([ROWS, BLOCK_D], tl.float32))
+    dq, dq_hi = _zeros(ROWS, BLOCK_D, BLOCK_D2)
+    dq, dq_hi = _dot_d(tl.trans(_round(ds_t, k.dtype)), k, k_hi, dq, dq_hi, BLOCK_D2)
     if HAS_TAIL:
-        dk_t, dv_t, ds_tt = _bwd_dkdv_step(dk_t, dv_t, k_t, v_t, q, do, lse, delta, qk_scale, seed, bh,
-                                           rows, BLOCK_N, N, drop_p, DROPOUT)
+        dk_t, dk_t_hi, dv_t, dv_t_hi, ds_tt = _bwd_dkdv_step(dk_t, dk_t_hi, dv_t, dv_t_hi,
+                                                             k_t, k_t_hi, v_t, v_t_hi, q, q_hi,
+                                                             do, do_hi, lse, delta, qk_scale,
+                                                             seed, bh, rows, BLOCK_N, N, drop_p,
+                                                             BLOCK_D2, DROPOUT)
         ds_tt = tl.where(offs_t[:, None] < N, ds_tt, 0.0)
-        dq = _dot(tl.trans(_round(ds_tt, k.dtype)), k_t, dq)
-    _store_rows1(DQKV, dq * sm_scale, bh, rows, offs_d, N, H, 3, 0, HEAD_DIM, BLOCK_D)
-    return dk, dv, dk_t, dv_t
+        dq, dq_hi = _dot_d(tl.trans(_round(ds_tt, k.dtype)), k_t, k_t_hi, dq, dq_hi, BLOCK_D2)
+    _store_rows(DQKV, dq * sm_scale, dq_hi * sm_scale, bh, rows, N, H, 3, 0, HEAD_DIM, BLOCK_D,
+                BLOCK_D2)
+    return dk, dk_hi, dv, dv_hi, dk_t, dk_t_hi, dv_t, dv_t_hi
 
 
 @triton.jit
 def bwd_short_kernel(QKV, O, DO, LSE, DQKV, SEED, qk_scale, sm_scale, drop_p, H, N,
-                     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
-                     BLOCK_MT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr,
-                     HAS_TAIL: tl.constexpr, DROPOUT: tl.constexpr):
+                     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_D2: tl.constexpr,
+                     BLOCK_M: tl.constexpr, BLOCK_MT: tl.constexpr, BLOCK_N: tl.constexpr,
+                     BLOCK_T: tl.constexpr, HAS_TAIL: tl.constexpr, DROPOUT: tl.constexpr):
     """The whole backward of one (batch, head) when all keys fit on chip (a BLOCK_N tile and,
     if HAS_TAIL, a BLOCK_T tail), in one launch and without bwd_delta_kernel: K and V stay
     on chip while the query rows pass in full BLOCK_M chunks and then, unless BLOCK_MT = 0
@@ -622,33 +629,36 @@ def bwd_short_kernel(QKV, O, DO, LSE, DQKV, SEED, qk_scale, sm_scale, drop_p, H,
     bh = tl.program_id(0)
     offs_n = tl.arange(0, BLOCK_N)
     offs_t = BLOCK_N + tl.arange(0, BLOCK_T)
-    offs_d = tl.arange(0, BLOCK_D)
-    k = _load_rows1(QKV, bh, offs_n, offs_d, N, H, 3, 1, HEAD_DIM, BLOCK_D, True)
-    v = _load_rows1(QKV, bh, offs_n, offs_d, N, H, 3, 2, HEAD_DIM, BLOCK_D, True)
-    dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
-    dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+    k, k_hi = _load_rows(QKV, bh, offs_n, N, H, 3, 1, HEAD_DIM, BLOCK_D, BLOCK_D2, True)
+    v, v_hi = _load_rows(QKV, bh, offs_n, N, H, 3, 2, HEAD_DIM, BLOCK_D, BLOCK_D2, True)
+    dk, dk_hi = _zeros(BLOCK_N, BLOCK_D, BLOCK_D2)
+    dv, dv_hi = _zeros(BLOCK_N, BLOCK_D, BLOCK_D2)
     # The tail tiles exist either way (without HAS_TAIL, offs_t >= BLOCK_N >= N masks every
     # load and nothing reads them), so that the loop carries the same variables.
-    k_t = _load_rows1(QKV, bh, offs_t, offs_d, N, H, 3, 1, HEAD_DIM, BLOCK_D, True)
-    v_t = _load_rows1(QKV, bh, offs_t, offs_d, N, H, 3, 2, HEAD_DIM, BLOCK_D, True)
-    dk_t = tl.zeros([BLOCK_T, BLOCK_D], tl.float32)
-    dv_t = tl.zeros([BLOCK_T, BLOCK_D], tl.float32)
+    k_t, k_t_hi = _load_rows(QKV, bh, offs_t, N, H, 3, 1, HEAD_DIM, BLOCK_D, BLOCK_D2, True)
+    v_t, v_t_hi = _load_rows(QKV, bh, offs_t, N, H, 3, 2, HEAD_DIM, BLOCK_D, BLOCK_D2, True)
+    dk_t, dk_t_hi = _zeros(BLOCK_T, BLOCK_D, BLOCK_D2)
+    dv_t, dv_t_hi = _zeros(BLOCK_T, BLOCK_D, BLOCK_D2)
     seed = tl.load(SEED) if DROPOUT else 0
 
     m_full = (N // BLOCK_M) * BLOCK_M
     for start_m in range(0, m_full, BLOCK_M):
-        dk, dv, dk_t, dv_t = _bwd_short_chunk(dk, dv, dk_t, dv_t, k, v, k_t, v_t, QKV, O, DO,
-                                              LSE, DQKV, bh, start_m, seed, qk_scale, sm_scale, drop_p,
-                                              H, N, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, BLOCK_T,
-                                              HAS_TAIL, False, DROPOUT)
+        dk, dk_hi, dv, dv_hi, dk_t, dk_t_hi, dv_t, dv_t_hi = _bwd_short_chunk(
+            dk, dk_hi, dv, dv_hi, dk_t, dk_t_hi, dv_t, dv_t_hi, k, k_hi, v, v_hi, k_t, k_t_hi,
+            v_t, v_t_hi, QKV, O, DO, LSE, DQKV, bh, start_m, seed, qk_scale, sm_scale, drop_p,
+            H, N, HEAD_DIM, BLOCK_D, BLOCK_D2, BLOCK_M, BLOCK_N, BLOCK_T, HAS_TAIL, False,
+            DROPOUT)
     if BLOCK_MT > 0:  # the rows past the last full chunk
-        dk, dv, dk_t, dv_t = _bwd_short_chunk(dk, dv, dk_t, dv_t, k, v, k_t, v_t, QKV, O, DO,
-                                              LSE, DQKV, bh, m_full, seed, qk_scale, sm_scale, drop_p,
-                                              H, N, HEAD_DIM, BLOCK_D, BLOCK_MT, BLOCK_N, BLOCK_T,
-                                              HAS_TAIL, True, DROPOUT)
+        dk, dk_hi, dv, dv_hi, dk_t, dk_t_hi, dv_t, dv_t_hi = _bwd_short_chunk(
+            dk, dk_hi, dv, dv_hi, dk_t, dk_t_hi, dv_t, dv_t_hi, k, k_hi, v, v_hi, k_t, k_t_hi,
+            v_t, v_t_hi, QKV, O, DO, LSE, DQKV, bh, m_full, seed, qk_scale, sm_scale, drop_p,
+            H, N, HEAD_DIM, BLOCK_D, BLOCK_D2, BLOCK_MT, BLOCK_N, BLOCK_T, HAS_TAIL, True,
+            DROPOUT)
 
-    _store_rows1(DQKV, dk * sm_scale, bh, offs_n, offs_d, N, H, 3, 1, HEAD_DIM, BLOCK_D)
-    _store_rows1(DQKV, dv, bh, offs_n, offs_d, N, H, 3, 2, HEAD_DIM, BLOCK_D)
+    _store_rows(DQKV, dk * sm_scale, dk_hi * sm_scale, bh, offs_n, N, H, 3, 1, HEAD_DIM,
+                BLOCK_D, BLOCK_D2)
+    _store_rows(DQKV, dv, dv_hi, bh, offs_n, N, H, 3, 2, HEAD_DIM, BLOCK_D, BLOCK_D2)
     if HAS_TAIL:
-        _store_rows1(DQKV, dk_t * sm_scale, bh, offs_t, offs_d, N, H, 3, 1, HEAD_DIM, BLOCK_D)
-        _store_rows1(DQKV, dv_t, bh, offs_t, offs_d, N, H, 3, 2, HEAD_DIM, BLOCK_D)
+        _store_rows(DQKV, dk_t * sm_scale, dk_t_hi * sm_scale, bh, offs_t, N, H, 3, 1, HEAD_DIM,
+                    BLOCK_D, BLOCK_D2)
+        _store_rows(DQKV, dv_t, dv_t_hi, bh, offs_t, N, H, 3, 2, HEAD_DIM, BLOCK_D, BLOCK_D2)
