@@ -137,40 +137,15 @@ def test_autocontrast_and_smoothing_match_torchvision():
     ("contrast", 1.5, lambda im: ImageEnhance.Contrast(im).enhance(1.5)),
     ("sharpness", 1.9, lambda im: ImageEnhance.Sharpness(im).enhance(1.9)),
 ])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-def test_point_and_colour_ops_match_pil(kind, arg, pil, dtype):
+def test_point_and_colour_ops_match_pil(kind, arg, pil):
     rng = np.random.default_rng(0)
     img = (rng.random((12, 12, 3)) * 180 + 30).astype(np.uint8)
-    img[0, 0] = (0, 255, 128)  # the ends of the range
     if pil is None:  # timm's solarize_add: add to the pixels below 128
         pil = lambda im: Image.fromarray(np.where(img < 128, np.minimum(img.astype(int) + 60, 255), img).astype(np.uint8))
-    x = (torch.from_numpy(img).permute(2, 0, 1)[None].float() / 255).to(dtype)
-    out = OP_FNS[kind](x, torch.tensor([float(arg)], dtype=dtype), torch.full((1, 3, 1, 1), 0.5, dtype=dtype))
-    assert out.dtype == dtype, kind
-    out = out[0].permute(1, 2, 0).float().numpy() * 255
+    x = torch.from_numpy(img).permute(2, 0, 1)[None].float() / 255
+    out = OP_FNS[kind](x, torch.tensor([float(arg)]), torch.full((1, 3, 1, 1), 0.5))[0].permute(1, 2, 0).numpy() * 255
     # PIL rounds to uint8 in between; contrast uses an integer mean
     assert np.abs(out - np.asarray(pil(Image.fromarray(img)), np.float32)).max() <= 3.0, kind
-
-
-@pytest.mark.parametrize("crop, policy, jitter", [("pad", "rand-m9-mstd0.5-inc1", 0.0), ("rrc", "rand-m9-mstd0.5-inc1", 0.0),
-                                                  ("pad", "autoaugment-cifar10", 0.0), ("rrc", None, 0.4)])
-def test_float16_augmentation_makes_the_float32_batches(crop, policy, jitter):
-    """data.gpu_dtype=float16 (the default on a GPU) draws the same crops, ops and boxes from a
-    seed as float32 and gives the same batch up to float16 rounding. A threshold op (solarize,
-    posterize) after a resampling op may flip a pixel whose value lies within rounding of the
-    threshold: a few in ten thousand."""
-    images = torch.randint(0, 256, (64, 40, 40, 3), dtype=torch.uint8, generator=gen(0))
-    images = images if crop == "rrc" else images[:, :32, :32]
-    out = {}
-    for dtype in ("float32", "float16"):
-        aug = GPUAugment(Augment(train_crop=crop, auto_augment=policy, re_prob=0.25, color_jitter=jitter), 32, dtype)
-        assert aug.work_dtype(torch.device("cpu")) == getattr(torch, dtype)
-        out[dtype] = aug.train(images, gen(3))
-        assert out[dtype].dtype == torch.float32 and out[dtype].shape == (64, 3, 32, 32)
-    diff = (out["float32"] - out["float16"]).abs()
-    assert diff.mean() < 5e-3  # normalized units: a 1/255 step is about 0.016
-    assert (diff > 0.1).float().mean() < 1e-3
-    assert GPUAugment(Augment(), 32).work_dtype(torch.device("cpu")) == torch.float32  # auto on the CPU
 
 
 def test_geometric_ops_move_the_image():
@@ -445,8 +420,6 @@ def test_bad_pipeline_options_name_the_choices():
         SyntheticDataModule(num_classes=10, img_size=8, pipeline="gpux")
     with pytest.raises(ValueError, match=r"data.gpu_storage='ram': choose one of auto, device, stream"):
         SyntheticDataModule(num_classes=10, img_size=8, pipeline="gpu", gpu_storage="ram")
-    with pytest.raises(ValueError, match=r"data.gpu_dtype='bfloat16': choose auto, float32 or float16"):
-        SyntheticDataModule(num_classes=10, img_size=8, pipeline="gpu", gpu_dtype="bfloat16")
     assert choose_storage("auto", 10**12, torch.device("cpu")) == "device"  # host memory is where it is anyway
     with pytest.raises(ValueError, match="lower data.batch_size"):
         make_loader(n=10, batch=16)
@@ -507,23 +480,6 @@ def test_on_cuda_graph_replay_makes_the_eager_batches(crop, policy, caplog):
                 torch.testing.assert_close(xg, xe, rtol=0, atol=1e-5)
     assert "captured into a CUDA graph" in caplog.text and "could not be captured" not in caplog.text
     assert graphed._augment._graphs and all(entry is not None for entry in graphed._augment._graphs.values())
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("crop, policy", [("rrc", "rand-m9-mstd0.5-inc1"), ("pad", "autoaugment-cifar10")])
-def test_on_cuda_float16_augmentation_makes_the_float32_batches(crop, policy):
-    """On a GPU the augmentation computes in float16 by default; the batches agree with float32
-    ones up to rounding (no erasing here: its noise may be drawn differently per dtype)."""
-    images = torch.randint(0, 256, (128, 40, 40, 3), dtype=torch.uint8, generator=gen(0)).cuda()
-    images = images if crop == "rrc" else images[:, :32, :32].contiguous()
-    out = {}
-    for dtype in ("auto", "float32"):
-        aug = GPUAugment(Augment(train_crop=crop, auto_augment=policy), 32, dtype)
-        out[dtype] = aug.train(images, torch.Generator("cuda").manual_seed(3))
-        assert out[dtype].dtype == torch.float32
-    assert GPUAugment(Augment(), 32).work_dtype(images.device) == torch.float16
-    diff = (out["float32"] - out["auto"]).abs()
-    assert diff.mean() < 5e-3 and (diff > 0.1).float().mean() < 1e-3
 
 
 def test_datamodule_state_restores_the_train_loader_mid_epoch():

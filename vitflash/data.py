@@ -249,8 +249,6 @@ class ImageDataModule(L.LightningDataModule):
             half of the free device memory).
         gpu_graph: on a GPU, the training augmentation is replayed as a CUDA graph (one launch per
             batch instead of hundreds; vitflash.gpu_data.SeededTransform); false: eagerly.
-        gpu_dtype: what the gpu pipeline's training augmentation computes in: "float16",
-            "float32" or "auto" (float16 on a GPU; see vitflash.gpu_augment.GPUAugment).
         expected_sizes: (train, test) image counts the data must have (e.g. CIFAR's
             (50000, 10000)), so an incomplete copy is caught before training; None skips it.
     """
@@ -270,7 +268,6 @@ class ImageDataModule(L.LightningDataModule):
         gpu_storage: str = "auto",
         expected_sizes: Sequence[int] | None = None,
         gpu_graph: bool = True,
-        gpu_dtype: str = "auto",
     ):
         super().__init__()
         if pipeline not in PIPELINES:
@@ -294,7 +291,7 @@ class ImageDataModule(L.LightningDataModule):
         augment = augment or Augment()
         self.train_transform = augment.train_transform(img_size)
         self.eval_transform = augment.eval_transform(img_size)
-        self.gpu_augment = GPUAugment(augment, img_size, gpu_dtype) if pipeline == "gpu" else None
+        self.gpu_augment = GPUAugment(augment, img_size) if pipeline == "gpu" else None
         self.train_set = self.val_set = self.test_set = None
         self.arrays: GPUArrays | None = None
         self._train_loader: GPULoader | None = None

@@ -1,9 +1,7 @@
 """Augmentation of uint8 image batches where they lie (the GPU), each sample drawing its own parameters.
 
     uint8 (B, H, W, 3) -> crop + flip -> float (B, 3, S, S) in [0, 1] -> RandAugment or color
-    jitter -> random erasing -> normalize -> float32 (B, 3, S, S)
-
-(computed in float16 on a GPU by default, see GPUAugment).
+    jitter -> normalize -> random erasing -> float32 (B, 3, S, S)
 
 The recipe is `vitflash.data.Augment`'s, the one the cpu pipeline runs with timm and torchvision
 on PIL images, here as batched tensor ops. Written by hand because the libraries lack it:
@@ -108,13 +106,10 @@ def crop_resize(x: torch.Tensor, boxes: torch.Tensor, size: int) -> torch.Tensor
 
 
 def random_erasing(x: torch.Tensor, prob: float, g: torch.Generator, min_area: float = 0.02,
-                   max_area: float = 1 / 3, min_aspect: float = 0.3, mean: torch.Tensor | None = None,
-                   std: torch.Tensor | None = None) -> torch.Tensor:
+                   max_area: float = 1 / 3, min_aspect: float = 0.3) -> torch.Tensor:
     """timm's RandomErasing(mode="pixel", max_count=1) per sample: with probability prob, a box
     of area in [min_area, max_area] of the image and log-uniform aspect is replaced by N(0, 1)
-    noise. x (B, C, H, W) normalized -> same. Given the normalization's mean and std
-    ((1, C, 1, 1)), x is not normalized yet and the noise is N(mean, std), which normalizes to
-    N(0, 1): the erasing then runs before the normalization, in x's (smaller) dtype."""
+    noise. x (B, C, H, W) normalized -> same."""
     B, C, H, W = x.shape
     target = H * W * _uniform(min_area, max_area, (B, 10), g)
     aspect = torch.exp(_uniform(math.log(min_aspect), -math.log(min_aspect), (B, 10), g))
@@ -131,23 +126,15 @@ def random_erasing(x: torch.Tensor, prob: float, g: torch.Generator, min_area: f
     in_cols = (xs >= left[:, None]) & (xs < (left + w)[:, None])  # (B, W)
     mask = erase[:, None, None] & in_rows[:, :, None] & in_cols[:, None, :]  # (B, H, W)
     noise = torch.randn(x.shape, generator=g, device=x.device, dtype=x.dtype)
-    if mean is not None:
-        noise = torch.addcmul(mean.to(x.dtype), noise, std.to(x.dtype))
     return torch.where(mask[:, None], noise, x)
 
 
-def to_float(images: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """uint8 (B, H, W, C) -> float (B, C, H, W) in [0, 1], contiguous (one copy kernel converts
+def to_float(images: torch.Tensor) -> torch.Tensor:
+    """uint8 (B, H, W, C) -> float32 (B, C, H, W) in [0, 1], contiguous (one copy kernel converts
     and transposes, so every batch has the strides of the cpu pipeline's)."""
     B, H, W, C = images.shape
-    x = torch.empty((B, C, H, W), dtype=dtype, device=images.device)
+    x = torch.empty((B, C, H, W), dtype=torch.float32, device=images.device)
     return x.copy_(images.permute(0, 3, 1, 2)).div_(255)
-
-
-def _to_uint8(x: torch.Tensor) -> torch.Tensor:
-    """[0, 1] float -> uint8 by rounding (v2's to_dtype scales by 256 - 1e-3 and truncates, which
-    in float16, where 256 - 1e-3 rounds to 256, wraps 1.0 around to 0)."""
-    return (x * 255).round_().to(torch.uint8)
 
 
 def _blend(x: torch.Tensor, degenerate: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
@@ -265,14 +252,13 @@ def _one_geometric(name: str):
 # kind -> f(x (b, 3, H, W) in [0, 1], arg (b,), fill (1, 3, 1, 1)) -> (b, 3, H, W), as PIL's ops
 OP_FNS = {
     "autocontrast": lambda x, arg, fill: autocontrast(x),
-    "equalize": lambda x, arg, fill: TF.equalize(_to_uint8(x)).to(x.dtype) / 255,
+    "equalize": lambda x, arg, fill: TF.equalize(x),
     "invert": lambda x, arg, fill: 1 - x,
     "posterize": lambda x, bits, fill: (  # keep the high `bits` bits of the 8-bit value
         (x * 255).round_().to(torch.int32) & (256 - torch.exp2(8 - bits)).to(torch.int32).view(-1, 1, 1, 1)
     ).to(x.dtype) / 255,
-    # thresholds on the 8-bit value PIL would see (x * 255 rounded), exact in float16 too
-    "solarize": lambda x, thresh, fill: torch.where((x * 255).round_() >= thresh.view(-1, 1, 1, 1), 1 - x, x),
-    "solarize_add": lambda x, add, fill: torch.where((x * 255).round_() < 128, (x + add.view(-1, 1, 1, 1) / 255).clamp_(max=1), x),
+    "solarize": lambda x, thresh, fill: torch.where(x * 255 >= thresh.view(-1, 1, 1, 1), 1 - x, x),
+    "solarize_add": lambda x, add, fill: torch.where(x * 255 < 128, (x + add.view(-1, 1, 1, 1) / 255).clamp_(max=1), x),
     # PIL's enhance ops blend with a degenerate image: black, mean grey, greyscale, smoothed
     "brightness": lambda x, f, fill: _blend(x, torch.zeros_like(x), f),
     "contrast": lambda x, f, fill: _blend(x, _contrast_mean(x), f),
@@ -355,7 +341,6 @@ class RandAugment:
         B = x.shape[0]
         bounds, _ = self._slices(B, x.device)
         kinds, args = self.params(B, g)
-        args, fill = args.to(x.dtype), fill.to(x.dtype)  # float32 operands would promote a float16 x
         for layer in range(self.num_layers):
             perm = torch.randperm(B, generator=g, device=x.device)
             y = x[perm]  # slot j holds sample perm[j]
@@ -420,13 +405,12 @@ class CIFAR10AutoAugment:
         applies = torch.rand(2, B, generator=g, device=x.device)
         signs = torch.where(torch.rand(2, B, generator=g, device=x.device) < 0.5, -1.0, 1.0)
         y = x[perm]  # slot j holds sample perm[j]
-        fill = fill.to(x.dtype)
         for k, ops in enumerate(self.subpolicies):
             s = slice(bounds[k], bounds[k + 1])
             if s.start == s.stop:
                 continue
             for j, (kind, prob, base, magnitude) in enumerate(ops):
-                arg = (base + signs[j, s] * magnitude).to(x.dtype)
+                arg = base + signs[j, s] * magnitude
                 out = OP_FNS[kind](y[s], arg, fill)
                 y[s] = torch.where((applies[j, s] < prob).view(-1, 1, 1, 1), out, y[s])
         return torch.empty_like(y).index_copy_(0, perm, y)
@@ -443,83 +427,60 @@ def policy(config: str, img_size: int):
 # ---------------------------------------------------------------------------------------------
 
 
-DTYPES = {"float32": torch.float32, "float16": torch.float16}
-
-
 class GPUAugment:
     """`Augment` (the cpu pipeline's recipe) as batched ops on uint8 batches, on their device.
 
     train: crop ("pad": padded random crop, or "rrc": random-resized crop over scale/ratio) and
     flip with probability hflip, then RandAugment or the CIFAR-10 AutoAugment (auto_augment) or else color jitter
-    (brightness/contrast/saturation, in that order), random erasing (re_prob), normalize.
+    (brightness/contrast/saturation, in that order), normalize, random erasing (re_prob).
     evaluate: resize the short side to img_size / crop_pct and center-crop img_size (one box,
     resampled once), normalize.
-
-    dtype: what the training augmentation computes in, "float32", "float16" or "auto" (float16
-    on CUDA, float32 elsewhere). Its ops read and write whole batches, so their cost is memory
-    traffic, which float16 halves; its 11-bit mantissa is finer than the images' 8 bits and than
-    the bfloat16 the model computes in under bf16-mixed. The random-resized crop's resampling
-    stays float32 (roi_align computes its sample positions in the input's dtype). Either way
-    the batch comes out float32, normalized.
     """
 
-    def __init__(self, augment: Augment, img_size: int, dtype: str = "auto"):
-        if dtype != "auto" and dtype not in DTYPES:
-            raise ValueError(f"data.gpu_dtype={dtype!r}: choose auto, {' or '.join(DTYPES)}")
-        self.augment, self.img_size, self.dtype = augment, img_size, dtype
+    def __init__(self, augment: Augment, img_size: int):
+        self.augment, self.img_size = augment, img_size
         self.rand_augment = policy(augment.auto_augment, img_size) if augment.auto_augment else None
         # as timm's create_transform: color jitter is off when an auto-augment policy is on
         self.jitter = 0.0 if augment.auto_augment else float(augment.color_jitter or 0.0)
-        self._consts: dict[torch.device, tuple[torch.Tensor, ...]] = {}
+        self._consts: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
         self._boxes: dict[tuple, torch.Tensor] = {}
 
-    def work_dtype(self, device: torch.device) -> torch.dtype:
-        """The dtype the training augmentation computes in on `device`."""
-        if self.dtype == "auto":
-            return torch.float16 if device.type == "cuda" else torch.float32
-        return DTYPES[self.dtype]
-
-    def _consts_on(self, device: torch.device) -> tuple[torch.Tensor, ...]:
-        """(mean, std, 1 / std, -mean / std), each (1, 3, 1, 1) float32 on device."""
+    def _mean_std(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         if device not in self._consts:  # once per device: no copy per batch
-            mean, std = (torch.tensor(v, dtype=torch.float32).view(1, 3, 1, 1)
-                         for v in (self.augment.mean, self.augment.std))
-            self._consts[device] = tuple(t.to(device) for t in (mean, std, 1 / std, -mean / std))
+            self._consts[device] = tuple(torch.tensor(v, dtype=torch.float32, device=device).view(1, 3, 1, 1)
+                                         for v in (self.augment.mean, self.augment.std))
         return self._consts[device]
-
-    def _normalize(self, x: torch.Tensor) -> torch.Tensor:
-        """(x - mean) / std as one multiply-add that writes float32 whatever x's dtype."""
-        _, _, scale, shift = self._consts_on(x.device)
-        return torch.addcmul(shift, x, scale)
 
     def train(self, images: torch.Tensor, g: torch.Generator) -> torch.Tensor:
         """images (B, H, W, 3) uint8 -> (B, 3, img_size, img_size) float32, augmented and normalized.
         g: a generator on images.device."""
         a, S = self.augment, self.img_size
         B, H, W, _ = images.shape
-        dtype = self.work_dtype(images.device)
-        mean, std, _, _ = self._consts_on(images.device)
+        mean, std = self._mean_std(images.device)
         if a.train_crop == "pad":
-            x = to_float(pad_crop_flip(images, S, S // 8, a.hflip, g), dtype)
+            x = to_float(pad_crop_flip(images, S, S // 8, a.hflip, g))
         else:
-            x = crop_resize(to_float(images), rrc_boxes(B, H, W, a.scale, a.ratio, g), S).to(dtype)
+            x = to_float(images)
+            x = crop_resize(x, rrc_boxes(B, H, W, a.scale, a.ratio, g), S)
             flip = torch.rand(B, 1, 1, 1, generator=g, device=x.device) < a.hflip
             x = torch.where(flip, x.flip(-1), x)
         if self.rand_augment is not None:
             x = self.rand_augment(x, mean, g)
         elif self.jitter > 0:
-            f = _uniform(max(0.0, 1 - self.jitter), 1 + self.jitter, (3, B), g).to(dtype)
+            f = _uniform(max(0.0, 1 - self.jitter), 1 + self.jitter, (3, B), g)
             x = _blend(x, torch.zeros_like(x), f[0])
             x = _blend(x, _contrast_mean(x), f[1])
             x = _blend(x, TF.rgb_to_grayscale(x), f[2])
+        x = (x - mean) / std
         if a.re_prob > 0:
-            x = random_erasing(x, a.re_prob, g, mean=mean, std=std)
-        return self._normalize(x)
+            x = random_erasing(x, a.re_prob, g)
+        return x
 
     def evaluate(self, images: torch.Tensor) -> torch.Tensor:
         """images (B, H, W, 3) uint8 -> (B, 3, img_size, img_size) float32, normalized."""
         S = self.img_size
         B, H, W, _ = images.shape
+        mean, std = self._mean_std(images.device)
         x = to_float(images)
         # timm's eval transform: Resize(floor(S / crop_pct)) of the short side, CenterCrop(S); as
         # one box of the source image resized once
@@ -530,4 +491,4 @@ class GPUAugment:
                 self._boxes[key] = torch.tensor([(W - side) / 2, (H - side) / 2, (W + side) / 2, (H + side) / 2],
                                                 device=x.device)
             x = crop_resize(x, self._boxes[key].expand(B, 4), S)
-        return self._normalize(x)
+        return (x - mean) / std
