@@ -5,8 +5,9 @@ augmentation of a real recipe, on random uint8 images of the recipe's dataset sh
     python scripts/data_throughput.py --storage stream --batches 50    # host images copied in per batch
 
 Each case times `--batches` training batches after a warm-up epoch's first batches, with the
-device synchronised before and after, and prints one Markdown row: recipe, images of the split,
-batch, storage, img/s. Compare with the bare training step of the same batch (bench_loop.py):
+device synchronised before and after, `--repeats` times, and prints one Markdown row: recipe,
+images of the split, batch, storage, img/s (median and range of the repeats) and the
+milliseconds of one batch (at the median). Compare with the bare training step of the same batch (bench_loop.py):
 the data path is cheap enough when its img/s is many times the step's.
 """
 from __future__ import annotations
@@ -35,7 +36,9 @@ def augment_of(experiment: str):
     return instantiate(cfg.data.augment, _convert_="all"), cfg.data.img_size
 
 
-def measure(experiment: str, n: int, side: int, batch: int, storage: str, batches: int, device: torch.device) -> float:
+def measure(experiment: str, n: int, side: int, batch: int, storage: str, batches: int, device: torch.device,
+            repeats: int = 1) -> list[float]:
+    """img/s of each of `repeats` runs of `batches` batches."""
     augment, img_size = augment_of(experiment)
     images = torch.randint(0, 256, (n, side, side, 3), dtype=torch.uint8)
     images = images.to(device) if storage == "device" else images.pin_memory() if device.type == "cuda" else images
@@ -45,16 +48,20 @@ def measure(experiment: str, n: int, side: int, batch: int, storage: str, batche
     for _ in range(3):  # warm-up: allocator, cuDNN/roi_align first calls
         next(it)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    sync()
-    start, done = time.perf_counter(), 0
-    while done < batches:
-        for x, y in it:
-            done += 1
-            if done == batches:
-                break
-        it = iter(loader)
-    sync()
-    return batches * batch / (time.perf_counter() - start)
+    rates = []
+    for _ in range(repeats):
+        sync()
+        start, done = time.perf_counter(), 0
+        while done < batches:
+            for x, y in it:
+                done += 1
+                if done == batches:
+                    break
+            else:
+                it = iter(loader)  # the epoch ended: the next one
+        sync()
+        rates.append(batches * batch / (time.perf_counter() - start))
+    return rates
 
 
 def main(argv=None) -> None:
@@ -62,13 +69,16 @@ def main(argv=None) -> None:
     p.add_argument("--storage", choices=["device", "stream"], default="device")
     p.add_argument("--batches", type=int, default=100)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--repeats", type=int, default=3)
     args = p.parse_args(argv)
     device = torch.device(args.device)
     print(f"device: {torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}, torch {torch.__version__}")
-    print("| recipe | images | batch | storage | img/s |\n|---|---:|---:|---|---:|")
+    print("| recipe | images | batch | storage | img/s, median (min-max) | ms per batch |\n|---|---:|---:|---|---:|---:|")
     for experiment, n, side, batch in CASES:
-        rate = measure(experiment, n, side, batch, args.storage, args.batches, device)
-        print(f"| {experiment} ({side}px) | {n} | {batch} | {args.storage} | {rate:,.0f} |", flush=True)
+        rates = sorted(measure(experiment, n, side, batch, args.storage, args.batches, device, args.repeats))
+        median = rates[len(rates) // 2]
+        print(f"| {experiment} ({side}px) | {n} | {batch} | {args.storage} | {median:,.0f} "
+              f"({rates[0]:,.0f}-{rates[-1]:,.0f}) | {1000 * batch / median:.2f} |", flush=True)
 
 
 if __name__ == "__main__":
