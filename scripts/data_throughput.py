@@ -3,11 +3,14 @@ augmentation of a real recipe, on random uint8 images of the recipe's dataset sh
 
     python scripts/data_throughput.py                                  # the recipes below, on CUDA
     python scripts/data_throughput.py --storage stream --batches 50    # host images copied in per batch
+    python scripts/data_throughput.py --only imagenette --profile 5     # + the GPU time of each op of 5 batches
 
 Each case times `--batches` training batches after a warm-up epoch's first batches, with the
 device synchronised before and after, `--repeats` times, and prints one Markdown row: recipe,
 images of the split, batch, storage, img/s (median and range of the repeats) and the
-milliseconds of one batch (at the median). Compare with the bare training step of the same batch (bench_loop.py):
+milliseconds of one batch (at the median). `--profile N` then runs N more batches of each case
+eagerly (not as a CUDA graph, so that each kernel is attributed to its op) under
+torch.profiler and prints the ops by their GPU time. Compare with the bare training step of the same batch (bench_loop.py):
 the data path is cheap enough when its img/s is many times the step's.
 """
 from __future__ import annotations
@@ -37,13 +40,18 @@ def augment_of(experiment: str):
 
 
 def measure(experiment: str, n: int, side: int, batch: int, storage: str, batches: int, device: torch.device,
-            repeats: int = 1) -> list[float]:
-    """img/s of each of `repeats` runs of `batches` batches."""
+            repeats: int = 1, profile: int = 0) -> list[float]:
+    """img/s of each of `repeats` runs of `batches` batches (then, given `profile`, the op table of
+    that many eager batches)."""
     augment, img_size = augment_of(experiment)
     images = torch.randint(0, 256, (n, side, side, 3), dtype=torch.uint8)
     images = images.to(device) if storage == "device" else images.pin_memory() if device.type == "cuda" else images
     loader = GPULoader(images, torch.zeros(n, dtype=torch.int64), GPUAugment(augment, img_size).train, batch,
                        device=device, train=True, stream=storage == "stream")
+    if profile:
+        profile_ops(experiment, GPULoader(images, torch.zeros(n, dtype=torch.int64), GPUAugment(augment, img_size).train,
+                                          batch, device=device, train=True, stream=storage == "stream", graph=False),
+                    profile, device)
     it = iter(loader)
     for _ in range(3):  # warm-up: allocator, cuDNN/roi_align first calls
         next(it)
@@ -64,21 +72,45 @@ def measure(experiment: str, n: int, side: int, batch: int, storage: str, batche
     return rates
 
 
+def profile_ops(experiment: str, loader: GPULoader, batches: int, device: torch.device) -> None:
+    """Print the ops of `batches` eager batches by GPU (or CPU) time, with the kernel count."""
+    from torch.profiler import ProfilerActivity, profile
+
+    it = iter(loader)
+    next(it)  # first-call work outside the profile
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        for _ in range(batches):
+            next(it)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+    key = "cuda_time_total" if device.type == "cuda" else "cpu_time_total"
+    print(f"\nOps of {batches} eager batches of {experiment}, batch {loader.batch_size}, by {key}:\n")
+    print(prof.key_averages().table(sort_by=key, row_limit=30), flush=True)
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--storage", choices=["device", "stream"], default="device")
     p.add_argument("--batches", type=int, default=100)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--only", default="", help="only the recipes whose name contains this")
+    p.add_argument("--profile", type=int, default=0, metavar="N", help="profile N eager batches per case")
     args = p.parse_args(argv)
     device = torch.device(args.device)
     print(f"device: {torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}, torch {torch.__version__}")
     print("| recipe | images | batch | storage | img/s, median (min-max) | ms per batch |\n|---|---:|---:|---|---:|---:|")
     for experiment, n, side, batch in CASES:
+        if args.only not in experiment:
+            continue
         rates = sorted(measure(experiment, n, side, batch, args.storage, args.batches, device, args.repeats))
         median = rates[len(rates) // 2]
         print(f"| {experiment} ({side}px) | {n} | {batch} | {args.storage} | {median:,.0f} "
               f"({rates[0]:,.0f}-{rates[-1]:,.0f}) | {1000 * batch / median:.2f} |", flush=True)
+    for experiment, n, side, batch in CASES:
+        if args.profile and args.only in experiment:
+            measure(experiment, n, side, batch, args.storage, 0, device, 0, args.profile)
 
 
 if __name__ == "__main__":
