@@ -78,6 +78,25 @@ def test_random_resized_crop_boxes_follow_scale_and_ratio():
     assert torch.allclose(half[..., 4], 0.25 * x[..., 1] + 0.75 * x[..., 2], atol=1e-6)  # at x = 1.75
 
 
+def test_crop_resize_and_affine_grid_match_roi_align_and_torch():
+    """The fast paths (grid_sample with a grid built by broadcasting) give roi_align's crops and
+    torch's affine_grid; a box larger than the output still goes through roi_align."""
+    import torch.nn.functional as nnf
+    from torchvision.ops import roi_align
+
+    from vitflash.gpu_augment import affine_grid
+
+    theta = torch.randn(5, 2, 3, generator=gen(1))
+    torch.testing.assert_close(affine_grid(theta, 7, 9), nnf.affine_grid(theta, [5, 3, 7, 9], align_corners=False),
+                               rtol=0, atol=1e-6)
+    x = torch.rand(64, 3, 20, 24, generator=gen(2))
+    for size in (24, 16):  # every box fits the output (grid_sample); boxes up to 24 px into 16 (roi_align)
+        boxes = rrc_boxes(64, 20, 24, (0.08, 1.0), (3 / 4, 4 / 3), gen(3))
+        rois = torch.cat([torch.arange(64.0)[:, None], boxes], 1)
+        expected = roi_align(x, rois, output_size=size, spatial_scale=1.0, sampling_ratio=-1, aligned=True)
+        torch.testing.assert_close(crop_resize(x, boxes, size), expected, rtol=0, atol=1e-5)
+
+
 def test_constant_image_normalizes_to_the_expected_value():
     mean, std = (0.5, 0.4, 0.3), (0.25, 0.2, 0.1)
     x = torch.full((4, 20, 20, 3), 255, dtype=torch.uint8)

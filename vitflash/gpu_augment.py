@@ -96,10 +96,35 @@ def rrc_boxes(B: int, H: int, W: int, scale, ratio, g: torch.Generator) -> torch
     return torch.stack([left, top, left + w, top + h], 1)
 
 
+def affine_grid(theta: torch.Tensor, H: int, W: int) -> torch.Tensor:
+    """`nnf.affine_grid(theta, (b, C, H, W), align_corners=False)` as broadcast multiply-adds:
+    theta (b, 2, 3) -> grid (b, H, W, 2). affine_grid runs a batched matrix product with an inner
+    dimension of 3, which on the H200 took 0.2 ms per call, longer than the resampling itself."""
+    xs = (2 * torch.arange(W, device=theta.device, dtype=theta.dtype) + 1) / W - 1  # pixel centres in [-1, 1]
+    ys = (2 * torch.arange(H, device=theta.device, dtype=theta.dtype) + 1) / H - 1
+    t = theta[:, :, :, None, None]  # (b, 2, 3, 1, 1)
+    grid = t[:, :, 0] * xs.view(1, 1, 1, W) + t[:, :, 1] * ys.view(1, 1, H, 1) + t[:, :, 2]  # (b, 2, H, W)
+    return grid.permute(0, 2, 3, 1)
+
+
 def crop_resize(x: torch.Tensor, boxes: torch.Tensor, size: int) -> torch.Tensor:
     """Crop box i of image i and resize it to size x size: x (B, C, H, W) float, boxes (B, 4)
     x1, y1, x2, y2 -> (B, C, size, size). Bilinear; a box larger than the output averages
-    ceil(box/size)^2 samples per pixel (roi_align's adaptive sampling), which anti-aliases."""
+    ceil(box/size)^2 samples per pixel (roi_align's adaptive sampling), which anti-aliases.
+    Where no box can be larger than the output (images of at most size x size), roi_align
+    takes one sample per pixel, and the same bilinear samples come from grid_sample, which on
+    the H200 is several times faster (0.5 ms for a batch of 256 at 224 px with roi_align)."""
+    B, _, H, W = x.shape
+    if H <= size and W <= size:
+        b = boxes.to(x.dtype)
+        # output pixel j samples the box at x1 + (j + 0.5) * w / size (pixel centres at k + 0.5),
+        # in affine_grid's normalized coordinates: a scale and a shift per sample and axis
+        sx, sy = (b[:, 2] - b[:, 0]) / W, (b[:, 3] - b[:, 1]) / H
+        cx, cy = (b[:, 0] + b[:, 2]) / W - 1, (b[:, 1] + b[:, 3]) / H - 1
+        zero = torch.zeros_like(sx)
+        theta = torch.stack([sx, zero, cx, zero, sy, cy], 1).view(B, 2, 3)
+        return nnf.grid_sample(x, affine_grid(theta, size, size), mode="bilinear", padding_mode="border",
+                               align_corners=False)
     idx = torch.arange(len(boxes), device=x.device, dtype=boxes.dtype)[:, None]
     return roi_align(x, torch.cat([idx, boxes.to(x.dtype)], 1), output_size=size, spatial_scale=1.0,
                      sampling_ratio=-1, aligned=True)
@@ -222,7 +247,7 @@ KINDS = sorted({op.kind for op in OPS.values()})
 def _affine(x: torch.Tensor, theta: torch.Tensor, fill: torch.Tensor) -> torch.Tensor:
     """x (b, C, H, W) resampled through theta (b, 2, 3) (normalized coordinates, output -> input);
     what falls outside is fill (1, C, 1, 1)."""
-    grid = nnf.affine_grid(theta, list(x.shape), align_corners=False)
+    grid = affine_grid(theta, x.shape[-2], x.shape[-1])
     # zero padding of (x - fill) fills the uncovered area with the fill colour
     return nnf.grid_sample(x - fill, grid, mode="bilinear", padding_mode="zeros", align_corners=False) + fill
 
