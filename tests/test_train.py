@@ -228,7 +228,7 @@ def test_finetune_from_an_exported_checkpoint(cifar_run, cifar_slice, tmp_path):
     cfg = compose_cfg(tmp_path, ["experiment=cifar10_finetune", *quick, "model.model_name=vit_micro_patch4_32",
                                  f"model.pretrained={weights}", "data.img_size=64", "trainer.max_epochs=1",
                                  "data.batch_size=32"])
-    assert cfg.model.layer_decay == 0.75 and cfg.data.augment.train_crop == "rrc"
+    assert cfg.model.layer_decay == 0.9 and cfg.data.augment.train_crop == "rrc"
     _, module, _ = load_script("train").build(cfg)
     start = module.model.state_dict()
     for name, value in ours.state_dict().items():
