@@ -371,9 +371,12 @@ class RandAugment:
         B = x.shape[0]
         bounds, _ = self._slices(B, x.device)
         kinds, args = self.params(B, g)
+        y, slot_of = x, None  # slot_of[k]: where sample k lies in y (None: y is x, in sample order)
         for layer in range(self.num_layers):
             perm = torch.randperm(B, generator=g, device=x.device)
-            y = x[perm]  # slot j holds sample perm[j]
+            # slot j takes sample perm[j], gathered from the previous layer's order: one gather
+            # per layer and one scatter back at the end, not a round trip per layer
+            y = y[perm if slot_of is None else slot_of[perm]]
             n = self.n_pointwise
             blocks = [(name, slice(bounds[k], bounds[k + 1])) for k, name in enumerate(self.kinds[:n])]
             blocks.append(("geometric", slice(bounds[n], bounds[-1])))
@@ -384,8 +387,9 @@ class RandAugment:
                 out = _geometric(y[s], kind, arg, fill) if name == "geometric" else OP_FNS[name](y[s], arg, fill)
                 ys = y[s]  # a view: the op's result is written into y in one kernel
                 torch.where((kind >= 0).view(-1, 1, 1, 1), out, ys, out=ys)
-            x = torch.empty_like(y).index_copy_(0, perm, y)
-        return x
+            if layer + 1 < self.num_layers:
+                slot_of = torch.empty_like(perm).index_copy_(0, perm, torch.arange(B, device=x.device))
+        return torch.empty_like(y).index_copy_(0, perm, y) if self.num_layers else x
 
 
 AUTOAUGMENT_CIFAR10 = "autoaugment-cifar10"  # the auto_augment value of torchvision's CIFAR-10 policy
@@ -474,21 +478,28 @@ class GPUAugment:
         self.rand_augment = policy(augment.auto_augment, img_size) if augment.auto_augment else None
         # as timm's create_transform: color jitter is off when an auto-augment policy is on
         self.jitter = 0.0 if augment.auto_augment else float(augment.color_jitter or 0.0)
-        self._consts: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._consts: dict[torch.device, tuple[torch.Tensor, ...]] = {}
         self._boxes: dict[tuple, torch.Tensor] = {}
 
-    def _mean_std(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    def _mean_std(self, device: torch.device) -> tuple[torch.Tensor, ...]:
+        """(mean, std, 1 / std, -mean / std), each (1, 3, 1, 1) float32 on device."""
         if device not in self._consts:  # once per device: no copy per batch
-            self._consts[device] = tuple(torch.tensor(v, dtype=torch.float32, device=device).view(1, 3, 1, 1)
-                                         for v in (self.augment.mean, self.augment.std))
+            mean, std = (torch.tensor(v, dtype=torch.float32).view(1, 3, 1, 1)
+                         for v in (self.augment.mean, self.augment.std))
+            self._consts[device] = tuple(t.to(device) for t in (mean, std, 1 / std, -mean / std))
         return self._consts[device]
+
+    def _normalize(self, x: torch.Tensor) -> torch.Tensor:
+        """(x - mean) / std as one multiply-add kernel."""
+        _, _, scale, shift = self._mean_std(x.device)
+        return torch.addcmul(shift, x, scale)
 
     def train(self, images: torch.Tensor, g: torch.Generator) -> torch.Tensor:
         """images (B, H, W, 3) uint8 -> (B, 3, img_size, img_size) float32, augmented and normalized.
         g: a generator on images.device."""
         a, S = self.augment, self.img_size
         B, H, W, _ = images.shape
-        mean, std = self._mean_std(images.device)
+        mean = self._mean_std(images.device)[0]
         if a.train_crop == "pad":
             x = to_float(pad_crop_flip(images, S, S // 8, a.hflip, g))
         else:
@@ -503,7 +514,7 @@ class GPUAugment:
             x = _blend(x, torch.zeros_like(x), f[0])
             x = _blend(x, _contrast_mean(x), f[1])
             x = _blend(x, TF.rgb_to_grayscale(x), f[2])
-        x = (x - mean) / std
+        x = self._normalize(x)
         if a.re_prob > 0:
             x = random_erasing(x, a.re_prob, g)
         return x
@@ -512,7 +523,6 @@ class GPUAugment:
         """images (B, H, W, 3) uint8 -> (B, 3, img_size, img_size) float32, normalized."""
         S = self.img_size
         B, H, W, _ = images.shape
-        mean, std = self._mean_std(images.device)
         x = to_float(images)
         # timm's eval transform: Resize(floor(S / crop_pct)) of the short side, CenterCrop(S); as
         # one box of the source image resized once
@@ -523,4 +533,4 @@ class GPUAugment:
                 self._boxes[key] = torch.tensor([(W - side) / 2, (H - side) / 2, (W + side) / 2, (H + side) / 2],
                                                 device=x.device)
             x = crop_resize(x, self._boxes[key].expand(B, 4), S)
-        return (x - mean) / std
+        return self._normalize(x)
