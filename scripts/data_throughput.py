@@ -8,10 +8,11 @@ augmentation of a real recipe, on random uint8 images of the recipe's dataset sh
 Each case times `--batches` training batches after a warm-up epoch's first batches, with the
 device synchronised before and after, `--repeats` times, and prints one Markdown row: recipe,
 images of the split, batch, storage, img/s (median and range of the repeats) and the
-milliseconds of one batch (at the median). `--profile N` then runs N more batches of each case
+milliseconds of one batch (at the median). `--profile N` then runs N batches of each case
 eagerly (not as a CUDA graph, so that each kernel is attributed to its op) under
-torch.profiler and prints the ops by their GPU time. Compare with the bare training step of the same batch (bench_loop.py):
-the data path is cheap enough when its img/s is many times the step's.
+torch.profiler and prints the ops by their GPU time. Compare with the bare training step of
+the same batch (bench_loop.py): the data path is cheap enough when its img/s is many times
+the step's.
 """
 from __future__ import annotations
 
@@ -39,19 +40,18 @@ def augment_of(experiment: str):
     return instantiate(cfg.data.augment, _convert_="all"), cfg.data.img_size
 
 
-def measure(experiment: str, n: int, side: int, batch: int, storage: str, batches: int, device: torch.device,
-            repeats: int = 1, profile: int = 0) -> list[float]:
-    """img/s of each of `repeats` runs of `batches` batches (then, given `profile`, the op table of
-    that many eager batches)."""
+def make_loader(experiment: str, n: int, side: int, batch: int, storage: str, device: torch.device,
+                graph: bool = True) -> GPULoader:
+    """The training loader of the recipe's augmentation over n random images of side x side."""
     augment, img_size = augment_of(experiment)
     images = torch.randint(0, 256, (n, side, side, 3), dtype=torch.uint8)
     images = images.to(device) if storage == "device" else images.pin_memory() if device.type == "cuda" else images
-    loader = GPULoader(images, torch.zeros(n, dtype=torch.int64), GPUAugment(augment, img_size).train, batch,
-                       device=device, train=True, stream=storage == "stream")
-    if profile:
-        profile_ops(experiment, GPULoader(images, torch.zeros(n, dtype=torch.int64), GPUAugment(augment, img_size).train,
-                                          batch, device=device, train=True, stream=storage == "stream", graph=False),
-                    profile, device)
+    return GPULoader(images, torch.zeros(n, dtype=torch.int64), GPUAugment(augment, img_size).train, batch,
+                     device=device, train=True, stream=storage == "stream", graph=graph)
+
+
+def measure(loader: GPULoader, batches: int, repeats: int, device: torch.device) -> list[float]:
+    """img/s of each of `repeats` runs of `batches` batches."""
     it = iter(loader)
     for _ in range(3):  # warm-up: allocator, cuDNN/roi_align first calls
         next(it)
@@ -68,12 +68,12 @@ def measure(experiment: str, n: int, side: int, batch: int, storage: str, batche
             else:
                 it = iter(loader)  # the epoch ended: the next one
         sync()
-        rates.append(batches * batch / (time.perf_counter() - start))
+        rates.append(batches * loader.batch_size / (time.perf_counter() - start))
     return rates
 
 
 def profile_ops(experiment: str, loader: GPULoader, batches: int, device: torch.device) -> None:
-    """Print the ops of `batches` eager batches by GPU (or CPU) time, with the kernel count."""
+    """Print the ops of `batches` batches by GPU (or CPU) time, with their call counts."""
     from torch.profiler import ProfilerActivity, profile
 
     it = iter(loader)
@@ -104,13 +104,15 @@ def main(argv=None) -> None:
     for experiment, n, side, batch in CASES:
         if args.only not in experiment:
             continue
-        rates = sorted(measure(experiment, n, side, batch, args.storage, args.batches, device, args.repeats))
+        loader = make_loader(experiment, n, side, batch, args.storage, device)
+        rates = sorted(measure(loader, args.batches, args.repeats, device))
         median = rates[len(rates) // 2]
         print(f"| {experiment} ({side}px) | {n} | {batch} | {args.storage} | {median:,.0f} "
               f"({rates[0]:,.0f}-{rates[-1]:,.0f}) | {1000 * batch / median:.2f} |", flush=True)
     for experiment, n, side, batch in CASES:
         if args.profile and args.only in experiment:
-            measure(experiment, n, side, batch, args.storage, 0, device, 0, args.profile)
+            loader = make_loader(experiment, n, side, batch, args.storage, device, graph=False)
+            profile_ops(experiment, loader, args.profile, device)
 
 
 if __name__ == "__main__":

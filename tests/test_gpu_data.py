@@ -538,3 +538,20 @@ def test_a_checkpoint_of_the_other_pipeline_is_refused():
     with pytest.raises(ValueError, match="saved with data.pipeline=cpu.*set data.pipeline=cpu"):
         SyntheticDataModule(pipeline="gpu", **kw).load_state_dict(cpu_state)
     SyntheticDataModule(pipeline="cpu", **kw).load_state_dict({})  # nothing saved: nothing to refuse
+
+
+def test_data_throughput_script_times_and_profiles_on_the_cpu(capsys):
+    """scripts/data_throughput.py: one row per chosen recipe with the median and range of the
+    repeats, then the op table of the profiled batches."""
+    from test_train import load_script
+
+    script = load_script("data_throughput")
+    script.main(["--device", "cpu", "--only", "cifar10", "--batches", "1", "--repeats", "2", "--profile", "1"])
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if line.startswith("| cifar10_vit_tiny")]
+    assert [r.split("|")[3].strip() for r in rows] == ["1024", "256"]  # the two CIFAR batches, no Imagenette
+    for r in rows:
+        median, spread = r.split("|")[5].split(" (")
+        lo, hi = (float(v.replace(",", "")) for v in spread.rstrip(") ").split("-"))
+        assert 0 < lo <= float(median.replace(",", "")) <= hi
+    assert "Ops of 1 eager batches of cifar10_vit_tiny, batch 1024" in out and "aten::" in out
