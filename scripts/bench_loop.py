@@ -68,10 +68,17 @@ CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
 # name: (model, batch, Hydra overrides). cifar10 is the recipe (RandAugment, random
 # erasing, mixup/cutmix); imagenette the fine-tuning one, from random weights (the speed is
-# the same, and nothing is fetched).
+# the same, and nothing is fetched). imagenette_synthetic is imagenette with random images of
+# the same number and size in place of the files: the same model, step, augmentation and
+# batches, for timing the loop where the dataset is not at hand (its cost does not depend on
+# the pixels).
+IMAGENETTE = ["experiment=imagenette_finetune", "model.pretrained=null"]
 CASES = {
     "cifar10": ("vit_tiny_patch4_32", 1024, ["experiment=cifar10_vit_tiny"]),
-    "imagenette": ("vit_small_patch16_224", 256, ["experiment=imagenette_finetune", "model.pretrained=null"]),
+    "imagenette": ("vit_small_patch16_224", 256, IMAGENETTE),
+    "imagenette_synthetic": ("vit_small_patch16_224", 256, [
+        *IMAGENETTE, "data._target_=vitflash.data.SyntheticDataModule", "~data.root", "~data.in_memory",
+        "~data.cache_size", "data.expected_sizes=null", "+data.train_size=9469", "+data.test_size=512"]),
     "synthetic": ("vit_micro_patch4_32", 32, ["data=synthetic"]),
 }
 

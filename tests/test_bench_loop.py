@@ -179,3 +179,25 @@ def test_each_case_sets_the_graph_step_explicitly(monkeypatch, tmp_path, loop_gr
     cfg, overrides = bench_loop.compose_case("cifar10", "flash", compile_mode, args, tmp_path, max_steps=4)
     assert expected in overrides
     assert cfg.model.graph_step == (expected.endswith("true"))
+
+
+def test_imagenette_synthetic_is_imagenette_with_random_images(monkeypatch, tmp_path):
+    """The imagenette_synthetic case composes the imagenette case's model, batch, step and
+    augmentation over random images of Imagenette's number and size: only the data's source
+    differs."""
+    from hydra.utils import instantiate
+
+    monkeypatch.syspath_prepend(str(SCRIPTS))
+    bench_loop = load_script("bench_loop")
+    args = argparse.Namespace(data_root=None, pipeline="gpu", override=[], loop_graph_step=False)
+    real, _ = bench_loop.compose_case("imagenette", "flash", "false", args, tmp_path, max_steps=4)
+    synthetic, _ = bench_loop.compose_case("imagenette_synthetic", "flash", "false", args, tmp_path, max_steps=4)
+    assert synthetic.model == real.model and synthetic.trainer == real.trainer
+    assert synthetic.data.augment == real.data.augment and synthetic.data.augment.auto_augment.startswith("rand")
+    for key in ("num_classes", "img_size", "batch_size", "pipeline"):
+        assert synthetic.data[key] == real.data[key], key
+    dm = instantiate(synthetic.data, _convert_="all", train_size=40, test_size=8, batch_size=8)
+    assert type(dm).__name__ == "SyntheticDataModule" and synthetic.data.train_size == 9469  # Imagenette's train split
+    dm.setup("fit")
+    images, labels = next(iter(dm.train_dataloader()))
+    assert images.shape == (8, 3, 224, 224) and images.dtype == torch.float32 and labels.max() < 10
