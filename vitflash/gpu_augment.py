@@ -169,8 +169,14 @@ def to_float(images: torch.Tensor) -> torch.Tensor:
 
 
 def _blend(x: torch.Tensor, degenerate: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
-    """PIL's ImageEnhance: degenerate + factor * (x - degenerate), factor (B,), clamped to [0, 1]."""
-    return (degenerate + factor.view(-1, 1, 1, 1) * (x - degenerate)).clamp_(0, 1)
+    """PIL's ImageEnhance: degenerate + factor * (x - degenerate), factor (B,), clamped to [0, 1]
+    (one lerp kernel, which extrapolates for factors above 1)."""
+    return torch.lerp(degenerate, x, factor.view(-1, 1, 1, 1)).clamp_(0, 1)
+
+
+def _brighten(x: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
+    """ImageEnhance.Brightness: the blend with black, x * factor clamped."""
+    return (x * factor.view(-1, 1, 1, 1)).clamp_(0, 1)
 
 
 def _contrast_mean(x: torch.Tensor) -> torch.Tensor:
@@ -291,7 +297,7 @@ OP_FNS = {
     "solarize": lambda x, thresh, fill: torch.where(x * 255 >= thresh.view(-1, 1, 1, 1), 1 - x, x),
     "solarize_add": lambda x, add, fill: torch.where(x * 255 < 128, (x + add.view(-1, 1, 1, 1) / 255).clamp_(max=1), x),
     # PIL's enhance ops blend with a degenerate image: black, mean grey, greyscale, smoothed
-    "brightness": lambda x, f, fill: _blend(x, torch.zeros_like(x), f),
+    "brightness": lambda x, f, fill: _brighten(x, f),
     "contrast": lambda x, f, fill: _blend(x, _contrast_mean(x), f),
     "color": lambda x, f, fill: _blend(x, TF.rgb_to_grayscale(x), f),
     "sharpness": lambda x, f, fill: _blend(x, smoothed(x), f),
@@ -511,7 +517,7 @@ class GPUAugment:
             x = self.rand_augment(x, mean, g)
         elif self.jitter > 0:
             f = _uniform(max(0.0, 1 - self.jitter), 1 + self.jitter, (3, B), g)
-            x = _blend(x, torch.zeros_like(x), f[0])
+            x = _brighten(x, f[0])
             x = _blend(x, _contrast_mean(x), f[1])
             x = _blend(x, TF.rgb_to_grayscale(x), f[2])
         x = self._normalize(x)
