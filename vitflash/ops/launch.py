@@ -346,17 +346,22 @@ def _write_disk(entry: str, cand: Candidate) -> None:
         pass  # a read-only home costs a re-tune next time, nothing more
 
 
+def _key(op: str, dtype: torch.dtype, n: int, d: int, bh: int) -> tuple:
+    """What a choice is made for: op, dtype, N, D and B*H rounded up to a power of two."""
+    return op, dtype, n, d, _pow2(bh)
+
+
 def chosen(op: str, dtype: torch.dtype, n: int, d: int, bh: int) -> Candidate | None:
     """The candidate this process uses for the key, or None before its first call there
     (benchmarks record it beside their timings)."""
-    return _chosen.get((op, dtype, n, d, _pow2(bh)))
+    return _chosen.get(_key(op, dtype, n, d, bh))
 
 
 def choose(op: str, dtype: torch.dtype, n: int, d: int, bh: int, device: torch.device,
            run: Callable[[Candidate], None]) -> Candidate:
     """The candidate for this key: remembered, read from the cache file, or timed now by
     calling run(candidate) (which must launch the op on the real arguments)."""
-    key = (op, dtype, n, d, _pow2(bh))
+    key = _key(op, dtype, n, d, bh)
     cand = _chosen.get(key)
     if cand is not None:
         return cand
