@@ -2,6 +2,7 @@
 
     python scripts/eval.py ckpt_path=<run>/checkpoints/last.ckpt               # CIFAR-10 test
     python scripts/eval.py ckpt_path=... data=imagenette attention=naive split=val
+    python scripts/eval.py ckpt_path=... eval_flip=true   # each image and its mirror image
 
 The result is printed as one JSON line and written to <eval run folder>/eval.json.
 """
@@ -30,8 +31,11 @@ def evaluate(cfg: DictConfig) -> dict:
     if cfg.split not in SPLITS:
         raise ValueError(f"split={cfg.split!r}: choose one of {', '.join(SPLITS)}")
     check_trainer(cfg.trainer)
+    if cfg.eval_flip not in (None, True, False):
+        raise ValueError(f"eval_flip={cfg.eval_flip!r}: give true (score each image and its mirror image), "
+                         "false, or null (as the checkpoint's run validated)")
     torch.set_float32_matmul_precision(cfg.matmul_precision)
-    module = load_checkpoint(cfg.ckpt_path, attention=cfg.model.attention)
+    module = load_checkpoint(cfg.ckpt_path, attention=cfg.model.attention, eval_flip=cfg.eval_flip)
     check_finite(module.state_dict(), cfg.ckpt_path)  # else the scores would be NaN, exit status 0
     datamodule = instantiate(cfg.data, _convert_="all")
     if module.hparams.num_classes != datamodule.num_classes:
@@ -52,6 +56,7 @@ def evaluate(cfg: DictConfig) -> dict:
         "model": module.hparams.model_name,
         "split": cfg.split,
         "attention": module.model.attention,
+        "eval_flip": module.eval_flip,
         "precision": str(trainer.precision),
         "top1": metrics[prefix + "top1"],
         "top5": metrics[prefix + "top5"],

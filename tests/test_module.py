@@ -193,6 +193,26 @@ def test_mixup_off_epoch_refuses_a_bad_value(bad):
         make(mixup_alpha=0.8, mixup_off_epoch=bad)
 
 
+def test_eval_flip_scores_each_image_and_its_mirror_image():
+    torch.manual_seed(0)
+    plain, flip = make().eval(), make(eval_flip=True).eval()
+    flip.model.load_state_dict(plain.model.state_dict())
+    x = torch.randn(4, 3, 32, 32)
+    with torch.no_grad():
+        direct, mirrored = plain.model(x), plain.model(x.flip(-1))
+        assert torch.equal(plain.eval_logits(x), direct)
+        torch.testing.assert_close(flip.eval_logits(x), (direct + mirrored) / 2)
+        # the mirror image of a mirror image: the same two forwards, the same score
+        torch.testing.assert_close(flip.eval_logits(x.flip(-1)), flip.eval_logits(x))
+    assert not torch.allclose(direct, mirrored)  # a ViT is not mirror-symmetric: the check can fail
+
+
+@pytest.mark.parametrize("bad", ["yes", 1, None])
+def test_eval_flip_refuses_a_bad_value(bad):
+    with pytest.raises(ValueError, match=r"model.eval_flip=.* is not true or false"):
+        make(eval_flip=bad)
+
+
 # --------------------------------------------------------------------------------------
 # The lean step: compile, fused AdamW, no host reads
 

@@ -209,6 +209,12 @@ def test_eval_reproduces_the_test_score(cifar_run, cifar_slice, tmp_path):
     assert abs(result["top1"] - metrics["test/top1"]) <= 1 / (10 * TEST_PER_CLASS)
     val = evaluate(compose_cfg(tmp_path, [*common, "split=val"], "eval"))
     assert val["split"] == "val" and 0.0 <= val["top1"] <= val["top5"] <= 1.0
+    assert result["eval_flip"] is False  # the run validated without it
+    flipped = evaluate(compose_cfg(tmp_path, [*common, "attention=naive", "eval_flip=true"], "eval"))
+    assert flipped["eval_flip"] is True and 0.0 <= flipped["top1"] <= flipped["top5"] <= 1.0
+    assert flipped["loss"] != pytest.approx(result["loss"], rel=1e-4)  # other logits were scored
+    with pytest.raises(ValueError, match=r"eval_flip='yes': give true"):
+        evaluate(compose_cfg(tmp_path, [*common, "eval_flip=yes"], "eval"))
 
 
 def test_finetune_from_an_exported_checkpoint(cifar_run, cifar_slice, tmp_path):

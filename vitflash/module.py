@@ -197,6 +197,9 @@ class ViTModule(L.LightningModule):
             auto: inductor's fused kernels inside the captured step). "auto" (the default): on
             where the trainer allows it (the conditions above, checked at fit), else off,
             with a log line that says why.
+        eval_flip: test-time augmentation by horizontal flip: validation and test score the
+            mean of the logits of each image and of its mirror image (two forwards per batch).
+            Training is unchanged; eval.py can turn it on or off for any checkpoint.
     """
 
     def __init__(
@@ -225,6 +228,7 @@ class ViTModule(L.LightningModule):
         ema_decay: float | None = None,
         ema_warmup: bool = False,
         graph_step: bool | str = "auto",
+        eval_flip: bool = False,
     ):
         super().__init__()
         resolve_compile(compile, cuda=False)  # a bad value stops here, before the model is built
@@ -261,6 +265,9 @@ class ViTModule(L.LightningModule):
         if isinstance(cooldown_epochs, bool) or not isinstance(cooldown_epochs, (int, float)) or cooldown_epochs < 0:
             raise ValueError(f"model.cooldown_epochs={cooldown_epochs!r}: give a number of epochs >= 0 (the last "
                              "epochs, held at min_lr), or 0 for none")
+        if not isinstance(eval_flip, bool):
+            raise ValueError(f"model.eval_flip={eval_flip!r} is not true or false")
+        self.eval_flip = eval_flip
         if not isinstance(graph_step, bool) and graph_step != "auto":
             raise ValueError(f"model.graph_step={graph_step!r} is not true, false or auto")
         if graph_step is True and not torch.cuda.is_available():  # the rest is checked at setup, on the trainer
@@ -429,12 +436,20 @@ class ViTModule(L.LightningModule):
         # Eager even when training is compiled: a compiled eval would add graphs for
         # inference mode and for the last, partial batch (and under CUDA graphs a second
         # memory pool) to save little, since eval is a forward over a small part of the images.
-        net = self.model if self.ema is None else self.ema.module
         with torch.compiler.set_stance("force_eager") if self.compile_mode else nullcontext():
-            logits = net(x)
+            logits = self.eval_logits(x)
         self.log(f"{stage}/loss", self.eval_loss(logits, y), prog_bar=True, sync_dist=True)
         metrics.update(logits, y)
         self.log_dict(metrics, prog_bar=True)
+
+    def eval_logits(self, x: torch.Tensor) -> torch.Tensor:
+        """The logits that val and test score: the EMA's where there is one, and with
+        eval_flip the mean of the logits of each image and of its mirror image."""
+        net = self.model if self.ema is None else self.ema.module
+        logits = net(x)
+        if self.eval_flip:
+            logits = (logits + net(x.flip(-1))) / 2
+        return logits
 
     def validation_step(self, batch, batch_idx: int) -> None:
         self._eval_step(batch, self.val_metrics, "val")
@@ -596,9 +611,10 @@ class ViTModule(L.LightningModule):
         self._resumed_plan = None
 
 
-def load_checkpoint(path: str | Path, attention: str | None = None) -> ViTModule:
+def load_checkpoint(path: str | Path, attention: str | None = None,
+                    eval_flip: bool | None = None) -> ViTModule:
     """A ViTModule with the weights of checkpoint `path`; `attention` overrides the path it
-    was trained with. Pretrained weights are not fetched again (the checkpoint has them).
+    was trained with, `eval_flip` (if not None) whether it scores mirror images too. Pretrained weights are not fetched again (the checkpoint has them).
     A run with model.ema_decay gives its EMA weights (those it validated), as `module.model`,
     and the module keeps no second copy."""
     state_dict, hparams = read_checkpoint(path, training=True)
@@ -607,6 +623,8 @@ def load_checkpoint(path: str | Path, attention: str | None = None) -> ViTModule
     hparams = {**hparams, "pretrained": None, "ema_decay": None}
     if attention is not None:
         hparams["attention"] = attention
+    if eval_flip is not None:
+        hparams["eval_flip"] = eval_flip
     module = ViTModule(**hparams)
     module.model.load_state_dict(state_dict)  # the network's weights: the module's other state is not saved
     return module
