@@ -17,6 +17,10 @@ overhead rather than by the GPU.
 
     python scripts/bench_attention.py --out benchmarks/results
 writes attention_<gpu>.json and attention_<gpu>.md there (a GPU is required).
+`--impls ... flash_atomic` adds the flash op with deterministic=False (its backward may add
+into dQ atomically; not measured unless asked for):
+
+    python scripts/bench_attention.py --shapes large --impls flash flash_atomic sdpa_cudnn
 """
 from __future__ import annotations
 
@@ -64,17 +68,20 @@ SDPA_BACKENDS = {"sdpa_flash": SDPBackend.FLASH_ATTENTION,
                  "sdpa_efficient": SDPBackend.EFFICIENT_ATTENTION,
                  "sdpa_cudnn": SDPBackend.CUDNN_ATTENTION}
 IMPLS = ["flash", "naive", *SDPA_BACKENDS]
+OPTIONAL_IMPLS = ["flash_atomic"]  # measured only when --impls names it
 LATENCY_IMPLS = ["flash", "naive", "sdpa"]  # sdpa: the backend PyTorch picks itself
 
 
 def make_case(impl: str, B: int, H: int, N: int, D: int, dtype: torch.dtype, dropout_p: float = 0.0):
     """Return (leaf tensors, fn() -> o, do) for one implementation, on random inputs, with
     attention dropout `dropout_p` (every path drops its weights whenever it is > 0)."""
-    if impl in ("flash", "naive"):
+    if impl in ("flash", "flash_atomic", "naive"):
         qkv = torch.randn(B, N, 3, H, D, device="cuda", dtype=dtype, requires_grad=True)
         do = torch.randn(B, N, H, D, device="cuda", dtype=dtype)
-        if impl == "flash":
-            return [qkv], (lambda: flash_attention_qkvpacked(qkv, dropout_p=dropout_p)), do
+        if impl != "naive":
+            deterministic = impl == "flash"
+            return [qkv], (lambda: flash_attention_qkvpacked(qkv, dropout_p=dropout_p,
+                                                             deterministic=deterministic)), do
         return [qkv], (lambda: naive_attention(*qkv.unbind(2), dropout_p=dropout_p)), do
     q, k, v = (torch.randn(B, H, N, D, device="cuda", dtype=dtype, requires_grad=True)
                for _ in range(3))
@@ -102,11 +109,13 @@ def host_us(fn, calls: int = 20) -> float:
     return elapsed / calls * 1e6
 
 
-def flash_candidates(shape) -> dict:
-    """The forward and backward candidates the flash op ran at this (B, H, N, D), bf16."""
+def flash_candidates(shape, backward: str = "bwd") -> dict:
+    """The forward and backward candidates the flash op ran at this (B, H, N, D), bf16
+    (backward "bwd_atomic": those of deterministic=False), as {"fwd": ..., "bwd": ...}."""
     B, H, N, D = shape
-    found = {op: launch.chosen(op, torch.bfloat16, N, D, B * H) for op in ("fwd", "bwd")}
-    return {op: c.to_json() if c is not None else None for op, c in found.items()}
+    found = {key: launch.chosen(op, torch.bfloat16, N, D, B * H)
+             for key, op in (("fwd", "fwd"), ("bwd", backward))}
+    return {key: c.to_json() if c is not None else None for key, c in found.items()}
 
 
 def spread(values: list[float]) -> dict:
@@ -274,17 +283,22 @@ def markdown(results: list[dict], latency: dict, env: dict, command: str) -> str
              f"{REPEATS} times: median of the repeats (min-max). TFLOP/s count 4*B*H*N^2*D "
              "for the forward, 3.5x that for forward+backward. Peak extra memory: what one "
              "forward+backward allocates on top of its inputs.", ""]
+    impls = IMPLS + [i for i in OPTIONAL_IMPLS if results and i in results[0]]
+    atomic = "flash_atomic" in impls
     lines += ["## vitflash flash against the best SDPA backend and cuDNN, same run", "",
               "| (B, H, N, D) | fwd / best SDPA | fwd+bwd / best SDPA | fwd / cuDNN | "
-              f"fwd+bwd / cuDNN | flash fwd+bwd TFLOP/s | of {PEAK_TFLOPS:.0f} peak |",
-              "|---|---|---|---|---|---|---|"]
+              f"fwd+bwd / cuDNN | flash fwd+bwd TFLOP/s | of {PEAK_TFLOPS:.0f} peak |"
+              + (" flash_atomic fwd+bwd / cuDNN | flash_atomic fwd+bwd TFLOP/s |" if atomic else ""),
+              "|---|---|---|---|---|---|---|" + ("---|---|" if atomic else "")]
     for r in results:
         f, c = r["flash"], r["sdpa_cudnn"]
         frac = f"{f['fwd_bwd_tflops'] / PEAK_TFLOPS:.0%}" if "fwd_bwd_tflops" in f else "n/a"
+        extra = (f" {_ratio(r['flash_atomic'], c, 'fwd_bwd_tflops')} | "
+                 f"{cell(r['flash_atomic'], 'fwd_bwd_tflops', '{:.0f}')} |") if atomic else ""
         lines.append(f"| {tuple(r['shape'])} | {_ratio(f, _best_sdpa(r, 'fwd_tflops'), 'fwd_tflops')} | "
                      f"{_ratio(f, _best_sdpa(r, 'fwd_bwd_tflops'), 'fwd_bwd_tflops')} | "
                      f"{_ratio(f, c, 'fwd_tflops')} | {_ratio(f, c, 'fwd_bwd_tflops')} | "
-                     f"{cell(f, 'fwd_bwd_tflops', '{:.0f}')} | {frac} |")
+                     f"{cell(f, 'fwd_bwd_tflops', '{:.0f}')} | {frac} |" + extra)
     lines.append("")
     if latency:
         shape = tuple(latency["shape"])
@@ -305,11 +319,11 @@ def markdown(results: list[dict], latency: dict, env: dict, command: str) -> str
                                 "{:.0f}"),
                                ("first_call_s", "First call (autotuning, compilation), s",
                                 "{:.2f}")):
-        lines += [f"## {title}", "", "| (B, H, N, D) | " + " | ".join(IMPLS) + " |",
-                  "|---" * (len(IMPLS) + 1) + "|"]
+        lines += [f"## {title}", "", "| (B, H, N, D) | " + " | ".join(impls) + " |",
+                  "|---" * (len(impls) + 1) + "|"]
         for r in results:
             lines.append(f"| {tuple(r['shape'])} | "
-                         + " | ".join(cell(r[i], metric, fmt) for i in IMPLS) + " |")
+                         + " | ".join(cell(r[i], metric, fmt) for i in impls) + " |")
         lines.append("")
     picked = [(r["shape"], r["flash"]["candidates"]) for r in results if "candidates" in r["flash"]]
     if picked:
@@ -317,7 +331,14 @@ def markdown(results: list[dict], latency: dict, env: dict, command: str) -> str
                   "| (B, H, N, D) | forward | backward |", "|---|---|---|"]
         lines += [f"| {tuple(s)} | {_candidate(c['fwd'])} | {_candidate(c['bwd'])} |" for s, c in picked]
         lines.append("")
-    errors = [(r["shape"], i, r[i]["error"]) for r in results for i in IMPLS if "error" in r[i]]
+    picked = [(r["shape"], r["flash_atomic"]["candidates"]) for r in results
+              if atomic and "candidates" in r["flash_atomic"]]
+    if picked:
+        lines += ["## flash_atomic backward candidates (deterministic=False)", "",
+                  "| (B, H, N, D) | backward |", "|---|---|"]
+        lines += [f"| {tuple(s)} | {_candidate(c['bwd'])} |" for s, c in picked]
+        lines.append("")
+    errors = [(r["shape"], i, r[i]["error"]) for r in results for i in impls if "error" in r[i]]
     if errors:
         lines += ["", "Not run:"] + [f"- {tuple(s)} {i}: {e}" for s, i, e in errors]
     return "\n".join(lines) + "\n"
@@ -326,7 +347,7 @@ def markdown(results: list[dict], latency: dict, env: dict, command: str) -> str
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
-    parser.add_argument("--impls", nargs="+", default=IMPLS, choices=IMPLS)
+    parser.add_argument("--impls", nargs="+", default=IMPLS, choices=IMPLS + OPTIONAL_IMPLS)
     parser.add_argument("--shapes", choices=("all", "small", "large", "varied"), default="all",
                         help="all: small + large; varied: shapes of the same kinds outside those sets")
     parser.add_argument("--warmup-ms", type=int, default=25)
@@ -366,12 +387,13 @@ def main() -> None:
     results = []
     for shape in shapes:
         row = {"shape": list(shape)}
-        for impl in IMPLS:
+        for impl in IMPLS + [i for i in OPTIONAL_IMPLS if i in args.impls]:
             row[impl] = (bench_case(impl, shape, torch.bfloat16, args.warmup_ms, args.rep_ms,
                                     args.repeats, args.dropout)
                          if impl in args.impls else {"error": "not selected"})
-            if impl == "flash" and "error" not in row[impl]:  # which kernels gave these timings
-                row[impl]["candidates"] = flash_candidates(shape)
+            if impl.startswith("flash") and "error" not in row[impl]:  # which kernels gave these timings
+                row[impl]["candidates"] = flash_candidates(
+                    shape, "bwd" if impl == "flash" else "bwd_atomic")
             torch.cuda.empty_cache()
             print(shape, impl, {k: round(v, 3) if isinstance(v, float) else v
                                 for k, v in row[impl].items() if not k.endswith("spread")},

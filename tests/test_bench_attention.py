@@ -32,3 +32,27 @@ def test_the_table_names_each_shapes_candidates():
     assert cell.startswith(f"{fwd['family']}: BLOCK_M={fwd['blocks']['BLOCK_M']}")
     assert f"{fwd['num_warps']} warps, {fwd['num_stages']} stages" in cell
     assert lines[at + 4] == f"| (256, 3, 65, 64) | {cell} | {bench._candidate(bwd)} |"
+
+
+def test_the_nondeterministic_op_gets_its_own_columns_and_candidates():
+    """`--impls ... flash_atomic`: the op with deterministic=False, its ratio to cuDNN beside
+    flash's and the backward candidate it ran; without it, no such column."""
+    B, H, N, D = 2, 2, 150, 32  # bf16: the dtype the benchmark records candidates for
+    qkv = torch.randn(B, N, 3, H, D, dtype=torch.bfloat16, requires_grad=True)
+    flash_attention_qkvpacked(qkv, deterministic=False).sum().backward()
+    found = bench.flash_candidates((B, H, N, D), "bwd_atomic")
+    assert found["bwd"] == launch.heuristic("bwd_atomic", N, D).to_json()
+    assert found["bwd"]["family"] == "atomic"
+    timings = {"fwd_tflops": 10.0, "fwd_bwd_tflops": 8.0}
+    row = {"shape": [B, H, N, D], "flash": dict(timings), "sdpa_cudnn": {"fwd_tflops": 10.0, "fwd_bwd_tflops": 10.0},
+           "flash_atomic": {**timings, "fwd_bwd_tflops": 12.0, "candidates": found},
+           **{impl: {"error": "not selected"} for impl in ("naive", "sdpa_flash", "sdpa_efficient")}}
+    env = {k: "x" for k in ("gpu", "commit", "torch", "triton", "cuda", "cudnn", "python", "date")}
+    lines = bench.markdown([row], {}, env, "cmd").splitlines()
+    head = next(i for i, line in enumerate(lines) if line.startswith("| (B, H, N, D) | fwd / best SDPA"))
+    assert lines[head].endswith("flash_atomic fwd+bwd / cuDNN | flash_atomic fwd+bwd TFLOP/s |")
+    assert lines[head + 2].endswith("| 0.80x | 8 | 1% | 1.20x | 12 |")  # flash 8 / 10, atomic 12 / 10
+    at = lines.index("## flash_atomic backward candidates (deterministic=False)")
+    assert lines[at + 4] == f"| {tuple(row['shape'])} | {bench._candidate(found['bwd'])} |"
+    del row["flash_atomic"]
+    assert not any("flash_atomic" in line for line in bench.markdown([row], {}, env, "cmd").splitlines())

@@ -6,6 +6,8 @@ absolute floor. Without CUDA the kernels run in Triton's interpreter (see confte
 """
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
 import torch
 
@@ -39,10 +41,10 @@ def _out_and_grads(fn, qkv, do, softmax_scale=None):
     return [o, *dqkv.unbind(2)]
 
 
-def _assert_within_rule(qkv, do, softmax_scale=None):
+def _assert_within_rule(qkv, do, softmax_scale=None, flash=flash_attention):
     ref = _out_and_grads(naive_attention, qkv.double(), do.double(), softmax_scale)
     low = _out_and_grads(naive_attention, qkv, do, softmax_scale)
-    got = _out_and_grads(flash_attention, qkv, do, softmax_scale)
+    got = _out_and_grads(flash, qkv, do, softmax_scale)
     for name, r, lo, g in zip(("o", "dq", "dk", "dv"), ref, low, got):
         assert g.dtype == qkv.dtype and g.shape == r.shape
         assert torch.isfinite(g).all(), f"{name} has non-finite values"
@@ -90,6 +92,52 @@ def test_each_kernel_family(monkeypatch, N):
     for fwd, bwd in pairs:
         _force(monkeypatch, fwd, bwd)
         _assert_within_rule(qkv, do)
+
+
+@pytest.mark.parametrize("N, D", [(1, 32), (17, 32), (65, 32), (130, 32), (197, 64), (65, 80), (33, 112)])
+def test_atomic_backward(monkeypatch, N, D):
+    """deterministic=False: every candidate of the backward that adds into dQ atomically,
+    against the reference, at one partial key tile (1, 17), several programs adding into
+    each dQ row (65, 130, 197 in key tiles of 32 to 128), a split head dim (80 = 64 + 16) and
+    a padded one (112, in a 128-column tile). It runs as op "bwd_atomic", in three launches
+    (delta, the key-tile programs, dQ's scaling)."""
+    B, H = 2, 2
+    qkv, do = _packed_inputs(B, N, H, D, torch.float16, seed=N + D)
+    atomic = [c for c in launch.candidates("bwd_atomic", N, D) if c.family == "atomic"]
+    assert atomic and not any(c.family == "atomic" for c in launch.candidates("bwd", N, D))
+    for bwd in atomic:
+        _force(monkeypatch, launch.heuristic("fwd", N, D), bwd)
+        try:
+            _assert_within_rule(qkv, do, flash=partial(flash_attention, deterministic=False))
+        except Exception as err:
+            raise AssertionError(f"backward {bwd}: {err}") from err
+        plans = {key[0]: plan for key, plan in flash_mod._plans.items()}
+        assert plans.keys() == {"fwd", "bwd_atomic"}
+        assert [launch.kernel for launch in plans["bwd_atomic"]] == [
+            flash_mod.kernels.bwd_delta_kernel, flash_mod.kernels.bwd_atomic_kernel,
+            flash_mod.kernels.bwd_dq_kernel]
+
+
+def test_short_sequences_keep_the_short_backward_when_nondeterminism_is_allowed():
+    """The short backward is already one pass with no recomputation and no atomics: where it
+    applies it stays a candidate of "bwd_atomic" (and the one the interpreter uses)."""
+    assert launch.heuristic("bwd_atomic", 65, 64).family == "short"
+    assert launch.heuristic("bwd_atomic", 577, 64).family == "atomic"
+    assert {c.family for c in launch.candidates("bwd_atomic", 65, 64)} == {"atomic", "short"}
+
+
+def test_nondeterministic_backward_is_refused_under_deterministic_algorithms():
+    qkv, _ = _packed_inputs(1, 17, 2, 32, torch.float16)
+    with pytest.raises(TypeError, match="deterministic must be True or False"):
+        flash_attention_qkvpacked(qkv, deterministic="no")
+    before = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        with pytest.raises(RuntimeError, match=r"deterministic=False.*use_deterministic_algorithms"):
+            flash_attention_qkvpacked(qkv, deterministic=False)
+        flash_attention_qkvpacked(qkv)  # the default is deterministic: allowed
+    finally:
+        torch.use_deterministic_algorithms(before)
 
 
 def test_split_d():
@@ -160,6 +208,7 @@ def test_every_config_gpu(monkeypatch, N, D):
     fwd0, bwd0 = launch.heuristic("fwd", N, D), launch.heuristic("bwd", N, D)
     pairs = [(fwd, bwd0) for fwd in launch.candidates("fwd", N, D, bh=3 * 2 * 4)]
     pairs += [(fwd0, bwd) for bwd in launch.candidates("bwd", N, D)]
+    pairs += [(fwd0, bwd) for bwd in launch.candidates("bwd_atomic", N, D) if bwd.family == "atomic"]
     for fwd, bwd in pairs:
         _force(monkeypatch, fwd, bwd)
         try:
@@ -204,9 +253,12 @@ def test_many_narrow_heads(dtype):
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).split(".")[-1])
 @pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("N", [197, 577, 1025, 4097])
-def test_long_sequences_gpu(N, D, dtype):
+@pytest.mark.parametrize("deterministic", [True, False], ids=["deterministic", "atomic"])
+def test_long_sequences_gpu(N, D, dtype, deterministic):
+    """The chosen kernels at long sequences, with deterministic=False too (where the tuner
+    may pick the backward that adds into dQ atomically)."""
     qkv, do = _packed_inputs(2, N, 3, D, dtype, seed=N + D)
-    _assert_within_rule(qkv, do)
+    _assert_within_rule(qkv, do, flash=partial(flash_attention, deterministic=deterministic))
 
 
 def test_separate_strided_tensors():  # stacked into the packed layout: any strides work
@@ -359,7 +411,8 @@ def test_custom_ops_schema_and_fake_shapes():
     seed = torch.tensor([7], dtype=torch.int64, device=DEVICE)
     for op, args in ((torch.ops.vitflash.flash_attn_forward, (qkv, 0.2, 0.0, None)),
                      (torch.ops.vitflash.flash_attn_forward, (qkv, 0.2, 0.25, seed)),
-                     (torch.ops.vitflash.flash_attn_backward, (do, qkv, o, lse, 0.2, 0.0, None))):
+                     (torch.ops.vitflash.flash_attn_backward, (do, qkv, o, lse, 0.2, 0.0, None, True)),
+                     (torch.ops.vitflash.flash_attn_backward, (do, qkv, o, lse, 0.2, 0.0, None, False))):
         torch.library.opcheck(op, args, test_utils=("test_schema", "test_faketensor"))
     assert lse.shape == (1, 2, 20) and lse.dtype == torch.float32
     assert torch.equal(o, flash_attention_qkvpacked(qkv, 0.2))
@@ -396,7 +449,8 @@ def test_dropout_matches_reference_with_the_kernels_mask(monkeypatch, N, D, dtyp
     low = _dropout_reference(qkv, do, mask, p)
     general = (launch.Candidate("general", (("BLOCK_M", 32), ("BLOCK_N", 16))),
                launch.Candidate("general", (("BLOCK_M1", 16), ("BLOCK_N1", 32), ("BLOCK_M2", 32), ("BLOCK_N2", 16))))
-    for fwd, bwd in (general, (launch.short_fwd(N, 16, heads=2, stages=2), launch.short_bwd(N, 16))):
+    atomic = (general[0], launch.Candidate("atomic", (("BLOCK_M", 16), ("BLOCK_N", 32))))
+    for fwd, bwd in (general, atomic, (launch.short_fwd(N, 16, heads=2, stages=2), launch.short_bwd(N, 16))):
         _force(monkeypatch, fwd, bwd)
         o, lse = flash_mod._forward(qkv.contiguous(), D ** -0.5, p, seed)
         dqkv = flash_mod._backward(do, qkv.contiguous(), o, lse, D ** -0.5, p, seed)

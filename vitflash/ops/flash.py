@@ -73,8 +73,15 @@ def _bwd_launches(c: Candidate, B: int, N: int, H: int, D: int, dropout: bool = 
         return [Launch(kernels.bwd_short_kernel, B * H, {**head, **c.meta, **tail, "DROPOUT": dropout},
                        c.num_warps, c.num_stages, n_tensors=6)]
     m = c.meta
-    return [Launch(kernels.bwd_delta_kernel, _cdiv(N, DELTA_BLOCK) * B * H,
-                   {**head, "BLOCK_M": DELTA_BLOCK}, 4, 1, n_tensors=3),
+    delta = Launch(kernels.bwd_delta_kernel, _cdiv(N, DELTA_BLOCK) * B * H,
+                   {**head, "BLOCK_M": DELTA_BLOCK}, 4, 1, n_tensors=3)
+    if c.family == "atomic":  # dK, dV and dQ's atomic adds, then dQ scaled and stored
+        return [delta,
+                Launch(kernels.bwd_atomic_kernel, _cdiv(N, m["BLOCK_N"]) * B * H,
+                       {**head, **m, "DROPOUT": dropout}, c.num_warps, c.num_stages, n_tensors=7),
+                Launch(kernels.bwd_dq_kernel, _cdiv(N, DELTA_BLOCK) * B * H,
+                       {**head, "BLOCK_M": DELTA_BLOCK}, 4, 1, n_tensors=2)]
+    return [delta,
             Launch(kernels.bwd_kernel, (_cdiv(N, m["BLOCK_N1"]) + _cdiv(N, m["BLOCK_M2"])) * B * H,
                    {**head, **m, "DROPOUT": dropout}, c.num_warps, c.num_stages, n_tensors=6)]
 
@@ -87,7 +94,7 @@ def _plan(op: str, t: torch.Tensor, B: int, N: int, H: int, D: int, dropout: boo
     key = (op, t.dtype, t.device, B, N, H, D, dropout)
     plan = _plans.get(key)
     if plan is None:
-        make = _fwd_launches if op == "fwd" else _bwd_launches
+        make = _fwd_launches if op == "fwd" else _bwd_launches  # bwd or bwd_atomic
         cand = choose(op, t.dtype, N, D, B * H, t.device,
                       lambda c: run(make(c, B, N, H, D, dropout)))
         plan = make(cand, B, N, H, D, dropout)
@@ -114,10 +121,13 @@ def _forward(qkv: torch.Tensor, softmax_scale: float, dropout_p: float = 0.0,
 
 
 def _backward(do: torch.Tensor, qkv: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
-              softmax_scale: float, dropout_p: float = 0.0, seed: torch.Tensor | None = None
-              ) -> torch.Tensor:
+              softmax_scale: float, dropout_p: float = 0.0, seed: torch.Tensor | None = None,
+              deterministic: bool = True) -> torch.Tensor:
     """dqkv (B, N, 3, H, D), contiguous, from do (B, N, H, D) and the forward's qkv, o, lse
-    (and its dropout_p and seed: the backward regenerates the forward's mask)."""
+    (and its dropout_p and seed: the backward regenerates the forward's mask).
+    deterministic=False lets the tuner also choose the backward that adds into dQ
+    atomically (op "bwd_atomic"): less work at long sequences, results that vary in the
+    last bits from run to run."""
     B, N, _, H, D = qkv.shape
     do = do if do.is_contiguous() else do.contiguous()
     dqkv = torch.empty_like(qkv)
@@ -128,13 +138,19 @@ def _backward(do: torch.Tensor, qkv: torch.Tensor, o: torch.Tensor, lse: torch.T
     def run(plan: list[Launch]) -> None:
         if len(plan) == 1:
             plan[0](qkv, o, do, lse, dqkv, seed, qk_scale, softmax_scale, dropout_p, H, N)
-        else:
-            delta = torch.empty_like(lse)
-            plan[0](o, do, delta, H, N)
+            return
+        delta = torch.empty_like(lse)
+        plan[0](o, do, delta, H, N)
+        if len(plan) == 2:
             plan[1](qkv, do, lse, delta, dqkv, seed, qk_scale, softmax_scale, dropout_p, B * H, H, N)
+            return
+        dq_acc = torch.zeros((B * H, N, D), dtype=torch.float32, device=qkv.device)
+        plan[1](qkv, do, lse, delta, dq_acc, dqkv, seed, qk_scale, softmax_scale, dropout_p, H, N)
+        plan[2](dq_acc, dqkv, softmax_scale, H, N)
 
-    run(_plans.get(("bwd", qkv.dtype, qkv.device, B, N, H, D, dropout))
-        or _plan("bwd", qkv, B, N, H, D, dropout, run))
+    op = "bwd" if deterministic else "bwd_atomic"
+    run(_plans.get((op, qkv.dtype, qkv.device, B, N, H, D, dropout))
+        or _plan(op, qkv, B, N, H, D, dropout, run))
     return dqkv
 
 
@@ -170,12 +186,13 @@ def _(qkv, softmax_scale, dropout_p, seed):
 
 @torch.library.custom_op("vitflash::flash_attn_backward", mutates_args=())
 def _backward_op(do: torch.Tensor, qkv: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
-                 softmax_scale: float, dropout_p: float, seed: torch.Tensor | None) -> torch.Tensor:
-    return _backward(do, qkv, o, lse, softmax_scale, dropout_p, seed)
+                 softmax_scale: float, dropout_p: float, seed: torch.Tensor | None,
+                 deterministic: bool) -> torch.Tensor:
+    return _backward(do, qkv, o, lse, softmax_scale, dropout_p, seed, deterministic)
 
 
 @_backward_op.register_fake
-def _(do, qkv, o, lse, softmax_scale, dropout_p, seed):
+def _(do, qkv, o, lse, softmax_scale, dropout_p, seed, deterministic):
     return torch.empty_like(qkv, memory_format=torch.contiguous_format)
 
 
@@ -186,12 +203,12 @@ class _FlashAttention(torch.autograd.Function):
     time."""
 
     @staticmethod
-    def forward(ctx, qkv, softmax_scale, dropout_p):
+    def forward(ctx, qkv, softmax_scale, dropout_p, deterministic):
         compiling = torch.compiler.is_compiling()
         seed = new_seed(qkv.device) if dropout_p > 0 else None
         o, lse = (_forward_op if compiling else _forward)(qkv, softmax_scale, dropout_p, seed)
         ctx.save_for_backward(qkv, o, lse, seed)
-        ctx.softmax_scale, ctx.dropout_p = softmax_scale, dropout_p
+        ctx.softmax_scale, ctx.dropout_p, ctx.deterministic = softmax_scale, dropout_p, deterministic
         return o
 
     @staticmethod
@@ -199,8 +216,8 @@ class _FlashAttention(torch.autograd.Function):
         compiling = torch.compiler.is_compiling()
         qkv, o, lse, seed = ctx.saved_tensors
         dqkv = (_backward_op if compiling else _backward)(do, qkv, o, lse, ctx.softmax_scale,
-                                                          ctx.dropout_p, seed)
-        return dqkv, None, None
+                                                          ctx.dropout_p, seed, ctx.deterministic)
+        return dqkv, None, None, None
 
 
 # ----------------------------------------------------------------------------------------
@@ -250,13 +267,27 @@ def _check_sizes(B: int, N: int, H: int, D: int, shape: tuple) -> None:
         raise ValueError(f"empty input of shape {shape}: B, N and H must be >= 1")
 
 
+def _check_deterministic(deterministic) -> bool:
+    if deterministic is True:  # the default, first: this runs on every call
+        return True
+    if deterministic is not False:
+        raise TypeError(f"deterministic must be True or False, got {deterministic!r}")
+    if torch.are_deterministic_algorithms_enabled():
+        raise RuntimeError(
+            "flash attention was asked for its nondeterministic backward (deterministic=False), "
+            "but torch.use_deterministic_algorithms(True) is set: pass deterministic=True (the "
+            "default), or turn deterministic algorithms off")
+    return deterministic
+
+
 def _scale(softmax_scale: float | None, d: int) -> float:
     softmax_scale = check_softmax_scale(softmax_scale)
     return float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(d)
 
 
 def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                    softmax_scale: float | None = None, dropout_p: float = 0.0) -> torch.Tensor:
+                    softmax_scale: float | None = None, dropout_p: float = 0.0,
+                    deterministic: bool = True) -> torch.Tensor:
     """Exact attention softmax(q k^T * scale) v without materializing the scores.
 
     Args:
@@ -269,9 +300,14 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
             (the kept ones are scaled by 1 / (1 - p)), in [0, 1). The mask is drawn from
             torch's generator on the device and regenerated in the backward, never stored.
             Pass 0 at evaluation.
+        deterministic: True (the default): the backward gives bitwise the same gradients on
+            every run. False lets it also use a kernel that adds into dQ with atomic adds,
+            whose order varies between runs, so the gradients vary in their last bits; it
+            does less work at long sequences. Refused while
+            `torch.use_deterministic_algorithms(True)` is set.
     Returns:
         o: (B, N, H, D), contiguous, so `o.reshape(B, N, H * D)` is free.
-    Differentiable in q, k, v (deterministic backward).
+    Differentiable in q, k, v.
     """
     _check_tensor("q", q)
     if q.dim() != 4:
@@ -280,17 +316,18 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     _check_tensor("v", v, q)
     _check_sizes(*q.shape, tuple(q.shape))
     scale = _scale(softmax_scale, q.shape[-1])
-    return _FlashAttention.apply(torch.stack((q, k, v), dim=2), scale, check_dropout_p(dropout_p))
+    return _FlashAttention.apply(torch.stack((q, k, v), dim=2), scale, check_dropout_p(dropout_p),
+                                 _check_deterministic(deterministic))
 
 
 def flash_attention_qkvpacked(qkv: torch.Tensor, softmax_scale: float | None = None,
-                              dropout_p: float = 0.0) -> torch.Tensor:
+                              dropout_p: float = 0.0, deterministic: bool = True) -> torch.Tensor:
     """flash_attention on a packed qkv tensor, the output of a fused projection.
 
     Args:
         qkv: (B, N, 3, H, D), e.g. `linear(x).view(B, N, 3, H, D)`; same dtype, device and
             head-dim rules as `flash_attention`. Read in place when contiguous (else copied).
-        softmax_scale, dropout_p: as `flash_attention`.
+        softmax_scale, dropout_p, deterministic: as `flash_attention`.
     Returns:
         o: (B, N, H, D), contiguous.
     The backward writes a single dqkv (B, N, 3, H, D) tensor: no cat/stack copies.
@@ -302,4 +339,4 @@ def flash_attention_qkvpacked(qkv: torch.Tensor, softmax_scale: float | None = N
     _check_sizes(B, N, H, D, tuple(qkv.shape))
     scale = _scale(softmax_scale, D)
     return _FlashAttention.apply(qkv if qkv.is_contiguous() else qkv.contiguous(), scale,
-                                 check_dropout_p(dropout_p))
+                                 check_dropout_p(dropout_p), _check_deterministic(deterministic))

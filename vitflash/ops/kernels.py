@@ -11,6 +11,12 @@ Algorithm (Dao et al., "FlashAttention", 2022, and "FlashAttention-2", 2023):
   a dK/dV program owns a key tile and streams Q, dO, LSE, delta past it, recomputing
   P = exp(S - LSE) tile by tile; a dQ program does the same with the roles swapped. No
   program writes where another does: no atomics, so the backward is deterministic.
+* Nondeterministic backward (deterministic=False, op "bwd_atomic"): one program kind, a
+  dK/dV program per key tile as above, that also adds each query tile's dS K into an fp32
+  dQ accumulator with atomic adds (bwd_atomic_kernel), then bwd_dq_kernel scales and
+  stores dQ. Five matrix products per tile pair instead of seven (the dQ programs above
+  compute S and dP again), at the price of dQ's last bits depending on the order of the
+  adds. Only on request; the short backward below needs neither.
 * Short sequences (all keys of a head fit on chip, e.g. the 65 tokens of a CIFAR ViT, as
   a 64-key tile and a 16-key tail tile; the forward takes a second tail tile where that
   saves work, 197 keys = 128 + 64 + 16).
@@ -570,6 +576,105 @@ def bwd_kernel(QKV, DO, LSE, DELTA, DQKV, SEED, qk_scale, sm_scale, drop_p, BH, 
     else:
         _bwd_dq(pid - n_dkdv, QKV, DO, LSE, DELTA, DQKV, seed, qk_scale, sm_scale, drop_p, H, N,
                 HEAD_DIM, BLOCK_D, BLOCK_D2, BLOCK_M2, BLOCK_N2, DROPOUT)
+
+
+@triton.jit
+def bwd_atomic_kernel(QKV, DO, LSE, DELTA, DQ_ACC, DQKV, SEED, qk_scale, sm_scale, drop_p, H, N,
+                      HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_D2: tl.constexpr,
+                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DROPOUT: tl.constexpr):
+    """The nondeterministic backward after bwd_delta_kernel: a program per BLOCK_N key tile,
+    as _bwd_dkdv, that also adds each query tile's share of dQ, dS K, into DQ_ACC (fp32,
+    (B * H, N, HEAD_DIM), zeroed) by atomic adds. Five matrix products per (query tile, key
+    tile) pair instead of the seven of bwd_kernel, whose dQ programs compute S and dP again;
+    but the adds into a dQ row come from every key tile in an order that changes from run to
+    run, so dQ is not bitwise reproducible. bwd_dq_kernel then scales and stores it."""
+    pid_n, bh = _split_pid(tl.program_id(0), N, BLOCK_N)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_m = tl.arange(0, BLOCK_M)
+    k, k_hi = _load_rows(QKV, bh, offs_n, N, H, 3, 1, HEAD_DIM, BLOCK_D, BLOCK_D2, True)
+    v, v_hi = _load_rows(QKV, bh, offs_n, N, H, 3, 2, HEAD_DIM, BLOCK_D, BLOCK_D2, True)
+    q_ptrs, q_ptrs_hi = _chunk_ptrs(QKV, bh, offs_m, N, H, 3, 0, HEAD_DIM, BLOCK_D, BLOCK_D2)
+    do_ptrs, do_ptrs_hi = _chunk_ptrs(DO, bh, offs_m, N, H, 1, 0, HEAD_DIM, BLOCK_D, BLOCK_D2)
+    acc_ptrs, acc_ptrs_hi = _acc_ptrs(DQ_ACC, bh, offs_m, N, HEAD_DIM, BLOCK_D, BLOCK_D2)
+    stats = bh.to(tl.int64) * N
+    seed = tl.load(SEED) if DROPOUT else 0
+
+    dk, dk_hi = _zeros(BLOCK_N, BLOCK_D, BLOCK_D2)
+    dv, dv_hi = _zeros(BLOCK_N, BLOCK_D, BLOCK_D2)
+    for start_m in range(0, N, BLOCK_M):
+        rows = start_m + offs_m
+        # Padded query rows: q = dO = 0 and LSE = +inf make their column of P^T zero.
+        q_shift = start_m * 3 * H * HEAD_DIM
+        q, q_hi = _load_chunks(q_ptrs + q_shift, q_ptrs_hi + q_shift, rows, N, HEAD_DIM,
+                               BLOCK_D, BLOCK_D2, True)
+        do_shift = start_m * H * HEAD_DIM
+        do, do_hi = _load_chunks(do_ptrs + do_shift, do_ptrs_hi + do_shift, rows, N, HEAD_DIM,
+                                 BLOCK_D, BLOCK_D2, True)
+        lse = tl.load(LSE + stats + rows, mask=rows < N, other=float("inf"))
+        delta = tl.load(DELTA + stats + rows, mask=rows < N, other=0.0)
+        dk, dk_hi, dv, dv_hi, ds_t = _bwd_dkdv_step(dk, dk_hi, dv, dv_hi, k, k_hi, v, v_hi, q, q_hi,
+                                                    do, do_hi, lse, delta, qk_scale, seed, bh, rows,
+                                                    pid_n * BLOCK_N, N, drop_p, BLOCK_D2, DROPOUT)
+        # Padded keys (k = v = 0) get p = exp2(-lse) != 0 in _bwd_dkdv_step: they must not
+        # reach dQ.
+        ds = tl.trans(_round(tl.where(offs_n[:, None] < N, ds_t, 0.0), k.dtype))
+        dq, dq_hi = _zeros(BLOCK_M, BLOCK_D, BLOCK_D2)
+        dq, dq_hi = _dot_d(ds, k, k_hi, dq, dq_hi, BLOCK_D2)
+        acc_shift = start_m * HEAD_DIM
+        _atomic_add_chunks(acc_ptrs + acc_shift, acc_ptrs_hi + acc_shift, dq, dq_hi, rows, N,
+                           HEAD_DIM, BLOCK_D, BLOCK_D2)
+
+    _store_rows(DQKV, dk * sm_scale, dk_hi * sm_scale, bh, offs_n, N, H, 3, 1, HEAD_DIM,
+                BLOCK_D, BLOCK_D2)
+    _store_rows(DQKV, dv, dv_hi, bh, offs_n, N, H, 3, 2, HEAD_DIM, BLOCK_D, BLOCK_D2)
+
+
+@triton.jit
+def _acc_ptrs(DQ_ACC, bh, rows, N, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+              BLOCK_D2: tl.constexpr):
+    """Pointers to both column chunks of rows `rows` of head bh in the fp32
+    (B * H, N, HEAD_DIM) dQ accumulator."""
+    row = DQ_ACC + (bh.to(tl.int64) * N + rows[:, None]) * HEAD_DIM
+    ptrs = row + tl.arange(0, BLOCK_D)[None, :]
+    ptrs_hi = ptrs
+    if BLOCK_D2 > 0:
+        ptrs_hi = row + BLOCK_D + tl.arange(0, BLOCK_D2)[None, :]
+    return ptrs, ptrs_hi
+
+
+@triton.jit
+def _atomic_add_chunks(ptrs, ptrs_hi, tile, tile_hi, rows, N, HEAD_DIM: tl.constexpr,
+                       BLOCK_D: tl.constexpr, BLOCK_D2: tl.constexpr):
+    """Atomic fp32 adds of both chunks of a tile into rows `rows` (< N) of the accumulator
+    (columns < HEAD_DIM: a padded head dim's extra columns are not there)."""
+    cols = tl.arange(0, BLOCK_D)
+    if BLOCK_D <= HEAD_DIM:
+        tl.atomic_add(ptrs, tile, mask=rows[:, None] < N, sem="relaxed")
+    else:
+        tl.atomic_add(ptrs, tile, mask=(rows[:, None] < N) & (cols[None, :] < HEAD_DIM),
+                      sem="relaxed")
+    if BLOCK_D2 > 0:
+        tl.atomic_add(ptrs_hi, tile_hi, mask=rows[:, None] < N, sem="relaxed")
+
+
+@triton.jit
+def bwd_dq_kernel(DQ_ACC, DQKV, sm_scale, H, N,
+                  HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_D2: tl.constexpr,
+                  BLOCK_M: tl.constexpr):
+    """After bwd_atomic_kernel: dQ = DQ_ACC * softmax scale, in qkv's dtype, into DQKV."""
+    pid_m, bh = _split_pid(tl.program_id(0), N, BLOCK_M)
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    ptrs, ptrs_hi = _acc_ptrs(DQ_ACC, bh, rows, N, HEAD_DIM, BLOCK_D, BLOCK_D2)
+    cols = tl.arange(0, BLOCK_D)
+    if BLOCK_D <= HEAD_DIM:
+        dq = tl.load(ptrs, mask=rows[:, None] < N, other=0.0)
+    else:
+        dq = tl.load(ptrs, mask=(rows[:, None] < N) & (cols[None, :] < HEAD_DIM), other=0.0)
+    dq_hi = dq
+    if BLOCK_D2 > 0:
+        dq_hi = tl.load(ptrs_hi, mask=rows[:, None] < N, other=0.0)
+    _store_rows(DQKV, dq * sm_scale, dq_hi * sm_scale, bh, rows, N, H, 3, 0, HEAD_DIM, BLOCK_D,
+                BLOCK_D2)
 
 
 @triton.jit

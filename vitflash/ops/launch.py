@@ -1,9 +1,11 @@
 """Launching the kernels of `kernels.py`: candidate configurations, autotuning with a cache
 that outlives the process, and a launch path with little host work.
 
-Each op (forward, backward) has candidates: a kernel family ("general" streams K/V tiles,
-"short" holds all keys of a head on chip: a power-of-two tile and a tail tile, two in the
-forward where that saves work) with its block sizes, warps and stages. The tiles of a
+Each op (forward, backward, and "bwd_atomic", the backward that adds into dQ atomically
+when asked for with deterministic=False) has candidates: a kernel family ("general" streams
+K/V tiles, "short" holds all keys of a head on chip: a power-of-two tile and a tail tile, two
+in the forward where that saves work; "atomic", bwd_atomic's key-tile programs) with its
+block sizes, warps and stages. The tiles of a
 partial last block of queries (short kernels) or keys (general forward) are not part of a
 candidate: `tail_tile` derives them from N and the block when the launch is built. The
 first call at a key (op, dtype, N, D, B*H rounded up to a power of two) times every
@@ -144,8 +146,9 @@ def short_bwd(n: int, block_m: int, num_warps: int = 4) -> Candidate:
 
 
 def candidates(op: str, n: int, d: int, bh: int = 1) -> list[Candidate]:
-    """Every candidate of op ("fwd" or "bwd") at sequence length n, head dim d and B * H = bh
-    (forward programs that loop over several heads need bh to be a multiple of them).
+    """Every candidate of op ("fwd", "bwd", or "bwd_atomic": the backward that may add into
+    dQ atomically, nondeterministic) at sequence length n, head dim d and B * H = bh (forward
+    programs that loop over several heads need bh to be a multiple of them).
 
     The limits below size shared memory and registers by bd, the columns a head-dim tile
     takes on chip: the padded block_d(d), or d itself for a split head dim (80 = 64 + 16
@@ -176,10 +179,12 @@ def candidates(op: str, n: int, d: int, bh: int = 1) -> list[Candidate]:
             out += [short_fwd(n, m, 4, g, st) for m in (32, 64) for g, st in ((2, 2), (4, 2), (8, 3), (16, 3))
                     if m <= max(16, _pow2(n)) and bh % g == 0
                     and st * (m + 2 * keys) * bd * 2 <= 160 * 1024]
-    elif op == "bwd":
+    elif op in ("bwd", "bwd_atomic"):
         keys = short_keys(n)
         names = ("BLOCK_M1", "BLOCK_N1", "BLOCK_M2", "BLOCK_N2")
-        if bd <= 64:
+        if op == "bwd_atomic":  # one program kind, a key tile each: (BLOCK_M, BLOCK_N)
+            out += _atomic_candidates(bd)
+        elif bd <= 64:
             out += _c("general", names, (32, 128, 128, 32, 4, 3), (64, 128, 128, 64, 8, 3),
                       (64, 64, 64, 64, 4, 3), (32, 64, 64, 32, 4, 3))
         elif bd <= 128:
@@ -203,6 +208,18 @@ def candidates(op: str, n: int, d: int, bh: int = 1) -> list[Candidate]:
     return out
 
 
+def _atomic_candidates(bd: int) -> list[Candidate]:
+    """The nondeterministic backward's candidates at head-dim tile width bd: the key tile and
+    query tile sizes of the deterministic backward's dK/dV programs, which this one is plus
+    dQ's atomic adds."""
+    names = ("BLOCK_M", "BLOCK_N")
+    if bd <= 64:
+        return _c("atomic", names, (32, 128, 4, 3), (64, 128, 8, 3), (64, 64, 4, 3), (32, 64, 4, 3))
+    if bd <= 128:
+        return _c("atomic", names, (32, 128, 8, 2), (64, 64, 4, 2), (32, 64, 4, 3), (16, 64, 4, 2))
+    return _c("atomic", names, (16, 64, 4, 1), (32, 32, 4, 1), (16, 32, 4, 1))
+
+
 def heuristic(op: str, n: int, d: int) -> Candidate:
     """The candidate used without timing: in the interpreter (one config keeps CI fast) and
     for keys first seen during CUDA-graph capture. Short kernels wherever they apply."""
@@ -213,6 +230,9 @@ def heuristic(op: str, n: int, d: int) -> Candidate:
         return Candidate("general", (("BLOCK_M", 64), ("BLOCK_N", 64)), 4, 2)
     if keys <= 128 and bd <= 128:
         return short_bwd(n, 32)
+    if op == "bwd_atomic":
+        return Candidate("atomic", (("BLOCK_M", 16 if bd > 128 else 64), ("BLOCK_N", 64)), 4,
+                         1 if bd > 128 else 2)
     if bd > 128:
         return Candidate("general", (("BLOCK_M1", 16), ("BLOCK_N1", 64), ("BLOCK_M2", 64),
                                      ("BLOCK_N2", 16)), 4, 1)
