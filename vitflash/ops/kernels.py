@@ -42,8 +42,9 @@ Layout. Q, K and V are the (B, N, 3, H, D) tensor a fused qkv projection gives, 
 every address follows from (N, H, HEAD_DIM), so no strides are passed, and the gradient
 dQKV has the same layout. O and dO are (B, N, H, D), contiguous; LSE and delta (B, H, N).
 
-Exponentials are base 2 with the softmax scale folded into log2(e); the LSE is kept in
-base-2 units. N need not be a multiple of a block (197, 577, ... are not): out-of-range rows
+Exponentials are base 2 with the softmax scale folded into log2(e) (qk_scale); the LSE is
+kept in base-2 units. The scores stay unscaled until the exponential: the row maximum is
+taken on them and scaled once per row, so exp2(s * qk_scale - m) costs one FMA per score. N need not be a multiple of a block (197, 577, ... are not): out-of-range rows
 and keys are masked. The general forward's key tail tile BLOCK_T and the short kernels'
 query tail tile BLOCK_MT are sized by the launcher from N (`launch.tail_tile`); 0 means
 that the block divides N, and then no tail code is traced.
@@ -286,12 +287,13 @@ def _fwd_inner(acc, acc_hi, l_i, m_i, q, q_hi, k_ptrs, k_ptrs_hi, v_ptrs, v_ptrs
         cols = start_n + offs_n
         k, k_hi = _load_chunks(k_ptrs + start_n * row_stride, k_ptrs_hi + start_n * row_stride,
                                cols, N, HEAD_DIM, BLOCK_D, BLOCK_D2, MASK_N)
-        s = _dot_t(q, q_hi, k, k_hi, BLOCK_D2)
-        s = s * qk_scale  # (BLOCK_M, BLOCK_N), log2 units
+        s = _dot_t(q, q_hi, k, k_hi, BLOCK_D2)  # (BLOCK_M, BLOCK_N), unscaled
         if MASK_N:
             s = tl.where(cols[None, :] < N, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        p = tl.math.exp2(s - m_new[:, None])
+        # The row maximum in log2 units (qk_scale > 0 commutes with max); the scale and the
+        # subtraction are then one FMA per score.
+        m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
+        p = tl.math.exp2(s * qk_scale - m_new[:, None])
         alpha = tl.math.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, 1)
         if DROPOUT:  # the normalizer above sums every probability; P V only the kept ones
@@ -354,13 +356,13 @@ def _keep_scale(drop_p, DROPOUT: tl.constexpr):
 
 
 @triton.jit
-def _fwd_short_scores(q, q_hi, QKV, bh, offs, N, H, qk_scale, HEAD_DIM: tl.constexpr,
+def _fwd_short_scores(q, q_hi, QKV, bh, offs, N, H, HEAD_DIM: tl.constexpr,
                       BLOCK_D: tl.constexpr, BLOCK_D2: tl.constexpr):
-    """Scores of q against the keys `offs` (log2 units, -inf past N) and their V tile (its
-    two chunks)."""
+    """Scores of q against the keys `offs` (unscaled, -inf past N) and their V tile (its two
+    chunks)."""
     k, k_hi = _load_rows(QKV, bh, offs, N, H, 3, 1, HEAD_DIM, BLOCK_D, BLOCK_D2, True)
     v, v_hi = _load_rows(QKV, bh, offs, N, H, 3, 2, HEAD_DIM, BLOCK_D, BLOCK_D2, True)
-    s = _dot_t(q, q_hi, k, k_hi, BLOCK_D2) * qk_scale
+    s = _dot_t(q, q_hi, k, k_hi, BLOCK_D2)
     return tl.where(offs[None, :] < N, s, float("-inf")), v, v_hi
 
 
@@ -377,33 +379,34 @@ def _fwd_short_rows(QKV, O, LSE, SEED, qk_scale, drop_p, H, N, group, start_m,
     for i in tl.range(0, HEADS, num_stages=STAGES):
         bh = group * HEADS + i
         q, q_hi = _load_rows(QKV, bh, offs_m, N, H, 3, 0, HEAD_DIM, BLOCK_D, BLOCK_D2, MASK_M)
-        s, v, v_hi = _fwd_short_scores(q, q_hi, QKV, bh, tl.arange(0, BLOCK_N), N, H, qk_scale,
-                                       HEAD_DIM, BLOCK_D, BLOCK_D2)
+        s, v, v_hi = _fwd_short_scores(q, q_hi, QKV, bh, tl.arange(0, BLOCK_N), N, H, HEAD_DIM,
+                                       BLOCK_D, BLOCK_D2)
         m = tl.max(s, 1)
         if HAS_TAIL:
             s_t, v_t, v_t_hi = _fwd_short_scores(q, q_hi, QKV, bh, BLOCK_N + tl.arange(0, BLOCK_T),
-                                                 N, H, qk_scale, HEAD_DIM, BLOCK_D, BLOCK_D2)
+                                                 N, H, HEAD_DIM, BLOCK_D, BLOCK_D2)
             m = tl.maximum(m, tl.max(s_t, 1))
         if BLOCK_T2 > 0:
             offs_t2 = BLOCK_N + BLOCK_T + tl.arange(0, BLOCK_T2)
-            s_t2, v_t2, v_t2_hi = _fwd_short_scores(q, q_hi, QKV, bh, offs_t2, N, H, qk_scale,
-                                                    HEAD_DIM, BLOCK_D, BLOCK_D2)
+            s_t2, v_t2, v_t2_hi = _fwd_short_scores(q, q_hi, QKV, bh, offs_t2, N, H, HEAD_DIM,
+                                                    BLOCK_D, BLOCK_D2)
             m = tl.maximum(m, tl.max(s_t2, 1))
-        p = tl.math.exp2(s - m[:, None])
+        m = m * qk_scale  # the row maximum in log2 units; then one FMA per score below
+        p = tl.math.exp2(s * qk_scale - m[:, None])
         l = tl.sum(p, 1)
         if DROPOUT:
             p = tl.where(_keep(seed, bh, offs_m, 0, N, drop_p, BLOCK_N, False), p, 0.0)
         acc, acc_hi = _zeros(ROWS, BLOCK_D, BLOCK_D2)
         acc, acc_hi = _dot_d(_round(p, v.dtype), v, v_hi, acc, acc_hi, BLOCK_D2)
         if HAS_TAIL:
-            p_t = tl.math.exp2(s_t - m[:, None])
+            p_t = tl.math.exp2(s_t * qk_scale - m[:, None])
             l += tl.sum(p_t, 1)
             if DROPOUT:
                 p_t = tl.where(_keep(seed, bh, offs_m, BLOCK_N, N, drop_p, BLOCK_T, False),
                                p_t, 0.0)
             acc, acc_hi = _dot_d(_round(p_t, v.dtype), v_t, v_t_hi, acc, acc_hi, BLOCK_D2)
         if BLOCK_T2 > 0:
-            p_t2 = tl.math.exp2(s_t2 - m[:, None])
+            p_t2 = tl.math.exp2(s_t2 * qk_scale - m[:, None])
             l += tl.sum(p_t2, 1)
             if DROPOUT:
                 p_t2 = tl.where(_keep(seed, bh, offs_m, BLOCK_N + BLOCK_T, N, drop_p, BLOCK_T2, False),

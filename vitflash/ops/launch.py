@@ -36,10 +36,10 @@ from vitflash.files import written_whole
 from vitflash.ops import kernels
 
 INTERPRET = bool(kernels.INTERPRET)
-# bump when a kernel or the candidate list changes in a way that can change the best config;
-# 5 (split head dims), not 4: version 4 keyed the reverted TAILS candidates (067433b), which
-# a GPU machine's cache file may still hold
-CACHE_VERSION = 5
+# bump when a kernel or the candidate list changes in a way that can change the best config:
+# 6, the forwards' FMA-folded softmax (and the bwd_atomic op); 5, split head dims (4 keyed the
+# reverted TAILS candidates of 067433b, which a GPU machine's cache file may still hold)
+CACHE_VERSION = 6
 
 
 @dataclass(frozen=True)
