@@ -136,6 +136,8 @@ def _backward(do: torch.Tensor, qkv: torch.Tensor, o: torch.Tensor, lse: torch.T
     seed = seed if dropout else lse
 
     def run(plan: list[Launch]) -> None:
+        # one launch: the short backward; two: delta, then bwd_kernel; three: delta,
+        # bwd_atomic_kernel into an fp32 dQ, then bwd_dq_kernel (see _bwd_launches)
         if len(plan) == 1:
             plan[0](qkv, o, do, lse, dqkv, seed, qk_scale, softmax_scale, dropout_p, H, N)
             return

@@ -604,7 +604,11 @@ def bwd_atomic_kernel(QKV, DO, LSE, DELTA, DQ_ACC, DQKV, SEED, qk_scale, sm_scal
 
     dk, dk_hi = _zeros(BLOCK_N, BLOCK_D, BLOCK_D2)
     dv, dv_hi = _zeros(BLOCK_N, BLOCK_D, BLOCK_D2)
-    for start_m in range(0, N, BLOCK_M):
+    num_m = tl.cdiv(N, BLOCK_M)
+    for i in range(0, num_m):
+        # Each key tile starts at another query tile (its own index, wrapping round), so the
+        # programs of a head add into different dQ rows at a time, not all into the first.
+        start_m = ((pid_n + i) % num_m) * BLOCK_M
         rows = start_m + offs_m
         # Padded query rows: q = dO = 0 and LSE = +inf make their column of P^T zero.
         q_shift = start_m * 3 * H * HEAD_DIM
