@@ -489,10 +489,14 @@ def _bwd_dkdv_step(dk, dk_hi, dv, dv_hi, k, k_hi, v, v_hi, q, q_hi, do, do_hi, l
 
 
 @triton.jit
-def _bwd_dkdv(pid, QKV, DO, LSE, DELTA, DQKV, seed, qk_scale, sm_scale, drop_p, H, N,
+def _bwd_dkdv(pid, QKV, DO, LSE, DELTA, DQKV, DQ_ACC, seed, qk_scale, sm_scale, drop_p, H, N,
               HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_D2: tl.constexpr,
-              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DROPOUT: tl.constexpr):
-    """dK, dV of one BLOCK_N key tile; Q, dO, LSE, delta stream past in BLOCK_M tiles."""
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DROPOUT: tl.constexpr,
+              ATOMIC_DQ: tl.constexpr):
+    """dK, dV of one BLOCK_N key tile; Q, dO, LSE, delta stream past in BLOCK_M tiles. With
+    ATOMIC_DQ (bwd_atomic_kernel) it also adds each query tile's share of dQ, dS K, into the
+    fp32 DQ_ACC with atomic adds, and starts its walk over the query tiles at its own index
+    (wrapping round), so that the programs of a head add into different dQ rows at a time."""
     pid_n, bh = _split_pid(pid, N, BLOCK_N)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = tl.arange(0, BLOCK_M)
@@ -500,24 +504,39 @@ def _bwd_dkdv(pid, QKV, DO, LSE, DELTA, DQKV, seed, qk_scale, sm_scale, drop_p, 
     v, v_hi = _load_rows(QKV, bh, offs_n, N, H, 3, 2, HEAD_DIM, BLOCK_D, BLOCK_D2, True)
     q_ptrs, q_ptrs_hi = _chunk_ptrs(QKV, bh, offs_m, N, H, 3, 0, HEAD_DIM, BLOCK_D, BLOCK_D2)
     do_ptrs, do_ptrs_hi = _chunk_ptrs(DO, bh, offs_m, N, H, 1, 0, HEAD_DIM, BLOCK_D, BLOCK_D2)
+    if ATOMIC_DQ:
+        acc_ptrs, acc_ptrs_hi = _acc_ptrs(DQ_ACC, bh, offs_m, N, HEAD_DIM, BLOCK_D, BLOCK_D2)
     stats = bh.to(tl.int64) * N
 
     dk, dk_hi = _zeros(BLOCK_N, BLOCK_D, BLOCK_D2)
     dv, dv_hi = _zeros(BLOCK_N, BLOCK_D, BLOCK_D2)
     for start_m in range(0, N, BLOCK_M):
-        rows = start_m + offs_m
+        m0 = start_m
+        if ATOMIC_DQ:
+            m0 = (start_m + pid_n * BLOCK_M) % (tl.cdiv(N, BLOCK_M) * BLOCK_M)
+        rows = m0 + offs_m
         # Padded query rows: q = dO = 0 and LSE = +inf make their column of P^T zero.
-        q_shift = start_m * 3 * H * HEAD_DIM
+        q_shift = m0 * 3 * H * HEAD_DIM
         q, q_hi = _load_chunks(q_ptrs + q_shift, q_ptrs_hi + q_shift, rows, N, HEAD_DIM,
                                BLOCK_D, BLOCK_D2, True)
-        do_shift = start_m * H * HEAD_DIM
+        do_shift = m0 * H * HEAD_DIM
         do, do_hi = _load_chunks(do_ptrs + do_shift, do_ptrs_hi + do_shift, rows, N, HEAD_DIM,
                                  BLOCK_D, BLOCK_D2, True)
         lse = tl.load(LSE + stats + rows, mask=rows < N, other=float("inf"))
         delta = tl.load(DELTA + stats + rows, mask=rows < N, other=0.0)
-        dk, dk_hi, dv, dv_hi, _ = _bwd_dkdv_step(dk, dk_hi, dv, dv_hi, k, k_hi, v, v_hi, q, q_hi,
-                                                 do, do_hi, lse, delta, qk_scale, seed, bh, rows,
-                                                 pid_n * BLOCK_N, N, drop_p, BLOCK_D2, DROPOUT)
+        dk, dk_hi, dv, dv_hi, ds_t = _bwd_dkdv_step(dk, dk_hi, dv, dv_hi, k, k_hi, v, v_hi, q,
+                                                    q_hi, do, do_hi, lse, delta, qk_scale, seed,
+                                                    bh, rows, pid_n * BLOCK_N, N, drop_p,
+                                                    BLOCK_D2, DROPOUT)
+        if ATOMIC_DQ:
+            # Padded keys (k = v = 0) get p = exp2(-lse) != 0 in _bwd_dkdv_step: they must
+            # not reach dQ.
+            ds = tl.trans(_round(tl.where(offs_n[:, None] < N, ds_t, 0.0), k.dtype))
+            dq, dq_hi = _zeros(BLOCK_M, BLOCK_D, BLOCK_D2)
+            dq, dq_hi = _dot_d(ds, k, k_hi, dq, dq_hi, BLOCK_D2)
+            acc_shift = m0 * HEAD_DIM
+            _atomic_add_chunks(acc_ptrs + acc_shift, acc_ptrs_hi + acc_shift, dq, dq_hi, rows,
+                               N, HEAD_DIM, BLOCK_D, BLOCK_D2)
 
     _store_rows(DQKV, dk * sm_scale, dk_hi * sm_scale, bh, offs_n, N, H, 3, 1, HEAD_DIM,
                 BLOCK_D, BLOCK_D2)
@@ -574,8 +593,8 @@ def bwd_kernel(QKV, DO, LSE, DELTA, DQKV, SEED, qk_scale, sm_scale, drop_p, BH, 
     n_dkdv = tl.cdiv(N, BLOCK_N1) * BH
     seed = tl.load(SEED) if DROPOUT else 0
     if pid < n_dkdv:
-        _bwd_dkdv(pid, QKV, DO, LSE, DELTA, DQKV, seed, qk_scale, sm_scale, drop_p, H, N,
-                  HEAD_DIM, BLOCK_D, BLOCK_D2, BLOCK_M1, BLOCK_N1, DROPOUT)
+        _bwd_dkdv(pid, QKV, DO, LSE, DELTA, DQKV, DQKV, seed, qk_scale, sm_scale, drop_p, H, N,
+                  HEAD_DIM, BLOCK_D, BLOCK_D2, BLOCK_M1, BLOCK_N1, DROPOUT, False)
     else:
         _bwd_dq(pid - n_dkdv, QKV, DO, LSE, DELTA, DQKV, seed, qk_scale, sm_scale, drop_p, H, N,
                 HEAD_DIM, BLOCK_D, BLOCK_D2, BLOCK_M2, BLOCK_N2, DROPOUT)
@@ -586,54 +605,15 @@ def bwd_atomic_kernel(QKV, DO, LSE, DELTA, DQ_ACC, DQKV, SEED, qk_scale, sm_scal
                       HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_D2: tl.constexpr,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DROPOUT: tl.constexpr):
     """The nondeterministic backward after bwd_delta_kernel: a program per BLOCK_N key tile,
-    as _bwd_dkdv, that also adds each query tile's share of dQ, dS K, into DQ_ACC (fp32,
-    (B * H, N, HEAD_DIM), zeroed) by atomic adds. Five matrix products per (query tile, key
-    tile) pair instead of the seven of bwd_kernel, whose dQ programs compute S and dP again;
-    but the adds into a dQ row come from every key tile in an order that changes from run to
-    run, so dQ is not bitwise reproducible. bwd_dq_kernel then scales and stores it."""
-    pid_n, bh = _split_pid(tl.program_id(0), N, BLOCK_N)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_m = tl.arange(0, BLOCK_M)
-    k, k_hi = _load_rows(QKV, bh, offs_n, N, H, 3, 1, HEAD_DIM, BLOCK_D, BLOCK_D2, True)
-    v, v_hi = _load_rows(QKV, bh, offs_n, N, H, 3, 2, HEAD_DIM, BLOCK_D, BLOCK_D2, True)
-    q_ptrs, q_ptrs_hi = _chunk_ptrs(QKV, bh, offs_m, N, H, 3, 0, HEAD_DIM, BLOCK_D, BLOCK_D2)
-    do_ptrs, do_ptrs_hi = _chunk_ptrs(DO, bh, offs_m, N, H, 1, 0, HEAD_DIM, BLOCK_D, BLOCK_D2)
-    acc_ptrs, acc_ptrs_hi = _acc_ptrs(DQ_ACC, bh, offs_m, N, HEAD_DIM, BLOCK_D, BLOCK_D2)
-    stats = bh.to(tl.int64) * N
+    bwd_kernel's dK/dV program that also adds each query tile's share of dQ, dS K, into
+    DQ_ACC (fp32, (B * H, N, HEAD_DIM), zeroed) by atomic adds (_bwd_dkdv with ATOMIC_DQ).
+    Five matrix products per (query tile, key tile) pair instead of the seven of bwd_kernel,
+    whose dQ programs compute S and dP again; but the adds into a dQ row come from every key
+    tile in an order that changes from run to run, so dQ is not bitwise reproducible.
+    bwd_dq_kernel then scales and stores it."""
     seed = tl.load(SEED) if DROPOUT else 0
-
-    dk, dk_hi = _zeros(BLOCK_N, BLOCK_D, BLOCK_D2)
-    dv, dv_hi = _zeros(BLOCK_N, BLOCK_D, BLOCK_D2)
-    num_m = tl.cdiv(N, BLOCK_M)
-    for i in range(0, num_m):
-        # Each key tile starts at another query tile (its own index, wrapping round), so the
-        # programs of a head add into different dQ rows at a time, not all into the first.
-        start_m = ((pid_n + i) % num_m) * BLOCK_M
-        rows = start_m + offs_m
-        # Padded query rows: q = dO = 0 and LSE = +inf make their column of P^T zero.
-        q_shift = start_m * 3 * H * HEAD_DIM
-        q, q_hi = _load_chunks(q_ptrs + q_shift, q_ptrs_hi + q_shift, rows, N, HEAD_DIM,
-                               BLOCK_D, BLOCK_D2, True)
-        do_shift = start_m * H * HEAD_DIM
-        do, do_hi = _load_chunks(do_ptrs + do_shift, do_ptrs_hi + do_shift, rows, N, HEAD_DIM,
-                                 BLOCK_D, BLOCK_D2, True)
-        lse = tl.load(LSE + stats + rows, mask=rows < N, other=float("inf"))
-        delta = tl.load(DELTA + stats + rows, mask=rows < N, other=0.0)
-        dk, dk_hi, dv, dv_hi, ds_t = _bwd_dkdv_step(dk, dk_hi, dv, dv_hi, k, k_hi, v, v_hi, q, q_hi,
-                                                    do, do_hi, lse, delta, qk_scale, seed, bh, rows,
-                                                    pid_n * BLOCK_N, N, drop_p, BLOCK_D2, DROPOUT)
-        # Padded keys (k = v = 0) get p = exp2(-lse) != 0 in _bwd_dkdv_step: they must not
-        # reach dQ.
-        ds = tl.trans(_round(tl.where(offs_n[:, None] < N, ds_t, 0.0), k.dtype))
-        dq, dq_hi = _zeros(BLOCK_M, BLOCK_D, BLOCK_D2)
-        dq, dq_hi = _dot_d(ds, k, k_hi, dq, dq_hi, BLOCK_D2)
-        acc_shift = start_m * HEAD_DIM
-        _atomic_add_chunks(acc_ptrs + acc_shift, acc_ptrs_hi + acc_shift, dq, dq_hi, rows, N,
-                           HEAD_DIM, BLOCK_D, BLOCK_D2)
-
-    _store_rows(DQKV, dk * sm_scale, dk_hi * sm_scale, bh, offs_n, N, H, 3, 1, HEAD_DIM,
-                BLOCK_D, BLOCK_D2)
-    _store_rows(DQKV, dv, dv_hi, bh, offs_n, N, H, 3, 2, HEAD_DIM, BLOCK_D, BLOCK_D2)
+    _bwd_dkdv(tl.program_id(0), QKV, DO, LSE, DELTA, DQKV, DQ_ACC, seed, qk_scale, sm_scale,
+              drop_p, H, N, HEAD_DIM, BLOCK_D, BLOCK_D2, BLOCK_M, BLOCK_N, DROPOUT, True)
 
 
 @triton.jit
