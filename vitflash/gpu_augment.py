@@ -488,16 +488,17 @@ class GPUAugment:
         self._boxes: dict[tuple, torch.Tensor] = {}
 
     def _mean_std(self, device: torch.device) -> tuple[torch.Tensor, ...]:
-        """(mean, std, 1 / std, -mean / std), each (1, 3, 1, 1) float32 on device."""
+        """(mean, 1 / std, -mean / std), each (1, 3, 1, 1) float32 on device: the fill colour
+        of the geometric ops and the normalization's scale and shift."""
         if device not in self._consts:  # once per device: no copy per batch
             mean, std = (torch.tensor(v, dtype=torch.float32).view(1, 3, 1, 1)
                          for v in (self.augment.mean, self.augment.std))
-            self._consts[device] = tuple(t.to(device) for t in (mean, std, 1 / std, -mean / std))
+            self._consts[device] = tuple(t.to(device) for t in (mean, 1 / std, -mean / std))
         return self._consts[device]
 
     def _normalize(self, x: torch.Tensor) -> torch.Tensor:
         """(x - mean) / std as one multiply-add kernel."""
-        _, _, scale, shift = self._mean_std(x.device)
+        _, scale, shift = self._mean_std(x.device)
         return torch.addcmul(shift, x, scale)
 
     def train(self, images: torch.Tensor, g: torch.Generator) -> torch.Tensor:
