@@ -95,6 +95,11 @@ def test_crop_resize_and_affine_grid_match_roi_align_and_torch():
         rois = torch.cat([torch.arange(64.0)[:, None], boxes], 1)
         expected = roi_align(x, rois, output_size=size, spatial_scale=1.0, sampling_ratio=-1, aligned=True)
         torch.testing.assert_close(crop_resize(x, boxes, size), expected, rtol=0, atol=1e-5)
+        # flip: the mirrored crop, whether the grid is mirrored (grid_sample) or the output (roi_align)
+        flip = torch.rand(64, generator=gen(4)) < 0.5
+        assert 0 < int(flip.sum()) < 64
+        mirrored = torch.where(flip.view(-1, 1, 1, 1), expected.flip(-1), expected)
+        torch.testing.assert_close(crop_resize(x, boxes, size, flip), mirrored, rtol=0, atol=1e-5)
 
 
 def test_constant_image_normalizes_to_the_expected_value():
