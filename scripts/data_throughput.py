@@ -17,6 +17,7 @@ the step's.
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
 from pathlib import Path
 
@@ -106,7 +107,7 @@ def main(argv=None) -> None:
             continue
         loader = make_loader(experiment, n, side, batch, args.storage, device)
         rates = sorted(measure(loader, args.batches, args.repeats, device))
-        median = rates[len(rates) // 2]
+        median = statistics.median(rates)  # of an even number of repeats too
         print(f"| {experiment} ({side}px) | {n} | {batch} | {args.storage} | {median:,.0f} "
               f"({rates[0]:,.0f}-{rates[-1]:,.0f}) | {1000 * batch / median:.2f} |", flush=True)
     for experiment, n, side, batch in CASES:
