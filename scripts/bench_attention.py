@@ -21,6 +21,14 @@ writes attention_<gpu>.json and attention_<gpu>.md there (a GPU is required).
 into dQ atomically; not measured unless asked for):
 
     python scripts/bench_attention.py --shapes large --impls flash flash_atomic sdpa_cudnn
+
+`--timer graph` times each case as replays of a CUDA graph of its calls
+(`triton.testing.do_bench_cudagraph`) instead of a loop of eager calls: GPU time with no host
+work between the kernels, what a step captured in a CUDA graph (the training loop's default
+on one GPU) pays. At the small shapes the eager loop measures the host's launches as much as
+the kernels; the graph timer separates the two. Its results go to attention_graph_<gpu>.*:
+
+    python scripts/bench_attention.py --shapes small --timer graph
 """
 from __future__ import annotations
 
@@ -70,6 +78,9 @@ SDPA_BACKENDS = {"sdpa_flash": SDPBackend.FLASH_ATTENTION,
 IMPLS = ["flash", "naive", *SDPA_BACKENDS]
 OPTIONAL_IMPLS = ["flash_atomic"]  # measured only when --impls names it
 LATENCY_IMPLS = ["flash", "naive", "sdpa"]  # sdpa: the backend PyTorch picks itself
+TIMERS = {"events": "`triton.testing.do_bench` (a loop of eager calls)",
+          "graph": "`triton.testing.do_bench_cudagraph` (replays of a CUDA graph of the calls: "
+                   "GPU time, no host work between kernels)"}
 
 
 def make_case(impl: str, B: int, H: int, N: int, D: int, dtype: torch.dtype, dropout_p: float = 0.0):
@@ -124,7 +135,17 @@ def spread(values: list[float]) -> dict:
             "n": len(values)}
 
 
-def bench_case(impl, shape, dtype, warmup_ms, rep_ms, repeats, dropout_p=0.0):
+def _timer(kind: str, warmup_ms: int, rep_ms: int) -> Callable:
+    """time(fn, grad_to_none) -> median ms per call: "events", do_bench's loop of eager calls
+    between CUDA events; "graph", replays of a CUDA graph of the calls."""
+    if kind == "graph":
+        return lambda fn, grads=None: triton.testing.do_bench_cudagraph(
+            fn, rep=rep_ms, grad_to_none=grads, return_mode="median")
+    return lambda fn, grads=None: triton.testing.do_bench(
+        fn, warmup=warmup_ms, rep=rep_ms, grad_to_none=grads, return_mode="median")
+
+
+def bench_case(impl, shape, dtype, warmup_ms, rep_ms, repeats, dropout_p=0.0, timer="events"):
     B, H, N, D = shape
     leaves, fwd, do = make_case(impl, B, H, N, D, dtype, dropout_p)
 
@@ -149,13 +170,12 @@ def bench_case(impl, shape, dtype, warmup_ms, rep_ms, repeats, dropout_p=0.0):
     torch.cuda.synchronize()
     peak_mib = (torch.cuda.max_memory_allocated() - base) / 2**20
 
+    time_ms = _timer(timer, warmup_ms, rep_ms)
     fwd_ms, fwd_bwd_ms = [], []
     for _ in range(repeats):
         with torch.no_grad():
-            fwd_ms.append(triton.testing.do_bench(fwd, warmup=warmup_ms, rep=rep_ms,
-                                                  return_mode="median"))
-        fwd_bwd_ms.append(triton.testing.do_bench(fwd_bwd, warmup=warmup_ms, rep=rep_ms,
-                                                  grad_to_none=leaves, return_mode="median"))
+            fwd_ms.append(time_ms(fwd))
+        fwd_bwd_ms.append(time_ms(fwd_bwd, leaves))
     with torch.no_grad():
         fwd_host = host_us(fwd)
     fwd_bwd_host = host_us(fwd_bwd)
@@ -279,8 +299,8 @@ def markdown(results: list[dict], latency: dict, env: dict, command: str) -> str
              f"Commit {env['commit']}; torch {env['torch']}, triton {env['triton']}, CUDA "
              f"{env['cuda']}, cuDNN {env['cudnn']}, Python {env['python']}; {env['date']}. bf16, non-causal, "
              + (f"attention dropout p = {env['dropout_p']} in every path, " if env.get("dropout_p") else "") +
-             "random inputs, `triton.testing.do_bench` median, each case repeated "
-             f"{REPEATS} times: median of the repeats (min-max). TFLOP/s count 4*B*H*N^2*D "
+             "random inputs, " + TIMERS[env.get("timer", "events")] + " median, each case repeated "
+             f"{env.get('repeats', REPEATS)} times: median of the repeats (min-max). TFLOP/s count 4*B*H*N^2*D "
              "for the forward, 3.5x that for forward+backward. Peak extra memory: what one "
              "forward+backward allocates on top of its inputs.", ""]
     impls = IMPLS + [i for i in OPTIONAL_IMPLS if results and i in results[0]]
@@ -353,6 +373,10 @@ def main() -> None:
     parser.add_argument("--warmup-ms", type=int, default=25)
     parser.add_argument("--rep-ms", type=int, default=100)
     parser.add_argument("--repeats", type=int, default=REPEATS)
+    parser.add_argument("--timer", choices=tuple(TIMERS), default="events",
+                        help="events: eager calls between CUDA events (host time shows where it "
+                             "exceeds the GPU's); graph: CUDA-graph replays (results go to "
+                             "attention_graph_<gpu>.*)")
     parser.add_argument("--dropout", type=float, default=0.0, metavar="P",
                         help="attention dropout in every path (the results go to attention_dropout_<gpu>.*)")
     parser.add_argument("--first-call-only", action="store_true",
@@ -378,6 +402,9 @@ def main() -> None:
     prefix = "attention"
     if args.dropout:
         env["dropout_p"], prefix = args.dropout, "attention_dropout"
+    env["repeats"] = args.repeats
+    if args.timer == "graph":
+        env["timer"], prefix = "graph", prefix + "_graph"
     command = command_line()
     latency = {"shape": list(LATENCY_SHAPE)}
     for impl in LATENCY_IMPLS:
@@ -389,7 +416,7 @@ def main() -> None:
         row = {"shape": list(shape)}
         for impl in IMPLS + [i for i in OPTIONAL_IMPLS if i in args.impls]:
             row[impl] = (bench_case(impl, shape, torch.bfloat16, args.warmup_ms, args.rep_ms,
-                                    args.repeats, args.dropout)
+                                    args.repeats, args.dropout, args.timer)
                          if impl in args.impls else {"error": "not selected"})
             if impl.startswith("flash") and "error" not in row[impl]:  # which kernels gave these timings
                 row[impl]["candidates"] = flash_candidates(

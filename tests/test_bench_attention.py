@@ -2,6 +2,7 @@
 the op chose at a shape (here the interpreter's fixed choice), in the JSON row and the table."""
 from __future__ import annotations
 
+import pytest
 import torch
 
 from test_train import load_script
@@ -56,3 +57,26 @@ def test_the_nondeterministic_op_gets_its_own_columns_and_candidates():
     assert lines[at + 4] == f"| {tuple(row['shape'])} | {bench._candidate(found['bwd'])} |"
     del row["flash_atomic"]
     assert not any("flash_atomic" in line for line in bench.markdown([row], {}, env, "cmd").splitlines())
+
+
+def test_the_table_names_its_timer():
+    """`--timer graph` (CUDA-graph replays) says so in its table, and the repeat count is the
+    one the run used."""
+    env = {k: "x" for k in ("gpu", "commit", "torch", "triton", "cuda", "cudnn", "python", "date")}
+    row = {"shape": [8, 3, 65, 64], **{impl: {"error": "not selected"} for impl in bench.IMPLS}}
+    assert "`triton.testing.do_bench` (a loop of eager calls) median, each case repeated 3 times" \
+        in bench.markdown([row], {}, env, "cmd")
+    text = bench.markdown([row], {}, {**env, "timer": "graph", "repeats": 5}, "cmd")
+    assert "`triton.testing.do_bench_cudagraph` (replays of a CUDA graph" in text
+    assert "each case repeated 5 times" in text
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("impl", ["flash", "naive", "sdpa_flash"])
+def test_graph_timer_times_forward_and_backward(impl):
+    """The CUDA-graph timer captures each path's forward and forward+backward (the flash op's
+    plan made by the first, eager call) and times them: positive, the backward adding time."""
+    row = bench.bench_case(impl, (64, 3, 65, 64), torch.bfloat16, 5, 20, 2, timer="graph")
+    assert "error" not in row, row
+    assert 0 < row["fwd_ms"] < row["fwd_bwd_ms"]
+    assert row["fwd_tflops_spread"]["n"] == 2
