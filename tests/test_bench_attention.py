@@ -80,3 +80,39 @@ def test_graph_timer_times_forward_and_backward(impl):
     assert "error" not in row, row
     assert 0 < row["fwd_ms"] < row["fwd_bwd_ms"]
     assert row["fwd_tflops_spread"]["n"] == 2
+
+
+sweep = load_script("sweep_configs")
+
+
+@pytest.mark.parametrize("op", ["fwd", "bwd"])
+@pytest.mark.parametrize("D", [64, 96, 128])
+def test_the_sweep_grid_holds_the_listed_candidates_and_more(op, D):
+    found = sweep.grid(op, D)
+    listed = [c for c in launch.candidates(op, 4096, D) if c.family == "general"]
+    assert found[:len(listed)] == listed and len(set(found)) == len(found) > len(listed)
+    assert all(c.family == "general" for c in found)
+    names = ("BLOCK_M", "BLOCK_N") if op == "fwd" else ("BLOCK_M1", "BLOCK_N1", "BLOCK_M2", "BLOCK_N2")
+    assert all(tuple(dict(c.blocks)) == names for c in found)
+
+
+def test_the_sweep_table_ranks_configs_against_cudnn():
+    env = {k: "x" for k in ("gpu", "commit", "torch", "triton", "cuda", "cudnn", "date")}
+    fast, slow, bad = sweep.grid("bwd", 64)[:3]
+    cell = lambda m: {"median": m, "min": m - 1, "max": m + 1, "n": 3}  # noqa: E731
+    row = {"shape": [8, 12, 4097, 64], "cudnn": cell(400.0), "configs": [
+        {"candidate": slow.to_json(), "listed": True, "error": None, "tflops": cell(300.0)},
+        {"candidate": fast.to_json(), "listed": False, "error": None, "tflops": cell(440.0)},
+        {"candidate": bad.to_json(), "listed": True, "error": "o: max error 1 > 0.1"}]}
+    lines = sweep.markdown("bwd", [row], {**env, "repeats": 3}, "cmd").splitlines()
+    at = lines.index("| configuration | listed | TFLOP/s | / cuDNN |")
+    assert lines[at + 2] == f"| {sweep._label(fast)} |  | 440 (439-441) | 1.10x |"
+    assert lines[at + 3] == f"| {sweep._label(slow)} | yes | 300 (299-301) | 0.75x |"
+    assert lines[at + 5] == f"Not timed: {sweep._label(bad)}: o: max error 1 > 0.1"
+
+
+def test_the_sweep_refuses_a_malformed_shape():
+    assert sweep.parse_shape("8,12,4097,64") == (8, 12, 4097, 64)
+    for text in ("8,12,4097", "8,12,x,64", "0,12,197,64"):
+        with pytest.raises(Exception, match="four positive integers"):
+            sweep.parse_shape(text)

@@ -1,0 +1,226 @@
+"""Time flash-attention configurations beyond the autotuner's candidate lists, against cuDNN.
+
+The autotuner (`vitflash/ops/launch.py`) picks the fastest of a short list per op and head
+dim, so it can only be as good as that list. This sweep forces each configuration of a
+wider grid on the op at the given shapes: the listed candidates plus other tile sizes,
+warps and pipeline stages of the general kernels. It checks each one against a float64
+reference under the FA2 error rule (at batch 2, two heads, the same N and D), then times it.
+cuDNN's attention runs at the same shape in the same run, so every row has a ratio.
+
+    python scripts/sweep_configs.py --op bwd --shapes 64,12,577,64 8,12,4097,64 4,16,4097,128
+    python scripts/sweep_configs.py --op fwd --shapes 4,16,4097,128 128,8,197,96
+
+- `--op fwd` times the forward with each forward configuration.
+- `--op bwd` times forward+backward: the forward is the autotuner's choice, the backward
+  is each deterministic general configuration.
+
+Each case is the median of `--repeats` runs of `triton.testing.do_bench`, with their min-max.
+Results go to `<out>/sweep_<op>_<gpu>.json` and `.md`, written after every shape so a run
+stopped by a time limit keeps what it measured. `--budget-s` stops starting new
+configurations after that many seconds.
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+import triton
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from vitflash.ops import flash as flash_mod
+from vitflash.ops import flash_attention_qkvpacked, launch, naive_attention
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_attention import command_line, environment, result_stem, spread  # noqa: E402
+
+ABS_FLOOR = 1e-5
+
+
+def grid(op: str, d: int) -> list[launch.Candidate]:
+    """The listed general candidates of op at head dim d, then the extra ones of the grid
+    (tile pairs x warps x stages), without repeats. A backward tile pair (a, b) is dK/dV
+    programs of b keys x a queries and dQ programs of b queries x a keys, as in the list."""
+    listed = [c for c in launch.candidates(op, 4096, d) if c.family == "general"]
+    if op == "fwd":
+        names, tiles = ("BLOCK_M", "BLOCK_N"), [(64, 32), (64, 64), (64, 128), (128, 32),
+                                                (128, 64), (128, 128)]
+    else:
+        names = ("BLOCK_M1", "BLOCK_N1", "BLOCK_M2", "BLOCK_N2")
+        tiles = [(a, b, b, a) for a, b in ((16, 64), (16, 128), (32, 64), (32, 128), (64, 64),
+                                            (64, 128))]
+    extra = [launch.Candidate("general", tuple(zip(names, t)), w, s)
+             for t, w, s in itertools.product(tiles, (4, 8), (2, 3, 4))]
+    return listed + [c for c in extra if c not in listed]
+
+
+def _forced(op: str, cand: launch.Candidate):
+    """Make the flash op run `cand` for op, the autotuner's choice for the other op."""
+    real = launch.choose
+    flash_mod.choose = lambda o, *args: cand if o == op else real(o, *args)
+    flash_mod._plans.clear()
+
+
+def _restore() -> None:
+    flash_mod.choose = launch.choose
+    flash_mod._plans.clear()
+
+
+def _out_and_grads(fn, qkv, do):
+    leaf = qkv.detach().clone().requires_grad_()
+    o = fn(leaf)
+    (dqkv,) = torch.autograd.grad(o, leaf, do)
+    return [o, *dqkv.unbind(2)]
+
+
+def within_rule(n: int, d: int) -> str | None:
+    """None if the op (as forced now) keeps to the FA2 rule at (2, n, 2, d), else why not:
+    max error at most twice naive bf16's plus a floor, against float64."""
+    gen = torch.Generator(device="cuda").manual_seed(n + d)
+    qkv = torch.randn(2, n, 3, 2, d, device="cuda", generator=gen)
+    do = torch.randn(2, n, 2, d, device="cuda", generator=gen)
+    naive = lambda t: naive_attention(*t.unbind(2))  # noqa: E731
+    ref = _out_and_grads(naive, qkv.double(), do.double())
+    low = _out_and_grads(naive, qkv.bfloat16(), do.bfloat16())
+    got = _out_and_grads(flash_attention_qkvpacked, qkv.bfloat16(), do.bfloat16())
+    for name, r, lo, g in zip(("o", "dq", "dk", "dv"), ref, low, got):
+        err, bound = (g.double() - r).abs().max().item(), 2 * (lo.double() - r).abs().max().item() + ABS_FLOOR
+        if not err <= bound:
+            return f"{name}: max error {err:.3g} > {bound:.3g}"
+    return None
+
+
+def time_case(fn, leaves, backward: bool, repeats: int) -> list[float]:
+    """Milliseconds per call of fn, `repeats` times (under no_grad unless it runs a backward)."""
+    out = []
+    for _ in range(repeats):
+        if backward:
+            out.append(triton.testing.do_bench(fn, warmup=25, rep=100, grad_to_none=leaves,
+                                               return_mode="median"))
+        else:
+            with torch.no_grad():
+                out.append(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
+    return out
+
+
+def sweep_shape(op: str, shape, repeats: int, deadline: float) -> dict:
+    B, H, N, D = shape
+    backward = op == "bwd"
+    flops = 4 * B * H * N * N * D * (3.5 if backward else 1.0)
+    tflops = lambda ms: [flops / t * 1e-9 for t in ms]  # noqa: E731
+    q, k, v = (torch.randn(B, H, N, D, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+               for _ in range(3))
+    do_bhnd = torch.randn(B, H, N, D, device="cuda", dtype=torch.bfloat16)
+
+    def cudnn():
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            o = F.scaled_dot_product_attention(q, k, v)
+        if backward:
+            o.backward(do_bhnd)
+
+    row = {"shape": list(shape), "cudnn": spread(tflops(time_case(cudnn, [q, k, v], backward, repeats))),
+           "configs": []}
+    del q, k, v
+    qkv = torch.randn(B, N, 3, H, D, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    do = torch.randn(B, N, H, D, device="cuda", dtype=torch.bfloat16)
+
+    def flash():
+        o = flash_attention_qkvpacked(qkv)
+        if backward:
+            o.backward(do)
+
+    listed = {c for c in launch.candidates(op, N, D, B * H)}
+    for cand in grid(op, D):
+        if time.monotonic() > deadline:
+            row["stopped"] = "time budget"
+            break
+        entry = {"candidate": cand.to_json(), "listed": cand in listed}
+        _forced(op, cand)
+        try:
+            flash()
+            torch.cuda.synchronize()
+            entry["error"] = within_rule(N, D)
+            if entry["error"] is None:
+                entry["tflops"] = spread(tflops(time_case(flash, [qkv], backward, repeats)))
+        except (triton.runtime.errors.OutOfResources, triton.compiler.errors.CompilationError,
+                RuntimeError) as err:  # too big for the chip, or refused by the compiler
+            entry["error"] = f"{type(err).__name__}: {str(err).splitlines()[0][:120]}"
+        finally:
+            _restore()
+        row["configs"].append(entry)
+        print(tuple(shape), op, _label(cand), entry.get("tflops", {}).get("median"), entry["error"], flush=True)
+    return row
+
+
+def _label(c: dict | launch.Candidate) -> str:
+    c = c.to_json() if isinstance(c, launch.Candidate) else c
+    return " ".join(f"{k[6:] or k}={v}" for k, v in c["blocks"].items()) + f", {c['num_warps']}w {c['num_stages']}s"
+
+
+def markdown(op: str, rows: list[dict], env: dict, command: str) -> str:
+    what = "forward" if op == "fwd" else "forward+backward (the forward is the autotuner's choice)"
+    lines = [f"# Flash configurations swept on {env['gpu']}: {what}", "", f"Command: `{command}`", "",
+             f"Commit {env['commit']}; torch {env['torch']}, triton {env['triton']}, CUDA {env['cuda']}, "
+             f"cuDNN {env['cudnn']}; {env['date']}. bf16, `triton.testing.do_bench` median of each "
+             f"run, {env['repeats']} runs: median (min-max) TFLOP/s. Listed: in the autotuner's "
+             "candidate list at this shape. Each configuration was checked against float64 "
+             "under the FA2 rule first.", ""]
+    for r in rows:
+        c = r["cudnn"]
+        lines += [f"## {tuple(r['shape'])}: cuDNN {c['median']:.0f} ({c['min']:.0f}-{c['max']:.0f}) TFLOP/s", "",
+                  "| configuration | listed | TFLOP/s | / cuDNN |", "|---|---|---|---|"]
+        ok = [e for e in r["configs"] if "tflops" in e]
+        for e in sorted(ok, key=lambda e: -e["tflops"]["median"]):
+            t = e["tflops"]
+            lines.append(f"| {_label(e['candidate'])} | {'yes' if e['listed'] else ''} | "
+                         f"{t['median']:.0f} ({t['min']:.0f}-{t['max']:.0f}) | {t['median'] / c['median']:.2f}x |")
+        bad = [e for e in r["configs"] if "tflops" not in e]
+        if bad:
+            lines += ["", "Not timed: " + "; ".join(f"{_label(e['candidate'])}: {e['error']}" for e in bad)]
+        if r.get("stopped"):
+            lines += ["", f"Stopped early ({r['stopped']}): the grid's other configurations were not run."]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def parse_shape(text: str) -> tuple[int, int, int, int]:
+    try:
+        shape = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        shape = ()
+    if len(shape) != 4 or min(shape) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: a shape is B,H,N,D, four positive integers")
+    return shape
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--op", choices=("fwd", "bwd"), required=True)
+    parser.add_argument("--shapes", nargs="+", type=parse_shape, required=True, metavar="B,H,N,D")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--budget-s", type=float, default=float("inf"),
+                        help="start no new configuration after this many seconds")
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("sweep_configs.py needs a CUDA GPU: it times GPU kernels.")
+    deadline = time.monotonic() + args.budget_s
+    env = {**environment(), "repeats": args.repeats}
+    command, rows = command_line(), []
+    stem = result_stem(f"sweep_{args.op}", env)
+    args.out.mkdir(parents=True, exist_ok=True)
+    for shape in args.shapes:
+        rows.append(sweep_shape(args.op, shape, args.repeats, deadline))
+        (args.out / f"{stem}.json").write_text(json.dumps(
+            {"command": command, "environment": env, "results": rows}, indent=1))
+        (args.out / f"{stem}.md").write_text(markdown(args.op, rows, env, command))
+    print(markdown(args.op, rows, env, command))
+
+
+if __name__ == "__main__":
+    main()
