@@ -10,6 +10,7 @@ from functools import partial
 
 import pytest
 import torch
+import triton
 
 from vitflash.ops import flash as flash_mod
 from vitflash.ops import launch
@@ -118,12 +119,15 @@ def test_atomic_backward(monkeypatch, N, D):
             flash_mod.kernels.bwd_dq_kernel]
 
 
-def test_short_sequences_keep_the_short_backward_when_nondeterminism_is_allowed():
-    """The short backward is already one pass with no recomputation and no atomics: where it
-    applies it stays a candidate of "bwd_atomic" (and the one the interpreter uses)."""
-    assert launch.heuristic("bwd_atomic", 65, 64).family == "short"
-    assert launch.heuristic("bwd_atomic", 577, 64).family == "atomic"
-    assert {c.family for c in launch.candidates("bwd_atomic", 65, 64)} == {"atomic", "short"}
+@pytest.mark.parametrize("N", [65, 577])
+def test_allowing_nondeterminism_keeps_every_deterministic_candidate(N):
+    """deterministic=False adds the atomic candidates to the deterministic ones, never
+    replaces them (on an H200 the atomic backward measured slower at every shape tried, so
+    the tuner must be able to keep the deterministic one). The short backward is already one
+    pass with no recomputation and no atomics: where it applies the interpreter uses it."""
+    det, nondet = launch.candidates("bwd", N, 64), launch.candidates("bwd_atomic", N, 64)
+    assert set(det) < set(nondet) and {c.family for c in set(nondet) - set(det)} == {"atomic"}
+    assert launch.heuristic("bwd_atomic", N, 64).family == ("short" if N == 65 else "atomic")
 
 
 def test_nondeterministic_backward_is_refused_under_deterministic_algorithms():
@@ -638,3 +642,51 @@ def test_launch_orders_constexprs_as_the_kernel_does():
     (_, main) = flash_mod._bwd_launches(cand, B=2, N=65, H=3, D=64)
     names = flash_mod.kernels.bwd_kernel.arg_names
     assert list(main.consts) == names[len(names) - len(main.consts):]
+
+
+def test_tuning_compiles_all_then_keeps_each_candidates_best_round(monkeypatch):
+    """The tuner compiles every candidate (skipping one that does not fit the chip) before it
+    times any, then times them in rounds and keeps each one's best: a candidate that had one
+    slow window is not lost for it."""
+    cands = [launch.short_fwd(65, m) for m in (16, 32, 64)] + [launch.heuristic("fwd", 577, 64)]
+    too_big, slow_once, steady = cands[0], cands[1], cands[2]
+    windows = {slow_once: iter([9.0, 1.0]), steady: iter([2.0, 2.0]), cands[3]: iter([3.0, 3.0])}
+    events = []
+
+    def run(cand):
+        events.append(("run", cand))
+        if cand is too_big:
+            raise triton.runtime.errors.OutOfResources(1, 0, "shared memory")
+
+    def time_ms(fn):  # one window: its calls are logged as a "time" event
+        at = len(events)
+        fn()
+        cand = events[at][1]
+        events[at:] = [("time", cand)]
+        return next(windows[cand])
+
+    monkeypatch.setattr(launch, "_time_ms", time_ms)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    assert launch._time_candidates(cands, run) is slow_once
+    first_time = next(i for i, e in enumerate(events) if e[0] == "time")
+    assert [c for _, c in events[:first_time]] == cands  # all compiled first
+    assert [c for kind, c in events if kind == "time"] == [slow_once, steady, cands[3]] * launch.TIMING_ROUNDS
+    with pytest.raises(RuntimeError, match="no flash-attention configuration compiles"):
+        launch._time_candidates([too_big], run)
+
+
+@pytest.mark.parametrize("D", [64, 96, 128])
+def test_every_general_forward_candidate(monkeypatch, D):
+    """Every general forward candidate of the lists (the short ones have their own test), at
+    N = 130: a full key tile and a partial one for every BLOCK_N up to 128. On the GPU
+    test_every_config_gpu runs them at the real lengths."""
+    qkv, do = _packed_inputs(1, 130, 1, D, torch.float16, seed=D)
+    bwd = launch.heuristic("bwd", 130, D)
+    general = [c for c in launch.candidates("fwd", 130, D) if c.family == "general"]
+    assert general
+    for fwd in general:
+        _force(monkeypatch, fwd, bwd)
+        try:
+            _assert_within_rule(qkv, do)
+        except AssertionError as err:
+            raise AssertionError(f"forward {fwd}: {err}") from err

@@ -305,8 +305,9 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         deterministic: True (the default): the backward gives bitwise the same gradients on
             every run. False lets it also use a kernel that adds into dQ with atomic adds,
             whose order varies between runs, so the gradients vary in their last bits; it
-            does less work at long sequences. Refused while
-            `torch.use_deterministic_algorithms(True)` is set.
+            does less work at long sequences, and the autotuner keeps it only where it times
+            faster than the deterministic kernels (on an H200 it never did: see the README).
+            Refused while `torch.use_deterministic_algorithms(True)` is set.
     Returns:
         o: (B, N, H, D), contiguous, so `o.reshape(B, N, H * D)` is free.
     Differentiable in q, k, v.
