@@ -119,6 +119,72 @@ def test_atomic_backward(monkeypatch, N, D):
             flash_mod.kernels.bwd_dq_kernel]
 
 
+@pytest.mark.parametrize("D", [64, 80, 40])
+def test_tma_reduction_candidates_mirror_the_atomic_ones(monkeypatch, D):
+    """Where TMA reductions exist (Hopper), each atomic candidate gets a twin that adds its dQ
+    tiles in bulk through tensor descriptors: at head dims whose tile is their own width
+    (64, and 80 split 64 + 16), not at a padded one (40, in a 64-column tile). Its launch
+    sets TMA_DQ, and the descriptors cover the accumulator in tiles of the kernel's chunks."""
+    monkeypatch.setattr(launch, "_TMA", True)
+    found = launch.candidates("bwd_atomic", 577, D)
+    atomic = [c for c in found if c.family == "atomic"]
+    tma = [c for c in found if c.family == "atomic_tma"]
+    assert atomic and tma == ([launch.Candidate("atomic_tma", c.blocks, c.num_warps, c.num_stages)
+                               for c in atomic] if D != 40 else [])
+    monkeypatch.setattr(launch, "_TMA", False)
+    assert not any(c.family == "atomic_tma" for c in launch.candidates("bwd_atomic", 577, D))
+    if D == 40:
+        return
+    for cand in (atomic[0], tma[0]):
+        main = flash_mod._bwd_launches(cand, B=2, N=577, H=3, D=D)[1]
+        assert main.kernel is flash_mod.kernels.bwd_atomic_kernel
+        assert main.consts["TMA_DQ"] is (cand.family == "atomic_tma")
+    acc = torch.zeros(2 * 3, 577, D)
+    first, second = flash_mod._dq_descriptors(acc, main.consts)
+    bd, bd2 = launch.split_d(D)
+    assert first.block_shape == [1, tma[0].meta["BLOCK_M"], bd] and first.shape == [6, 577, D]
+    assert second.block_shape == ([1, tma[0].meta["BLOCK_M"], bd2] if bd2 else first.block_shape)
+
+
+_COMPILE_FOR_HOPPER = '''
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from vitflash.ops import kernels, launch
+D, M = {D}, 64
+bd, bd2 = launch.split_d(D)
+sig = dict(QKV="*bf16", DO="*bf16", LSE="*fp32", DELTA="*fp32", DQ_ACC="*fp32", DQKV="*bf16",
+           SEED="*i64", DQ_DESC=f"tensordesc<fp32[1,{{M}},{{bd}}]>",
+           DQ_DESC2=f"tensordesc<fp32[1,{{M}},{{bd2 or bd}}]>", qk_scale="fp32", sm_scale="fp32",
+           drop_p="fp32", H="i32", N="i32")
+consts = dict(HEAD_DIM=D, BLOCK_D=bd, BLOCK_D2=bd2, BLOCK_M=M, BLOCK_N=64, DROPOUT=False, TMA_DQ=True)
+sig.update(dict.fromkeys(consts, "constexpr"))
+ck = triton.compile(ASTSource(fn=kernels.bwd_atomic_kernel, signature=sig, constexprs=consts),
+                    target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4, num_stages=2))
+ptx = ck.asm["ptx"]
+print(sum("cp.reduce.async.bulk.tensor" in line for line in ptx.splitlines()),
+      sum(any(op.startswith(("red.", "atom.")) for op in line.split()) for line in ptx.splitlines()))
+'''
+
+
+@pytest.mark.parametrize("D", [64, 80])
+def test_tma_reduction_kernel_compiles_for_hopper(D):
+    """The interpreter has no TMA reductions, so the GPU runs the atomic_tma kernels
+    (test_every_config_gpu) and CI only compiles them: for sm_90, without a GPU, in a process
+    without the interpreter. Each column chunk's adds are one bulk tensor reduction, with no
+    element-wise atomics left."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run([sys.executable, "-c", _COMPILE_FOR_HOPPER.format(D=D)], env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    bulk, elementwise = map(int, out.stdout.split()[-2:])
+    assert (bulk, elementwise) == (1 if D == 64 else 2, 0)
+
+
 @pytest.mark.parametrize("N", [65, 577])
 def test_allowing_nondeterminism_keeps_every_deterministic_candidate(N):
     """deterministic=False adds the atomic candidates to the deterministic ones, never
@@ -212,7 +278,8 @@ def test_every_config_gpu(monkeypatch, N, D):
     fwd0, bwd0 = launch.heuristic("fwd", N, D), launch.heuristic("bwd", N, D)
     pairs = [(fwd, bwd0) for fwd in launch.candidates("fwd", N, D, bh=3 * 2 * 4)]
     pairs += [(fwd0, bwd) for bwd in launch.candidates("bwd", N, D)]
-    pairs += [(fwd0, bwd) for bwd in launch.candidates("bwd_atomic", N, D) if bwd.family == "atomic"]
+    pairs += [(fwd0, bwd) for bwd in launch.candidates("bwd_atomic", N, D)
+              if bwd.family.startswith("atomic")]  # atomic_tma too, on Hopper
     for fwd, bwd in pairs:
         _force(monkeypatch, fwd, bwd)
         try:

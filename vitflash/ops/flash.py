@@ -75,10 +75,11 @@ def _bwd_launches(c: Candidate, B: int, N: int, H: int, D: int, dropout: bool = 
     m = c.meta
     delta = Launch(kernels.bwd_delta_kernel, _cdiv(N, DELTA_BLOCK) * B * H,
                    {**head, "BLOCK_M": DELTA_BLOCK}, 4, 1, n_tensors=3)
-    if c.family == "atomic":  # dK, dV and dQ's atomic adds, then dQ scaled and stored
+    if c.family in ("atomic", "atomic_tma"):  # dK, dV and dQ's adds, then dQ scaled and stored
         return [delta,
                 Launch(kernels.bwd_atomic_kernel, _cdiv(N, m["BLOCK_N"]) * B * H,
-                       {**head, **m, "DROPOUT": dropout}, c.num_warps, c.num_stages, n_tensors=7),
+                       {**head, **m, "DROPOUT": dropout, "TMA_DQ": c.family == "atomic_tma"},
+                       c.num_warps, c.num_stages, n_tensors=7),
                 Launch(kernels.bwd_dq_kernel, _cdiv(N, DELTA_BLOCK) * B * H,
                        {**head, "BLOCK_M": DELTA_BLOCK}, 4, 1, n_tensors=2)]
     return [delta,
@@ -147,13 +148,28 @@ def _backward(do: torch.Tensor, qkv: torch.Tensor, o: torch.Tensor, lse: torch.T
             plan[1](qkv, do, lse, delta, dqkv, seed, qk_scale, softmax_scale, dropout_p, B * H, H, N)
             return
         dq_acc = torch.zeros((B * H, N, D), dtype=torch.float32, device=qkv.device)
-        plan[1](qkv, do, lse, delta, dq_acc, dqkv, seed, qk_scale, softmax_scale, dropout_p, H, N)
+        descs = _dq_descriptors(dq_acc, plan[1].consts) if plan[1].consts["TMA_DQ"] else (dq_acc, dq_acc)
+        plan[1](qkv, do, lse, delta, dq_acc, dqkv, seed, *descs, qk_scale, softmax_scale,
+                dropout_p, H, N)
         plan[2](dq_acc, dqkv, softmax_scale, H, N)
 
     op = "bwd" if deterministic else "bwd_atomic"
     run(_plans.get((op, qkv.dtype, qkv.device, B, N, H, D, dropout))
         or _plan(op, qkv, B, N, H, D, dropout, run))
     return dqkv
+
+
+def _dq_descriptors(dq_acc: torch.Tensor, consts: dict) -> tuple:
+    """TMA descriptors of the fp32 dQ accumulator (B * H, N, D) for bwd_atomic_kernel's
+    bulk adds: tiles of (1, BLOCK_M, BLOCK_D) and, for a split head dim, (1, BLOCK_M,
+    BLOCK_D2) (unsplit: the first again, unused)."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    shape, strides = list(dq_acc.shape), list(dq_acc.stride())
+    first = TensorDescriptor(dq_acc, shape, strides, [1, consts["BLOCK_M"], consts["BLOCK_D"]])
+    if not consts["BLOCK_D2"]:
+        return first, first
+    return first, TensorDescriptor(dq_acc, shape, strides, [1, consts["BLOCK_M"], consts["BLOCK_D2"]])
 
 
 def new_seed(device: torch.device) -> torch.Tensor:

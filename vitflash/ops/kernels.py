@@ -14,9 +14,10 @@ Algorithm (Dao et al., "FlashAttention", 2022, and "FlashAttention-2", 2023):
 * Nondeterministic backward (deterministic=False, op "bwd_atomic"): one program kind, a
   dK/dV program per key tile as above, that also adds each query tile's dS K into an fp32
   dQ accumulator with atomic adds (bwd_atomic_kernel), then bwd_dq_kernel scales and
-  stores dQ. Five matrix products per tile pair instead of seven (the dQ programs above
-  compute S and dP again), at the price of dQ's last bits depending on the order of the
-  adds. Only on request; the short backward below needs neither.
+  stores dQ. The adds go element by element, or on Hopper as one bulk reduction per tile
+  through a TMA tensor descriptor. Five matrix products per tile pair instead of seven (the
+  dQ programs above compute S and dP again), at the price of dQ's last bits depending on
+  the order of the adds. Only on request; the short backward below needs neither.
 * Short sequences (all keys of a head fit on chip, e.g. the 65 tokens of a CIFAR ViT, as
   a 64-key tile and a 16-key tail tile; the forward takes a second tail tile where that
   saves work, 197 keys = 128 + 64 + 16).
@@ -489,14 +490,20 @@ def _bwd_dkdv_step(dk, dk_hi, dv, dv_hi, k, k_hi, v, v_hi, q, q_hi, do, do_hi, l
 
 
 @triton.jit
-def _bwd_dkdv(pid, QKV, DO, LSE, DELTA, DQKV, DQ_ACC, seed, qk_scale, sm_scale, drop_p, H, N,
+def _bwd_dkdv(pid, QKV, DO, LSE, DELTA, DQKV, DQ_ACC, DQ_DESC, DQ_DESC2, seed, qk_scale,
+              sm_scale, drop_p, H, N,
               HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_D2: tl.constexpr,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DROPOUT: tl.constexpr,
-              ATOMIC_DQ: tl.constexpr):
+              ATOMIC_DQ: tl.constexpr, TMA_DQ: tl.constexpr):
     """dK, dV of one BLOCK_N key tile; Q, dO, LSE, delta stream past in BLOCK_M tiles. With
     ATOMIC_DQ (bwd_atomic_kernel) it also adds each query tile's share of dQ, dS K, into the
     fp32 DQ_ACC with atomic adds, and starts its walk over the query tiles at its own index
-    (wrapping round), so that the programs of a head add into different dQ rows at a time."""
+    (wrapping round), so that the programs of a head add into different dQ rows at a time.
+    With TMA_DQ too, each tile's adds are one bulk reduction of the tensor memory accelerator
+    (Hopper) through the descriptors DQ_DESC (its first BLOCK_D columns) and DQ_DESC2 (the
+    BLOCK_D2 after them) of DQ_ACC viewed as (B * H, N, HEAD_DIM): the L2 cache adds whole
+    tiles, where plain atomics send one add per element. Rows past N fall outside the
+    descriptor's bounds and are dropped."""
     pid_n, bh = _split_pid(pid, N, BLOCK_N)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = tl.arange(0, BLOCK_M)
@@ -504,7 +511,7 @@ def _bwd_dkdv(pid, QKV, DO, LSE, DELTA, DQKV, DQ_ACC, seed, qk_scale, sm_scale, 
     v, v_hi = _load_rows(QKV, bh, offs_n, N, H, 3, 2, HEAD_DIM, BLOCK_D, BLOCK_D2, True)
     q_ptrs, q_ptrs_hi = _chunk_ptrs(QKV, bh, offs_m, N, H, 3, 0, HEAD_DIM, BLOCK_D, BLOCK_D2)
     do_ptrs, do_ptrs_hi = _chunk_ptrs(DO, bh, offs_m, N, H, 1, 0, HEAD_DIM, BLOCK_D, BLOCK_D2)
-    if ATOMIC_DQ:
+    if ATOMIC_DQ and not TMA_DQ:
         acc_ptrs, acc_ptrs_hi = _acc_ptrs(DQ_ACC, bh, offs_m, N, HEAD_DIM, BLOCK_D, BLOCK_D2)
     stats = bh.to(tl.int64) * N
 
@@ -534,9 +541,14 @@ def _bwd_dkdv(pid, QKV, DO, LSE, DELTA, DQKV, DQ_ACC, seed, qk_scale, sm_scale, 
             ds = tl.trans(_round(tl.where(offs_n[:, None] < N, ds_t, 0.0), k.dtype))
             dq, dq_hi = _zeros(BLOCK_M, BLOCK_D, BLOCK_D2)
             dq, dq_hi = _dot_d(ds, k, k_hi, dq, dq_hi, BLOCK_D2)
-            acc_shift = m0 * HEAD_DIM
-            _atomic_add_chunks(acc_ptrs + acc_shift, acc_ptrs_hi + acc_shift, dq, dq_hi, rows,
-                               N, HEAD_DIM, BLOCK_D, BLOCK_D2)
+            if TMA_DQ:
+                DQ_DESC.atomic_add([bh, m0, 0], dq.reshape(1, BLOCK_M, BLOCK_D))
+                if BLOCK_D2 > 0:
+                    DQ_DESC2.atomic_add([bh, m0, BLOCK_D], dq_hi.reshape(1, BLOCK_M, BLOCK_D2))
+            else:
+                acc_shift = m0 * HEAD_DIM
+                _atomic_add_chunks(acc_ptrs + acc_shift, acc_ptrs_hi + acc_shift, dq, dq_hi,
+                                   rows, N, HEAD_DIM, BLOCK_D, BLOCK_D2)
 
     _store_rows(DQKV, dk * sm_scale, dk_hi * sm_scale, bh, offs_n, N, H, 3, 1, HEAD_DIM,
                 BLOCK_D, BLOCK_D2)
@@ -593,27 +605,33 @@ def bwd_kernel(QKV, DO, LSE, DELTA, DQKV, SEED, qk_scale, sm_scale, drop_p, BH, 
     n_dkdv = tl.cdiv(N, BLOCK_N1) * BH
     seed = tl.load(SEED) if DROPOUT else 0
     if pid < n_dkdv:
-        _bwd_dkdv(pid, QKV, DO, LSE, DELTA, DQKV, DQKV, seed, qk_scale, sm_scale, drop_p, H, N,
-                  HEAD_DIM, BLOCK_D, BLOCK_D2, BLOCK_M1, BLOCK_N1, DROPOUT, False)
+        _bwd_dkdv(pid, QKV, DO, LSE, DELTA, DQKV, DQKV, DQKV, DQKV, seed, qk_scale, sm_scale,
+                  drop_p, H, N, HEAD_DIM, BLOCK_D, BLOCK_D2, BLOCK_M1, BLOCK_N1, DROPOUT, False,
+                  False)
     else:
         _bwd_dq(pid - n_dkdv, QKV, DO, LSE, DELTA, DQKV, seed, qk_scale, sm_scale, drop_p, H, N,
                 HEAD_DIM, BLOCK_D, BLOCK_D2, BLOCK_M2, BLOCK_N2, DROPOUT)
 
 
 @triton.jit
-def bwd_atomic_kernel(QKV, DO, LSE, DELTA, DQ_ACC, DQKV, SEED, qk_scale, sm_scale, drop_p, H, N,
+def bwd_atomic_kernel(QKV, DO, LSE, DELTA, DQ_ACC, DQKV, SEED, DQ_DESC, DQ_DESC2, qk_scale,
+                      sm_scale, drop_p, H, N,
                       HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_D2: tl.constexpr,
-                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DROPOUT: tl.constexpr):
+                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DROPOUT: tl.constexpr,
+                      TMA_DQ: tl.constexpr):
     """The nondeterministic backward after bwd_delta_kernel: a program per BLOCK_N key tile,
     bwd_kernel's dK/dV program that also adds each query tile's share of dQ, dS K, into
-    DQ_ACC (fp32, (B * H, N, HEAD_DIM), zeroed) by atomic adds (_bwd_dkdv with ATOMIC_DQ).
+    DQ_ACC (fp32, (B * H, N, HEAD_DIM), zeroed) by atomic adds (_bwd_dkdv with ATOMIC_DQ):
+    element by element, or with TMA_DQ as bulk tile reductions through the tensor
+    descriptors DQ_DESC, DQ_DESC2 (unused without it: any argument stands in for them).
     Five matrix products per (query tile, key tile) pair instead of the seven of bwd_kernel,
     whose dQ programs compute S and dP again; but the adds into a dQ row come from every key
     tile in an order that changes from run to run, so dQ is not bitwise reproducible.
     bwd_dq_kernel then scales and stores it."""
     seed = tl.load(SEED) if DROPOUT else 0
-    _bwd_dkdv(tl.program_id(0), QKV, DO, LSE, DELTA, DQKV, DQ_ACC, seed, qk_scale, sm_scale,
-              drop_p, H, N, HEAD_DIM, BLOCK_D, BLOCK_D2, BLOCK_M, BLOCK_N, DROPOUT, True)
+    _bwd_dkdv(tl.program_id(0), QKV, DO, LSE, DELTA, DQKV, DQ_ACC, DQ_DESC, DQ_DESC2, seed,
+              qk_scale, sm_scale, drop_p, H, N, HEAD_DIM, BLOCK_D, BLOCK_D2, BLOCK_M, BLOCK_N,
+              DROPOUT, True, TMA_DQ)
 
 
 @triton.jit

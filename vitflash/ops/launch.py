@@ -5,7 +5,8 @@ Each op (forward, backward, and "bwd_atomic", the backward of deterministic=Fals
 also add into dQ atomically) has candidates: a kernel family ("general" streams
 K/V tiles, "short" holds all keys of a head on chip: a power-of-two tile and a tail tile, two
 in the forward where that saves work; "atomic", the key-tile programs that bwd_atomic adds
-to the backward's candidates) with its
+to the backward's candidates, and on Hopper "atomic_tma", the same adding dQ tiles in bulk
+through TMA descriptors) with its
 block sizes, warps and stages. The tiles of a
 partial last block of queries (short kernels) or keys (general forward) are not part of a
 candidate: `tail_tile` derives them from N and the block when the launch is built. The
@@ -188,6 +189,9 @@ def candidates(op: str, n: int, d: int, bh: int = 1) -> list[Candidate]:
         if op == "bwd_atomic":  # one program kind, a key tile each: (BLOCK_M, BLOCK_N)
             # ... beside the deterministic ones below: allowing atomics never costs speed
             out += _atomic_candidates(bd)
+            if bd == d and tma_reductions():  # bulk adds need the tile to match the columns
+                out += [Candidate("atomic_tma", c.blocks, c.num_warps, c.num_stages)
+                        for c in _atomic_candidates(bd)]
         if bd <= 64:
             out += _c("general", names, (32, 128, 128, 32, 4, 3), (64, 128, 128, 64, 8, 3),
                       (64, 64, 64, 64, 4, 3), (32, 64, 64, 32, 4, 3))
@@ -210,6 +214,23 @@ def candidates(op: str, n: int, d: int, bh: int = 1) -> list[Candidate]:
     else:
         raise ValueError(f"unknown op {op!r}")
     return out
+
+
+_TMA: bool | None = None
+
+
+def tma_reductions() -> bool:
+    """Whether this machine can add tiles into memory through TMA descriptors: a CUDA GPU of
+    compute capability 9 (Hopper) or newer and a Triton whose descriptors have atomic_add
+    (3.6 and 3.8 both do). Not in the interpreter, which has no such reduction."""
+    global _TMA
+    if _TMA is None:
+        import triton.language as tl
+
+        _TMA = (not INTERPRET and torch.cuda.is_available()
+                and torch.cuda.get_device_capability()[0] >= 9
+                and hasattr(getattr(tl, "tensor_descriptor", None), "atomic_add"))
+    return _TMA
 
 
 def _atomic_candidates(bd: int) -> list[Candidate]:
