@@ -40,7 +40,7 @@ from vitflash.ops import kernels
 INTERPRET = bool(kernels.INTERPRET)
 # bump when a kernel or the candidate list changes in a way that can change the best config:
 # 7, (128, 128) forward tiles at head dims 65-128, bwd_atomic choosing among the deterministic
-# candidates too; 6, the forwards' FMA-folded softmax (and the bwd_atomic op); 5, split head dims (4 keyed the
+# candidates too and, on Hopper, its TMA-reduction twins; 6, the forwards' FMA-folded softmax (and the bwd_atomic op); 5, split head dims (4 keyed the
 # reverted TAILS candidates of 067433b, which a GPU machine's cache file may still hold)
 CACHE_VERSION = 7
 
