@@ -13,6 +13,9 @@ cuDNN's attention runs at the same shape in the same run, so every row has a rat
 - `--op fwd` times the forward with each forward configuration.
 - `--op bwd` times forward+backward: the forward is the autotuner's choice, the backward
   is each deterministic general configuration.
+- `--op bwd_atomic` does the same with `deterministic=False` for the backwards that add into
+  dQ atomically: element by element ("atomic") and, on Hopper, by TMA tile reductions
+  ("atomic_tma").
 
 Each case is the median of `--repeats` runs of `triton.testing.do_bench`, with their min-max.
 Results go to `<out>/sweep_<op>_<gpu>.json` and `.md`, written after every shape so a run
@@ -24,6 +27,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+from functools import partial
 import sys
 import time
 from pathlib import Path
@@ -42,20 +46,31 @@ from bench_attention import command_line, environment, result_stem, spread  # no
 ABS_FLOOR = 1e-5
 
 
+ATOMIC_FAMILIES = ("atomic", "atomic_tma")
+
+
 def grid(op: str, d: int) -> list[launch.Candidate]:
-    """The listed general candidates of op at head dim d, then the extra ones of the grid
-    (tile pairs x warps x stages), without repeats. A backward tile pair (a, b) is dK/dV
-    programs of b keys x a queries and dQ programs of b queries x a keys, as in the list."""
-    listed = [c for c in launch.candidates(op, 4096, d) if c.family == "general"]
+    """The listed candidates of op at head dim d (general ones; for bwd_atomic, those that
+    add into dQ), then the extra ones of the grid (tile pairs x warps x stages), without
+    repeats. A backward tile pair (a, b) is dK/dV programs of b keys x a queries and dQ
+    programs of b queries x a keys, as in the list; an atomic one (a, b), programs of b keys
+    adding the dQ of a queries at a time, by element or (atomic_tma, on Hopper) by tile."""
+    families = ATOMIC_FAMILIES if op == "bwd_atomic" else ("general",)
+    listed = [c for c in launch.candidates(op, 4096, d) if c.family in families]
     if op == "fwd":
         names, tiles = ("BLOCK_M", "BLOCK_N"), [(64, 32), (64, 64), (64, 128), (128, 32),
                                                 (128, 64), (128, 128)]
-    else:
+    elif op == "bwd":
         names = ("BLOCK_M1", "BLOCK_N1", "BLOCK_M2", "BLOCK_N2")
         tiles = [(a, b, b, a) for a, b in ((16, 64), (16, 128), (32, 64), (32, 128), (64, 64),
                                             (64, 128))]
-    extra = [launch.Candidate("general", tuple(zip(names, t)), w, s)
-             for t, w, s in itertools.product(tiles, (4, 8), (2, 3, 4))]
+    else:
+        names, tiles = ("BLOCK_M", "BLOCK_N"), [(16, 64), (16, 128), (32, 64), (32, 128),
+                                                (64, 64), (64, 128)]
+        # the families the list has here: atomic_tma only where TMA reductions exist
+        families = tuple(dict.fromkeys(c.family for c in listed)) or ("atomic",)
+    extra = [launch.Candidate(f, tuple(zip(names, t)), w, s)
+             for f, t, w, s in itertools.product(families, tiles, (4, 8), (2, 3, 4))]
     return listed + [c for c in extra if c not in listed]
 
 
@@ -78,16 +93,18 @@ def _out_and_grads(fn, qkv, do):
     return [o, *dqkv.unbind(2)]
 
 
-def within_rule(n: int, d: int) -> str | None:
-    """None if the op (as forced now) keeps to the FA2 rule at (2, n, 2, d), else why not:
-    max error at most twice naive bf16's plus a floor, against float64."""
+def within_rule(n: int, d: int, nondeterministic: bool = False) -> str | None:
+    """None if the op (as forced now; with deterministic=False if asked) keeps to the FA2
+    rule at (2, n, 2, d), else why not: max error at most twice naive bf16's plus a floor,
+    against float64."""
     gen = torch.Generator(device="cuda").manual_seed(n + d)
     qkv = torch.randn(2, n, 3, 2, d, device="cuda", generator=gen)
     do = torch.randn(2, n, 2, d, device="cuda", generator=gen)
     naive = lambda t: naive_attention(*t.unbind(2))  # noqa: E731
     ref = _out_and_grads(naive, qkv.double(), do.double())
     low = _out_and_grads(naive, qkv.bfloat16(), do.bfloat16())
-    got = _out_and_grads(flash_attention_qkvpacked, qkv.bfloat16(), do.bfloat16())
+    flash = partial(flash_attention_qkvpacked, deterministic=not nondeterministic)
+    got = _out_and_grads(flash, qkv.bfloat16(), do.bfloat16())
     for name, r, lo, g in zip(("o", "dq", "dk", "dv"), ref, low, got):
         err, bound = (g.double() - r).abs().max().item(), 2 * (lo.double() - r).abs().max().item() + ABS_FLOOR
         if not err <= bound:
@@ -110,7 +127,7 @@ def time_case(fn, leaves, backward: bool, repeats: int) -> list[float]:
 
 def sweep_shape(op: str, shape, repeats: int, deadline: float) -> dict:
     B, H, N, D = shape
-    backward = op == "bwd"
+    backward = op != "fwd"
     flops = 4 * B * H * N * N * D * (3.5 if backward else 1.0)
     tflops = lambda ms: [flops / t * 1e-9 for t in ms]  # noqa: E731
     q, k, v = (torch.randn(B, H, N, D, device="cuda", dtype=torch.bfloat16, requires_grad=True)
@@ -130,7 +147,7 @@ def sweep_shape(op: str, shape, repeats: int, deadline: float) -> dict:
     do = torch.randn(B, N, H, D, device="cuda", dtype=torch.bfloat16)
 
     def flash():
-        o = flash_attention_qkvpacked(qkv)
+        o = flash_attention_qkvpacked(qkv, deterministic=op != "bwd_atomic")
         if backward:
             o.backward(do)
 
@@ -144,7 +161,7 @@ def sweep_shape(op: str, shape, repeats: int, deadline: float) -> dict:
         try:
             flash()
             torch.cuda.synchronize()
-            entry["error"] = within_rule(N, D)
+            entry["error"] = within_rule(N, D, op == "bwd_atomic")
             if entry["error"] is None:
                 entry["tflops"] = spread(tflops(time_case(flash, [qkv], backward, repeats)))
         except (triton.runtime.errors.OutOfResources, triton.compiler.errors.CompilationError,
@@ -158,12 +175,17 @@ def sweep_shape(op: str, shape, repeats: int, deadline: float) -> dict:
 
 
 def _label(c: dict | launch.Candidate) -> str:
+    """A configuration as one cell: its family unless general, tiles, warps and stages."""
     c = c.to_json() if isinstance(c, launch.Candidate) else c
-    return " ".join(f"{k[6:] or k}={v}" for k, v in c["blocks"].items()) + f", {c['num_warps']}w {c['num_stages']}s"
+    family = "" if c["family"] == "general" else c["family"] + ": "
+    return family + " ".join(f"{k[6:] or k}={v}" for k, v in c["blocks"].items()) \
+        + f", {c['num_warps']}w {c['num_stages']}s"
 
 
 def markdown(op: str, rows: list[dict], env: dict, command: str) -> str:
-    what = "forward" if op == "fwd" else "forward+backward (the forward is the autotuner's choice)"
+    what = {"fwd": "forward", "bwd": "forward+backward (the forward is the autotuner's choice)",
+            "bwd_atomic": "forward+backward with deterministic=False (the forward is the "
+                          "autotuner's choice)"}[op]
     lines = [f"# Flash configurations swept on {env['gpu']}: {what}", "", f"Command: `{command}`", "",
              f"Commit {env['commit']}; torch {env['torch']}, triton {env['triton']}, CUDA {env['cuda']}, "
              f"cuDNN {env['cudnn']}; {env['date']}. bf16, `triton.testing.do_bench` median of each "
@@ -200,7 +222,7 @@ def parse_shape(text: str) -> tuple[int, int, int, int]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--op", choices=("fwd", "bwd"), required=True)
+    parser.add_argument("--op", choices=("fwd", "bwd", "bwd_atomic"), required=True)
     parser.add_argument("--shapes", nargs="+", type=parse_shape, required=True, metavar="B,H,N,D")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--budget-s", type=float, default=float("inf"),

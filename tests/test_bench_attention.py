@@ -116,3 +116,19 @@ def test_the_sweep_refuses_a_malformed_shape():
     for text in ("8,12,4097", "8,12,x,64", "0,12,197,64"):
         with pytest.raises(Exception, match="four positive integers"):
             sweep.parse_shape(text)
+
+
+@pytest.mark.parametrize("tma", [False, True])
+def test_the_sweep_grid_of_the_atomic_backward(monkeypatch, tma):
+    """--op bwd_atomic sweeps the backwards that add into dQ: element-wise ("atomic") and, where
+    TMA reductions exist, by tile ("atomic_tma"), each over the same tiles, warps and stages,
+    and the table tells the two apart."""
+    monkeypatch.setattr(launch, "_TMA", tma)
+    found = sweep.grid("bwd_atomic", 64)
+    families = {c.family for c in found}
+    assert families == ({"atomic", "atomic_tma"} if tma else {"atomic"})
+    listed = [c for c in launch.candidates("bwd_atomic", 4096, 64) if c.family in families]
+    assert found[:len(listed)] == listed and len(set(found)) == len(found)
+    per_family = {f: {(c.blocks, c.num_warps, c.num_stages) for c in found if c.family == f} for f in families}
+    assert len({frozenset(v) for v in per_family.values()}) == 1  # the same grid for each
+    assert sweep._label(found[0]).startswith("atomic: M=")
