@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from functools import partial
 
+import numpy as np
 import pytest
 import torch
 import triton
@@ -119,6 +120,48 @@ def test_atomic_backward(monkeypatch, N, D):
             flash_mod.kernels.bwd_dq_kernel]
 
 
+@pytest.fixture
+def interpreter_tma_reductions(monkeypatch):
+    """Triton's interpreter has no TMA reductions (descriptor atomic_add). Give it one: a
+    read-add-write of the descriptor's tile, with the descriptor's bounds. That is exact
+    there, since the interpreter runs programs one at a time, so two programs never add into
+    one element at once."""
+    if DEVICE == "cuda":
+        return
+    from triton.runtime import interpreter
+
+    def create_descriptor_reduce(self, kind, desc, value, indices):
+        ptrs, mask = desc.materialize_pointers(indices)
+        zero = interpreter.TensorHandle(np.zeros_like(value.data), value.dtype)
+        old = self.create_masked_load(ptrs, mask, zero, None, None, False)
+        return self.create_masked_store(ptrs, interpreter.TensorHandle(old.data + value.data, old.dtype),
+                                        mask, None, None)
+
+    monkeypatch.setattr(interpreter.InterpreterBuilder, "create_descriptor_reduce",
+                        create_descriptor_reduce, raising=False)
+
+
+@pytest.mark.parametrize("N, D", [(17, 32), (65, 32), (130, 32), (197, 64), (65, 80)])
+def test_tma_reduction_backward(monkeypatch, interpreter_tma_reductions, N, D):
+    """The atomic_tma twins of every atomic candidate against the reference: one partial
+    query tile (17), several key-tile programs adding into each dQ row through the
+    descriptor, rows past N clipped by its bounds (65, 130, 197), and a split head dim whose
+    two column chunks go through two descriptors (80 = 64 + 16). On CPU through the
+    interpreter's stand-in reduction (the fixture); on the GPU test_every_config_gpu runs
+    them natively."""
+    qkv, do = _packed_inputs(2, N, 2, D, torch.float16, seed=N + D)
+    atomic = [c for c in launch.candidates("bwd_atomic", N, D) if c.family == "atomic"]
+    for c in atomic:
+        bwd = launch.Candidate("atomic_tma", c.blocks, c.num_warps, c.num_stages)
+        _force(monkeypatch, launch.heuristic("fwd", N, D), bwd)
+        try:
+            _assert_within_rule(qkv, do, flash=partial(flash_attention, deterministic=False))
+        except Exception as err:
+            raise AssertionError(f"backward {bwd}: {err}") from err
+        (plan,) = [plan for key, plan in flash_mod._plans.items() if key[0] == "bwd_atomic"]
+        assert plan[1].consts["TMA_DQ"] is True
+
+
 @pytest.mark.parametrize("D", [64, 80, 40])
 def test_tma_reduction_candidates_mirror_the_atomic_ones(monkeypatch, D):
     """Where TMA reductions exist (Hopper), each atomic candidate gets a twin that adds its dQ
@@ -169,10 +212,10 @@ print(sum("cp.reduce.async.bulk.tensor" in line for line in ptx.splitlines()),
 
 @pytest.mark.parametrize("D", [64, 80])
 def test_tma_reduction_kernel_compiles_for_hopper(D):
-    """The interpreter has no TMA reductions, so the GPU runs the atomic_tma kernels
-    (test_every_config_gpu) and CI only compiles them: for sm_90, without a GPU, in a process
-    without the interpreter. Each column chunk's adds are one bulk tensor reduction, with no
-    element-wise atomics left."""
+    """What the GPU will run of the atomic_tma kernels (test_tma_reduction_backward runs them
+    in the interpreter through a stand-in reduction): compiled for sm_90, without a GPU, in a
+    process without the interpreter. Each column chunk's adds are one bulk tensor reduction,
+    with no element-wise atomics left."""
     import os
     import subprocess
     import sys
