@@ -32,7 +32,7 @@ Validation and checkpoints are off: they are per-epoch costs, not the loop under
   every 100 ms (NVML's share of time in which a kernel ran; torch.cuda.utilization()
   without nvidia-smi); null where it cannot be read.
 
-    python scripts/bench_loop.py --data-root /tmp/data --out benchmarks/results
+    python scripts/bench_loop.py --data-root data --out benchmarks/results
     python scripts/bench_loop.py --quick --out /tmp/bench     # one tiny case, runs on a CPU
 
 writes loop_<gpu>.json and loop_<gpu>.md into --out. `--pipeline gpu` passes
