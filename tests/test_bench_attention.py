@@ -132,3 +132,17 @@ def test_the_sweep_grid_of_the_atomic_backward(monkeypatch, tma):
     per_family = {f: {(c.blocks, c.num_warps, c.num_stages) for c in found if c.family == f} for f in families}
     assert len({frozenset(v) for v in per_family.values()}) == 1  # the same grid for each
     assert sweep._label(found[0]).startswith("atomic: M=")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", ["fwd", "bwd", "bwd_atomic"])
+def test_the_sweep_checks_and_times_configs_on_the_gpu(op):
+    """A short sweep at a small shape: cuDNN timed, each configuration it reached within the
+    FA2 rule and timed, or named as not fitting the chip; the grid cut by its time budget."""
+    import time
+
+    row = sweep.sweep_shape(op, (4, 2, 197, 64), 1, time.monotonic() + 20)
+    assert row["cudnn"]["median"] > 0 and row["configs"]
+    for entry in row["configs"]:
+        assert "tflops" in entry or entry["error"].startswith(("OutOfResources", "CompilationError")), entry
+    assert any(entry["listed"] and "tflops" in entry for entry in row["configs"])
