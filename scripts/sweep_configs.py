@@ -41,7 +41,7 @@ from vitflash.ops import flash as flash_mod
 from vitflash.ops import flash_attention_qkvpacked, launch, naive_attention
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_attention import command_line, environment, result_stem, spread  # noqa: E402
+from bench_attention import _timer, command_line, environment, result_stem, spread  # noqa: E402
 
 ABS_FLOOR = 1e-5
 
@@ -113,16 +113,13 @@ def within_rule(n: int, d: int, nondeterministic: bool = False) -> str | None:
 
 
 def time_case(fn, leaves, backward: bool, repeats: int) -> list[float]:
-    """Milliseconds per call of fn, `repeats` times (under no_grad unless it runs a backward)."""
-    out = []
-    for _ in range(repeats):
-        if backward:
-            out.append(triton.testing.do_bench(fn, warmup=25, rep=100, grad_to_none=leaves,
-                                               return_mode="median"))
-        else:
-            with torch.no_grad():
-                out.append(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
-    return out
+    """Milliseconds per call of fn, `repeats` times, by bench_attention.py's eager timer
+    (under no_grad unless it runs a backward)."""
+    time_ms = _timer("events", warmup_ms=25, rep_ms=100)
+    if backward:
+        return [time_ms(fn, leaves) for _ in range(repeats)]
+    with torch.no_grad():
+        return [time_ms(fn) for _ in range(repeats)]
 
 
 def sweep_shape(op: str, shape, repeats: int, deadline: float) -> dict:
