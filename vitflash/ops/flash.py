@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 
 import torch
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from vitflash.ops import kernels
 from vitflash.ops import launch as _launch
@@ -163,8 +164,6 @@ def _dq_descriptors(dq_acc: torch.Tensor, consts: dict) -> tuple:
     """TMA descriptors of the fp32 dQ accumulator (B * H, N, D) for bwd_atomic_kernel's
     bulk adds: tiles of (1, BLOCK_M, BLOCK_D) and, for a split head dim, (1, BLOCK_M,
     BLOCK_D2) (unsplit: the first again, unused)."""
-    from triton.tools.tensor_descriptor import TensorDescriptor
-
     shape, strides = list(dq_acc.shape), list(dq_acc.stride())
     first = TensorDescriptor(dq_acc, shape, strides, [1, consts["BLOCK_M"], consts["BLOCK_D"]])
     if not consts["BLOCK_D2"]:
