@@ -46,8 +46,6 @@ from bench_attention import _timer, command_line, environment, result_stem, spre
 ABS_FLOOR = 1e-5
 
 
-ATOMIC_FAMILIES = ("atomic", "atomic_tma")
-
 
 def grid(op: str, d: int) -> list[launch.Candidate]:
     """The listed candidates of op at head dim d (general ones; for bwd_atomic, those that
@@ -55,7 +53,7 @@ def grid(op: str, d: int) -> list[launch.Candidate]:
     repeats. A backward tile pair (a, b) is dK/dV programs of b keys x a queries and dQ
     programs of b queries x a keys, as in the list; an atomic one (a, b), programs of b keys
     adding the dQ of a queries at a time, by element or (atomic_tma, on Hopper) by tile."""
-    families = ATOMIC_FAMILIES if op == "bwd_atomic" else ("general",)
+    families = launch.ATOMIC_FAMILIES if op == "bwd_atomic" else ("general",)
     listed = [c for c in launch.candidates(op, 4096, d) if c.family in families]
     if op == "fwd":
         names, tiles = ("BLOCK_M", "BLOCK_N"), [(64, 32), (64, 64), (64, 128), (128, 32),

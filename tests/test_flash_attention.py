@@ -322,7 +322,7 @@ def test_every_config_gpu(monkeypatch, N, D):
     pairs = [(fwd, bwd0) for fwd in launch.candidates("fwd", N, D, bh=3 * 2 * 4)]
     pairs += [(fwd0, bwd) for bwd in launch.candidates("bwd", N, D)]
     pairs += [(fwd0, bwd) for bwd in launch.candidates("bwd_atomic", N, D)
-              if bwd.family.startswith("atomic")]  # atomic_tma too, on Hopper
+              if bwd.family in launch.ATOMIC_FAMILIES]  # atomic_tma too, on Hopper
     for fwd, bwd in pairs:
         _force(monkeypatch, fwd, bwd)
         try:

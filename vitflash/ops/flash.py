@@ -76,7 +76,7 @@ def _bwd_launches(c: Candidate, B: int, N: int, H: int, D: int, dropout: bool = 
     m = c.meta
     delta = Launch(kernels.bwd_delta_kernel, _cdiv(N, DELTA_BLOCK) * B * H,
                    {**head, "BLOCK_M": DELTA_BLOCK}, 4, 1, n_tensors=3)
-    if c.family in ("atomic", "atomic_tma"):  # dK, dV and dQ's adds, then dQ scaled and stored
+    if c.family in _launch.ATOMIC_FAMILIES:  # dK, dV and dQ's adds, then dQ scaled and stored
         return [delta,
                 Launch(kernels.bwd_atomic_kernel, _cdiv(N, m["BLOCK_N"]) * B * H,
                        {**head, **m, "DROPOUT": dropout, "TMA_DQ": c.family == "atomic_tma"},

@@ -44,6 +44,9 @@ INTERPRET = bool(kernels.INTERPRET)
 # reverted TAILS candidates of 067433b, which a GPU machine's cache file may still hold)
 CACHE_VERSION = 7
 
+# the families of bwd_atomic's own kernels: dQ added element by element, or by TMA tiles
+ATOMIC_FAMILIES = ("atomic", "atomic_tma")
+
 
 @dataclass(frozen=True)
 class Candidate:
