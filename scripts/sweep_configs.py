@@ -52,9 +52,12 @@ def grid(op: str, d: int) -> list[launch.Candidate]:
     add into dQ), then the extra ones of the grid (tile pairs x warps x stages), without
     repeats. A backward tile pair (a, b) is dK/dV programs of b keys x a queries and dQ
     programs of b queries x a keys, as in the list; an atomic one (a, b), programs of b keys
-    adding the dQ of a queries at a time, by element or (atomic_tma, on Hopper) by tile."""
-    families = launch.ATOMIC_FAMILIES if op == "bwd_atomic" else ("general",)
+    adding the dQ of a queries at a time, by element or (atomic_tma, on Hopper) by tile. On
+    Hopper each general configuration is also swept as its TMA-load twin (general_tma)."""
+    families = launch.ATOMIC_FAMILIES if op == "bwd_atomic" else ("general", "general_tma")
     listed = [c for c in launch.candidates(op, 4096, d) if c.family in families]
+    # the families the list has here: the TMA ones only where TMA exists (Hopper)
+    families = tuple(dict.fromkeys(c.family for c in listed)) or families[:1]
     if op == "fwd":
         names, tiles = ("BLOCK_M", "BLOCK_N"), [(64, 32), (64, 64), (64, 128), (128, 32),
                                                 (128, 64), (128, 128)]
@@ -65,8 +68,6 @@ def grid(op: str, d: int) -> list[launch.Candidate]:
     else:
         names, tiles = ("BLOCK_M", "BLOCK_N"), [(16, 64), (16, 128), (32, 64), (32, 128),
                                                 (64, 64), (64, 128)]
-        # the families the list has here: atomic_tma only where TMA reductions exist
-        families = tuple(dict.fromkeys(c.family for c in listed)) or ("atomic",)
     extra = [launch.Candidate(f, tuple(zip(names, t)), w, s)
              for f, t, w, s in itertools.product(families, tiles, (4, 8), (2, 3, 4))]
     return listed + [c for c in extra if c not in listed]

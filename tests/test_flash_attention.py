@@ -800,3 +800,109 @@ def test_every_general_forward_candidate(monkeypatch, D):
             _assert_within_rule(qkv, do)
         except AssertionError as err:
             raise AssertionError(f"forward {fwd}: {err}") from err
+
+
+@pytest.mark.parametrize("N, D", [(17, 32), (130, 32), (197, 64), (100, 80), (70, 96)])
+def test_tma_load_kernels(monkeypatch, N, D):
+    """The general forward's and backward's "general_tma" twins (Hopper), whose tiles come
+    through TMA descriptors, against the reference at each of their tile shapes: one partial
+    tile (17), full tiles and a partial one (130, 197, rows past N read as zeros from the
+    descriptor's bounds), and split head dims whose second chunk has descriptors of its own
+    (80 = 64 + 16, 96 = 64 + 32). The interpreter's descriptor loads stand in for the copy
+    engine's; test_every_config_gpu runs the twins natively."""
+    monkeypatch.setattr(launch, "_TMA_LOADS", True)
+    qkv, do = _packed_inputs(2, N, 2, D, torch.float16, seed=N + D)
+    pairs = []
+    for op in ("fwd", "bwd"):
+        found = launch.candidates(op, N, D)
+        general = [c for c in found if c.family == "general"]
+        tma = [c for c in found if c.family == "general_tma"]
+        twins = [launch.Candidate("general_tma", c.blocks, c.num_warps, c.num_stages)
+                 for c in general]
+        assert tma[:len(twins)] == twins
+        pairs.append(tma)
+    fwds, bwds = pairs
+    for i in range(max(len(fwds), len(bwds))):
+        fwd, bwd = fwds[i % len(fwds)], bwds[i % len(bwds)]
+        _force(monkeypatch, fwd, bwd)
+        try:
+            _assert_within_rule(qkv, do)
+        except Exception as err:
+            raise AssertionError(f"forward {fwd} / backward {bwd}: {err}") from err
+        plans = {key[0]: plan for key, plan in flash_mod._plans.items()}
+        assert plans["fwd"][0].consts["TMA"] is True and plans["bwd"][1].consts["TMA"] is True
+
+
+@pytest.mark.parametrize("D", [40, 112, 256])
+def test_tma_loads_only_where_the_boxes_fit(monkeypatch, D):
+    """No TMA twin where a box cannot stand in for a masked load: a padded head dim (40 in
+    a 64-column tile, 112 in 128) would read the next head's columns; a 256-column chunk is
+    past what the twins were built for. Nor without TMA (before Hopper, or the
+    interpreter's default)."""
+    monkeypatch.setattr(launch, "_TMA_LOADS", True)
+    assert not any(c.family == "general_tma" for op in ("fwd", "bwd")
+                   for c in launch.candidates(op, 577, D))
+    monkeypatch.setattr(launch, "_TMA_LOADS", False)
+    assert not any(c.family == "general_tma" for c in launch.candidates("fwd", 577, 64))
+
+
+_COMPILE_TMA_LOADS = '''
+import re, subprocess, sys, tempfile
+from pathlib import Path
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from vitflash.ops import kernels, launch
+op, D, cfg = {op!r}, {D}, {cfg!r}
+bd, bd2 = launch.split_d(D)
+box = lambda rows, w: f"tensordesc<bf16[1,{{rows}},{{w}}]>"
+if op == "fwd":
+    M, N, warps, stages = cfg
+    sig = dict(QKV="*bf16", O="*bf16", LSE="*fp32", SEED="*i64", Q_DESC=box(M, bd),
+               Q_DESC2=box(M, bd2 or bd), KV_DESC=box(N, bd), KV_DESC2=box(N, bd2 or bd),
+               qk_scale="fp32", drop_p="fp32", H="i32", N="i32")
+    consts = dict(HEAD_DIM=D, BLOCK_D=bd, BLOCK_D2=bd2, BLOCK_M=M, BLOCK_N=N, BLOCK_T=16,
+                  DROPOUT=False, TMA=True)
+    fn = kernels.fwd_kernel
+else:
+    M1, N1, warps, stages = cfg
+    sig = dict(QKV="*bf16", DO="*bf16", LSE="*fp32", DELTA="*fp32", DQKV="*bf16", SEED="*i64")
+    for name, rows in (("QKV_S", M1), ("QKV_L", N1), ("DO_S", M1), ("DO_L", N1)):
+        sig[name], sig[name + "2"] = box(rows, bd), box(rows, bd2 or bd)
+    sig.update(qk_scale="fp32", sm_scale="fp32", drop_p="fp32", BH="i32", H="i32", N="i32")
+    consts = dict(HEAD_DIM=D, BLOCK_D=bd, BLOCK_D2=bd2, BLOCK_M1=M1, BLOCK_N1=N1, BLOCK_M2=N1,
+                  BLOCK_N2=M1, DROPOUT=False, TMA=True)
+    fn = kernels.bwd_kernel
+sig.update(dict.fromkeys(consts, "constexpr"))
+ck = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts),
+                    target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps, num_stages=stages))
+ptx = ck.asm["ptx"]
+ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+with tempfile.TemporaryDirectory() as tmp:
+    (Path(tmp) / "k.ptx").write_text(ptx)
+    report = subprocess.run([str(ptxas), "-arch=sm_90a", "-v", str(Path(tmp) / "k.ptx"), "-o",
+                             str(Path(tmp) / "k.cubin")], capture_output=True, text=True).stderr
+print(sum("cp.async.bulk.tensor" in line for line in ptx.splitlines()),
+      re.search(r"(\\d+) bytes spill stores", report).group(1))
+'''
+
+
+@pytest.mark.parametrize("op, D, cfg", [("fwd", 64, (128, 64, 4, 3)), ("fwd", 128, (128, 128, 8, 3)),
+                                        ("bwd", 64, (64, 128, 8, 3)), ("bwd", 128, (64, 64, 8, 2)),
+                                        ("bwd", 96, (64, 64, 8, 2))])
+def test_tma_twins_compile_for_hopper_without_spills(op, D, cfg):
+    """What the GPU runs of the general_tma twins, compiled for sm_90 without a GPU (in a
+    process without the interpreter), and assembled by Triton's ptxas: the tiles are bulk
+    tensor copies, and no register spills to local memory. (The pointer-load versions of
+    these kernels use all 255 registers and spill 0.1-3 KB per thread at every listed
+    configuration; the copy engine's tiles go to shared memory instead.)"""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run([sys.executable, "-c", _COMPILE_TMA_LOADS.format(op=op, D=D, cfg=cfg)],
+                         env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    bulk, spilled = map(int, out.stdout.split()[-2:])
+    assert bulk > 0 and spilled == 0

@@ -56,8 +56,9 @@ def _fwd_launches(c: Candidate, B: int, N: int, H: int, D: int, dropout: bool = 
     meta = {**c.meta, "DROPOUT": dropout}
     if (B * H) % meta.get("HEADS", 1):  # tuned at another B * H of the same bucket
         meta.update(HEADS=1, STAGES=1)
-    if c.family == "general":  # the tail tile: the keys past the last full BLOCK_N
+    if c.family != "short":  # the tail tile: the keys past the last full BLOCK_N
         meta["BLOCK_T"] = tail_tile(N, meta["BLOCK_N"])
+        meta["TMA"] = c.family == "general_tma"
     else:  # the query rows past the last full BLOCK_M
         meta["BLOCK_MT"] = tail_tile(N, meta["BLOCK_M"])
     block_d1, block_d2 = split_d(D)  # (64, 16) at D = 80: two column chunks, no padding
@@ -85,7 +86,22 @@ def _bwd_launches(c: Candidate, B: int, N: int, H: int, D: int, dropout: bool = 
                        {**head, "BLOCK_M": DELTA_BLOCK}, 4, 1, n_tensors=2)]
     return [delta,
             Launch(kernels.bwd_kernel, (_cdiv(N, m["BLOCK_N1"]) + _cdiv(N, m["BLOCK_M2"])) * B * H,
-                   {**head, **m, "DROPOUT": dropout}, c.num_warps, c.num_stages, n_tensors=6)]
+                   {**head, **m, "DROPOUT": dropout, "TMA": c.family == "general_tma"},
+                   c.num_warps, c.num_stages, n_tensors=6)]
+
+
+def _tma_descriptors(t: torch.Tensor, rows: int, consts: dict) -> tuple:
+    """TMA descriptors of t (B, N, ...), contiguous, viewed as (B, N, the rest), in boxes of
+    (1, rows, BLOCK_D) and, for a split head dim, (1, rows, BLOCK_D2) (unsplit: the first
+    again, unused): what kernels._load_tma reads tiles of `rows` rows through. The batch is
+    a dimension of its own so that rows past N are outside the bounds (zeros), not the next
+    batch's first rows."""
+    flat = t.view(t.shape[0], t.shape[1], -1)
+    shape, strides = list(flat.shape), list(flat.stride())
+    first = TensorDescriptor(flat, shape, strides, [1, rows, consts["BLOCK_D"]])
+    if not consts["BLOCK_D2"]:
+        return first, first
+    return first, TensorDescriptor(flat, shape, strides, [1, rows, consts["BLOCK_D2"]])
 
 
 def _plan(op: str, t: torch.Tensor, B: int, N: int, H: int, D: int, dropout: bool, run) -> list[Launch]:
@@ -115,11 +131,28 @@ def _forward(qkv: torch.Tensor, softmax_scale: float, dropout_p: float = 0.0,
     lse = torch.empty((B, H, N), dtype=torch.float32, device=qkv.device)
     dropout = dropout_p > 0
     # without dropout the kernels never read SEED: any aligned pointer stands in for it
-    args = (qkv, o, lse, seed if dropout else lse, softmax_scale * LOG2E, dropout_p, H, N)
-    (launch,) = _plans.get(("fwd", qkv.dtype, qkv.device, B, N, H, D, dropout)) or \
-        _plan("fwd", qkv, B, N, H, D, dropout, lambda plan: plan[0](*args))
-    launch(*args)
+    tensors = (qkv, o, lse, seed if dropout else lse)
+    scalars = (softmax_scale * LOG2E, dropout_p, H, N)
+
+    def run(plan: list[Launch]) -> None:
+        (launch,) = plan
+        launch(*tensors, *_fwd_descriptors(launch, qkv), *scalars)
+
+    run(_plans.get(("fwd", qkv.dtype, qkv.device, B, N, H, D, dropout))
+        or _plan("fwd", qkv, B, N, H, D, dropout, run))
     return o, lse
+
+
+def _fwd_descriptors(launch: Launch, qkv: torch.Tensor) -> tuple:
+    """The descriptor arguments of a forward launch: none for the short kernel; for the
+    general one, qkv's in boxes of BLOCK_M rows (Q) and BLOCK_N rows (K, V) with TMA, else
+    qkv itself in their four places (never read)."""
+    c = launch.consts
+    if launch.kernel is kernels.fwd_short_kernel:
+        return ()
+    if not c["TMA"]:
+        return (qkv,) * 4
+    return _tma_descriptors(qkv, c["BLOCK_M"], c) + _tma_descriptors(qkv, c["BLOCK_N"], c)
 
 
 def _backward(do: torch.Tensor, qkv: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
@@ -146,7 +179,14 @@ def _backward(do: torch.Tensor, qkv: torch.Tensor, o: torch.Tensor, lse: torch.T
         delta = torch.empty_like(lse)
         plan[0](o, do, delta, H, N)
         if len(plan) == 2:
-            plan[1](qkv, do, lse, delta, dqkv, seed, qk_scale, softmax_scale, dropout_p, B * H, H, N)
+            c = plan[1].consts
+            if c["TMA"]:  # boxes of the two tile heights: BLOCK_M1 = BLOCK_N2, BLOCK_N1 = BLOCK_M2
+                descs = (_tma_descriptors(qkv, c["BLOCK_M1"], c) + _tma_descriptors(qkv, c["BLOCK_N1"], c)
+                         + _tma_descriptors(do, c["BLOCK_M1"], c) + _tma_descriptors(do, c["BLOCK_N1"], c))
+            else:
+                descs = (qkv,) * 8
+            plan[1](qkv, do, lse, delta, dqkv, seed, *descs, qk_scale, softmax_scale, dropout_p,
+                    B * H, H, N)
             return
         dq_acc = torch.zeros((B * H, N, D), dtype=torch.float32, device=qkv.device)
         descs = _dq_descriptors(dq_acc, plan[1].consts) if plan[1].consts["TMA_DQ"] else (dq_acc, dq_acc)

@@ -18,6 +18,13 @@ Algorithm (Dao et al., "FlashAttention", 2022, and "FlashAttention-2", 2023):
   through a TMA tensor descriptor. Five matrix products per tile pair instead of seven (the
   dQ programs above compute S and dP again), at the price of dQ's last bits depending on
   the order of the adds. Only on request; the short backward below needs neither.
+* Tile loads by the copy engine (TMA, a constexpr of the general forward and the
+  deterministic backward; candidates of family "general_tma", Hopper only). Compiled for
+  sm_90, the pointer-tile versions of these kernels run out of registers at every listed
+  configuration (255 per thread and 0.2-3 KB of spills, some inside the main loop): the
+  pointer tiles that feed the asynchronous copies, and K, V or Q held in registers as
+  operands, take what the fp32 accumulators need. Through TMA descriptors (`_load_tma`) the
+  tiles go from memory straight into shared memory, where the matrix units read them.
 * Short sequences (all keys of a head fit on chip, e.g. the 65 tokens of a CIFAR ViT, as
   a 64-key tile and a 16-key tail tile; the forward takes a second tail tile where that
   saves work, 197 keys = 128 + 64 + 16).
@@ -176,6 +183,25 @@ def _store_rows(base, tile, tile_hi, bh, rows, N, H, PACK: tl.constexpr, WHICH: 
 
 
 @triton.jit
+def _load_tma(desc, desc_hi, bh, row, H, WHICH: tl.constexpr, ROWS: tl.constexpr,
+              HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_D2: tl.constexpr):
+    """Both chunks of the ROWS-row tile from row `row` of head bh (of q, k or v: WHICH), by
+    the tensor memory accelerator (Hopper): `desc`, `desc_hi` are TMA descriptors of the
+    tensor viewed as (B, N, PACK * H * HEAD_DIM), in (1, ROWS, BLOCK_D) and (1, ROWS,
+    BLOCK_D2) boxes (launch.tma_descriptors). The copy engine writes the tile straight into
+    shared memory, where the matrix units read it: no pointer tiles, no registers on the
+    way, and rows past N come back as zeros (the descriptor's bounds), as _load's mask
+    gives them. Only for a head dim that its chunks cover exactly (no padded columns)."""
+    b = bh // H
+    col = (WHICH * H + bh % H) * HEAD_DIM
+    tile = desc.load([b, row, col]).reshape(ROWS, BLOCK_D)
+    tile_hi = tile
+    if BLOCK_D2 > 0:
+        tile_hi = desc_hi.load([b, row, col + BLOCK_D]).reshape(ROWS, BLOCK_D2)
+    return tile, tile_hi
+
+
+@triton.jit
 def _zeros(ROWS: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_D2: tl.constexpr):
     """An fp32 accumulator of ROWS rows over the head dim, as its two chunks of zeros."""
     acc = tl.zeros([ROWS, BLOCK_D], tl.float32)
@@ -279,15 +305,21 @@ def _split_pid(pid, N, BLOCK: tl.constexpr):
 # Forward
 # ----------------------------------------------------------------------------------------
 @triton.jit
-def _fwd_inner(acc, acc_hi, l_i, m_i, q, q_hi, k_ptrs, k_ptrs_hi, v_ptrs, v_ptrs_hi, start, end,
-               N, H, offs_n, qk_scale, seed, bh, offs_m, drop_p,
+def _fwd_inner(acc, acc_hi, l_i, m_i, q, q_hi, k_ptrs, k_ptrs_hi, v_ptrs, v_ptrs_hi, KV_DESC,
+               KV_DESC2, start, end, N, H, offs_n, qk_scale, seed, bh, offs_m, drop_p,
                HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_D2: tl.constexpr,
-               BLOCK_N: tl.constexpr, MASK_N: tl.constexpr, DROPOUT: tl.constexpr):
+               BLOCK_N: tl.constexpr, MASK_N: tl.constexpr, DROPOUT: tl.constexpr,
+               TMA: tl.constexpr):
     row_stride = 3 * H * HEAD_DIM
     for start_n in range(start, end, BLOCK_N):
         cols = start_n + offs_n
-        k, k_hi = _load_chunks(k_ptrs + start_n * row_stride, k_ptrs_hi + start_n * row_stride,
-                               cols, N, HEAD_DIM, BLOCK_D, BLOCK_D2, MASK_N)
+        if TMA:  # (full tiles only: the tail tile's call passes TMA=False)
+            k, k_hi = _load_tma(KV_DESC, KV_DESC2, bh, start_n, H, 1, BLOCK_N, HEAD_DIM, BLOCK_D,
+                                BLOCK_D2)
+        else:
+            k, k_hi = _load_chunks(k_ptrs + start_n * row_stride,
+                                   k_ptrs_hi + start_n * row_stride, cols, N, HEAD_DIM, BLOCK_D,
+                                   BLOCK_D2, MASK_N)
         s = _dot_t(q, q_hi, k, k_hi, BLOCK_D2)  # (BLOCK_M, BLOCK_N), unscaled
         if MASK_N:
             s = tl.where(cols[None, :] < N, s, float("-inf"))
@@ -299,8 +331,13 @@ def _fwd_inner(acc, acc_hi, l_i, m_i, q, q_hi, k_ptrs, k_ptrs_hi, v_ptrs, v_ptrs
         l_i = l_i * alpha + tl.sum(p, 1)
         if DROPOUT:  # the normalizer above sums every probability; P V only the kept ones
             p = tl.where(_keep(seed, bh, offs_m, start_n, N, drop_p, BLOCK_N, False), p, 0.0)
-        v, v_hi = _load_chunks(v_ptrs + start_n * row_stride, v_ptrs_hi + start_n * row_stride,
-                               cols, N, HEAD_DIM, BLOCK_D, BLOCK_D2, MASK_N)
+        if TMA:
+            v, v_hi = _load_tma(KV_DESC, KV_DESC2, bh, start_n, H, 2, BLOCK_N, HEAD_DIM, BLOCK_D,
+                                BLOCK_D2)
+        else:
+            v, v_hi = _load_chunks(v_ptrs + start_n * row_stride,
+                                   v_ptrs_hi + start_n * row_stride, cols, N, HEAD_DIM, BLOCK_D,
+                                   BLOCK_D2, MASK_N)
         p = _round(p, v.dtype)
         acc = _dot(p, v, acc * alpha[:, None])
         if BLOCK_D2 > 0:  # (otherwise acc_hi is never assigned: the loop does not carry it)
@@ -310,17 +347,23 @@ def _fwd_inner(acc, acc_hi, l_i, m_i, q, q_hi, k_ptrs, k_ptrs_hi, v_ptrs, v_ptrs
 
 
 @triton.jit
-def fwd_kernel(QKV, O, LSE, SEED, qk_scale, drop_p, H, N,
+def fwd_kernel(QKV, O, LSE, SEED, Q_DESC, Q_DESC2, KV_DESC, KV_DESC2, qk_scale, drop_p, H, N,
                HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_D2: tl.constexpr,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr,
-               DROPOUT: tl.constexpr):
+               DROPOUT: tl.constexpr, TMA: tl.constexpr):
     """O and LSE of BLOCK_M query rows; K, V stream past in BLOCK_N tiles, the keys past the
     last full tile in one BLOCK_T tile (197 = 3 x 64 + a 16-key tail, not a fourth 64;
-    BLOCK_T = 0 when BLOCK_N divides N)."""
+    BLOCK_T = 0 when BLOCK_N divides N). With TMA, the Q tile and the full K, V tiles come
+    through the descriptors of qkv Q_DESC(2) ((1, BLOCK_M, chunk) boxes) and KV_DESC(2)
+    ((1, BLOCK_N, chunk) boxes): see _load_tma. Without it, any argument stands in for them."""
     pid_m, bh = _split_pid(tl.program_id(0), N, BLOCK_M)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
-    q, q_hi = _load_rows(QKV, bh, offs_m, N, H, 3, 0, HEAD_DIM, BLOCK_D, BLOCK_D2, True)
+    if TMA:
+        q, q_hi = _load_tma(Q_DESC, Q_DESC2, bh, pid_m * BLOCK_M, H, 0, BLOCK_M, HEAD_DIM, BLOCK_D,
+                            BLOCK_D2)
+    else:
+        q, q_hi = _load_rows(QKV, bh, offs_m, N, H, 3, 0, HEAD_DIM, BLOCK_D, BLOCK_D2, True)
     k_ptrs, k_ptrs_hi = _chunk_ptrs(QKV, bh, offs_n, N, H, 3, 1, HEAD_DIM, BLOCK_D, BLOCK_D2)
     v_ptrs, v_ptrs_hi = _chunk_ptrs(QKV, bh, offs_n, N, H, 3, 2, HEAD_DIM, BLOCK_D, BLOCK_D2)
 
@@ -330,17 +373,18 @@ def fwd_kernel(QKV, O, LSE, SEED, qk_scale, drop_p, H, N,
     seed = tl.load(SEED) if DROPOUT else 0
     n_full = (N // BLOCK_N) * BLOCK_N
     acc, acc_hi, l_i, m_i = _fwd_inner(acc, acc_hi, l_i, m_i, q, q_hi, k_ptrs, k_ptrs_hi,
-                                       v_ptrs, v_ptrs_hi, 0, n_full, N, H, offs_n, qk_scale,
-                                       seed, bh, offs_m, drop_p,
-                                       HEAD_DIM, BLOCK_D, BLOCK_D2, BLOCK_N, False, DROPOUT)
+                                       v_ptrs, v_ptrs_hi, KV_DESC, KV_DESC2, 0, n_full, N, H,
+                                       offs_n, qk_scale, seed, bh, offs_m, drop_p, HEAD_DIM,
+                                       BLOCK_D, BLOCK_D2, BLOCK_N, False, DROPOUT, TMA)
     if BLOCK_T > 0:  # the one partial key tile
         offs_t = tl.arange(0, BLOCK_T)
         kt_ptrs, kt_ptrs_hi = _chunk_ptrs(QKV, bh, offs_t, N, H, 3, 1, HEAD_DIM, BLOCK_D, BLOCK_D2)
         vt_ptrs, vt_ptrs_hi = _chunk_ptrs(QKV, bh, offs_t, N, H, 3, 2, HEAD_DIM, BLOCK_D, BLOCK_D2)
         acc, acc_hi, l_i, m_i = _fwd_inner(acc, acc_hi, l_i, m_i, q, q_hi, kt_ptrs, kt_ptrs_hi,
-                                           vt_ptrs, vt_ptrs_hi, n_full, N, N, H, offs_t,
-                                           qk_scale, seed, bh, offs_m, drop_p,
-                                           HEAD_DIM, BLOCK_D, BLOCK_D2, BLOCK_T, True, DROPOUT)
+                                           vt_ptrs, vt_ptrs_hi, KV_DESC, KV_DESC2, n_full, N, N,
+                                           H, offs_t, qk_scale, seed, bh, offs_m, drop_p,
+                                           HEAD_DIM, BLOCK_D, BLOCK_D2, BLOCK_T, True, DROPOUT,
+                                           False)
 
     scale = (_keep_scale(drop_p, DROPOUT) / l_i)[:, None]
     _store_rows(O, acc * scale, acc_hi * scale, bh, offs_m, N, H, 1, 0, HEAD_DIM, BLOCK_D,
@@ -490,11 +534,11 @@ def _bwd_dkdv_step(dk, dk_hi, dv, dv_hi, k, k_hi, v, v_hi, q, q_hi, do, do_hi, l
 
 
 @triton.jit
-def _bwd_dkdv(pid, QKV, DO, LSE, DELTA, DQKV, DQ_ACC, DQ_DESC, DQ_DESC2, seed, qk_scale,
-              sm_scale, drop_p, H, N,
+def _bwd_dkdv(pid, QKV, DO, LSE, DELTA, DQKV, DQ_ACC, DQ_DESC, DQ_DESC2, Q_DESC, Q_DESC2,
+              DO_DESC, DO_DESC2, KV_DESC, KV_DESC2, seed, qk_scale, sm_scale, drop_p, H, N,
               HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_D2: tl.constexpr,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DROPOUT: tl.constexpr,
-              ATOMIC_DQ: tl.constexpr, TMA_DQ: tl.constexpr):
+              ATOMIC_DQ: tl.constexpr, TMA_DQ: tl.constexpr, TMA: tl.constexpr):
     """dK, dV of one BLOCK_N key tile; Q, dO, LSE, delta stream past in BLOCK_M tiles. With
     ATOMIC_DQ (bwd_atomic_kernel) it also adds each query tile's share of dQ, dS K, into the
     fp32 DQ_ACC with atomic adds, and starts its walk over the query tiles at its own index
@@ -503,12 +547,20 @@ def _bwd_dkdv(pid, QKV, DO, LSE, DELTA, DQKV, DQ_ACC, DQ_DESC, DQ_DESC2, seed, q
     (Hopper) through the descriptors DQ_DESC (its first BLOCK_D columns) and DQ_DESC2 (the
     BLOCK_D2 after them) of DQ_ACC viewed as (B * H, N, HEAD_DIM): the L2 cache adds whole
     tiles, where plain atomics send one add per element. Rows past N fall outside the
-    descriptor's bounds and are dropped."""
+    descriptor's bounds and are dropped. With TMA, K and V come through the qkv
+    descriptors KV_DESC(2) (BLOCK_N-row boxes), each query tile's Q and dO through
+    Q_DESC(2) and DO_DESC(2) (BLOCK_M-row boxes): see _load_tma."""
     pid_n, bh = _split_pid(pid, N, BLOCK_N)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = tl.arange(0, BLOCK_M)
-    k, k_hi = _load_rows(QKV, bh, offs_n, N, H, 3, 1, HEAD_DIM, BLOCK_D, BLOCK_D2, True)
-    v, v_hi = _load_rows(QKV, bh, offs_n, N, H, 3, 2, HEAD_DIM, BLOCK_D, BLOCK_D2, True)
+    if TMA:
+        k, k_hi = _load_tma(KV_DESC, KV_DESC2, bh, pid_n * BLOCK_N, H, 1, BLOCK_N, HEAD_DIM,
+                            BLOCK_D, BLOCK_D2)
+        v, v_hi = _load_tma(KV_DESC, KV_DESC2, bh, pid_n * BLOCK_N, H, 2, BLOCK_N, HEAD_DIM,
+                            BLOCK_D, BLOCK_D2)
+    else:
+        k, k_hi = _load_rows(QKV, bh, offs_n, N, H, 3, 1, HEAD_DIM, BLOCK_D, BLOCK_D2, True)
+        v, v_hi = _load_rows(QKV, bh, offs_n, N, H, 3, 2, HEAD_DIM, BLOCK_D, BLOCK_D2, True)
     q_ptrs, q_ptrs_hi = _chunk_ptrs(QKV, bh, offs_m, N, H, 3, 0, HEAD_DIM, BLOCK_D, BLOCK_D2)
     do_ptrs, do_ptrs_hi = _chunk_ptrs(DO, bh, offs_m, N, H, 1, 0, HEAD_DIM, BLOCK_D, BLOCK_D2)
     if ATOMIC_DQ and not TMA_DQ:
@@ -523,12 +575,18 @@ def _bwd_dkdv(pid, QKV, DO, LSE, DELTA, DQKV, DQ_ACC, DQ_DESC, DQ_DESC2, seed, q
             m0 = (start_m + pid_n * BLOCK_M) % (tl.cdiv(N, BLOCK_M) * BLOCK_M)
         rows = m0 + offs_m
         # Padded query rows: q = dO = 0 and LSE = +inf make their column of P^T zero.
-        q_shift = m0 * 3 * H * HEAD_DIM
-        q, q_hi = _load_chunks(q_ptrs + q_shift, q_ptrs_hi + q_shift, rows, N, HEAD_DIM,
-                               BLOCK_D, BLOCK_D2, True)
-        do_shift = m0 * H * HEAD_DIM
-        do, do_hi = _load_chunks(do_ptrs + do_shift, do_ptrs_hi + do_shift, rows, N, HEAD_DIM,
-                                 BLOCK_D, BLOCK_D2, True)
+        if TMA:
+            q, q_hi = _load_tma(Q_DESC, Q_DESC2, bh, m0, H, 0, BLOCK_M, HEAD_DIM, BLOCK_D,
+                                BLOCK_D2)
+            do, do_hi = _load_tma(DO_DESC, DO_DESC2, bh, m0, H, 0, BLOCK_M, HEAD_DIM, BLOCK_D,
+                                  BLOCK_D2)
+        else:
+            q_shift = m0 * 3 * H * HEAD_DIM
+            q, q_hi = _load_chunks(q_ptrs + q_shift, q_ptrs_hi + q_shift, rows, N, HEAD_DIM,
+                                   BLOCK_D, BLOCK_D2, True)
+            do_shift = m0 * H * HEAD_DIM
+            do, do_hi = _load_chunks(do_ptrs + do_shift, do_ptrs_hi + do_shift, rows, N,
+                                     HEAD_DIM, BLOCK_D, BLOCK_D2, True)
         lse = tl.load(LSE + stats + rows, mask=rows < N, other=float("inf"))
         delta = tl.load(DELTA + stats + rows, mask=rows < N, other=0.0)
         dk, dk_hi, dv, dv_hi, ds_t = _bwd_dkdv_step(dk, dk_hi, dv, dv_hi, k, k_hi, v, v_hi, q,
@@ -556,15 +614,25 @@ def _bwd_dkdv(pid, QKV, DO, LSE, DELTA, DQKV, DQ_ACC, DQ_DESC, DQ_DESC2, seed, q
 
 
 @triton.jit
-def _bwd_dq(pid, QKV, DO, LSE, DELTA, DQKV, seed, qk_scale, sm_scale, drop_p, H, N,
+def _bwd_dq(pid, QKV, DO, LSE, DELTA, DQKV, Q_DESC, Q_DESC2, DO_DESC, DO_DESC2, KV_DESC,
+            KV_DESC2, seed, qk_scale, sm_scale, drop_p, H, N,
             HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_D2: tl.constexpr,
-            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DROPOUT: tl.constexpr):
-    """dQ of one BLOCK_M query tile; K, V stream past in BLOCK_N tiles."""
+            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DROPOUT: tl.constexpr,
+            TMA: tl.constexpr):
+    """dQ of one BLOCK_M query tile; K, V stream past in BLOCK_N tiles. With TMA, Q and dO
+    come through Q_DESC(2) and DO_DESC(2) (BLOCK_M-row boxes), K and V through KV_DESC(2)
+    (BLOCK_N-row boxes): see _load_tma."""
     pid_m, bh = _split_pid(pid, N, BLOCK_M)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
-    q, q_hi = _load_rows(QKV, bh, offs_m, N, H, 3, 0, HEAD_DIM, BLOCK_D, BLOCK_D2, True)
-    do, do_hi = _load_rows(DO, bh, offs_m, N, H, 1, 0, HEAD_DIM, BLOCK_D, BLOCK_D2, True)
+    if TMA:
+        q, q_hi = _load_tma(Q_DESC, Q_DESC2, bh, pid_m * BLOCK_M, H, 0, BLOCK_M, HEAD_DIM,
+                            BLOCK_D, BLOCK_D2)
+        do, do_hi = _load_tma(DO_DESC, DO_DESC2, bh, pid_m * BLOCK_M, H, 0, BLOCK_M, HEAD_DIM,
+                              BLOCK_D, BLOCK_D2)
+    else:
+        q, q_hi = _load_rows(QKV, bh, offs_m, N, H, 3, 0, HEAD_DIM, BLOCK_D, BLOCK_D2, True)
+        do, do_hi = _load_rows(DO, bh, offs_m, N, H, 1, 0, HEAD_DIM, BLOCK_D, BLOCK_D2, True)
     stats = bh.to(tl.int64) * N
     lse = tl.load(LSE + stats + offs_m, mask=offs_m < N, other=0.0)
     delta = tl.load(DELTA + stats + offs_m, mask=offs_m < N, other=0.0)
@@ -574,11 +642,17 @@ def _bwd_dq(pid, QKV, DO, LSE, DELTA, DQKV, seed, qk_scale, sm_scale, drop_p, H,
     dq, dq_hi = _zeros(BLOCK_M, BLOCK_D, BLOCK_D2)
     for start_n in range(0, N, BLOCK_N):
         cols = start_n + offs_n
-        shift = start_n * 3 * H * HEAD_DIM
-        k, k_hi = _load_chunks(k_ptrs + shift, k_ptrs_hi + shift, cols, N, HEAD_DIM, BLOCK_D,
-                               BLOCK_D2, True)
-        v, v_hi = _load_chunks(v_ptrs + shift, v_ptrs_hi + shift, cols, N, HEAD_DIM, BLOCK_D,
-                               BLOCK_D2, True)
+        if TMA:
+            k, k_hi = _load_tma(KV_DESC, KV_DESC2, bh, start_n, H, 1, BLOCK_N, HEAD_DIM, BLOCK_D,
+                                BLOCK_D2)
+            v, v_hi = _load_tma(KV_DESC, KV_DESC2, bh, start_n, H, 2, BLOCK_N, HEAD_DIM, BLOCK_D,
+                                BLOCK_D2)
+        else:
+            shift = start_n * 3 * H * HEAD_DIM
+            k, k_hi = _load_chunks(k_ptrs + shift, k_ptrs_hi + shift, cols, N, HEAD_DIM,
+                                   BLOCK_D, BLOCK_D2, True)
+            v, v_hi = _load_chunks(v_ptrs + shift, v_ptrs_hi + shift, cols, N, HEAD_DIM,
+                                   BLOCK_D, BLOCK_D2, True)
         s = _dot_t(q, q_hi, k, k_hi, BLOCK_D2)
         # Padded keys have k = 0, so exp2(-lse) could be anything: zero them explicitly.
         p = tl.where(cols[None, :] < N, tl.math.exp2(s * qk_scale - lse[:, None]), 0.0)
@@ -594,23 +668,31 @@ def _bwd_dq(pid, QKV, DO, LSE, DELTA, DQKV, seed, qk_scale, sm_scale, drop_p, H,
 
 
 @triton.jit
-def bwd_kernel(QKV, DO, LSE, DELTA, DQKV, SEED, qk_scale, sm_scale, drop_p, BH, H, N,
+def bwd_kernel(QKV, DO, LSE, DELTA, DQKV, SEED, QKV_S, QKV_S2, QKV_L, QKV_L2, DO_S, DO_S2, DO_L,
+               DO_L2, qk_scale, sm_scale, drop_p, BH, H, N,
                HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_D2: tl.constexpr,
                BLOCK_M1: tl.constexpr, BLOCK_N1: tl.constexpr,
-               BLOCK_M2: tl.constexpr, BLOCK_N2: tl.constexpr, DROPOUT: tl.constexpr):
+               BLOCK_M2: tl.constexpr, BLOCK_N2: tl.constexpr, DROPOUT: tl.constexpr,
+               TMA: tl.constexpr):
     """The backward after bwd_delta_kernel, in one launch: the first cdiv(N, BLOCK_N1) * B * H
     programs compute dK, dV (one key tile each), the rest dQ (one query tile each). One
-    launch rather than two fills the GPU without a tail between them."""
+    launch rather than two fills the GPU without a tail between them.
+
+    With TMA every tile comes through descriptors (_load_tma) of qkv and dO, in boxes of the
+    two tile heights that the FA2 shapes use, BLOCK_M1 = BLOCK_N2 rows (QKV_S, DO_S: "short")
+    and BLOCK_N1 = BLOCK_M2 rows (QKV_L, DO_L: "long"), each with its second-chunk twin
+    ("2"). Without TMA, any argument stands in for them."""
     pid = tl.program_id(0)
     n_dkdv = tl.cdiv(N, BLOCK_N1) * BH
     seed = tl.load(SEED) if DROPOUT else 0
     if pid < n_dkdv:
-        _bwd_dkdv(pid, QKV, DO, LSE, DELTA, DQKV, DQKV, DQKV, DQKV, seed, qk_scale, sm_scale,
-                  drop_p, H, N, HEAD_DIM, BLOCK_D, BLOCK_D2, BLOCK_M1, BLOCK_N1, DROPOUT, False,
-                  False)
+        _bwd_dkdv(pid, QKV, DO, LSE, DELTA, DQKV, DQKV, DQKV, DQKV, QKV_S, QKV_S2, DO_S, DO_S2,
+                  QKV_L, QKV_L2, seed, qk_scale, sm_scale, drop_p, H, N, HEAD_DIM, BLOCK_D,
+                  BLOCK_D2, BLOCK_M1, BLOCK_N1, DROPOUT, False, False, TMA)
     else:
-        _bwd_dq(pid - n_dkdv, QKV, DO, LSE, DELTA, DQKV, seed, qk_scale, sm_scale, drop_p, H, N,
-                HEAD_DIM, BLOCK_D, BLOCK_D2, BLOCK_M2, BLOCK_N2, DROPOUT)
+        _bwd_dq(pid - n_dkdv, QKV, DO, LSE, DELTA, DQKV, QKV_L, QKV_L2, DO_L, DO_L2, QKV_S,
+                QKV_S2, seed, qk_scale, sm_scale, drop_p, H, N, HEAD_DIM, BLOCK_D, BLOCK_D2,
+                BLOCK_M2, BLOCK_N2, DROPOUT, TMA)
 
 
 @triton.jit
@@ -629,9 +711,9 @@ def bwd_atomic_kernel(QKV, DO, LSE, DELTA, DQ_ACC, DQKV, SEED, DQ_DESC, DQ_DESC2
     tile in an order that changes from run to run, so dQ is not bitwise reproducible.
     bwd_dq_kernel then scales and stores it."""
     seed = tl.load(SEED) if DROPOUT else 0
-    _bwd_dkdv(tl.program_id(0), QKV, DO, LSE, DELTA, DQKV, DQ_ACC, DQ_DESC, DQ_DESC2, seed,
-              qk_scale, sm_scale, drop_p, H, N, HEAD_DIM, BLOCK_D, BLOCK_D2, BLOCK_M, BLOCK_N,
-              DROPOUT, True, TMA_DQ)
+    _bwd_dkdv(tl.program_id(0), QKV, DO, LSE, DELTA, DQKV, DQ_ACC, DQ_DESC, DQ_DESC2, QKV,
+              QKV, DO, DO, QKV, QKV, seed, qk_scale, sm_scale, drop_p, H, N, HEAD_DIM, BLOCK_D,
+              BLOCK_D2, BLOCK_M, BLOCK_N, DROPOUT, True, TMA_DQ, False)
 
 
 @triton.jit

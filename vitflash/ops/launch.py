@@ -39,10 +39,10 @@ from vitflash.ops import kernels
 
 INTERPRET = bool(kernels.INTERPRET)
 # bump when a kernel or the candidate list changes in a way that can change the best config:
-# 7, (128, 128) forward tiles at head dims 65-128, bwd_atomic choosing among the deterministic
+# 8, the general forward's and backward's TMA-load twins ("general_tma", Hopper); 7, (128, 128) forward tiles at head dims 65-128, bwd_atomic choosing among the deterministic
 # candidates too and, on Hopper, its TMA-reduction twins; 6, the forwards' FMA-folded softmax (and the bwd_atomic op); 5, split head dims (4 keyed the
 # reverted TAILS candidates of 067433b, which a GPU machine's cache file may still hold)
-CACHE_VERSION = 7
+CACHE_VERSION = 8
 
 # the families of bwd_atomic's own kernels: dQ added element by element, or by TMA tiles
 ATOMIC_FAMILIES = ("atomic", "atomic_tma")
@@ -52,7 +52,7 @@ ATOMIC_FAMILIES = ("atomic", "atomic_tma")
 class Candidate:
     """One way to run an op: kernel family, block sizes, warps and pipeline stages."""
 
-    family: str  # "general" or "short"
+    family: str  # "general", "general_tma", "short", "atomic" or "atomic_tma"
     blocks: tuple[tuple[str, int], ...]
     num_warps: int = 4
     num_stages: int = 1
@@ -177,6 +177,7 @@ def candidates(op: str, n: int, d: int, bh: int = 1) -> list[Candidate]:
                       (128, 128, 8, 3))
         else:
             out += _c("general", names, (64, 32, 4, 2), (32, 64, 4, 2), (64, 64, 8, 2), (32, 32, 4, 1))
+        out += _tma_twins(out, d)
         if keys <= SHORT_FWD_MAX and keys * bd <= 256 * 128:
             out += [short_fwd(n, m, w) for m in (16, 32, 64, 128) for w in (4, 8)
                     if m <= max(16, _pow2(n)) and m * keys <= 128 * 160]
@@ -198,12 +199,17 @@ def candidates(op: str, n: int, d: int, bh: int = 1) -> list[Candidate]:
         if bd <= 64:
             out += _c("general", names, (32, 128, 128, 32, 4, 3), (64, 128, 128, 64, 8, 3),
                       (64, 64, 64, 64, 4, 3), (32, 64, 64, 32, 4, 3))
+            # 8 warps: with its tiles in shared memory (TMA), no spills (compiled for sm_90)
+            tma_only = ((32, 128, 128, 32, 8, 3), (64, 64, 64, 64, 8, 3))
         elif bd <= 128:
             out += _c("general", names, (32, 128, 128, 32, 8, 2), (64, 64, 64, 64, 4, 2),
                       (32, 64, 64, 32, 4, 3), (16, 64, 64, 16, 4, 2))
+            tma_only = ((64, 64, 64, 64, 8, 2), (64, 64, 64, 64, 8, 3))
         else:
             out += _c("general", names, (16, 64, 64, 16, 4, 1), (32, 32, 32, 32, 4, 1),
                       (16, 32, 32, 16, 4, 1))
+            tma_only = ()
+        out += _tma_twins(out, d, _c("general", names, *tma_only))
         if keys <= SHORT_BWD_MAX and keys * bd <= 160 * 128:
             out += [short_bwd(n, m, w) for m in (16, 32, 64) for w in (4, 8)
                     if m <= max(16, _pow2(n))]
@@ -234,6 +240,41 @@ def tma_reductions() -> bool:
                 and torch.cuda.get_device_capability()[0] >= 9
                 and hasattr(getattr(tl, "tensor_descriptor", None), "atomic_add"))
     return _TMA
+
+
+_TMA_LOADS: bool | None = None
+
+
+def tma_loads() -> bool:
+    """Whether this machine's kernels can load tiles through TMA descriptors: a CUDA GPU of
+    compute capability 9 (Hopper) or newer. Not in the interpreter, where the tests turn it
+    on themselves (its descriptor loads are exact, only slow)."""
+    global _TMA_LOADS
+    if _TMA_LOADS is None:
+        _TMA_LOADS = (not INTERPRET and torch.cuda.is_available()
+                      and torch.cuda.get_device_capability()[0] >= 9)
+    return _TMA_LOADS
+
+
+def tma_fits(c: Candidate, d: int) -> bool:
+    """Whether candidate c's tiles can come through TMA descriptors at head dim d: the
+    column chunks cover d exactly (a padded head dim would read its neighbour's columns,
+    which a box cannot mask) and, for the backward, its tiles have the two heights of the
+    FA2 shapes, BLOCK_M1 = BLOCK_N2 and BLOCK_N1 = BLOCK_M2, one descriptor each."""
+    m = c.meta
+    return (c.family == "general" and tile_width(d) == d and split_d(d)[0] <= 128
+            and m.get("BLOCK_M1") == m.get("BLOCK_N2") and m.get("BLOCK_N1") == m.get("BLOCK_M2"))
+
+
+def _tma_twins(cands: list[Candidate], d: int, extra: list[Candidate] = ()) -> list[Candidate]:
+    """Where TMA loads exist, a "general_tma" twin of each general candidate that fits them
+    (the same tiles, warps and stages, the tiles loaded by the copy engine), and of `extra`:
+    configurations that only pay with TMA (more warps, whose registers pointer tiles and
+    operands would otherwise take)."""
+    if not tma_loads():
+        return []
+    return [Candidate("general_tma", c.blocks, c.num_warps, c.num_stages)
+            for c in [*cands, *extra] if tma_fits(c, d)]
 
 
 def _atomic_candidates(bd: int) -> list[Candidate]:
