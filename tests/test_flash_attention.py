@@ -172,8 +172,9 @@ def test_tma_reduction_candidates_mirror_the_atomic_ones(monkeypatch, D):
     found = launch.candidates("bwd_atomic", 577, D)
     atomic = [c for c in found if c.family == "atomic"]
     tma = [c for c in found if c.family == "atomic_tma"]
-    assert atomic and tma == ([launch.Candidate("atomic_tma", c.blocks, c.num_warps, c.num_stages)
-                               for c in atomic] if D != 40 else [])
+    twins = [launch.Candidate("atomic_tma", c.blocks, c.num_warps, c.num_stages) for c in atomic]
+    # each atomic candidate's twin, then 8-warp tiles that pay only with TMA loads
+    assert atomic and (tma[:len(twins)] == twins and len(tma) > len(twins) if D != 40 else tma == [])
     monkeypatch.setattr(launch, "_TMA", False)
     assert not any(c.family == "atomic_tma" for c in launch.candidates("bwd_atomic", 577, D))
     if D == 40:
@@ -198,8 +199,10 @@ D, M = {D}, 64
 bd, bd2 = launch.split_d(D)
 sig = dict(QKV="*bf16", DO="*bf16", LSE="*fp32", DELTA="*fp32", DQ_ACC="*fp32", DQKV="*bf16",
            SEED="*i64", DQ_DESC=f"tensordesc<fp32[1,{{M}},{{bd}}]>",
-           DQ_DESC2=f"tensordesc<fp32[1,{{M}},{{bd2 or bd}}]>", qk_scale="fp32", sm_scale="fp32",
-           drop_p="fp32", H="i32", N="i32")
+           DQ_DESC2=f"tensordesc<fp32[1,{{M}},{{bd2 or bd}}]>")
+for name in ("Q_DESC", "DO_DESC", "KV_DESC"):  # the tiles' loads (BLOCK_M = BLOCK_N here)
+    sig[name], sig[name + "2"] = f"tensordesc<bf16[1,{{M}},{{bd}}]>", f"tensordesc<bf16[1,{{M}},{{bd2 or bd}}]>"
+sig.update(qk_scale="fp32", sm_scale="fp32", drop_p="fp32", H="i32", N="i32")
 consts = dict(HEAD_DIM=D, BLOCK_D=bd, BLOCK_D2=bd2, BLOCK_M=M, BLOCK_N=64, DROPOUT=False, TMA_DQ=True)
 sig.update(dict.fromkeys(consts, "constexpr"))
 ck = triton.compile(ASTSource(fn=kernels.bwd_atomic_kernel, signature=sig, constexprs=consts),

@@ -189,7 +189,12 @@ def _backward(do: torch.Tensor, qkv: torch.Tensor, o: torch.Tensor, lse: torch.T
                     B * H, H, N)
             return
         dq_acc = torch.zeros((B * H, N, D), dtype=torch.float32, device=qkv.device)
-        descs = _dq_descriptors(dq_acc, plan[1].consts) if plan[1].consts["TMA_DQ"] else (dq_acc, dq_acc)
+        c = plan[1].consts
+        if c["TMA_DQ"]:  # dQ's bulk adds, and the tiles' loads (see kernels.bwd_atomic_kernel)
+            descs = (_dq_descriptors(dq_acc, c) + _tma_descriptors(qkv, c["BLOCK_M"], c)
+                     + _tma_descriptors(do, c["BLOCK_M"], c) + _tma_descriptors(qkv, c["BLOCK_N"], c))
+        else:
+            descs = (dq_acc,) * 2 + (qkv,) * 6
         plan[1](qkv, do, lse, delta, dq_acc, dqkv, seed, *descs, qk_scale, softmax_scale,
                 dropout_p, H, N)
         plan[2](dq_acc, dqkv, softmax_scale, H, N)

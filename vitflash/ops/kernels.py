@@ -15,11 +15,12 @@ Algorithm (Dao et al., "FlashAttention", 2022, and "FlashAttention-2", 2023):
   dK/dV program per key tile as above, that also adds each query tile's dS K into an fp32
   dQ accumulator with atomic adds (bwd_atomic_kernel), then bwd_dq_kernel scales and
   stores dQ. The adds go element by element, or on Hopper as one bulk reduction per tile
-  through a TMA tensor descriptor. Five matrix products per tile pair instead of seven (the
+  through a TMA tensor descriptor (that kernel, "atomic_tma", loads its tiles by TMA as
+  well: see the next point). Five matrix products per tile pair instead of seven (the
   dQ programs above compute S and dP again), at the price of dQ's last bits depending on
   the order of the adds. Only on request; the short backward below needs neither.
-* Tile loads by the copy engine (TMA, a constexpr of the general forward and the
-  deterministic backward; candidates of family "general_tma", Hopper only). Compiled for
+* Tile loads by the copy engine (TMA, a constexpr of the general forward and of both
+  general backwards; candidates of family "general_tma" and "atomic_tma", Hopper only). Compiled for
   sm_90, the pointer-tile versions of these kernels run out of registers at every listed
   configuration (255 per thread and 0.2-3 KB of spills, some inside the main loop): the
   pointer tiles that feed the asynchronous copies, and K, V or Q held in registers as
@@ -696,8 +697,9 @@ def bwd_kernel(QKV, DO, LSE, DELTA, DQKV, SEED, QKV_S, QKV_S2, QKV_L, QKV_L2, DO
 
 
 @triton.jit
-def bwd_atomic_kernel(QKV, DO, LSE, DELTA, DQ_ACC, DQKV, SEED, DQ_DESC, DQ_DESC2, qk_scale,
-                      sm_scale, drop_p, H, N,
+def bwd_atomic_kernel(QKV, DO, LSE, DELTA, DQ_ACC, DQKV, SEED, DQ_DESC, DQ_DESC2, Q_DESC,
+                      Q_DESC2, DO_DESC, DO_DESC2, KV_DESC, KV_DESC2, qk_scale, sm_scale, drop_p,
+                      H, N,
                       HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_D2: tl.constexpr,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DROPOUT: tl.constexpr,
                       TMA_DQ: tl.constexpr):
@@ -705,15 +707,17 @@ def bwd_atomic_kernel(QKV, DO, LSE, DELTA, DQ_ACC, DQKV, SEED, DQ_DESC, DQ_DESC2
     bwd_kernel's dK/dV program that also adds each query tile's share of dQ, dS K, into
     DQ_ACC (fp32, (B * H, N, HEAD_DIM), zeroed) by atomic adds (_bwd_dkdv with ATOMIC_DQ):
     element by element, or with TMA_DQ as bulk tile reductions through the tensor
-    descriptors DQ_DESC, DQ_DESC2 (unused without it: any argument stands in for them).
+    descriptors DQ_DESC, DQ_DESC2, and then its tiles come through TMA too: K, V by
+    KV_DESC(2) (BLOCK_N-row boxes of qkv), Q and dO by Q_DESC(2) and DO_DESC(2) (BLOCK_M
+    rows; see _load_tma). Without TMA_DQ any argument stands in for the descriptors.
     Five matrix products per (query tile, key tile) pair instead of the seven of bwd_kernel,
     whose dQ programs compute S and dP again; but the adds into a dQ row come from every key
     tile in an order that changes from run to run, so dQ is not bitwise reproducible.
     bwd_dq_kernel then scales and stores it."""
     seed = tl.load(SEED) if DROPOUT else 0
-    _bwd_dkdv(tl.program_id(0), QKV, DO, LSE, DELTA, DQKV, DQ_ACC, DQ_DESC, DQ_DESC2, QKV,
-              QKV, DO, DO, QKV, QKV, seed, qk_scale, sm_scale, drop_p, H, N, HEAD_DIM, BLOCK_D,
-              BLOCK_D2, BLOCK_M, BLOCK_N, DROPOUT, True, TMA_DQ, False)
+    _bwd_dkdv(tl.program_id(0), QKV, DO, LSE, DELTA, DQKV, DQ_ACC, DQ_DESC, DQ_DESC2, Q_DESC,
+              Q_DESC2, DO_DESC, DO_DESC2, KV_DESC, KV_DESC2, seed, qk_scale, sm_scale, drop_p, H,
+              N, HEAD_DIM, BLOCK_D, BLOCK_D2, BLOCK_M, BLOCK_N, DROPOUT, True, TMA_DQ, TMA_DQ)
 
 
 @triton.jit

@@ -195,7 +195,7 @@ def candidates(op: str, n: int, d: int, bh: int = 1) -> list[Candidate]:
             out += _atomic_candidates(bd)
             if bd == d and tma_reductions():  # bulk adds need the tile to match the columns
                 out += [Candidate("atomic_tma", c.blocks, c.num_warps, c.num_stages)
-                        for c in _atomic_candidates(bd)]
+                        for c in _atomic_candidates(bd) + _atomic_tma_extra(bd)]
         if bd <= 64:
             out += _c("general", names, (32, 128, 128, 32, 4, 3), (64, 128, 128, 64, 8, 3),
                       (64, 64, 64, 64, 4, 3), (32, 64, 64, 32, 4, 3))
@@ -287,6 +287,18 @@ def _atomic_candidates(bd: int) -> list[Candidate]:
     if bd <= 128:
         return _c("atomic", names, (32, 128, 8, 2), (64, 64, 4, 2), (32, 64, 4, 3), (16, 64, 4, 2))
     return _c("atomic", names, (16, 64, 4, 1), (32, 32, 4, 1), (16, 32, 4, 1))
+
+
+def _atomic_tma_extra(bd: int) -> list[Candidate]:
+    """8-warp tiles for the atomic_tma kernels, whose Q, K, V and dO tiles TMA loads into
+    shared memory: compiled for sm_90 these use no local memory, where with pointer loads
+    they would not pay."""
+    names = ("BLOCK_M", "BLOCK_N")
+    if bd <= 64:
+        return _c("atomic", names, (32, 128, 8, 3), (64, 64, 8, 3))
+    if bd <= 128:
+        return _c("atomic", names, (64, 64, 8, 2))
+    return []
 
 
 def heuristic(op: str, n: int, d: int) -> Candidate:
