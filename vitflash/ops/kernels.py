@@ -203,6 +203,25 @@ def _load_tma(desc, desc_hi, bh, row, H, WHICH: tl.constexpr, ROWS: tl.constexpr
 
 
 @triton.jit
+def _stream_tile(desc, desc_hi, ptrs, ptrs_hi, bh, start, N, H, PACK: tl.constexpr,
+                 WHICH: tl.constexpr, ROWS: tl.constexpr, HEAD_DIM: tl.constexpr,
+                 BLOCK_D: tl.constexpr, BLOCK_D2: tl.constexpr, MASK_ROWS: tl.constexpr,
+                 TMA: tl.constexpr):
+    """Both chunks of the ROWS-row tile from row `start` of head bh, as a loop over a
+    head's tiles reads them: through the descriptors (TMA: _load_tma), or from `ptrs`,
+    `ptrs_hi`, the pointer tiles of the head's first ROWS rows (_chunk_ptrs), shifted by
+    `start` rows (_load_chunks)."""
+    if TMA:
+        tile, tile_hi = _load_tma(desc, desc_hi, bh, start, H, WHICH, ROWS, HEAD_DIM, BLOCK_D,
+                                  BLOCK_D2)
+    else:
+        shift = start * PACK * H * HEAD_DIM
+        tile, tile_hi = _load_chunks(ptrs + shift, ptrs_hi + shift, start + tl.arange(0, ROWS),
+                                     N, HEAD_DIM, BLOCK_D, BLOCK_D2, MASK_ROWS)
+    return tile, tile_hi
+
+
+@triton.jit
 def _zeros(ROWS: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_D2: tl.constexpr):
     """An fp32 accumulator of ROWS rows over the head dim, as its two chunks of zeros."""
     acc = tl.zeros([ROWS, BLOCK_D], tl.float32)
@@ -311,16 +330,11 @@ def _fwd_inner(acc, acc_hi, l_i, m_i, q, q_hi, k_ptrs, k_ptrs_hi, v_ptrs, v_ptrs
                HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_D2: tl.constexpr,
                BLOCK_N: tl.constexpr, MASK_N: tl.constexpr, DROPOUT: tl.constexpr,
                TMA: tl.constexpr):
-    row_stride = 3 * H * HEAD_DIM
     for start_n in range(start, end, BLOCK_N):
         cols = start_n + offs_n
-        if TMA:  # (full tiles only: the tail tile's call passes TMA=False)
-            k, k_hi = _load_tma(KV_DESC, KV_DESC2, bh, start_n, H, 1, BLOCK_N, HEAD_DIM, BLOCK_D,
-                                BLOCK_D2)
-        else:
-            k, k_hi = _load_chunks(k_ptrs + start_n * row_stride,
-                                   k_ptrs_hi + start_n * row_stride, cols, N, HEAD_DIM, BLOCK_D,
-                                   BLOCK_D2, MASK_N)
+        # (TMA: full tiles only; the tail tile's call passes TMA=False)
+        k, k_hi = _stream_tile(KV_DESC, KV_DESC2, k_ptrs, k_ptrs_hi, bh, start_n, N, H, 3, 1,
+                               BLOCK_N, HEAD_DIM, BLOCK_D, BLOCK_D2, MASK_N, TMA)
         s = _dot_t(q, q_hi, k, k_hi, BLOCK_D2)  # (BLOCK_M, BLOCK_N), unscaled
         if MASK_N:
             s = tl.where(cols[None, :] < N, s, float("-inf"))
@@ -332,13 +346,8 @@ def _fwd_inner(acc, acc_hi, l_i, m_i, q, q_hi, k_ptrs, k_ptrs_hi, v_ptrs, v_ptrs
         l_i = l_i * alpha + tl.sum(p, 1)
         if DROPOUT:  # the normalizer above sums every probability; P V only the kept ones
             p = tl.where(_keep(seed, bh, offs_m, start_n, N, drop_p, BLOCK_N, False), p, 0.0)
-        if TMA:
-            v, v_hi = _load_tma(KV_DESC, KV_DESC2, bh, start_n, H, 2, BLOCK_N, HEAD_DIM, BLOCK_D,
-                                BLOCK_D2)
-        else:
-            v, v_hi = _load_chunks(v_ptrs + start_n * row_stride,
-                                   v_ptrs_hi + start_n * row_stride, cols, N, HEAD_DIM, BLOCK_D,
-                                   BLOCK_D2, MASK_N)
+        v, v_hi = _stream_tile(KV_DESC, KV_DESC2, v_ptrs, v_ptrs_hi, bh, start_n, N, H, 3, 2,
+                               BLOCK_N, HEAD_DIM, BLOCK_D, BLOCK_D2, MASK_N, TMA)
         p = _round(p, v.dtype)
         acc = _dot(p, v, acc * alpha[:, None])
         if BLOCK_D2 > 0:  # (otherwise acc_hi is never assigned: the loop does not carry it)
@@ -576,18 +585,10 @@ def _bwd_dkdv(pid, QKV, DO, LSE, DELTA, DQKV, DQ_ACC, DQ_DESC, DQ_DESC2, Q_DESC,
             m0 = (start_m + pid_n * BLOCK_M) % (tl.cdiv(N, BLOCK_M) * BLOCK_M)
         rows = m0 + offs_m
         # Padded query rows: q = dO = 0 and LSE = +inf make their column of P^T zero.
-        if TMA:
-            q, q_hi = _load_tma(Q_DESC, Q_DESC2, bh, m0, H, 0, BLOCK_M, HEAD_DIM, BLOCK_D,
-                                BLOCK_D2)
-            do, do_hi = _load_tma(DO_DESC, DO_DESC2, bh, m0, H, 0, BLOCK_M, HEAD_DIM, BLOCK_D,
-                                  BLOCK_D2)
-        else:
-            q_shift = m0 * 3 * H * HEAD_DIM
-            q, q_hi = _load_chunks(q_ptrs + q_shift, q_ptrs_hi + q_shift, rows, N, HEAD_DIM,
-                                   BLOCK_D, BLOCK_D2, True)
-            do_shift = m0 * H * HEAD_DIM
-            do, do_hi = _load_chunks(do_ptrs + do_shift, do_ptrs_hi + do_shift, rows, N,
-                                     HEAD_DIM, BLOCK_D, BLOCK_D2, True)
+        q, q_hi = _stream_tile(Q_DESC, Q_DESC2, q_ptrs, q_ptrs_hi, bh, m0, N, H, 3, 0, BLOCK_M,
+                               HEAD_DIM, BLOCK_D, BLOCK_D2, True, TMA)
+        do, do_hi = _stream_tile(DO_DESC, DO_DESC2, do_ptrs, do_ptrs_hi, bh, m0, N, H, 1, 0,
+                                 BLOCK_M, HEAD_DIM, BLOCK_D, BLOCK_D2, True, TMA)
         lse = tl.load(LSE + stats + rows, mask=rows < N, other=float("inf"))
         delta = tl.load(DELTA + stats + rows, mask=rows < N, other=0.0)
         dk, dk_hi, dv, dv_hi, ds_t = _bwd_dkdv_step(dk, dk_hi, dv, dv_hi, k, k_hi, v, v_hi, q,
@@ -643,17 +644,10 @@ def _bwd_dq(pid, QKV, DO, LSE, DELTA, DQKV, Q_DESC, Q_DESC2, DO_DESC, DO_DESC2, 
     dq, dq_hi = _zeros(BLOCK_M, BLOCK_D, BLOCK_D2)
     for start_n in range(0, N, BLOCK_N):
         cols = start_n + offs_n
-        if TMA:
-            k, k_hi = _load_tma(KV_DESC, KV_DESC2, bh, start_n, H, 1, BLOCK_N, HEAD_DIM, BLOCK_D,
-                                BLOCK_D2)
-            v, v_hi = _load_tma(KV_DESC, KV_DESC2, bh, start_n, H, 2, BLOCK_N, HEAD_DIM, BLOCK_D,
-                                BLOCK_D2)
-        else:
-            shift = start_n * 3 * H * HEAD_DIM
-            k, k_hi = _load_chunks(k_ptrs + shift, k_ptrs_hi + shift, cols, N, HEAD_DIM,
-                                   BLOCK_D, BLOCK_D2, True)
-            v, v_hi = _load_chunks(v_ptrs + shift, v_ptrs_hi + shift, cols, N, HEAD_DIM,
-                                   BLOCK_D, BLOCK_D2, True)
+        k, k_hi = _stream_tile(KV_DESC, KV_DESC2, k_ptrs, k_ptrs_hi, bh, start_n, N, H, 3, 1,
+                               BLOCK_N, HEAD_DIM, BLOCK_D, BLOCK_D2, True, TMA)
+        v, v_hi = _stream_tile(KV_DESC, KV_DESC2, v_ptrs, v_ptrs_hi, bh, start_n, N, H, 3, 2,
+                               BLOCK_N, HEAD_DIM, BLOCK_D, BLOCK_D2, True, TMA)
         s = _dot_t(q, q_hi, k, k_hi, BLOCK_D2)
         # Padded keys have k = 0, so exp2(-lse) could be anything: zero them explicitly.
         p = tl.where(cols[None, :] < N, tl.math.exp2(s * qk_scale - lse[:, None]), 0.0)
