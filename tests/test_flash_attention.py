@@ -80,6 +80,20 @@ def _force(monkeypatch, fwd: launch.Candidate, bwd: launch.Candidate) -> None:
     monkeypatch.setattr(flash_mod, "_plans", {})
 
 
+def _pairs_within_rule(monkeypatch, qkv, do, fwds, bwds):
+    """Run forward and backward candidates in pairs until each has run once (the shorter
+    list wraps round), each pair under the FA2 rule, naming the pair that fails; yields
+    (fwd, bwd, the launch plans by op) after each, for the caller's checks."""
+    for i in range(max(len(fwds), len(bwds))):
+        fwd, bwd = fwds[i % len(fwds)], bwds[i % len(bwds)]
+        _force(monkeypatch, fwd, bwd)
+        try:
+            _assert_within_rule(qkv, do)
+        except Exception as err:
+            raise AssertionError(f"forward {fwd} / backward {bwd}: {err}") from err
+        yield fwd, bwd, {key[0]: plan for key, plan in flash_mod._plans.items()}
+
+
 @pytest.mark.parametrize("N", [1, 16, 17, 65, 100, 130])
 def test_each_kernel_family(monkeypatch, N):
     """Both families of both ops, whatever the length: the general kernels at short N (one
@@ -299,15 +313,8 @@ def test_every_short_candidate(monkeypatch, N, D, block_ms):
     assert {c.meta["BLOCK_M"] for c in fwds} == block_ms
     # the backward's 128-row chunks only where a tile is at most 64 columns wide
     assert {c.meta["BLOCK_M"] for c in bwds} == (block_ms if D <= 64 else block_ms - {128})
-    for i in range(max(len(fwds), len(bwds))):  # each run checks one of each
-        fwd, bwd = fwds[i % len(fwds)], bwds[i % len(bwds)]
-        _force(monkeypatch, fwd, bwd)
-        try:
-            _assert_within_rule(qkv, do)
-        except Exception as err:
-            raise AssertionError(f"forward {fwd} / backward {bwd}: {err}") from err
+    for fwd, bwd, plans in _pairs_within_rule(monkeypatch, qkv, do, fwds, bwds):
         # the launches ran with the query tail tile that N and BLOCK_M call for
-        plans = {key[0]: plan for key, plan in flash_mod._plans.items()}
         assert plans.keys() == {"fwd", "bwd"}
         for op, cand in (("fwd", fwd), ("bwd", bwd)):
             consts = plans[op][0].consts
@@ -824,15 +831,7 @@ def test_tma_load_kernels(monkeypatch, N, D):
                  for c in general]
         assert tma[:len(twins)] == twins
         pairs.append(tma)
-    fwds, bwds = pairs
-    for i in range(max(len(fwds), len(bwds))):
-        fwd, bwd = fwds[i % len(fwds)], bwds[i % len(bwds)]
-        _force(monkeypatch, fwd, bwd)
-        try:
-            _assert_within_rule(qkv, do)
-        except Exception as err:
-            raise AssertionError(f"forward {fwd} / backward {bwd}: {err}") from err
-        plans = {key[0]: plan for key, plan in flash_mod._plans.items()}
+    for _, _, plans in _pairs_within_rule(monkeypatch, qkv, do, *pairs):
         assert plans["fwd"][0].consts["TMA"] is True and plans["bwd"][1].consts["TMA"] is True
 
 
