@@ -129,6 +129,19 @@ def flash_candidates(shape, backward: str = "bwd") -> dict:
     return {key: c.to_json() if c is not None else None for key, c in found.items()}
 
 
+def tuning_ms(shape, backward: str = "bwd") -> dict:
+    """What the autotuner measured for each candidate at this shape when it chose, fastest
+    first ({"fwd": [{"candidate": ..., "ms": ...}, ...], "bwd": ...}; None for an op whose
+    choice came from the cache file)."""
+    B, H, N, D = shape
+    out = {}
+    for key, op in (("fwd", "fwd"), ("bwd", backward)):
+        times = launch.tuning_times(op, torch.bfloat16, N, D, B * H)
+        out[key] = None if times is None else [
+            {"candidate": c.to_json(), "ms": ms} for c, ms in sorted(times.items(), key=lambda kv: kv[1])]
+    return out
+
+
 def spread(values: list[float]) -> dict:
     """Median and min-max of repeated measurements."""
     return {"median": statistics.median(values), "min": min(values), "max": max(values),
@@ -419,8 +432,9 @@ def main() -> None:
                                     args.repeats, args.dropout, args.timer)
                          if impl in args.impls else {"error": "not selected"})
             if impl.startswith("flash") and "error" not in row[impl]:  # which kernels gave these timings
-                row[impl]["candidates"] = flash_candidates(
-                    shape, "bwd" if impl == "flash" else "bwd_atomic")
+                backward = "bwd" if impl == "flash" else "bwd_atomic"
+                row[impl]["candidates"] = flash_candidates(shape, backward)
+                row[impl]["tuning_ms"] = tuning_ms(shape, backward)
             torch.cuda.empty_cache()
             print(shape, impl, {k: round(v, 3) if isinstance(v, float) else v
                                 for k, v in row[impl].items() if not k.endswith("spread")},

@@ -21,6 +21,18 @@ def test_the_candidates_a_flash_call_ran_are_recorded():
     assert launch.chosen("fwd", torch.float16, N, D, B * H) is None  # another key
 
 
+def test_the_tuners_own_times_are_recorded_fastest_first(monkeypatch):
+    """Beside the chosen candidates, the JSON row keeps what the tuner measured for each
+    candidate (None for an op whose choice was read from the cache file)."""
+    B, H, N, D = 4, 6, 577, 64
+    fast, slow = launch.candidates("bwd", N, D)[:2]
+    key = launch._key("bwd", torch.bfloat16, N, D, B * H)
+    monkeypatch.setitem(launch._timings, key, {slow: 2.5, fast: 1.25})
+    assert bench.tuning_ms((B, H, N, D)) == {
+        "fwd": None, "bwd": [{"candidate": fast.to_json(), "ms": 1.25},
+                             {"candidate": slow.to_json(), "ms": 2.5}]}
+
+
 def test_the_table_names_each_shapes_candidates():
     fwd = launch.heuristic("fwd", 65, 64).to_json()
     bwd = launch.heuristic("bwd", 65, 64).to_json()

@@ -754,6 +754,30 @@ def test_tuning_choices_survive_the_process(monkeypatch, tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["autotune.json"]  # no temp file left
 
 
+def test_tuner_times_are_kept_for_benchmarks(monkeypatch, tmp_path):
+    """A key the tuner times keeps each candidate's milliseconds (`tuning_times`, which
+    bench_attention.py writes beside its own timings); a key whose choice a later process
+    reads from the cache file has none, and nothing is timed there."""
+    monkeypatch.setenv("VITFLASH_CACHE_DIR", str(tmp_path))
+    for name, value in (("_disk", None), ("INTERPRET", False), ("_chosen", {}), ("_timings", {})):
+        monkeypatch.setattr(launch, name, value)
+    monkeypatch.setattr(launch, "_disk_key", lambda key, device: "|".join(map(str, key)))
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    cands = launch.candidates("fwd", 577, 64)[:3]
+    monkeypatch.setattr(launch, "candidates", lambda *a: cands)
+    ms = {c: 3.0 - i for i, c in enumerate(cands)}
+    ran = []
+    monkeypatch.setattr(launch, "_time_ms", lambda fn: (fn(), ms[ran[-1]])[1])
+    key = ("fwd", torch.float16, 577, 64, 24)
+    assert launch.choose(*key, torch.device("cpu"), ran.append) == cands[2]
+    assert launch.tuning_times(*key) == ms
+    for name, value in (("_disk", None), ("_chosen", {}), ("_timings", {})):  # a new process
+        monkeypatch.setattr(launch, name, value)
+    assert launch.choose(*key, torch.device("cpu"), lambda c: pytest.fail("timed")) == cands[2]
+    assert launch.tuning_times(*key) is None
+
+
 def test_launch_orders_constexprs_as_the_kernel_does():
     """The direct launch passes constexprs by position: a Launch orders them as the kernel's
     signature, whatever order a candidate (or a cache file) lists its blocks in."""
@@ -787,7 +811,9 @@ def test_tuning_compiles_all_then_keeps_each_candidates_best_round(monkeypatch):
 
     monkeypatch.setattr(launch, "_time_ms", time_ms)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
-    assert launch._time_candidates(cands, run) is slow_once
+    times = {}
+    assert launch._time_candidates(cands, run, times) is slow_once
+    assert times == {slow_once: 1.0, steady: 2.0, cands[3]: 3.0}  # each one's better round
     first_time = next(i for i, e in enumerate(events) if e[0] == "time")
     assert [c for _, c in events[:first_time]] == cands  # all compiled first
     assert [c for kind, c in events if kind == "time"] == [slow_once, steady, cands[3]] * launch.TIMING_ROUNDS

@@ -405,6 +405,7 @@ def fast_launches() -> int:
 # Choosing a candidate
 # ----------------------------------------------------------------------------------------
 _chosen: dict[tuple, Candidate] = {}
+_timings: dict[tuple, dict[Candidate, float]] = {}
 _disk: dict | None = None
 
 
@@ -458,6 +459,14 @@ def chosen(op: str, dtype: torch.dtype, n: int, d: int, bh: int) -> Candidate | 
     return _chosen.get(_key(op, dtype, n, d, bh))
 
 
+def tuning_times(op: str, dtype: torch.dtype, n: int, d: int, bh: int) -> dict[Candidate, float] | None:
+    """The milliseconds per call that this process's tuner measured for each candidate at
+    the key (each one's better round), or None where it timed none (the choice came from
+    the cache file, or the key is unseen): benchmarks record them beside their own
+    timings, so a choice that their timer disagrees with can be traced."""
+    return _timings.get(_key(op, dtype, n, d, bh))
+
+
 def choose(op: str, dtype: torch.dtype, n: int, d: int, bh: int, device: torch.device,
            run: Callable[[Candidate], None]) -> Candidate:
     """The candidate for this key: remembered, read from the cache file, or timed now by
@@ -476,7 +485,8 @@ def choose(op: str, dtype: torch.dtype, n: int, d: int, bh: int, device: torch.d
     if saved is not None:
         cand = Candidate.from_json(saved)
     else:
-        cand = _time_candidates(candidates(op, n, d, bh), run)
+        times = _timings[key] = {}
+        cand = _time_candidates(candidates(op, n, d, bh), run, times)
         _write_disk(entry, cand)
     _chosen[key] = cand
     return cand
@@ -509,13 +519,15 @@ def _time_ms(fn: Callable[[], None], calls: int = 10, repeats: int = 5) -> float
 TIMING_ROUNDS = 2
 
 
-def _time_candidates(cands: list[Candidate], run: Callable[[Candidate], None]) -> Candidate:
+def _time_candidates(cands: list[Candidate], run: Callable[[Candidate], None],
+                     times: dict | None = None) -> Candidate:
     """The fastest of cands. All are compiled first, then timed back to back in
     TIMING_ROUNDS rounds, each keeping its best round: a candidate timed right after seconds
     of compiling, with the GPU idle, or in a slow moment of a shared machine, is not
     judged on that one window. (With one window each, timed right after its compile, the
     tuner once kept a forward at (4, 16, 4097, 128) that scripts/sweep_configs.py then
-    measured 12% slower than another listed candidate.)"""
+    measured 12% slower than another listed candidate.) `times`, if given, receives each
+    timed candidate's milliseconds per call."""
     ready = []
     for cand in cands:
         try:
@@ -531,4 +543,6 @@ def _time_candidates(cands: list[Candidate], run: Callable[[Candidate], None]) -
     for _ in range(TIMING_ROUNDS):
         for cand in ready:
             best_ms[cand] = min(best_ms[cand], _time_ms(lambda: run(cand)))
+    if times is not None:
+        times.update(best_ms)
     return min(ready, key=best_ms.__getitem__)
