@@ -2,12 +2,12 @@
 that outlives the process, and a launch path with little host work.
 
 Each op (forward, backward, and "bwd_atomic", the backward of deterministic=False, which may
-also add into dQ atomically) has candidates: a kernel family ("general" streams
-K/V tiles, "short" holds all keys of a head on chip: a power-of-two tile and a tail tile, two
-in the forward where that saves work; "atomic", the key-tile programs that bwd_atomic adds
-to the backward's candidates, and on Hopper "atomic_tma", the same adding dQ tiles in bulk
-through TMA descriptors) with its
-block sizes, warps and stages. The tiles of a
+also add into dQ atomically) has candidates: a kernel family with its block sizes, warps and
+stages. The families: "general" streams K/V tiles (or Q tiles, in the backward's dK/dV
+programs); "short" holds all keys of a head on chip, a power-of-two tile and a tail tile (two
+in the forward where that saves work); "atomic", the key-tile programs that bwd_atomic adds
+to the backward's candidates. On Hopper, "general_tma" and "atomic_tma" are their twins that
+load tiles through TMA descriptors, the latter also adding dQ tiles in bulk. The tiles of a
 partial last block of queries (short kernels) or keys (general forward) are not part of a
 candidate: `tail_tile` derives them from N and the block when the launch is built. The
 first call at a key (op, dtype, N, D, B*H rounded up to a power of two) times every
