@@ -198,7 +198,7 @@ def test_tma_reduction_candidates_mirror_the_atomic_ones(monkeypatch, D):
         assert main.kernel is flash_mod.kernels.bwd_atomic_kernel
         assert main.consts["TMA_DQ"] is (cand.family == "atomic_tma")
     acc = torch.zeros(2 * 3, 577, D)
-    first, second = flash_mod._dq_descriptors(acc, main.consts)
+    first, second = flash_mod._tma_descriptors(acc, main.consts["BLOCK_M"], main.consts)
     bd, bd2 = launch.split_d(D)
     assert first.block_shape == [1, tma[0].meta["BLOCK_M"], bd] and first.shape == [6, 577, D]
     assert second.block_shape == ([1, tma[0].meta["BLOCK_M"], bd2] if bd2 else first.block_shape)

@@ -93,9 +93,10 @@ def _bwd_launches(c: Candidate, B: int, N: int, H: int, D: int, dropout: bool = 
 def _tma_descriptors(t: torch.Tensor, rows: int, consts: dict) -> tuple:
     """TMA descriptors of t (B, N, ...), contiguous, viewed as (B, N, the rest), in boxes of
     (1, rows, BLOCK_D) and, for a split head dim, (1, rows, BLOCK_D2) (unsplit: the first
-    again, unused): what kernels._load_tma reads tiles of `rows` rows through. The batch is
-    a dimension of its own so that rows past N are outside the bounds (zeros), not the next
-    batch's first rows."""
+    again, unused): what kernels._load_tma reads tiles of `rows` rows through, and what
+    bwd_atomic_kernel adds dQ tiles through (t: its fp32 (B * H, N, D) accumulator). The
+    batch is a dimension of its own so that rows past N are outside the bounds (zeros when
+    read, dropped when added), not the next batch's first rows."""
     flat = t.view(t.shape[0], t.shape[1], -1)
     shape, strides = list(flat.shape), list(flat.stride())
     first = TensorDescriptor(flat, shape, strides, [1, rows, consts["BLOCK_D"]])
@@ -181,8 +182,8 @@ def _backward(do: torch.Tensor, qkv: torch.Tensor, o: torch.Tensor, lse: torch.T
         if len(plan) == 2:
             c = plan[1].consts
             if c["TMA"]:  # boxes of the two tile heights: BLOCK_M1 = BLOCK_N2, BLOCK_N1 = BLOCK_M2
-                descs = (_tma_descriptors(qkv, c["BLOCK_M1"], c) + _tma_descriptors(qkv, c["BLOCK_N1"], c)
-                         + _tma_descriptors(do, c["BLOCK_M1"], c) + _tma_descriptors(do, c["BLOCK_N1"], c))
+                descs = tuple(d for t in (qkv, do) for rows in (c["BLOCK_M1"], c["BLOCK_N1"])
+                              for d in _tma_descriptors(t, rows, c))
             else:
                 descs = (qkv,) * 8
             plan[1](qkv, do, lse, delta, dqkv, seed, *descs, qk_scale, softmax_scale, dropout_p,
@@ -191,8 +192,9 @@ def _backward(do: torch.Tensor, qkv: torch.Tensor, o: torch.Tensor, lse: torch.T
         dq_acc = torch.zeros((B * H, N, D), dtype=torch.float32, device=qkv.device)
         c = plan[1].consts
         if c["TMA_DQ"]:  # dQ's bulk adds, and the tiles' loads (see kernels.bwd_atomic_kernel)
-            descs = (_dq_descriptors(dq_acc, c) + _tma_descriptors(qkv, c["BLOCK_M"], c)
-                     + _tma_descriptors(do, c["BLOCK_M"], c) + _tma_descriptors(qkv, c["BLOCK_N"], c))
+            descs = tuple(d for t, rows in ((dq_acc, c["BLOCK_M"]), (qkv, c["BLOCK_M"]),
+                                            (do, c["BLOCK_M"]), (qkv, c["BLOCK_N"]))
+                          for d in _tma_descriptors(t, rows, c))
         else:
             descs = (dq_acc,) * 2 + (qkv,) * 6
         plan[1](qkv, do, lse, delta, dq_acc, dqkv, seed, *descs, qk_scale, softmax_scale,
@@ -203,17 +205,6 @@ def _backward(do: torch.Tensor, qkv: torch.Tensor, o: torch.Tensor, lse: torch.T
     run(_plans.get((op, qkv.dtype, qkv.device, B, N, H, D, dropout))
         or _plan(op, qkv, B, N, H, D, dropout, run))
     return dqkv
-
-
-def _dq_descriptors(dq_acc: torch.Tensor, consts: dict) -> tuple:
-    """TMA descriptors of the fp32 dQ accumulator (B * H, N, D) for bwd_atomic_kernel's
-    bulk adds: tiles of (1, BLOCK_M, BLOCK_D) and, for a split head dim, (1, BLOCK_M,
-    BLOCK_D2) (unsplit: the first again, unused)."""
-    shape, strides = list(dq_acc.shape), list(dq_acc.stride())
-    first = TensorDescriptor(dq_acc, shape, strides, [1, consts["BLOCK_M"], consts["BLOCK_D"]])
-    if not consts["BLOCK_D2"]:
-        return first, first
-    return first, TensorDescriptor(dq_acc, shape, strides, [1, consts["BLOCK_M"], consts["BLOCK_D2"]])
 
 
 def new_seed(device: torch.device) -> torch.Tensor:

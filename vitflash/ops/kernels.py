@@ -20,12 +20,13 @@ Algorithm (Dao et al., "FlashAttention", 2022, and "FlashAttention-2", 2023):
   dQ programs above compute S and dP again), at the price of dQ's last bits depending on
   the order of the adds. Only on request; the short backward below needs neither.
 * Tile loads by the copy engine (TMA, a constexpr of the general forward and of both
-  general backwards; candidates of family "general_tma" and "atomic_tma", Hopper only). Compiled for
-  sm_90, the pointer-tile versions of these kernels run out of registers at every listed
-  configuration (255 per thread and 0.2-3 KB of spills, some inside the main loop): the
-  pointer tiles that feed the asynchronous copies, and K, V or Q held in registers as
-  operands, take what the fp32 accumulators need. Through TMA descriptors (`_load_tma`) the
-  tiles go from memory straight into shared memory, where the matrix units read them.
+  general backwards; candidates of family "general_tma" and "atomic_tma", Hopper only).
+  Compiled for sm_90, the pointer-tile versions of these kernels run out of registers at
+  every listed configuration (255 per thread and 0.1-3 KB of spills, some inside the main
+  loop): the pointer tiles that feed the asynchronous copies, and K, V or Q held in
+  registers as operands, take what the fp32 accumulators need. Through TMA descriptors
+  (`_load_tma`) the tiles go from memory straight into shared memory, where the matrix
+  units read them.
 * Short sequences (all keys of a head fit on chip, e.g. the 65 tokens of a CIFAR ViT, as
   a 64-key tile and a 16-key tail tile; the forward takes a second tail tile where that
   saves work, 197 keys = 128 + 64 + 16).
@@ -189,7 +190,7 @@ def _load_tma(desc, desc_hi, bh, row, H, WHICH: tl.constexpr, ROWS: tl.constexpr
     """Both chunks of the ROWS-row tile from row `row` of head bh (of q, k or v: WHICH), by
     the tensor memory accelerator (Hopper): `desc`, `desc_hi` are TMA descriptors of the
     tensor viewed as (B, N, PACK * H * HEAD_DIM), in (1, ROWS, BLOCK_D) and (1, ROWS,
-    BLOCK_D2) boxes (launch.tma_descriptors). The copy engine writes the tile straight into
+    BLOCK_D2) boxes (flash._tma_descriptors). The copy engine writes the tile straight into
     shared memory, where the matrix units read it: no pointer tiles, no registers on the
     way, and rows past N come back as zeros (the descriptor's bounds), as _load's mask
     gives them. Only for a head dim that its chunks cover exactly (no padded columns)."""
