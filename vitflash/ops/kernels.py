@@ -204,6 +204,22 @@ def _load_tma(desc, desc_hi, bh, row, H, WHICH: tl.constexpr, ROWS: tl.constexpr
 
 
 @triton.jit
+def _head_tile(desc, desc_hi, base, bh, start, N, H, PACK: tl.constexpr, WHICH: tl.constexpr,
+               ROWS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+               BLOCK_D2: tl.constexpr, TMA: tl.constexpr):
+    """Both chunks of the ROWS-row tile from row `start` of head bh, loaded once: through
+    the descriptors (TMA: _load_tma), or by pointers from `base` (_load_rows, rows past N
+    masked)."""
+    if TMA:
+        tile, tile_hi = _load_tma(desc, desc_hi, bh, start, H, WHICH, ROWS, HEAD_DIM, BLOCK_D,
+                                  BLOCK_D2)
+    else:
+        tile, tile_hi = _load_rows(base, bh, start + tl.arange(0, ROWS), N, H, PACK, WHICH,
+                                   HEAD_DIM, BLOCK_D, BLOCK_D2, True)
+    return tile, tile_hi
+
+
+@triton.jit
 def _stream_tile(desc, desc_hi, ptrs, ptrs_hi, bh, start, N, H, PACK: tl.constexpr,
                  WHICH: tl.constexpr, ROWS: tl.constexpr, HEAD_DIM: tl.constexpr,
                  BLOCK_D: tl.constexpr, BLOCK_D2: tl.constexpr, MASK_ROWS: tl.constexpr,
@@ -370,11 +386,8 @@ def fwd_kernel(QKV, O, LSE, SEED, Q_DESC, Q_DESC2, KV_DESC, KV_DESC2, qk_scale, 
     pid_m, bh = _split_pid(tl.program_id(0), N, BLOCK_M)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
-    if TMA:
-        q, q_hi = _load_tma(Q_DESC, Q_DESC2, bh, pid_m * BLOCK_M, H, 0, BLOCK_M, HEAD_DIM, BLOCK_D,
-                            BLOCK_D2)
-    else:
-        q, q_hi = _load_rows(QKV, bh, offs_m, N, H, 3, 0, HEAD_DIM, BLOCK_D, BLOCK_D2, True)
+    q, q_hi = _head_tile(Q_DESC, Q_DESC2, QKV, bh, pid_m * BLOCK_M, N, H, 3, 0, BLOCK_M, HEAD_DIM,
+                         BLOCK_D, BLOCK_D2, TMA)
     k_ptrs, k_ptrs_hi = _chunk_ptrs(QKV, bh, offs_n, N, H, 3, 1, HEAD_DIM, BLOCK_D, BLOCK_D2)
     v_ptrs, v_ptrs_hi = _chunk_ptrs(QKV, bh, offs_n, N, H, 3, 2, HEAD_DIM, BLOCK_D, BLOCK_D2)
 
@@ -564,14 +577,10 @@ def _bwd_dkdv(pid, QKV, DO, LSE, DELTA, DQKV, DQ_ACC, DQ_DESC, DQ_DESC2, Q_DESC,
     pid_n, bh = _split_pid(pid, N, BLOCK_N)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = tl.arange(0, BLOCK_M)
-    if TMA:
-        k, k_hi = _load_tma(KV_DESC, KV_DESC2, bh, pid_n * BLOCK_N, H, 1, BLOCK_N, HEAD_DIM,
-                            BLOCK_D, BLOCK_D2)
-        v, v_hi = _load_tma(KV_DESC, KV_DESC2, bh, pid_n * BLOCK_N, H, 2, BLOCK_N, HEAD_DIM,
-                            BLOCK_D, BLOCK_D2)
-    else:
-        k, k_hi = _load_rows(QKV, bh, offs_n, N, H, 3, 1, HEAD_DIM, BLOCK_D, BLOCK_D2, True)
-        v, v_hi = _load_rows(QKV, bh, offs_n, N, H, 3, 2, HEAD_DIM, BLOCK_D, BLOCK_D2, True)
+    k, k_hi = _head_tile(KV_DESC, KV_DESC2, QKV, bh, pid_n * BLOCK_N, N, H, 3, 1, BLOCK_N,
+                         HEAD_DIM, BLOCK_D, BLOCK_D2, TMA)
+    v, v_hi = _head_tile(KV_DESC, KV_DESC2, QKV, bh, pid_n * BLOCK_N, N, H, 3, 2, BLOCK_N,
+                         HEAD_DIM, BLOCK_D, BLOCK_D2, TMA)
     q_ptrs, q_ptrs_hi = _chunk_ptrs(QKV, bh, offs_m, N, H, 3, 0, HEAD_DIM, BLOCK_D, BLOCK_D2)
     do_ptrs, do_ptrs_hi = _chunk_ptrs(DO, bh, offs_m, N, H, 1, 0, HEAD_DIM, BLOCK_D, BLOCK_D2)
     if ATOMIC_DQ and not TMA_DQ:
@@ -628,14 +637,10 @@ def _bwd_dq(pid, QKV, DO, LSE, DELTA, DQKV, Q_DESC, Q_DESC2, DO_DESC, DO_DESC2, 
     pid_m, bh = _split_pid(pid, N, BLOCK_M)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
-    if TMA:
-        q, q_hi = _load_tma(Q_DESC, Q_DESC2, bh, pid_m * BLOCK_M, H, 0, BLOCK_M, HEAD_DIM,
-                            BLOCK_D, BLOCK_D2)
-        do, do_hi = _load_tma(DO_DESC, DO_DESC2, bh, pid_m * BLOCK_M, H, 0, BLOCK_M, HEAD_DIM,
-                              BLOCK_D, BLOCK_D2)
-    else:
-        q, q_hi = _load_rows(QKV, bh, offs_m, N, H, 3, 0, HEAD_DIM, BLOCK_D, BLOCK_D2, True)
-        do, do_hi = _load_rows(DO, bh, offs_m, N, H, 1, 0, HEAD_DIM, BLOCK_D, BLOCK_D2, True)
+    q, q_hi = _head_tile(Q_DESC, Q_DESC2, QKV, bh, pid_m * BLOCK_M, N, H, 3, 0, BLOCK_M,
+                         HEAD_DIM, BLOCK_D, BLOCK_D2, TMA)
+    do, do_hi = _head_tile(DO_DESC, DO_DESC2, DO, bh, pid_m * BLOCK_M, N, H, 1, 0, BLOCK_M,
+                           HEAD_DIM, BLOCK_D, BLOCK_D2, TMA)
     stats = bh.to(tl.int64) * N
     lse = tl.load(LSE + stats + offs_m, mask=offs_m < N, other=0.0)
     delta = tl.load(DELTA + stats + offs_m, mask=offs_m < N, other=0.0)
