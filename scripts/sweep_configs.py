@@ -46,7 +46,6 @@ from bench_attention import _timer, command_line, environment, result_stem, spre
 ABS_FLOOR = 1e-5
 
 
-
 def grid(op: str, d: int) -> list[launch.Candidate]:
     """The listed candidates of op at head dim d (general ones; for bwd_atomic, those that
     add into dQ), then the extra ones of the grid (tile pairs x warps x stages), without

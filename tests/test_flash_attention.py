@@ -176,11 +176,12 @@ def test_tma_reduction_backward(monkeypatch, interpreter_tma_reductions, N, D):
         assert plan[1].consts["TMA_DQ"] is True
 
 
-@pytest.mark.parametrize("D", [64, 80, 40])
+@pytest.mark.parametrize("D", [64, 80, 40, 256])
 def test_tma_reduction_candidates_mirror_the_atomic_ones(monkeypatch, D):
     """Where TMA reductions exist (Hopper), each atomic candidate gets a twin that adds its dQ
     tiles in bulk through tensor descriptors: at head dims whose tile is their own width
-    (64, and 80 split 64 + 16), not at a padded one (40, in a 64-column tile). Its launch
+    (64, and 80 split 64 + 16), not at a padded one (40, in a 64-column tile) nor past the
+    128-column chunks that the TMA kernels were built for (256), as for the TMA loads. Its launch
     sets TMA_DQ, and the descriptors cover the accumulator in tiles of the kernel's chunks."""
     monkeypatch.setattr(launch, "_TMA", True)
     found = launch.candidates("bwd_atomic", 577, D)
@@ -188,10 +189,11 @@ def test_tma_reduction_candidates_mirror_the_atomic_ones(monkeypatch, D):
     tma = [c for c in found if c.family == "atomic_tma"]
     twins = [launch.Candidate("atomic_tma", c.blocks, c.num_warps, c.num_stages) for c in atomic]
     # each atomic candidate's twin, then 8-warp tiles that pay only with TMA loads
-    assert atomic and (tma[:len(twins)] == twins and len(tma) > len(twins) if D != 40 else tma == [])
+    no_twins = D in (40, 256)
+    assert atomic and (tma == [] if no_twins else tma[:len(twins)] == twins and len(tma) > len(twins))
     monkeypatch.setattr(launch, "_TMA", False)
     assert not any(c.family == "atomic_tma" for c in launch.candidates("bwd_atomic", 577, D))
-    if D == 40:
+    if no_twins:
         return
     for cand in (atomic[0], tma[0]):
         main = flash_mod._bwd_launches(cand, B=2, N=577, H=3, D=D)[1]

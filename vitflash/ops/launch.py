@@ -193,7 +193,7 @@ def candidates(op: str, n: int, d: int, bh: int = 1) -> list[Candidate]:
         if op == "bwd_atomic":  # one program kind, a key tile each: (BLOCK_M, BLOCK_N)
             # ... beside the deterministic ones below: allowing atomics never costs speed
             out += _atomic_candidates(bd)
-            if bd == d and tma_reductions():  # bulk adds need the tile to match the columns
+            if tma_width(d) and tma_reductions():
                 out += [Candidate("atomic_tma", c.blocks, c.num_warps, c.num_stages)
                         for c in _atomic_candidates(bd) + _atomic_tma_extra(bd)]
         if bd <= 64:
@@ -229,16 +229,14 @@ _TMA: bool | None = None
 
 
 def tma_reductions() -> bool:
-    """Whether this machine can add tiles into memory through TMA descriptors: a CUDA GPU of
-    compute capability 9 (Hopper) or newer and a Triton whose descriptors have atomic_add
-    (3.6 and 3.8 both do). Not in the interpreter, which has no such reduction."""
+    """Whether this machine can also add tiles into memory through TMA descriptors: TMA
+    loads (`tma_loads`) and a Triton whose descriptors have atomic_add (3.6 and 3.8 both
+    do). Not in the interpreter, which has no such reduction (the tests give it one)."""
     global _TMA
     if _TMA is None:
         import triton.language as tl
 
-        _TMA = (not INTERPRET and torch.cuda.is_available()
-                and torch.cuda.get_device_capability()[0] >= 9
-                and hasattr(getattr(tl, "tensor_descriptor", None), "atomic_add"))
+        _TMA = tma_loads() and hasattr(getattr(tl, "tensor_descriptor", None), "atomic_add")
     return _TMA
 
 
@@ -256,13 +254,19 @@ def tma_loads() -> bool:
     return _TMA_LOADS
 
 
+def tma_width(d: int) -> bool:
+    """Whether head dim d's tiles can go through TMA boxes: its column chunks cover d
+    exactly (a padded head dim would read its neighbour's columns, which a box cannot mask),
+    none wider than the 128 columns the TMA kernels were built and tested for."""
+    return tile_width(d) == d and split_d(d)[0] <= 128
+
+
 def tma_fits(c: Candidate, d: int) -> bool:
-    """Whether candidate c's tiles can come through TMA descriptors at head dim d: the
-    column chunks cover d exactly (a padded head dim would read its neighbour's columns,
-    which a box cannot mask) and, for the backward, its tiles have the two heights of the
-    FA2 shapes, BLOCK_M1 = BLOCK_N2 and BLOCK_N1 = BLOCK_M2, one descriptor each."""
+    """Whether general candidate c's tiles can come through TMA descriptors at head dim d:
+    `tma_width(d)` and, for the backward, its tiles have the two heights of the FA2 shapes,
+    BLOCK_M1 = BLOCK_N2 and BLOCK_N1 = BLOCK_M2, one descriptor each."""
     m = c.meta
-    return (c.family == "general" and tile_width(d) == d and split_d(d)[0] <= 128
+    return (c.family == "general" and tma_width(d)
             and m.get("BLOCK_M1") == m.get("BLOCK_N2") and m.get("BLOCK_N1") == m.get("BLOCK_M2"))
 
 
