@@ -6,6 +6,7 @@ absolute floor. Without CUDA the kernels run in Triton's interpreter (see confte
 """
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 
 import numpy as np
@@ -821,6 +822,51 @@ def test_tuning_compiles_all_then_keeps_each_candidates_best_round(monkeypatch):
     assert [c for kind, c in events if kind == "time"] == [slow_once, steady, cands[3]] * launch.TIMING_ROUNDS
     with pytest.raises(RuntimeError, match="no flash-attention configuration compiles"):
         launch._time_candidates([too_big], run)
+
+
+def test_candidates_compile_on_threads_before_timing(monkeypatch):
+    """Before a key's candidates are timed, _compile_all runs each of them as warm-ups only
+    (compile, launch nothing) under Triton's AsyncCompileMode, which hands the compiles to
+    COMPILE_THREADS threads; a candidate that fails there is left to the timed pass; and
+    afterwards Launches launch again."""
+    from triton.runtime import _async_compile
+
+    events = []
+
+    class Kernel:  # records what a Launch asks of it
+        arg_names = ["X", "BLOCK_M"]
+
+        def warmup(self, *args, grid, BLOCK_M, num_warps, num_stages):
+            pool = _async_compile.active_mode.get()  # where Triton sends the compile
+            events.append(("compile", BLOCK_M, pool is not None and pool.executor._max_workers))
+            if BLOCK_M == 16:
+                raise RuntimeError("does not compile")
+
+        def __getitem__(self, grid):
+            return lambda *args, BLOCK_M, **kw: events.append(("launch", BLOCK_M))
+
+    kernel = Kernel()
+    cands = [launch.short_fwd(65, m) for m in (16, 32, 64, 128)]
+
+    def run(cand):
+        launch.Launch(kernel, 1, {"BLOCK_M": cand.meta["BLOCK_M"]}, cand.num_warps, 1, n_tensors=0)(None)
+
+    monkeypatch.setattr(launch, "INTERPRET", False)
+    monkeypatch.setattr(launch, "COMPILE_THREADS", 3)
+    launch._compile_all(cands, run)
+    assert events == [("compile", m, 3) for m in (16, 32, 64, 128)]
+    assert _async_compile.active_mode.get() is None
+    events.clear()
+    run(cands[1])  # the mode is left: a Launch launches
+    assert events == [("launch", 32)]
+    events.clear()
+    monkeypatch.setattr(launch, "COMPILE_THREADS", 1)  # one core: the timed pass compiles alone
+    launch._compile_all(cands, run)
+    assert events == []
+    monkeypatch.setattr(launch, "COMPILE_THREADS", 3)
+    with ThreadPoolExecutor(1) as pool, triton.AsyncCompileMode(pool):  # the caller's own
+        launch._compile_all(cands, run)  # Triton allows one mode at a time: none here
+    assert events == []
 
 
 @pytest.mark.parametrize("D", [64, 96, 128])

@@ -169,8 +169,10 @@ def _backward(do: torch.Tensor, qkv: torch.Tensor, o: torch.Tensor, lse: torch.T
     qk_scale = softmax_scale * LOG2E
     dropout = dropout_p > 0
     seed = seed if dropout else lse
+    dq_acc = None  # the atomic backward's fp32 dQ, one per call (and per tuning, not per candidate)
 
     def run(plan: list[Launch]) -> None:
+        nonlocal dq_acc
         # one launch: the short backward; two: delta, then bwd_kernel; three: delta,
         # bwd_atomic_kernel into an fp32 dQ, then bwd_dq_kernel (see _bwd_launches)
         if len(plan) == 1:
@@ -188,7 +190,9 @@ def _backward(do: torch.Tensor, qkv: torch.Tensor, o: torch.Tensor, lse: torch.T
             plan[1](qkv, do, lse, delta, dqkv, seed, *descs, qk_scale, softmax_scale, dropout_p,
                     B * H, H, N)
             return
-        dq_acc = torch.zeros((B * H, N, D), dtype=torch.float32, device=qkv.device)
+        if dq_acc is None:
+            dq_acc = torch.empty((B * H, N, D), dtype=torch.float32, device=qkv.device)
+        dq_acc.zero_()
         c = plan[1].consts
         if c["TMA_DQ"]:  # dQ's bulk adds, and the tiles' loads (see kernels.bwd_atomic_kernel)
             descs = tuple(d for t, rows in ((dq_acc, c["BLOCK_M"]), (qkv, c["BLOCK_M"]),

@@ -10,10 +10,11 @@ to the backward's candidates. On Hopper, "general_tma" and "atomic_tma" are thei
 load tiles through TMA descriptors, the latter also adding dQ tiles in bulk. The tiles of a
 partial last block of queries (short kernels) or keys (general forward) are not part of a
 candidate: `tail_tile` derives them from N and the block when the launch is built. The
-first call at a key (op, dtype, N, D, B*H rounded up to a power of two) times every
-candidate that compiles and keeps the fastest; the choice is written to a JSON file keyed by
-GPU and versions (`$VITFLASH_CACHE_DIR/autotune.json`, default `~/.cache/vitflash`), so later
-processes start at full speed (Triton keeps the compiled binaries in its own cache).
+first call at a key (op, dtype, N, D, B*H rounded up to a power of two) compiles every
+candidate on a pool of threads, then times every one that compiles and keeps the fastest;
+the choice is written to a JSON file keyed by GPU and versions
+(`$VITFLASH_CACHE_DIR/autotune.json`, default `~/.cache/vitflash`), so later processes start
+at full speed (Triton keeps the compiled binaries in its own cache).
 While a CUDA graph is being captured nothing can be timed: an unseen key then takes
 `heuristic`, and is not written to the file.
 
@@ -27,6 +28,8 @@ from __future__ import annotations
 
 import json
 import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
@@ -366,6 +369,10 @@ class Launch:
         if INTERPRET:
             self.kernel[(self.grid,)](*args, **self.consts)
             return
+        if getattr(_compiling, "only", False):  # in _compile_all: compile, launch nothing
+            self.kernel.warmup(*args, grid=(self.grid,), **self.consts, num_warps=self.num_warps,
+                               num_stages=self.num_stages)
+            return
         ck = self.kernel[(self.grid,)](*args, **self.consts, num_warps=self.num_warps,
                                        num_stages=self.num_stages)
         if self.compiled is None and _fast_launch_ok(self, ck, args):
@@ -490,7 +497,9 @@ def choose(op: str, dtype: torch.dtype, n: int, d: int, bh: int, device: torch.d
         cand = Candidate.from_json(saved)
     else:
         times = _timings[key] = {}
-        cand = _time_candidates(candidates(op, n, d, bh), run, times)
+        cands = candidates(op, n, d, bh)
+        _compile_all(cands, run)
+        cand = _time_candidates(cands, run, times)
         _write_disk(entry, cand)
     _chosen[key] = cand
     return cand
@@ -518,6 +527,37 @@ def _time_ms(fn: Callable[[], None], calls: int = 10, repeats: int = 5) -> float
         end.synchronize()
         times.append(start.elapsed_time(end) / calls)
     return sorted(times)[len(times) // 2]
+
+
+# Threads that compile a key's candidates at once (Triton's compiler releases the GIL for
+# much of a compile: its MLIR passes, LLVM and ptxas)
+COMPILE_THREADS = min(8, os.cpu_count() or 1)
+_compiling = threading.local()  # .only: this thread's Launches compile without launching
+
+
+def _compile_all(cands: list[Candidate], run: Callable[[Candidate], None]) -> None:
+    """Compile every candidate before any is timed, COMPILE_THREADS at a time: under
+    Triton's AsyncCompileMode, run(cand) with this thread's Launches set to compile only
+    (Triton's warm-up) hands each kernel's compile to a pool of threads, and leaving the
+    mode waits for them all and puts the binaries in the kernels' caches. A candidate that
+    fails to compile raises when _time_candidates runs it, which skips or reports it as it
+    does a serial compile's failure."""
+    mode = getattr(triton, "AsyncCompileMode", None)  # in triton 3.6 and 3.8
+    if mode is None or COMPILE_THREADS < 2 or len(cands) < 2:
+        return
+    try:
+        with ThreadPoolExecutor(COMPILE_THREADS) as pool, mode(pool, ignore_errors=True):
+            _compiling.only = True
+            try:
+                for cand in cands:
+                    try:
+                        run(cand)
+                    except Exception:  # left to _time_candidates (see above)
+                        pass
+            finally:
+                _compiling.only = False
+    except RuntimeError:  # the caller's own AsyncCompileMode is active (one at a time)
+        pass
 
 
 TIMING_ROUNDS = 2
