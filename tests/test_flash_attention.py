@@ -867,6 +867,8 @@ def test_candidates_compile_on_threads_before_timing(monkeypatch):
     with ThreadPoolExecutor(1) as pool, triton.AsyncCompileMode(pool):  # the caller's own
         launch._compile_all(cands, run)  # Triton allows one mode at a time: none here
     assert events == []
+    run(cands[2])  # and this thread's Launches launch again
+    assert events == [("launch", 64)]
 
 
 @pytest.mark.parametrize("D", [64, 96, 128])

@@ -545,19 +545,18 @@ def _compile_all(cands: list[Candidate], run: Callable[[Candidate], None]) -> No
     mode = getattr(triton, "AsyncCompileMode", None)  # in triton 3.6 and 3.8
     if mode is None or COMPILE_THREADS < 2 or len(cands) < 2:
         return
+    _compiling.only = True
     try:
         with ThreadPoolExecutor(COMPILE_THREADS) as pool, mode(pool, ignore_errors=True):
-            _compiling.only = True
-            try:
-                for cand in cands:
-                    try:
-                        run(cand)
-                    except Exception:  # left to _time_candidates (see above)
-                        pass
-            finally:
-                _compiling.only = False
+            for cand in cands:
+                try:
+                    run(cand)
+                except Exception:  # left to _time_candidates (see above)
+                    pass
     except RuntimeError:  # the caller's own AsyncCompileMode is active (one at a time)
         pass
+    finally:
+        _compiling.only = False
 
 
 TIMING_ROUNDS = 2
