@@ -290,12 +290,11 @@ def _best_sdpa(row: dict, key: str) -> dict:
 
 
 def _candidate(c: dict | None) -> str:
-    """A candidate as one cell: family, tile sizes, warps, stages and register cap."""
+    """A candidate as one cell: family, tile sizes, warps and stages."""
     if c is None:
         return "n/a"
     blocks = ", ".join(f"{k}={v}" for k, v in c["blocks"].items())
-    cap = f", at most {c['maxnreg']} registers" if c.get("maxnreg") else ""
-    return f"{c['family']}: {blocks}; {c['num_warps']} warps, {c['num_stages']} stages{cap}"
+    return f"{c['family']}: {blocks}; {c['num_warps']} warps, {c['num_stages']} stages"
 
 
 def markdown(results: list[dict], latency: dict, env: dict, command: str) -> str:

@@ -6,7 +6,6 @@ absolute floor. Without CUDA the kernels run in Triton's interpreter (see confte
 """
 from __future__ import annotations
 
-import json
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 
@@ -870,51 +869,6 @@ def test_candidates_compile_on_threads_before_timing(monkeypatch):
     assert events == []
     run(cands[2])  # and this thread's Launches launch again
     assert events == [("launch", 64)]
-
-
-def test_register_caps_reach_triton(monkeypatch):
-    """The short kernels' register-capped candidates: listed at small tiles only (N = 65 and
-    17 at D = 64; not the forward at D = 16, whose tiles fit uncapped, nor N = 197), built
-    into Launches that hand maxnreg to Triton's launch and warm-up (uncapped ones hand
-    nothing), and kept through the cache file's JSON."""
-    def capped(op, n, d):
-        return {(c.meta["BLOCK_M"], c.num_warps, c.maxnreg)
-                for c in launch.candidates(op, n, d, bh=24) if c.maxnreg}
-
-    assert capped("fwd", 65, 64) == set(launch.SHORT_FWD_CAPPED)
-    assert capped("bwd", 65, 64) == capped("bwd", 65, 16) == set(launch.SHORT_BWD_CAPPED)
-    assert capped("fwd", 17, 64) == {c for c in launch.SHORT_FWD_CAPPED if c[0] <= 32}
-    assert capped("fwd", 65, 16) == capped("fwd", 197, 64) == capped("bwd", 197, 64) == set()
-    fwd = launch.short_fwd(65, 64, 4, maxnreg=160)
-    bwd = launch.short_bwd(65, 32, 8, maxnreg=128)
-    assert flash_mod._fwd_launches(fwd, 2, 65, 3, 64)[0].options == dict(num_warps=4, num_stages=1, maxnreg=160)
-    assert flash_mod._bwd_launches(bwd, 2, 65, 3, 64)[0].options == dict(num_warps=8, num_stages=1, maxnreg=128)
-    plain = flash_mod._fwd_launches(launch.short_fwd(65, 64), 2, 65, 3, 64)[0]
-    assert plain.options == dict(num_warps=4, num_stages=1)
-    for c in (fwd, bwd):
-        assert launch.Candidate.from_json(json.loads(json.dumps(c.to_json()))) == c
-    old = {k: v for k, v in launch.short_fwd(65, 64).to_json().items() if k != "maxnreg"}
-    assert launch.Candidate.from_json(old) == launch.short_fwd(65, 64)
-
-    seen = []
-
-    class Kernel:  # records the options a Launch hands to Triton
-        arg_names = ["X", "BLOCK_M"]
-
-        def warmup(self, *args, grid, BLOCK_M, **options):
-            seen.append(("warmup", options))
-
-        def __getitem__(self, grid):
-            return lambda *args, BLOCK_M, **options: seen.append(("launch", options))
-
-    monkeypatch.setattr(launch, "INTERPRET", False)
-    launch.Launch(Kernel(), 1, {"BLOCK_M": 64}, 4, 1, n_tensors=0, maxnreg=160)(None)
-    launch._compile_all([fwd, fwd], lambda c: launch.Launch(Kernel(), 1, {"BLOCK_M": 64}, 4, 1,
-                                                             n_tensors=0, maxnreg=c.maxnreg)(None))
-    want = dict(num_warps=4, num_stages=1, maxnreg=160)
-    assert seen[0] == ("launch", want)
-    if launch.COMPILE_THREADS > 1:  # a core to spare: the compile-only pass warmed both up
-        assert seen[1:] == [("warmup", want)] * 2
 
 
 @pytest.mark.parametrize("D", [64, 96, 128])

@@ -64,7 +64,7 @@ def _fwd_launches(c: Candidate, B: int, N: int, H: int, D: int, dropout: bool = 
     block_d1, block_d2 = split_d(D)  # (64, 16) at D = 80: two column chunks, no padding
     consts = {"HEAD_DIM": D, "BLOCK_D": block_d1, "BLOCK_D2": block_d2, **meta}
     grid = _cdiv(N, meta["BLOCK_M"]) * (B * H // meta.get("HEADS", 1))
-    return [Launch(kernel, grid, consts, c.num_warps, c.num_stages, n_tensors=4, maxnreg=c.maxnreg)]
+    return [Launch(kernel, grid, consts, c.num_warps, c.num_stages, n_tensors=4)]
 
 
 def _bwd_launches(c: Candidate, B: int, N: int, H: int, D: int, dropout: bool = False) -> list[Launch]:
@@ -73,7 +73,7 @@ def _bwd_launches(c: Candidate, B: int, N: int, H: int, D: int, dropout: bool = 
     if c.family == "short":  # one program per (batch, head), delta computed inside
         tail = {"BLOCK_MT": tail_tile(N, c.meta["BLOCK_M"])}  # the rows past the last BLOCK_M
         return [Launch(kernels.bwd_short_kernel, B * H, {**head, **c.meta, **tail, "DROPOUT": dropout},
-                       c.num_warps, c.num_stages, n_tensors=6, maxnreg=c.maxnreg)]
+                       c.num_warps, c.num_stages, n_tensors=6)]
     m = c.meta
     delta = Launch(kernels.bwd_delta_kernel, _cdiv(N, DELTA_BLOCK) * B * H,
                    {**head, "BLOCK_M": DELTA_BLOCK}, 4, 1, n_tensors=3)

@@ -42,10 +42,10 @@ from vitflash.ops import kernels
 
 INTERPRET = bool(kernels.INTERPRET)
 # bump when a kernel or the candidate list changes in a way that can change the best config:
-# 9, short candidates under a register cap (maxnreg); 8, the general forward's and backward's TMA-load twins ("general_tma", Hopper); 7, (128, 128) forward tiles at head dims 65-128, bwd_atomic choosing among the deterministic
+# 8, the general forward's and backward's TMA-load twins ("general_tma", Hopper); 7, (128, 128) forward tiles at head dims 65-128, bwd_atomic choosing among the deterministic
 # candidates too and, on Hopper, its TMA-reduction twins; 6, the forwards' FMA-folded softmax (and the bwd_atomic op); 5, split head dims (4 keyed the
 # reverted TAILS candidates of 067433b, which a GPU machine's cache file may still hold)
-CACHE_VERSION = 9
+CACHE_VERSION = 8
 
 # the families of bwd_atomic's own kernels: dQ added element by element, or by TMA tiles
 ATOMIC_FAMILIES = ("atomic", "atomic_tma")
@@ -53,14 +53,12 @@ ATOMIC_FAMILIES = ("atomic", "atomic_tma")
 
 @dataclass(frozen=True)
 class Candidate:
-    """One way to run an op: kernel family, block sizes, warps, pipeline stages and a cap
-    on registers per thread (maxnreg; 0: the compiler's choice)."""
+    """One way to run an op: kernel family, block sizes, warps and pipeline stages."""
 
     family: str  # "general", "general_tma", "short", "atomic" or "atomic_tma"
     blocks: tuple[tuple[str, int], ...]
     num_warps: int = 4
     num_stages: int = 1
-    maxnreg: int = 0
 
     @property
     def meta(self) -> dict:
@@ -71,8 +69,7 @@ class Candidate:
 
     @classmethod
     def from_json(cls, d: dict) -> "Candidate":
-        return cls(d["family"], tuple(d["blocks"].items()), d["num_warps"], d["num_stages"],
-                   d.get("maxnreg", 0))
+        return cls(d["family"], tuple(d["blocks"].items()), d["num_warps"], d["num_stages"])
 
 
 def _c(family: str, names: tuple[str, ...], *rows) -> list[Candidate]:
@@ -143,33 +140,18 @@ SHORT_BWD_MAX = 160  # short backward: K, V, dK, dV of a head stay on chip
 
 
 def short_fwd(n: int, block_m: int, num_warps: int = 4, heads: int = 1,
-              stages: int = 1, maxnreg: int = 0) -> Candidate:
+              stages: int = 1) -> Candidate:
     """A short-forward candidate at sequence length n: one program loops over `heads`
     (batch, head)s, software-pipelined over `stages`. Its query tile has `block_m` rows,
     the partial last one `tail_tile(n, block_m)` (set when the launch is built)."""
     return Candidate("short", (("BLOCK_M", block_m),) + short_tiles(n, tails=2)
-                     + (("HEADS", heads), ("STAGES", stages)), num_warps, 1, maxnreg)
+                     + (("HEADS", heads), ("STAGES", stages)), num_warps, 1)
 
 
-def short_bwd(n: int, block_m: int, num_warps: int = 4, maxnreg: int = 0) -> Candidate:
+def short_bwd(n: int, block_m: int, num_warps: int = 4) -> Candidate:
     """A short-backward candidate at sequence length n: query rows in chunks of `block_m`,
     the rest in one chunk of `tail_tile(n, block_m)` rows (set when the launch is built)."""
-    return Candidate("short", (("BLOCK_M", block_m),) + short_tiles(n), num_warps, 1, maxnreg)
-
-
-# Register caps for the short kernels at small tiles (at most 128 keys, 33-64 columns for
-# the forward, at most 64 for the backward), where a program's registers, not its shared
-# memory, set how many programs an SM holds.
-# Compiled for sm_90 at N = 65, D = 64, the 64-row forward takes 204 registers a thread in
-# 4 warps with triton 3.8, 219 with 3.6 (2 programs, 8 warps an SM); capped at 160 it
-# spills 0-32 bytes and 3 fit; at 128, 4 fit for 128-196 bytes of spills. The 32-row one
-# takes 168 (3.8) or 252 (3.6). The latency-bound small shapes may trade spills for
-# programs in flight, or not: the tuner times both. (block_m, warps, cap):
-SHORT_FWD_CAPPED = ((64, 4, 160), (64, 4, 128), (32, 4, 160), (32, 4, 128), (32, 2, 128),
-                    (16, 2, 128))
-# the backward holds K, V, dK and dV of a head (255 registers at 32-row chunks, 8 warps:
-# one program an SM); capped at 128, two fit for 760 bytes of spills
-SHORT_BWD_CAPPED = ((32, 8, 128),)
+    return Candidate("short", (("BLOCK_M", block_m),) + short_tiles(n), num_warps, 1)
 
 
 def candidates(op: str, n: int, d: int, bh: int = 1) -> list[Candidate]:
@@ -208,9 +190,6 @@ def candidates(op: str, n: int, d: int, bh: int = 1) -> list[Candidate]:
             out += [short_fwd(n, m, 4, g, st) for m in (32, 64) for g, st in ((2, 2), (4, 2), (8, 3), (16, 3))
                     if m <= max(16, _pow2(n)) and bh % g == 0
                     and st * (m + 2 * keys) * bd * 2 <= 160 * 1024]
-            if keys <= 128 and 32 < bd <= 64:  # narrower tiles fit anyway (and grow under a cap)
-                out += [short_fwd(n, m, w, maxnreg=r) for m, w, r in SHORT_FWD_CAPPED
-                        if m <= max(16, _pow2(n))]
     elif op in ("bwd", "bwd_atomic"):
         keys = short_keys(n)
         names = ("BLOCK_M1", "BLOCK_N1", "BLOCK_M2", "BLOCK_N2")
@@ -244,8 +223,6 @@ def candidates(op: str, n: int, d: int, bh: int = 1) -> list[Candidate]:
             # below the shared memory: D <= 64 and at most 128 keys
             if 128 <= _pow2(n) and keys <= 128 and bd <= 64:
                 out.append(short_bwd(n, 128, 8))
-            if keys <= 128 and bd <= 64:
-                out += [short_bwd(n, m, w, r) for m, w, r in SHORT_BWD_CAPPED if m <= max(16, _pow2(n))]
     else:
         raise ValueError(f"unknown op {op!r}")
     return out
@@ -365,21 +342,18 @@ class Launch:
     launcher. The plan that holds a Launch is keyed by everything Triton specializes on
     except pointer alignment, which is checked per call."""
 
-    __slots__ = ("kernel", "grid", "consts", "values", "options", "n_tensors", "compiled")
+    __slots__ = ("kernel", "grid", "consts", "values", "num_warps", "num_stages", "n_tensors",
+                 "compiled")
 
     def __init__(self, kernel, grid: int, consts: dict, num_warps: int, num_stages: int,
-                 n_tensors: int, maxnreg: int = 0):
+                 n_tensors: int):
         # in the kernel's parameter order, which the direct launch relies on (a candidate
         # read back from the cache file may list its blocks in another order)
         names = list(getattr(kernel, "arg_names", consts))
         consts = dict(sorted(consts.items(), key=lambda kv: names.index(kv[0])))
         self.kernel, self.grid, self.consts = kernel, grid, consts
         self.values = tuple(consts.values())
-        # Triton's compile options; maxnreg only when set (0: the compiler's choice)
-        self.options = dict(num_warps=num_warps, num_stages=num_stages)
-        if maxnreg:
-            self.options["maxnreg"] = maxnreg
-        self.n_tensors = n_tensors
+        self.num_warps, self.num_stages, self.n_tensors = num_warps, num_stages, n_tensors
         self.compiled = None
 
     def __call__(self, *args) -> None:
@@ -396,9 +370,11 @@ class Launch:
             self.kernel[(self.grid,)](*args, **self.consts)
             return
         if getattr(_compiling, "only", False):  # in _compile_all: compile, launch nothing
-            self.kernel.warmup(*args, grid=(self.grid,), **self.consts, **self.options)
+            self.kernel.warmup(*args, grid=(self.grid,), **self.consts, num_warps=self.num_warps,
+                               num_stages=self.num_stages)
             return
-        ck = self.kernel[(self.grid,)](*args, **self.consts, **self.options)
+        ck = self.kernel[(self.grid,)](*args, **self.consts, num_warps=self.num_warps,
+                                       num_stages=self.num_stages)
         if self.compiled is None and _fast_launch_ok(self, ck, args):
             global _fast_count
             self.compiled = ck
