@@ -3,6 +3,9 @@ tiny case (the GPU runs that produced their committed logs are not repeated here
 from __future__ import annotations
 
 import importlib.util
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -30,3 +33,23 @@ def test_warp_specialize_probe_forward_matches_sdpa(ws):
     q, k, v = (qkv[:, :, i].transpose(1, 2).float() for i in range(3))
     ref = torch.nn.functional.scaled_dot_product_attention(q, k, v)
     assert (o.float() - ref).abs().max().item() < 2e-3
+
+
+
+def test_registers_probe_reports_what_ptxas_allocated():
+    """The register probe, run as its command in a process of its own (the kernels must be
+    compiled, not interpreted), compiles the 64-row short forward at N = 65, D = 64 for sm_90
+    and reads ptxas's report: under a cap of 128 registers a thread it gets at most 128, so
+    four 4-warp programs fit an SM by registers (its shared memory allows more); uncapped it
+    gets more than 128 and fewer programs."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run([sys.executable, str(PROBES / "registers.py"), "--op", "fwd", "--d", "64",
+                          "--n", "65", "--tiles", "64x4", "--maxnreg", "0,128"],
+                         capture_output=True, text=True, env=env, check=True).stdout
+    rows = [line.strip("|").split("|") for line in out.splitlines() if line.startswith("| 65 ")]
+    (free, capped) = [dict(cap=r[3].strip(), registers=int(r[4]), smem=float(r[6]), programs=int(r[7]))
+                      for r in rows]
+    assert (free["cap"], capped["cap"]) == ("-", "128")
+    assert capped["registers"] <= 128 and capped["programs"] == 4
+    assert free["registers"] > 128 and free["programs"] < 4
+    assert capped["smem"] == free["smem"] > 0

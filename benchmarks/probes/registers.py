@@ -1,0 +1,89 @@
+"""Probe: registers, spills and shared memory of the short kernels compiled for Hopper, and how
+many programs of each fit on one SM. Runs on the CPU: Triton compiles for sm_90 without a GPU,
+and its bundled ptxas reports what it allocated.
+
+    python benchmarks/probes/registers.py --op fwd --d 64 --n 65 --tiles 64x4,32x4 --maxnreg 0,128,160
+
+--tiles lists BLOCK_M x warps; --maxnreg lists register caps per thread (0: the compiler's
+choice), passed to Triton as its `maxnreg` option. Programs per SM: the fewest that registers
+(64K a SM, allocated per warp in steps of 8 a thread), shared memory (228 KiB, 1 KiB of it
+reserved per program) and the 64-warp limit allow.
+"""
+from __future__ import annotations
+
+import argparse
+import re
+import subprocess
+import tempfile
+from pathlib import Path
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from vitflash.ops import kernels, launch
+
+PTXAS = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+SIGNATURES = {
+    "fwd": dict(QKV="*bf16", O="*bf16", LSE="*fp32", SEED="*i64", qk_scale="fp32", drop_p="fp32",
+                H="i32", N="i32"),
+    "bwd": dict(QKV="*bf16", O="*bf16", DO="*bf16", LSE="*fp32", DQKV="*bf16", SEED="*i64",
+                qk_scale="fp32", sm_scale="fp32", drop_p="fp32", H="i32", N="i32"),
+}
+
+
+def compile_short(op: str, d: int, n: int, block_m: int, warps: int, maxnreg: int = 0):
+    """The short forward or backward at head dim d, length n and a BLOCK_M-row tile, compiled
+    for sm_90 (bf16, no dropout, one head per program)."""
+    bd, bd2 = launch.split_d(d)
+    head = dict(HEAD_DIM=d, BLOCK_D=bd, BLOCK_D2=bd2, BLOCK_M=block_m,
+                BLOCK_MT=launch.tail_tile(n, block_m), DROPOUT=False)
+    if op == "fwd":
+        fn, consts = kernels.fwd_short_kernel, {**head, **dict(launch.short_tiles(n, tails=2)),
+                                                "HEADS": 1, "STAGES": 1}
+    else:
+        fn, consts = kernels.bwd_short_kernel, {**head, **dict(launch.short_tiles(n))}
+    signature = {**SIGNATURES[op], **dict.fromkeys(consts, "constexpr")}
+    options = dict(num_warps=warps, num_stages=1, **({"maxnreg": maxnreg} if maxnreg else {}))
+    return triton.compile(ASTSource(fn=fn, signature=signature, constexprs=consts),
+                          target=GPUTarget("cuda", 90, 32), options=options)
+
+
+def usage(compiled, warps: int) -> dict:
+    """ptxas's registers and spill bytes for the compiled kernel, its shared memory, and the
+    programs per SM these allow."""
+    with tempfile.TemporaryDirectory() as tmp:
+        ptx = Path(tmp) / "k.ptx"
+        ptx.write_text(compiled.asm["ptx"])
+        report = subprocess.run([str(PTXAS), "-arch=sm_90a", "-v", str(ptx), "-o", str(ptx.with_suffix(".cubin"))],
+                                capture_output=True, text=True, check=True).stderr
+    regs = int(re.search(r"Used (\d+) registers", report).group(1))
+    spills = int(re.search(r"(\d+) bytes spill stores", report).group(1))
+    smem = compiled.metadata.shared
+    per_warp = (regs + 7) // 8 * 8 * 32
+    programs = min(65536 // (per_warp * warps), 228 * 1024 // (smem + 1024), 64 // warps)
+    return dict(registers=regs, spill_bytes=spills, smem_kib=smem / 1024, programs_per_sm=programs)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--op", choices=("fwd", "bwd"), default="fwd")
+    p.add_argument("--d", type=int, default=64)
+    p.add_argument("--n", type=lambda s: [int(x) for x in s.split(",")], default=[65])
+    p.add_argument("--tiles", default="64x4,32x4", help="BLOCK_M x warps, comma-separated")
+    p.add_argument("--maxnreg", default="0", help="register caps, comma-separated (0: none)")
+    args = p.parse_args(argv)
+    print(f"triton {triton.__version__}, sm_90; {args.op}, D = {args.d}")
+    print("| N | BLOCK_M | warps | cap | registers | spill bytes | shared KiB | programs / SM |")
+    print("|---|---|---|---|---|---|---|---|")
+    for n in args.n:
+        for tile in args.tiles.split(","):
+            block_m, warps = map(int, tile.split("x"))
+            for cap in map(int, args.maxnreg.split(",")):
+                u = usage(compile_short(args.op, args.d, n, block_m, warps, cap), warps)
+                print(f"| {n} | {block_m} | {warps} | {cap or '-'} | {u['registers']} | {u['spill_bytes']} "
+                      f"| {u['smem_kib']:.0f} | {u['programs_per_sm']} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
