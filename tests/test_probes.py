@@ -1,5 +1,6 @@
-"""The probes under benchmarks/probes still run: their kernels against a float32 reference on a
-tiny case (the GPU runs that produced their committed logs are not repeated here)."""
+"""The probes under benchmarks/probes still run: the warp-specialization probe's kernel against
+a float32 reference on a tiny case, the register probe as its command (the GPU runs that
+produced their committed logs are not repeated here)."""
 from __future__ import annotations
 
 import importlib.util
@@ -33,7 +34,6 @@ def test_warp_specialize_probe_forward_matches_sdpa(ws):
     q, k, v = (qkv[:, :, i].transpose(1, 2).float() for i in range(3))
     ref = torch.nn.functional.scaled_dot_product_attention(q, k, v)
     assert (o.float() - ref).abs().max().item() < 2e-3
-
 
 
 def test_registers_probe_reports_what_ptxas_allocated():
