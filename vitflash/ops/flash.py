@@ -52,13 +52,13 @@ _plans: dict[tuple, list[Launch]] = {}
 
 
 def _fwd_launches(c: Candidate, B: int, N: int, H: int, D: int, dropout: bool = False) -> list[Launch]:
-    kernel = kernels.fwd_short_kernel if c.family == "short" else kernels.fwd_kernel
-    meta = {**c.meta, "DROPOUT": dropout}
+    short = c.family in _launch.SHORT_FWD_FAMILIES
+    kernel = kernels.fwd_short_kernel if short else kernels.fwd_kernel
+    meta = {**c.meta, "DROPOUT": dropout, "TMA": c.family in ("general_tma", "short_tma")}
     if (B * H) % meta.get("HEADS", 1):  # tuned at another B * H of the same bucket
         meta.update(HEADS=1, STAGES=1)
-    if c.family != "short":  # the tail tile: the keys past the last full BLOCK_N
+    if not short:  # the tail tile: the keys past the last full BLOCK_N
         meta["BLOCK_T"] = tail_tile(N, meta["BLOCK_N"])
-        meta["TMA"] = c.family == "general_tma"
     else:  # the query rows past the last full BLOCK_M
         meta["BLOCK_MT"] = tail_tile(N, meta["BLOCK_M"])
     block_d1, block_d2 = split_d(D)  # (64, 16) at D = 80: two column chunks, no padding
@@ -144,15 +144,21 @@ def _forward(qkv: torch.Tensor, softmax_scale: float, dropout_p: float = 0.0,
 
 
 def _fwd_descriptors(launch: Launch, qkv: torch.Tensor) -> tuple:
-    """The descriptor arguments of a forward launch: none for the short kernel; for the
-    general one, qkv's in boxes of BLOCK_M rows (Q) and BLOCK_N rows (K, V) with TMA, else
-    qkv itself in their four places (never read)."""
+    """The descriptor arguments of a forward launch, qkv's in boxes of the heights its tiles
+    have with TMA, else qkv itself in their places (never read). The general kernel: BLOCK_M
+    rows (Q) and BLOCK_N rows (K, V). The short one: BLOCK_M and BLOCK_MT (Q), BLOCK_N,
+    BLOCK_T and BLOCK_T2 (K, V); a height that is 0 (no such tile) takes a neighbour's
+    descriptor, never read, and each height's pair is made once."""
     c = launch.consts
-    if launch.kernel is kernels.fwd_short_kernel:
-        return ()
+    short = launch.kernel is kernels.fwd_short_kernel
     if not c["TMA"]:
-        return (qkv,) * 4
-    return _tma_descriptors(qkv, c["BLOCK_M"], c) + _tma_descriptors(qkv, c["BLOCK_N"], c)
+        return (qkv,) * (10 if short else 4)
+    if not short:
+        return _tma_descriptors(qkv, c["BLOCK_M"], c) + _tma_descriptors(qkv, c["BLOCK_N"], c)
+    rows = (c["BLOCK_M"], c["BLOCK_MT"] or c["BLOCK_M"], c["BLOCK_N"], c["BLOCK_T"],
+            c["BLOCK_T2"] or c["BLOCK_T"])
+    made = {r: _tma_descriptors(qkv, r, c) for r in set(rows)}
+    return tuple(d for r in rows for d in made[r])
 
 
 def _backward(do: torch.Tensor, qkv: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,

@@ -425,40 +425,54 @@ def _keep_scale(drop_p, DROPOUT: tl.constexpr):
 
 
 @triton.jit
-def _fwd_short_scores(q, q_hi, QKV, bh, offs, N, H, HEAD_DIM: tl.constexpr,
-                      BLOCK_D: tl.constexpr, BLOCK_D2: tl.constexpr):
-    """Scores of q against the keys `offs` (unscaled, -inf past N) and their V tile (its two
-    chunks)."""
-    k, k_hi = _load_rows(QKV, bh, offs, N, H, 3, 1, HEAD_DIM, BLOCK_D, BLOCK_D2, True)
-    v, v_hi = _load_rows(QKV, bh, offs, N, H, 3, 2, HEAD_DIM, BLOCK_D, BLOCK_D2, True)
+def _fwd_short_scores(q, q_hi, QKV, desc, desc_hi, bh, start, N, H, HEAD_DIM: tl.constexpr,
+                      BLOCK_D: tl.constexpr, BLOCK_D2: tl.constexpr, ROWS: tl.constexpr,
+                      TMA: tl.constexpr):
+    """Scores of q against the ROWS keys from `start` (unscaled, -inf past N) and their V
+    tile (its two chunks). With TMA, K and V come through the descriptors `desc`, `desc_hi`
+    (ROWS-row boxes of qkv; see _load_tma), else by masked pointer loads."""
+    k, k_hi = _head_tile(desc, desc_hi, QKV, bh, start, N, H, 3, 1, ROWS, HEAD_DIM, BLOCK_D,
+                         BLOCK_D2, TMA)
+    v, v_hi = _head_tile(desc, desc_hi, QKV, bh, start, N, H, 3, 2, ROWS, HEAD_DIM, BLOCK_D,
+                         BLOCK_D2, TMA)
     s = _dot_t(q, q_hi, k, k_hi, BLOCK_D2)
+    offs = start + tl.arange(0, ROWS)
     return tl.where(offs[None, :] < N, s, float("-inf")), v, v_hi
 
 
 @triton.jit
-def _fwd_short_rows(QKV, O, LSE, SEED, qk_scale, drop_p, H, N, group, start_m,
+def _fwd_short_rows(QKV, O, LSE, SEED, Q_DESC, Q_DESC2, K_DESC, K_DESC2, KT_DESC, KT_DESC2,
+                    KT2_DESC, KT2_DESC2, qk_scale, drop_p, H, N, group, start_m,
                     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_D2: tl.constexpr,
                     ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr,
                     HAS_TAIL: tl.constexpr, BLOCK_T2: tl.constexpr, HEADS: tl.constexpr,
-                    STAGES: tl.constexpr, MASK_M: tl.constexpr, DROPOUT: tl.constexpr):
+                    STAGES: tl.constexpr, MASK_M: tl.constexpr, DROPOUT: tl.constexpr,
+                    TMA: tl.constexpr):
     """The body of fwd_short_kernel on a tile of ROWS query rows from start_m, for each of
-    the HEADS (batch, head)s of `group`. MASK_M: the tile may reach past row N - 1."""
+    the HEADS (batch, head)s of `group`. MASK_M: the tile may reach past row N - 1. With
+    TMA, the Q tile comes through Q_DESC(2) (ROWS-row boxes), the key tiles through K_DESC(2),
+    KT_DESC(2) and KT2_DESC(2) (BLOCK_N, BLOCK_T and BLOCK_T2 rows)."""
     offs_m = start_m + tl.arange(0, ROWS)
     seed = tl.load(SEED) if DROPOUT else 0
     for i in tl.range(0, HEADS, num_stages=STAGES):
         bh = group * HEADS + i
-        q, q_hi = _load_rows(QKV, bh, offs_m, N, H, 3, 0, HEAD_DIM, BLOCK_D, BLOCK_D2, MASK_M)
-        s, v, v_hi = _fwd_short_scores(q, q_hi, QKV, bh, tl.arange(0, BLOCK_N), N, H, HEAD_DIM,
-                                       BLOCK_D, BLOCK_D2)
+        if TMA:
+            q, q_hi = _load_tma(Q_DESC, Q_DESC2, bh, start_m, H, 0, ROWS, HEAD_DIM, BLOCK_D,
+                                BLOCK_D2)
+        else:
+            q, q_hi = _load_rows(QKV, bh, offs_m, N, H, 3, 0, HEAD_DIM, BLOCK_D, BLOCK_D2,
+                                 MASK_M)
+        s, v, v_hi = _fwd_short_scores(q, q_hi, QKV, K_DESC, K_DESC2, bh, 0, N, H, HEAD_DIM,
+                                       BLOCK_D, BLOCK_D2, BLOCK_N, TMA)
         m = tl.max(s, 1)
         if HAS_TAIL:
-            s_t, v_t, v_t_hi = _fwd_short_scores(q, q_hi, QKV, bh, BLOCK_N + tl.arange(0, BLOCK_T),
-                                                 N, H, HEAD_DIM, BLOCK_D, BLOCK_D2)
+            s_t, v_t, v_t_hi = _fwd_short_scores(q, q_hi, QKV, KT_DESC, KT_DESC2, bh, BLOCK_N, N,
+                                                 H, HEAD_DIM, BLOCK_D, BLOCK_D2, BLOCK_T, TMA)
             m = tl.maximum(m, tl.max(s_t, 1))
         if BLOCK_T2 > 0:
-            offs_t2 = BLOCK_N + BLOCK_T + tl.arange(0, BLOCK_T2)
-            s_t2, v_t2, v_t2_hi = _fwd_short_scores(q, q_hi, QKV, bh, offs_t2, N, H, HEAD_DIM,
-                                                    BLOCK_D, BLOCK_D2)
+            s_t2, v_t2, v_t2_hi = _fwd_short_scores(q, q_hi, QKV, KT2_DESC, KT2_DESC2, bh,
+                                                    BLOCK_N + BLOCK_T, N, H, HEAD_DIM, BLOCK_D,
+                                                    BLOCK_D2, BLOCK_T2, TMA)
             m = tl.maximum(m, tl.max(s_t2, 1))
         m = m * qk_scale  # the row maximum in log2 units; then one FMA per score below
         p = tl.math.exp2(s * qk_scale - m[:, None])
@@ -488,11 +502,13 @@ def _fwd_short_rows(QKV, O, LSE, SEED, qk_scale, drop_p, H, N, group, start_m,
 
 
 @triton.jit
-def fwd_short_kernel(QKV, O, LSE, SEED, qk_scale, drop_p, H, N,
+def fwd_short_kernel(QKV, O, LSE, SEED, Q_DESC, Q_DESC2, QT_DESC, QT_DESC2, K_DESC, K_DESC2,
+                     KT_DESC, KT_DESC2, KT2_DESC, KT2_DESC2, qk_scale, drop_p, H, N,
                      HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_D2: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_MT: tl.constexpr, BLOCK_N: tl.constexpr,
                      BLOCK_T: tl.constexpr, HAS_TAIL: tl.constexpr, BLOCK_T2: tl.constexpr,
-                     HEADS: tl.constexpr, STAGES: tl.constexpr, DROPOUT: tl.constexpr):
+                     HEADS: tl.constexpr, STAGES: tl.constexpr, DROPOUT: tl.constexpr,
+                     TMA: tl.constexpr):
     """fwd_kernel when all keys fit on chip: one pass, a plain softmax, no rescaling. The
     keys are a BLOCK_N tile plus, if HAS_TAIL, a BLOCK_T tail tile (65 = 64 + 16 keys rather
     than a 128-key tile: 80 columns of work instead of 128) and, unless BLOCK_T2 = 0, a
@@ -501,21 +517,31 @@ def fwd_short_kernel(QKV, O, LSE, SEED, qk_scale, drop_p, H, N,
     64-row program and a 16-row one); BLOCK_MT = 0 when BLOCK_M divides N. A program takes
     the same query rows of HEADS consecutive (batch, head)s in a loop that Triton can
     pipeline (STAGES): the next head's tiles load while this one computes, which a program
-    per head, too short to overlap anything, cannot do. B * H must be a multiple of HEADS."""
+    per head, too short to overlap anything, cannot do. B * H must be a multiple of HEADS.
+
+    With TMA (family "short_tma", Hopper) every Q, K and V tile comes through a descriptor
+    of qkv whose box has the tile's height: Q_DESC (BLOCK_M rows), QT_DESC (BLOCK_MT),
+    K_DESC (BLOCK_N), KT_DESC (BLOCK_T), KT2_DESC (BLOCK_T2), each with its second-chunk
+    twin. The copy engine puts the tiles in shared memory, where the matrix units read
+    them, so no pointer tiles take registers, and rows past N come back as zeros. Without
+    TMA any argument stands in for the descriptors."""
     pid_m, group = _split_pid(tl.program_id(0), N, BLOCK_M)
     start_m = pid_m * BLOCK_M
     if BLOCK_MT == 0:  # every query tile is full
-        _fwd_short_rows(QKV, O, LSE, SEED, qk_scale, drop_p, H, N, group, start_m, HEAD_DIM,
+        _fwd_short_rows(QKV, O, LSE, SEED, Q_DESC, Q_DESC2, K_DESC, K_DESC2, KT_DESC, KT_DESC2,
+                        KT2_DESC, KT2_DESC2, qk_scale, drop_p, H, N, group, start_m, HEAD_DIM,
                         BLOCK_D, BLOCK_D2, BLOCK_M, BLOCK_N, BLOCK_T, HAS_TAIL, BLOCK_T2, HEADS,
-                        STAGES, False, DROPOUT)
+                        STAGES, False, DROPOUT, TMA)
     elif start_m + BLOCK_M <= N:
-        _fwd_short_rows(QKV, O, LSE, SEED, qk_scale, drop_p, H, N, group, start_m, HEAD_DIM,
+        _fwd_short_rows(QKV, O, LSE, SEED, Q_DESC, Q_DESC2, K_DESC, K_DESC2, KT_DESC, KT_DESC2,
+                        KT2_DESC, KT2_DESC2, qk_scale, drop_p, H, N, group, start_m, HEAD_DIM,
                         BLOCK_D, BLOCK_D2, BLOCK_M, BLOCK_N, BLOCK_T, HAS_TAIL, BLOCK_T2, HEADS,
-                        STAGES, False, DROPOUT)
+                        STAGES, False, DROPOUT, TMA)
     else:  # the partial last tile, in a tile of its own size
-        _fwd_short_rows(QKV, O, LSE, SEED, qk_scale, drop_p, H, N, group, start_m, HEAD_DIM,
-                        BLOCK_D, BLOCK_D2, BLOCK_MT, BLOCK_N, BLOCK_T, HAS_TAIL, BLOCK_T2, HEADS,
-                        STAGES, True, DROPOUT)
+        _fwd_short_rows(QKV, O, LSE, SEED, QT_DESC, QT_DESC2, K_DESC, K_DESC2, KT_DESC,
+                        KT_DESC2, KT2_DESC, KT2_DESC2, qk_scale, drop_p, H, N, group, start_m,
+                        HEAD_DIM, BLOCK_D, BLOCK_D2, BLOCK_MT, BLOCK_N, BLOCK_T, HAS_TAIL,
+                        BLOCK_T2, HEADS, STAGES, True, DROPOUT, TMA)
 
 
 # ----------------------------------------------------------------------------------------
