@@ -913,28 +913,25 @@ def test_tma_load_kernels(monkeypatch, N, D):
 
 @pytest.mark.parametrize("N, D, B, H", [(17, 32, 2, 2), (65, 64, 2, 2), (64, 32, 1, 4),
                                         (100, 80, 2, 2), (197, 96, 1, 2)])
-def test_short_tma_kernels(monkeypatch, N, D, B, H):
-    """The short kernels' "short_tma" twins (Hopper), whose tiles come through TMA
-    descriptors of one box height each, against the reference, every twin once, forward and
-    backward in pairs: a partial tail past N (17 = 16 + 16, 65 = 64 + 16 rows, those past N
-    read as zeros), no tail (64 keys; 4 heads, so the forwards pipelined over 2 and 4 heads
-    run too), two key tails in the forward (100 = 64 + 32 + 16, 197 = 128 + 64 + 16, whose
-    backward is the general one) and split head dims (80 = 64 + 16, 96 = 64 + 32), whose
-    second chunks have descriptors of their own."""
+def test_short_tma_forward(monkeypatch, N, D, B, H):
+    """The short forward's "short_tma" twins (Hopper), whose Q, K and V tiles come through
+    TMA descriptors of one box height each (query tile, its partial tail, key tile and one
+    or two key tails), against the reference, each twin once: a partial tail past N (17 =
+    16 + 16, 65 = 64 + 16 rows past N read as zeros), no tail (64 keys; 4 heads, so the
+    pipelined programs over 2 and 4 heads run too), two key tails (100 = 64 + 32 + 16,
+    197 = 128 + 64 + 16) and split head dims (80 = 64 + 16, 96 = 64 + 32), whose second
+    chunks have descriptors of their own."""
     monkeypatch.setattr(launch, "_TMA_LOADS", True)
     qkv, do = _packed_inputs(B, N, H, D, torch.float16, seed=N + D)
-    twins = []
-    for op in ("fwd", "bwd"):
-        found = launch.candidates(op, N, D, B * H)
-        short = [c for c in found if c.family == "short"]
-        tma = [c for c in found if c.family == "short_tma"]
-        assert tma == [launch.Candidate("short_tma", c.blocks, c.num_warps, c.num_stages)
-                       for c in short]
-        twins.append(tma or [launch.heuristic(op, N, D)])
-    assert twins[0][0].family == "short_tma" and (twins[1][0].family == "short_tma") is (N != 197)
-    for fwd, bwd, plans in _pairs_within_rule(monkeypatch, qkv, do, *twins):
-        assert plans["fwd"][0].consts["TMA"] is True
-        assert plans["bwd"][-1].consts["TMA"] is (bwd.family == "short_tma")
+    found = launch.candidates("fwd", N, D, B * H)
+    short = [c for c in found if c.family == "short"]
+    tma = [c for c in found if c.family == "short_tma"]
+    assert short and tma == [launch.Candidate("short_tma", c.blocks, c.num_warps, c.num_stages)
+                             for c in short]
+    bwd = launch.heuristic("bwd", N, D)
+    for _, _, plans in _pairs_within_rule(monkeypatch, qkv, do, tma, [bwd]):
+        (fwd,) = plans["fwd"]
+        assert fwd.kernel is flash_mod.kernels.fwd_short_kernel and fwd.consts["TMA"] is True
 
 
 @pytest.mark.parametrize("D", [40, 112, 256])

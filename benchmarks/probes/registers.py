@@ -5,8 +5,8 @@ and its bundled ptxas reports what it allocated.
     python benchmarks/probes/registers.py --op fwd --d 64 --n 65 --tiles 64x4,32x4 --maxnreg 0,128,160
 
 --tiles lists BLOCK_M x warps; --maxnreg lists register caps per thread (0: the compiler's
-choice), passed to Triton as its `maxnreg` option; --tma compiles the short_tma twin, whose tiles
-come through TMA descriptors. Programs per SM: the fewest that registers
+choice), passed to Triton as its `maxnreg` option; --tma compiles the forward's short_tma twin,
+whose tiles come through TMA descriptors. Programs per SM: the fewest that registers
 (64K a SM, allocated per warp in steps of 8 a thread), shared memory (228 KiB, 1 KiB of it
 reserved per program) and the 64-warp limit allow.
 """
@@ -33,37 +33,34 @@ SIGNATURES = {
 }
 
 
-# the short kernels' descriptor parameters, by the tile height (constexpr) each one's box has
-DESCRIPTORS = {
-    "fwd": (("Q_DESC", "BLOCK_M"), ("QT_DESC", "BLOCK_MT"), ("K_DESC", "BLOCK_N"),
-            ("KT_DESC", "BLOCK_T"), ("KT2_DESC", "BLOCK_T2")),
-    "bwd": (("KV_DESC", "BLOCK_N"), ("KVT_DESC", "BLOCK_T"), ("Q_DESC", "BLOCK_M"),
-            ("QT_DESC", "BLOCK_MT"), ("DO_DESC", "BLOCK_M"), ("DOT_DESC", "BLOCK_MT"),
-            ("O_DESC", "BLOCK_M"), ("OT_DESC", "BLOCK_MT")),
-}
+# the short forward's descriptor parameters, by the tile height (constexpr) each one's box has
+FWD_DESCRIPTORS = (("Q_DESC", "BLOCK_M"), ("QT_DESC", "BLOCK_MT"), ("K_DESC", "BLOCK_N"),
+                   ("KT_DESC", "BLOCK_T"), ("KT2_DESC", "BLOCK_T2"))
 
 
 def compile_short(op: str, d: int, n: int, block_m: int, warps: int, maxnreg: int = 0,
                   tma: bool = False):
     """The short forward or backward at head dim d, length n and a BLOCK_M-row tile, compiled
-    for sm_90 (bf16, no dropout, one head per program). tma: the "short_tma" twin, its tiles
-    loaded through TMA descriptors."""
+    for sm_90 (bf16, no dropout, one head per program). tma: the forward's "short_tma" twin,
+    its tiles loaded through TMA descriptors."""
     bd, bd2 = launch.split_d(d)
     head = dict(HEAD_DIM=d, BLOCK_D=bd, BLOCK_D2=bd2, BLOCK_M=block_m,
                 BLOCK_MT=launch.tail_tile(n, block_m), DROPOUT=False)
+    signature = dict(SIGNATURES[op])
     if op == "fwd":
         fn, consts = kernels.fwd_short_kernel, {**head, **dict(launch.short_tiles(n, tails=2)),
                                                 "HEADS": 1, "STAGES": 1, "TMA": tma}
+        rest = dict(list(signature.items())[4:])  # the scalars after the descriptors
+        signature = dict(list(signature.items())[:4])
+        for name, height in FWD_DESCRIPTORS:
+            rows = consts[height] or consts["BLOCK_M" if height == "BLOCK_MT" else "BLOCK_T"]
+            for suffix, width in (("", bd), ("2", bd2 or bd)):
+                signature[name + suffix] = f"tensordesc<bf16[1,{rows},{width}]>" if tma else "*bf16"
+        signature.update(rest)
     else:
-        fn, consts = kernels.bwd_short_kernel, {**head, **dict(launch.short_tiles(n)), "TMA": tma}
-    tensors = len(SIGNATURES[op]) - (4 if op == "fwd" else 5)  # the scalars come last
-    items = list(SIGNATURES[op].items())
-    signature = dict(items[:tensors])
-    for name, height in DESCRIPTORS[op]:  # a height of 0 (no such tile) takes a neighbour's
-        rows = consts.get(height) or consts["BLOCK_M" if height == "BLOCK_MT" else "BLOCK_T"]
-        for suffix, width in (("", bd), ("2", bd2 or bd)):
-            signature[name + suffix] = f"tensordesc<bf16[1,{rows},{width}]>" if tma else "*bf16"
-    signature.update(items[tensors:])
+        if tma:
+            raise ValueError("only the forward has a TMA twin")
+        fn, consts = kernels.bwd_short_kernel, {**head, **dict(launch.short_tiles(n))}
     signature.update(dict.fromkeys(consts, "constexpr"))
     options = dict(num_warps=warps, num_stages=1, **({"maxnreg": maxnreg} if maxnreg else {}))
     return triton.compile(ASTSource(fn=fn, signature=signature, constexprs=consts),
@@ -93,7 +90,7 @@ def main(argv=None):
     p.add_argument("--n", type=lambda s: [int(x) for x in s.split(",")], default=[65])
     p.add_argument("--tiles", default="64x4,32x4", help="BLOCK_M x warps, comma-separated")
     p.add_argument("--maxnreg", default="0", help="register caps, comma-separated (0: none)")
-    p.add_argument("--tma", action="store_true", help="the short_tma twin (tiles by TMA)")
+    p.add_argument("--tma", action="store_true", help="the forward's short_tma twin (tiles by TMA)")
     args = p.parse_args(argv)
     print(f"triton {triton.__version__}, sm_90; {args.op}{' (short_tma)' if args.tma else ''}, D = {args.d}")
     print("| N | BLOCK_M | warps | cap | registers | spill bytes | shared KiB | programs / SM |")

@@ -52,7 +52,7 @@ _plans: dict[tuple, list[Launch]] = {}
 
 
 def _fwd_launches(c: Candidate, B: int, N: int, H: int, D: int, dropout: bool = False) -> list[Launch]:
-    short = c.family in _launch.SHORT_FAMILIES
+    short = c.family in _launch.SHORT_FWD_FAMILIES
     kernel = kernels.fwd_short_kernel if short else kernels.fwd_kernel
     meta = {**c.meta, "DROPOUT": dropout, "TMA": c.family in ("general_tma", "short_tma")}
     if (B * H) % meta.get("HEADS", 1):  # tuned at another B * H of the same bucket
@@ -70,10 +70,9 @@ def _fwd_launches(c: Candidate, B: int, N: int, H: int, D: int, dropout: bool = 
 def _bwd_launches(c: Candidate, B: int, N: int, H: int, D: int, dropout: bool = False) -> list[Launch]:
     block_d1, block_d2 = split_d(D)
     head = {"HEAD_DIM": D, "BLOCK_D": block_d1, "BLOCK_D2": block_d2}
-    if c.family in _launch.SHORT_FAMILIES:  # one program per (batch, head), delta computed inside
+    if c.family == "short":  # one program per (batch, head), delta computed inside
         tail = {"BLOCK_MT": tail_tile(N, c.meta["BLOCK_M"])}  # the rows past the last BLOCK_M
-        return [Launch(kernels.bwd_short_kernel, B * H,
-                       {**head, **c.meta, **tail, "DROPOUT": dropout, "TMA": c.family == "short_tma"},
+        return [Launch(kernels.bwd_short_kernel, B * H, {**head, **c.meta, **tail, "DROPOUT": dropout},
                        c.num_warps, c.num_stages, n_tensors=6)]
     m = c.meta
     delta = Launch(kernels.bwd_delta_kernel, _cdiv(N, DELTA_BLOCK) * B * H,
@@ -183,8 +182,7 @@ def _backward(do: torch.Tensor, qkv: torch.Tensor, o: torch.Tensor, lse: torch.T
         # one launch: the short backward; two: delta, then bwd_kernel; three: delta,
         # bwd_atomic_kernel into an fp32 dQ, then bwd_dq_kernel (see _bwd_launches)
         if len(plan) == 1:
-            plan[0](qkv, o, do, lse, dqkv, seed, *_bwd_short_descriptors(plan[0], qkv, do, o),
-                    qk_scale, softmax_scale, dropout_p, H, N)
+            plan[0](qkv, o, do, lse, dqkv, seed, qk_scale, softmax_scale, dropout_p, H, N)
             return
         delta = torch.empty_like(lse)
         plan[0](o, do, delta, H, N)
@@ -216,21 +214,6 @@ def _backward(do: torch.Tensor, qkv: torch.Tensor, o: torch.Tensor, lse: torch.T
     run(_plans.get((op, qkv.dtype, qkv.device, B, N, H, D, dropout))
         or _plan(op, qkv, B, N, H, D, dropout, run))
     return dqkv
-
-
-def _bwd_short_descriptors(launch: Launch, qkv: torch.Tensor, do: torch.Tensor,
-                           o: torch.Tensor) -> tuple:
-    """The descriptor arguments of the short backward: with TMA, qkv's in boxes of BLOCK_N
-    and BLOCK_T rows (K, V), then qkv's, dO's and O's in boxes of BLOCK_M and BLOCK_MT rows
-    (each query chunk's Q, dO, O; BLOCK_M again where BLOCK_MT is 0, never read); without,
-    qkv itself in all 16 places (never read)."""
-    c = launch.consts
-    if not c["TMA"]:
-        return (qkv,) * 16
-    chunk = (c["BLOCK_M"], c["BLOCK_MT"] or c["BLOCK_M"])
-    return tuple(d for t, rows in ((qkv, c["BLOCK_N"]), (qkv, c["BLOCK_T"]),
-                                   *((t, r) for t in (qkv, do, o) for r in chunk))
-                 for d in _tma_descriptors(t, rows, c))
 
 
 def new_seed(device: torch.device) -> torch.Tensor:

@@ -797,29 +797,19 @@ def bwd_dq_kernel(DQ_ACC, DQKV, sm_scale, H, N,
 @triton.jit
 def _bwd_short_chunk(dk, dk_hi, dv, dv_hi, dk_t, dk_t_hi, dv_t, dv_t_hi,
                      k, k_hi, v, v_hi, k_t, k_t_hi, v_t, v_t_hi,
-                     QKV, O, DO, LSE, DQKV, Q_DESC, Q_DESC2, DO_DESC, DO_DESC2, O_DESC, O_DESC2,
-                     bh, start_m, seed, qk_scale, sm_scale, drop_p, H, N,
+                     QKV, O, DO, LSE, DQKV, bh, start_m, seed, qk_scale, sm_scale, drop_p, H, N,
                      HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_D2: tl.constexpr,
                      ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr,
-                     HAS_TAIL: tl.constexpr, MASK_M: tl.constexpr, DROPOUT: tl.constexpr,
-                     TMA: tl.constexpr):
+                     HAS_TAIL: tl.constexpr, MASK_M: tl.constexpr, DROPOUT: tl.constexpr):
     """One chunk of bwd_short_kernel: ROWS query rows from start_m (MASK_M: the chunk may
     reach past row N - 1). Computes the chunk's delta, writes its finished dQ and returns
-    dK, dV (and the tail tile's dK, dV) with its share added, each as its two chunks. With
-    TMA, its Q, dO and O tiles come through Q_DESC(2), DO_DESC(2) and O_DESC(2), in
-    ROWS-row boxes."""
+    dK, dV (and the tail tile's dK, dV) with its share added, each as its two chunks."""
     rows = start_m + tl.arange(0, ROWS)
     offs_n = tl.arange(0, BLOCK_N)
     offs_t = BLOCK_N + tl.arange(0, BLOCK_T)
-    if TMA:
-        q, q_hi = _load_tma(Q_DESC, Q_DESC2, bh, start_m, H, 0, ROWS, HEAD_DIM, BLOCK_D, BLOCK_D2)
-        do, do_hi = _load_tma(DO_DESC, DO_DESC2, bh, start_m, H, 0, ROWS, HEAD_DIM, BLOCK_D,
-                              BLOCK_D2)
-        o, o_hi = _load_tma(O_DESC, O_DESC2, bh, start_m, H, 0, ROWS, HEAD_DIM, BLOCK_D, BLOCK_D2)
-    else:
-        q, q_hi = _load_rows(QKV, bh, rows, N, H, 3, 0, HEAD_DIM, BLOCK_D, BLOCK_D2, MASK_M)
-        do, do_hi = _load_rows(DO, bh, rows, N, H, 1, 0, HEAD_DIM, BLOCK_D, BLOCK_D2, MASK_M)
-        o, o_hi = _load_rows(O, bh, rows, N, H, 1, 0, HEAD_DIM, BLOCK_D, BLOCK_D2, MASK_M)
+    q, q_hi = _load_rows(QKV, bh, rows, N, H, 3, 0, HEAD_DIM, BLOCK_D, BLOCK_D2, MASK_M)
+    do, do_hi = _load_rows(DO, bh, rows, N, H, 1, 0, HEAD_DIM, BLOCK_D, BLOCK_D2, MASK_M)
+    o, o_hi = _load_rows(O, bh, rows, N, H, 1, 0, HEAD_DIM, BLOCK_D, BLOCK_D2, MASK_M)
     delta = _rowdot(o, o_hi, do, do_hi, BLOCK_D2)
     # Padded query rows: q = dO = 0 and LSE = +inf make their column of P^T zero.
     if MASK_M:
@@ -848,46 +838,27 @@ def _bwd_short_chunk(dk, dk_hi, dv, dv_hi, dk_t, dk_t_hi, dv_t, dv_t_hi,
 
 
 @triton.jit
-def bwd_short_kernel(QKV, O, DO, LSE, DQKV, SEED, KV_DESC, KV_DESC2, KVT_DESC, KVT_DESC2, Q_DESC,
-                     Q_DESC2, QT_DESC, QT_DESC2, DO_DESC, DO_DESC2, DOT_DESC, DOT_DESC2, O_DESC,
-                     O_DESC2, OT_DESC, OT_DESC2, qk_scale, sm_scale, drop_p, H, N,
+def bwd_short_kernel(QKV, O, DO, LSE, DQKV, SEED, qk_scale, sm_scale, drop_p, H, N,
                      HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_D2: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_MT: tl.constexpr, BLOCK_N: tl.constexpr,
-                     BLOCK_T: tl.constexpr, HAS_TAIL: tl.constexpr, DROPOUT: tl.constexpr,
-                     TMA: tl.constexpr):
+                     BLOCK_T: tl.constexpr, HAS_TAIL: tl.constexpr, DROPOUT: tl.constexpr):
     """The whole backward of one (batch, head) when all keys fit on chip (a BLOCK_N tile and,
     if HAS_TAIL, a BLOCK_T tail), in one launch and without bwd_delta_kernel: K and V stay
     on chip while the query rows pass in full BLOCK_M chunks and then, unless BLOCK_MT = 0
     (BLOCK_M divides N), one BLOCK_MT-row chunk for the rest (65 rows: 64 + 16, or
     32 + 32 + 16, not 64 + 64); each chunk computes its own delta, adds to dK and dV, and
-    writes its finished dQ.
-
-    With TMA (family "short_tma", Hopper) the tiles come through descriptors whose boxes
-    have their heights: K and V through KV_DESC (BLOCK_N rows of qkv) and KVT_DESC (BLOCK_T),
-    each chunk's Q through Q_DESC (BLOCK_M) or QT_DESC (BLOCK_MT), its dO and O likewise
-    through DO_DESC, DOT_DESC, O_DESC and OT_DESC, each with its second-chunk twin. Without
-    TMA any argument stands in for the descriptors."""
+    writes its finished dQ."""
     bh = tl.program_id(0)
     offs_n = tl.arange(0, BLOCK_N)
     offs_t = BLOCK_N + tl.arange(0, BLOCK_T)
-    if TMA:
-        k, k_hi = _load_tma(KV_DESC, KV_DESC2, bh, 0, H, 1, BLOCK_N, HEAD_DIM, BLOCK_D, BLOCK_D2)
-        v, v_hi = _load_tma(KV_DESC, KV_DESC2, bh, 0, H, 2, BLOCK_N, HEAD_DIM, BLOCK_D, BLOCK_D2)
-    else:
-        k, k_hi = _load_rows(QKV, bh, offs_n, N, H, 3, 1, HEAD_DIM, BLOCK_D, BLOCK_D2, True)
-        v, v_hi = _load_rows(QKV, bh, offs_n, N, H, 3, 2, HEAD_DIM, BLOCK_D, BLOCK_D2, True)
+    k, k_hi = _load_rows(QKV, bh, offs_n, N, H, 3, 1, HEAD_DIM, BLOCK_D, BLOCK_D2, True)
+    v, v_hi = _load_rows(QKV, bh, offs_n, N, H, 3, 2, HEAD_DIM, BLOCK_D, BLOCK_D2, True)
     dk, dk_hi = _zeros(BLOCK_N, BLOCK_D, BLOCK_D2)
     dv, dv_hi = _zeros(BLOCK_N, BLOCK_D, BLOCK_D2)
     # The tail tiles exist either way (without HAS_TAIL, offs_t >= BLOCK_N >= N masks every
     # load and nothing reads them), so that the loop carries the same variables.
-    if TMA and HAS_TAIL:
-        k_t, k_t_hi = _load_tma(KVT_DESC, KVT_DESC2, bh, BLOCK_N, H, 1, BLOCK_T, HEAD_DIM,
-                                BLOCK_D, BLOCK_D2)
-        v_t, v_t_hi = _load_tma(KVT_DESC, KVT_DESC2, bh, BLOCK_N, H, 2, BLOCK_T, HEAD_DIM,
-                                BLOCK_D, BLOCK_D2)
-    else:
-        k_t, k_t_hi = _load_rows(QKV, bh, offs_t, N, H, 3, 1, HEAD_DIM, BLOCK_D, BLOCK_D2, True)
-        v_t, v_t_hi = _load_rows(QKV, bh, offs_t, N, H, 3, 2, HEAD_DIM, BLOCK_D, BLOCK_D2, True)
+    k_t, k_t_hi = _load_rows(QKV, bh, offs_t, N, H, 3, 1, HEAD_DIM, BLOCK_D, BLOCK_D2, True)
+    v_t, v_t_hi = _load_rows(QKV, bh, offs_t, N, H, 3, 2, HEAD_DIM, BLOCK_D, BLOCK_D2, True)
     dk_t, dk_t_hi = _zeros(BLOCK_T, BLOCK_D, BLOCK_D2)
     dv_t, dv_t_hi = _zeros(BLOCK_T, BLOCK_D, BLOCK_D2)
     seed = tl.load(SEED) if DROPOUT else 0
@@ -896,15 +867,15 @@ def bwd_short_kernel(QKV, O, DO, LSE, DQKV, SEED, KV_DESC, KV_DESC2, KVT_DESC, K
     for start_m in range(0, m_full, BLOCK_M):
         dk, dk_hi, dv, dv_hi, dk_t, dk_t_hi, dv_t, dv_t_hi = _bwd_short_chunk(
             dk, dk_hi, dv, dv_hi, dk_t, dk_t_hi, dv_t, dv_t_hi, k, k_hi, v, v_hi, k_t, k_t_hi,
-            v_t, v_t_hi, QKV, O, DO, LSE, DQKV, Q_DESC, Q_DESC2, DO_DESC, DO_DESC2, O_DESC,
-            O_DESC2, bh, start_m, seed, qk_scale, sm_scale, drop_p, H, N, HEAD_DIM, BLOCK_D,
-            BLOCK_D2, BLOCK_M, BLOCK_N, BLOCK_T, HAS_TAIL, False, DROPOUT, TMA)
+            v_t, v_t_hi, QKV, O, DO, LSE, DQKV, bh, start_m, seed, qk_scale, sm_scale, drop_p,
+            H, N, HEAD_DIM, BLOCK_D, BLOCK_D2, BLOCK_M, BLOCK_N, BLOCK_T, HAS_TAIL, False,
+            DROPOUT)
     if BLOCK_MT > 0:  # the rows past the last full chunk
         dk, dk_hi, dv, dv_hi, dk_t, dk_t_hi, dv_t, dv_t_hi = _bwd_short_chunk(
             dk, dk_hi, dv, dv_hi, dk_t, dk_t_hi, dv_t, dv_t_hi, k, k_hi, v, v_hi, k_t, k_t_hi,
-            v_t, v_t_hi, QKV, O, DO, LSE, DQKV, QT_DESC, QT_DESC2, DOT_DESC, DOT_DESC2, OT_DESC,
-            OT_DESC2, bh, m_full, seed, qk_scale, sm_scale, drop_p, H, N, HEAD_DIM, BLOCK_D,
-            BLOCK_D2, BLOCK_MT, BLOCK_N, BLOCK_T, HAS_TAIL, True, DROPOUT, TMA)
+            v_t, v_t_hi, QKV, O, DO, LSE, DQKV, bh, m_full, seed, qk_scale, sm_scale, drop_p,
+            H, N, HEAD_DIM, BLOCK_D, BLOCK_D2, BLOCK_MT, BLOCK_N, BLOCK_T, HAS_TAIL, True,
+            DROPOUT)
 
     _store_rows(DQKV, dk * sm_scale, dk_hi * sm_scale, bh, offs_n, N, H, 3, 1, HEAD_DIM,
                 BLOCK_D, BLOCK_D2)

@@ -6,8 +6,8 @@ also add into dQ atomically) has candidates: a kernel family with its block size
 stages. The families: "general" streams K/V tiles (or Q tiles, in the backward's dK/dV
 programs); "short" holds all keys of a head on chip, a power-of-two tile and a tail tile (two
 in the forward where that saves work); "atomic", the key-tile programs that bwd_atomic adds
-to the backward's candidates. On Hopper, "general_tma", "short_tma" and "atomic_tma" are
-their twins that load tiles through TMA descriptors, the last also adding dQ
+to the backward's candidates. On Hopper, "general_tma", "short_tma" (the forward's) and
+"atomic_tma" are their twins that load tiles through TMA descriptors, the last also adding dQ
 tiles in bulk. The tiles of a
 partial last block of queries (short kernels) or keys (general forward) are not part of a
 candidate: `tail_tile` derives them from N and the block when the launch is built. The
@@ -43,15 +43,15 @@ from vitflash.ops import kernels
 
 INTERPRET = bool(kernels.INTERPRET)
 # bump when a kernel or the candidate list changes in a way that can change the best config:
-# 9, the short kernels' TMA-load twins ("short_tma", Hopper); 8, the general forward's and backward's TMA-load twins ("general_tma", Hopper); 7, (128, 128) forward tiles at head dims 65-128, bwd_atomic choosing among the deterministic
+# 9, the short forward's TMA-load twins ("short_tma", Hopper); 8, the general forward's and backward's TMA-load twins ("general_tma", Hopper); 7, (128, 128) forward tiles at head dims 65-128, bwd_atomic choosing among the deterministic
 # candidates too and, on Hopper, its TMA-reduction twins; 6, the forwards' FMA-folded softmax (and the bwd_atomic op); 5, split head dims (4 keyed the
 # reverted TAILS candidates of 067433b, which a GPU machine's cache file may still hold)
 CACHE_VERSION = 9
 
 # the families of bwd_atomic's own kernels: dQ added element by element, or by TMA tiles
 ATOMIC_FAMILIES = ("atomic", "atomic_tma")
-# the short kernels' families: tiles loaded by pointers, or by TMA descriptors (Hopper)
-SHORT_FAMILIES = ("short", "short_tma")
+# the short forward's families: tiles loaded by pointers, or by TMA descriptors (Hopper)
+SHORT_FWD_FAMILIES = ("short", "short_tma")
 
 
 @dataclass(frozen=True)
@@ -227,7 +227,6 @@ def candidates(op: str, n: int, d: int, bh: int = 1) -> list[Candidate]:
             # below the shared memory: D <= 64 and at most 128 keys
             if 128 <= _pow2(n) and keys <= 128 and bd <= 64:
                 out.append(short_bwd(n, 128, 8))
-            out += _short_tma_twins([c for c in out if c.family == "short"], d)
     else:
         raise ValueError(f"unknown op {op!r}")
     return out
@@ -291,10 +290,9 @@ def _tma_twins(cands: list[Candidate], d: int, extra: list[Candidate] = ()) -> l
 
 def _short_tma_twins(cands: list[Candidate], d: int) -> list[Candidate]:
     """Where TMA loads exist and head dim d's chunks cover it exactly, a "short_tma" twin of
-    each short candidate: the same tiles, warps and pipeline, its Q, K and V tiles (and the
-    backward's dO and O) loaded by the copy engine into shared memory rather than through
-    pointer tiles, which take the registers of the short kernels (204-219 a thread in the
-    forward at N = 65, D = 64; all 255 and spills in the backward)."""
+    each short forward candidate: the same tiles, warps and pipeline, its Q, K and V tiles
+    loaded by the copy engine into shared memory rather than through pointer tiles, which
+    take the registers of the short forward (204-219 a thread at N = 65, D = 64)."""
     if not (tma_loads() and tma_width(d)):
         return []
     return [Candidate("short_tma", c.blocks, c.num_warps, c.num_stages) for c in cands]
