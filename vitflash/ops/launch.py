@@ -190,10 +190,7 @@ def candidates(op: str, n: int, d: int, bh: int = 1) -> list[Candidate]:
             # small tiles in 2 warps: more programs resident per SM where a tile is tiny
             out += [short_fwd(n, m, 2) for m in (16, 32) if m <= max(16, _pow2(n)) and keys * bd <= 128 * 64]
             # pipelined: `st` copies of the Q, K, V tiles in shared memory; keep under ~160 KB
-            # (128 rows in 8 warps: all 65-128 query rows of a head in one tile, so its K and V
-            # are loaded once, not by a full-tile program and a tail one)
-            out += [short_fwd(n, m, w, g, st) for m, w in ((32, 4), (64, 4), (128, 8))
-                    for g, st in ((2, 2), (4, 2), (8, 3), (16, 3))
+            out += [short_fwd(n, m, 4, g, st) for m in (32, 64) for g, st in ((2, 2), (4, 2), (8, 3), (16, 3))
                     if m <= max(16, _pow2(n)) and bh % g == 0
                     and st * (m + 2 * keys) * bd * 2 <= 160 * 1024]
             out += _short_tma_twins([c for c in out if c.family == "short"], d)
