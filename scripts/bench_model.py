@@ -130,7 +130,7 @@ def markdown(rows: list[dict], paths: list[str], env: dict, command: str, args) 
     else:
         header = [f"Command: `{command}`", ""]
     lines = [f"# ViT training step on {env['gpu']}", "", *header,
-             f"Commit {env['commit']}; torch {env['torch']}, triton {env['triton']}, timm {timm.__version__}, "
+             f"Commit {env['commit']}; torch {env['torch']}, triton {env['triton']}, timm {env.get('timm', timm.__version__)}, "
              f"CUDA {env['cuda']}; {env['date']}. AdamW (fused), bf16 autocast, random "
              f"images on the GPU; images/s from the median of {args.steps} steps after "
              f"{args.warmup} warm-up steps, {args.repeats} repeats: median (min-max). "
@@ -171,7 +171,7 @@ def main() -> None:
         sys.exit("bench_model.py needs a CUDA GPU.")
 
     paths = PATHS[args.suite]
-    env = environment()
+    env = {**environment(), "timm": timm.__version__}
     command = command_line()
     suite = SUITES[args.suite]
     cases = [(name, batch, mode) for name, batch, mode in suite

@@ -781,6 +781,37 @@ def test_tuner_times_are_kept_for_benchmarks(monkeypatch, tmp_path):
     assert launch.tuning_times(*key) is None
 
 
+@pytest.mark.parametrize("host_us, cycles", [(5, launch.SLEEP_CYCLES), (80, 3_200_000),
+                                             (5_000, launch.SLEEP_MAX)])
+def test_tuner_sleep_outlasts_the_host(monkeypatch, host_us, cycles):
+    """Each timing window starts behind a sleeping kernel long enough for the host to
+    enqueue the window's calls (twice one call's host time, measured after the warm-up),
+    so a candidate with a costlier launch (a TMA twin's descriptors) is timed on its GPU
+    time, not on the host's: half a millisecond at least, 20 ms at most."""
+    clock = iter([0.0, host_us * 1e-6])
+    monkeypatch.setattr(launch.time, "perf_counter", lambda: next(clock))
+    slept, calls = [], []
+
+    class Event:
+        def __init__(self, enable_timing):
+            self.at = None
+
+        def record(self):
+            self.at = len(calls)
+
+        def synchronize(self):
+            pass
+
+        def elapsed_time(self, end):
+            return 0.25 * (end.at - self.at)  # 0.25 ms a call
+
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(torch.cuda, "_sleep", slept.append, raising=False)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    assert launch._time_ms(lambda: calls.append(1), calls=10, repeats=3) == 0.25
+    assert slept == [cycles] * 3 and len(calls) == 2 + 10 * 3
+
+
 def test_launch_orders_constexprs_as_the_kernel_does():
     """The direct launch passes constexprs by position: a Launch orders them as the kernel's
     signature, whatever order a candidate (or a cache file) lists its blocks in."""

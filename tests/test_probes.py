@@ -53,3 +53,22 @@ def test_registers_probe_reports_what_ptxas_allocated():
     assert capped["registers"] <= 128 and capped["programs"] == 4
     assert free["registers"] > 128 and free["programs"] < 4
     assert capped["smem"] == free["smem"] > 0
+
+
+def test_registers_probe_short_tma_twin_frees_registers():
+    """The short forward's TMA twin, compiled for sm_90 by the register probe: with its Q, K
+    and V tiles in shared memory by the copy engine, no pointer tiles take registers, so the
+    64-row, 4-warp tile needs at most 128 a thread and fits at least 4 programs an SM, where
+    the pointer-load kernel needs more than 128 and fits fewer (what the GPU's winner at
+    (1024, 6, 65, 64) rests on)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    found = {}
+    for flag in ([], ["--tma"]):
+        out = subprocess.run([sys.executable, str(PROBES / "registers.py"), "--op", "fwd", "--d", "64",
+                              "--n", "65", "--tiles", "64x4", *flag],
+                             capture_output=True, text=True, env=env, check=True).stdout
+        (row,) = [line.strip("|").split("|") for line in out.splitlines() if line.startswith("| 65 ")]
+        found[bool(flag)] = dict(registers=int(row[4]), spills=int(row[5]), programs=int(row[7]))
+    assert found[True]["registers"] <= 128 and found[True]["spills"] == 0
+    assert found[True]["programs"] >= 4 > found[False]["programs"]
+    assert found[False]["registers"] > 128

@@ -30,6 +30,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -519,6 +520,19 @@ def choose(op: str, dtype: torch.dtype, n: int, d: int, bh: int, device: torch.d
     return cand
 
 
+# A sleeping kernel ahead of each timing window must outlast the host's enqueueing of the
+# window's calls: at least this many GPU clock cycles (about half a millisecond), more where
+# one call's host time says so (SLEEP_HZ: cycles a second, about an H100's / H200's SM clock)
+SLEEP_CYCLES, SLEEP_HZ, SLEEP_MAX = 1_000_000, 2.0e9, 40_000_000
+
+
+def _sleep_cycles(host_s: float, calls: int) -> int:
+    """Cycles of the sleeping kernel ahead of a window of `calls` calls that each take
+    `host_s` seconds of host time to enqueue: twice that time, at least SLEEP_CYCLES, at
+    most SLEEP_MAX (20 ms)."""
+    return round(min(SLEEP_MAX, max(SLEEP_CYCLES, 2 * calls * host_s * SLEEP_HZ)))
+
+
 def _time_ms(fn: Callable[[], None], calls: int = 10, repeats: int = 5) -> float:
     """Median over `repeats` windows of GPU milliseconds per call of fn, from CUDA events.
     Not triton.testing.do_bench: that allocates a 256 MB buffer to flush the L2 cache before
@@ -526,14 +540,22 @@ def _time_ms(fn: Callable[[], None], calls: int = 10, repeats: int = 5) -> float
     that ran once; and in training the inputs of attention come straight from the qkv
     projection, in L2 as here. A sleeping kernel ahead of each window keeps the GPU busy
     while the host enqueues the calls, so a window times the kernels, not the host's
-    launches (small shapes take less GPU time than launch time)."""
+    launches (small shapes take less GPU time than launch time). The sleep is sized by one
+    call's host time (`_sleep_cycles`): a candidate whose launch costs more host time (the
+    TMA twins build their descriptors per call) is still judged on its GPU time, as a
+    CUDA graph replays it."""
     fn()  # warm-up
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    fn()  # one call's host time: the enqueueing, the kernels run on
+    host_s = time.perf_counter() - t0
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     sleep = getattr(torch.cuda, "_sleep", None)
+    cycles = _sleep_cycles(host_s, calls)
     times = []
     for _ in range(repeats):
         if sleep is not None:
-            sleep(1_000_000)  # about half a millisecond of clock cycles
+            sleep(cycles)
         start.record()
         for _ in range(calls):
             fn()
