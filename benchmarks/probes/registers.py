@@ -50,13 +50,14 @@ def compile_short(op: str, d: int, n: int, block_m: int, warps: int, maxnreg: in
     if op == "fwd":
         fn, consts = kernels.fwd_short_kernel, {**head, **dict(launch.short_tiles(n, tails=2)),
                                                 "HEADS": 1, "STAGES": 1, "TMA": tma}
-        rest = dict(list(signature.items())[4:])  # the scalars after the descriptors
-        signature = dict(list(signature.items())[:4])
+        # the descriptors come after the pointers, before the scalars
+        scalars = {k: v for k, v in signature.items() if not v.startswith("*")}
+        signature = {k: v for k, v in signature.items() if v.startswith("*")}
         for name, height in FWD_DESCRIPTORS:
             rows = consts[height] or consts["BLOCK_M" if height == "BLOCK_MT" else "BLOCK_T"]
             for suffix, width in (("", bd), ("2", bd2 or bd)):
                 signature[name + suffix] = f"tensordesc<bf16[1,{rows},{width}]>" if tma else "*bf16"
-        signature.update(rest)
+        signature.update(scalars)
     else:
         if tma:
             raise ValueError("only the forward has a TMA twin")

@@ -44,10 +44,11 @@ from vitflash.ops import kernels
 
 INTERPRET = bool(kernels.INTERPRET)
 # bump when a kernel or the candidate list changes in a way that can change the best config:
-# 9, the short forward's TMA-load twins ("short_tma", Hopper); 8, the general forward's and backward's TMA-load twins ("general_tma", Hopper); 7, (128, 128) forward tiles at head dims 65-128, bwd_atomic choosing among the deterministic
+# 10, the short forward's TMA-load twins ("short_tma", Hopper; 9 keyed the reverted
+# register-capped candidates of dc8413a, which a cache file may still hold); 8, the general forward's and backward's TMA-load twins ("general_tma", Hopper); 7, (128, 128) forward tiles at head dims 65-128, bwd_atomic choosing among the deterministic
 # candidates too and, on Hopper, its TMA-reduction twins; 6, the forwards' FMA-folded softmax (and the bwd_atomic op); 5, split head dims (4 keyed the
 # reverted TAILS candidates of 067433b, which a GPU machine's cache file may still hold)
-CACHE_VERSION = 9
+CACHE_VERSION = 10
 
 # the families of bwd_atomic's own kernels: dQ added element by element, or by TMA tiles
 ATOMIC_FAMILIES = ("atomic", "atomic_tma")
