@@ -8,11 +8,11 @@ programs); "short" holds all keys of a head on chip, a power-of-two tile and a t
 in the forward where that saves work); "atomic", the key-tile programs that bwd_atomic adds
 to the backward's candidates. On Hopper, "general_tma", "short_tma" (the forward's) and
 "atomic_tma" are their twins that load tiles through TMA descriptors, the last also adding dQ
-tiles in bulk. The tiles of a
-partial last block of queries (short kernels) or keys (general forward) are not part of a
-candidate: `tail_tile` derives them from N and the block when the launch is built. The
-first call at a key (op, dtype, N, D, B*H rounded up to a power of two) compiles every
-candidate on a pool of threads, then times every one that compiles and keeps the fastest;
+tiles in bulk. The tiles of a partial last block of queries (short kernels) or keys (general
+forward) are not part of a candidate: `tail_tile` derives them from N and the block when the
+launch is built. The first call at a key (op, dtype, N, D, B*H rounded up to a power of
+two) compiles every candidate on a pool of threads, then times every one that compiles and
+keeps the fastest;
 the choice is written to a JSON file keyed by GPU and versions
 (`$VITFLASH_CACHE_DIR/autotune.json`, default `~/.cache/vitflash`), so later processes start
 at full speed (Triton keeps the compiled binaries in its own cache).
@@ -45,9 +45,13 @@ from vitflash.ops import kernels
 INTERPRET = bool(kernels.INTERPRET)
 # bump when a kernel or the candidate list changes in a way that can change the best config:
 # 10, the short forward's TMA-load twins ("short_tma", Hopper; 9 keyed the reverted
-# register-capped candidates of dc8413a, which a cache file may still hold); 8, the general forward's and backward's TMA-load twins ("general_tma", Hopper); 7, (128, 128) forward tiles at head dims 65-128, bwd_atomic choosing among the deterministic
-# candidates too and, on Hopper, its TMA-reduction twins; 6, the forwards' FMA-folded softmax (and the bwd_atomic op); 5, split head dims (4 keyed the
-# reverted TAILS candidates of 067433b, which a GPU machine's cache file may still hold)
+#     register-capped candidates of dc8413a, which a cache file may still hold);
+# 8, the general forward's and backward's TMA-load twins ("general_tma", Hopper);
+# 7, (128, 128) forward tiles at head dims 65-128, bwd_atomic choosing among the
+#    deterministic candidates too and, on Hopper, its TMA-reduction twins;
+# 6, the forwards' FMA-folded softmax (and the bwd_atomic op);
+# 5, split head dims (4 keyed the reverted TAILS candidates of 067433b, which a GPU
+#    machine's cache file may still hold)
 CACHE_VERSION = 10
 
 # the families of bwd_atomic's own kernels: dQ added element by element, or by TMA tiles
