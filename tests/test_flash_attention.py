@@ -970,12 +970,16 @@ def test_tma_loads_only_where_the_boxes_fit(monkeypatch, D):
     """No TMA twin where a box cannot stand in for a masked load: a padded head dim (40 in
     a 64-column tile, 112 in 128) would read the next head's columns; a 256-column chunk is
     past what the twins were built for. Nor without TMA (before Hopper, or the
-    interpreter's default)."""
+    interpreter's default). The short forward's twins likewise, at N = 65, where its
+    pointer candidates exist at every one of these head dims."""
     monkeypatch.setattr(launch, "_TMA_LOADS", True)
     assert not any(c.family == "general_tma" for op in ("fwd", "bwd")
                    for c in launch.candidates(op, 577, D))
+    short = [c.family for c in launch.candidates("fwd", 65, D)]
+    assert "short" in short and "short_tma" not in short
     monkeypatch.setattr(launch, "_TMA_LOADS", False)
     assert not any(c.family == "general_tma" for c in launch.candidates("fwd", 577, 64))
+    assert not any(c.family == "short_tma" for c in launch.candidates("fwd", 65, 64))
 
 
 _COMPILE_TMA_LOADS = '''
