@@ -204,7 +204,7 @@ def test_tma_reduction_candidates_mirror_the_atomic_ones(monkeypatch, D):
     first, second = flash_mod._tma_descriptors(acc, main.consts["BLOCK_M"], main.consts)
     bd, bd2 = launch.split_d(D)
     assert first.block_shape == [1, tma[0].meta["BLOCK_M"], bd] and first.shape == [6, 577, D]
-    assert second.block_shape == ([1, tma[0].meta["BLOCK_M"], bd2] if bd2 else first.block_shape)
+    assert (second.block_shape == [1, tma[0].meta["BLOCK_M"], bd2]) if bd2 else second is None
 
 
 _COMPILE_FOR_HOPPER = '''
@@ -221,6 +221,8 @@ for name in ("Q_DESC", "DO_DESC", "KV_DESC"):  # the tiles' loads (BLOCK_M = BLO
     sig[name], sig[name + "2"] = f"tensordesc<bf16[1,{{M}},{{bd}}]>", f"tensordesc<bf16[1,{{M}},{{bd2 or bd}}]>"
 sig.update(qk_scale="fp32", sm_scale="fp32", drop_p="fp32", H="i32", N="i32")
 consts = dict(HEAD_DIM=D, BLOCK_D=bd, BLOCK_D2=bd2, BLOCK_M=M, BLOCK_N=64, DROPOUT=False, TMA_DQ=True)
+if not bd2:  # an unsplit head dim's second-chunk descriptors are None, as the launcher passes them
+    consts.update(dict.fromkeys([k for k in sig if k.endswith("_DESC2")], None))
 sig.update(dict.fromkeys(consts, "constexpr"))
 ck = triton.compile(ASTSource(fn=kernels.bwd_atomic_kernel, signature=sig, constexprs=consts),
                     target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4, num_stages=2))
@@ -1009,6 +1011,8 @@ else:
     consts = dict(HEAD_DIM=D, BLOCK_D=bd, BLOCK_D2=bd2, BLOCK_M1=M1, BLOCK_N1=N1, BLOCK_M2=N1,
                   BLOCK_N2=M1, DROPOUT=False, TMA=True)
     fn = kernels.bwd_kernel
+if not bd2:  # an unsplit head dim's second-chunk descriptors are None, as the launcher passes them
+    consts.update(dict.fromkeys([k for k in sig if k.endswith("2") and sig[k].startswith("tensordesc")], None))
 sig.update(dict.fromkeys(consts, "constexpr"))
 ck = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts),
                     target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps, num_stages=stages))

@@ -33,9 +33,6 @@ SIGNATURES = {
 }
 
 
-# the short forward's descriptor parameters, by the tile height (constexpr) each one's box has
-FWD_DESCRIPTORS = (("Q_DESC", "BLOCK_M"), ("QT_DESC", "BLOCK_MT"), ("K_DESC", "BLOCK_N"),
-                   ("KT_DESC", "BLOCK_T"), ("KT2_DESC", "BLOCK_T2"))
 
 
 def compile_short(op: str, d: int, n: int, block_m: int, warps: int, maxnreg: int = 0,
@@ -53,10 +50,17 @@ def compile_short(op: str, d: int, n: int, block_m: int, warps: int, maxnreg: in
         # the descriptors come after the pointers, before the scalars
         scalars = {k: v for k, v in signature.items() if not v.startswith("*")}
         signature = {k: v for k, v in signature.items() if v.startswith("*")}
-        for name, height in FWD_DESCRIPTORS:
-            rows = consts[height] or consts["BLOCK_M" if height == "BLOCK_MT" else "BLOCK_T"]
-            for suffix, width in (("", bd), ("2", bd2 or bd)):
-                signature[name + suffix] = f"tensordesc<bf16[1,{rows},{width}]>" if tma else "*bf16"
+        # one descriptor parameter per box height (and its second-chunk twin): those of the
+        # heights the tiles have, as the launcher passes them; None (a constexpr) elsewhere
+        heights = {consts["BLOCK_M"], consts["BLOCK_MT"], consts["BLOCK_N"],
+                   consts["BLOCK_T"] * consts["HAS_TAIL"], consts["BLOCK_T2"]}
+        for rows in launch.BOX_HEIGHTS:
+            for suffix, width in (("", bd), ("_2", bd2)):
+                name = f"D{rows}{suffix}"
+                if tma and rows in heights and width:
+                    signature[name] = f"tensordesc<bf16[1,{rows},{width}]>"
+                else:
+                    signature[name], consts[name] = "constexpr", None
         signature.update(scalars)
     else:
         if tma:

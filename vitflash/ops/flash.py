@@ -92,8 +92,8 @@ def _bwd_launches(c: Candidate, B: int, N: int, H: int, D: int, dropout: bool = 
 
 def _tma_descriptors(t: torch.Tensor, rows: int, consts: dict) -> tuple:
     """TMA descriptors of t (B, N, ...), contiguous, viewed as (B, N, the rest), in boxes of
-    (1, rows, BLOCK_D) and, for a split head dim, (1, rows, BLOCK_D2) (unsplit: the first
-    again, unused): what kernels._load_tma reads tiles of `rows` rows through, and what
+    (1, rows, BLOCK_D) and, for a split head dim, (1, rows, BLOCK_D2) (unsplit: None, never
+    read): what kernels._load_tma reads tiles of `rows` rows through, and what
     bwd_atomic_kernel adds dQ tiles through (t: its fp32 (B * H, N, D) accumulator). The
     batch is a dimension of its own so that rows past N are outside the bounds (zeros when
     read, dropped when added), not the next batch's first rows."""
@@ -101,7 +101,7 @@ def _tma_descriptors(t: torch.Tensor, rows: int, consts: dict) -> tuple:
     shape, strides = list(flat.shape), list(flat.stride())
     first = TensorDescriptor(flat, shape, strides, [1, rows, consts["BLOCK_D"]])
     if not consts["BLOCK_D2"]:
-        return first, first
+        return first, None
     return first, TensorDescriptor(flat, shape, strides, [1, rows, consts["BLOCK_D2"]])
 
 
@@ -144,21 +144,22 @@ def _forward(qkv: torch.Tensor, softmax_scale: float, dropout_p: float = 0.0,
 
 
 def _fwd_descriptors(launch: Launch, qkv: torch.Tensor) -> tuple:
-    """The descriptor arguments of a forward launch, qkv's in boxes of the heights its tiles
-    have with TMA, else qkv itself in their places (never read). The general kernel: BLOCK_M
-    rows (Q) and BLOCK_N rows (K, V). The short one: BLOCK_M and BLOCK_MT (Q), BLOCK_N,
-    BLOCK_T and BLOCK_T2 (K, V); a height that is 0 (no such tile) takes a neighbour's
-    descriptor, never read, and each height's pair is made once."""
+    """The descriptor arguments of a forward launch. The general kernel: with TMA, qkv's in
+    boxes of BLOCK_M rows (Q) and BLOCK_N rows (K, V), else None in their four places. The
+    short one: with TMA, qkv's in boxes of each height that its tiles have (BLOCK_M, BLOCK_MT,
+    BLOCK_N, BLOCK_T, BLOCK_T2), in the places of the heights 16 ... 256, None elsewhere; all
+    None without TMA. Second-chunk twins are None for an unsplit head dim (_tma_descriptors):
+    the launch encodes every descriptor passed, at a cost in host time."""
     c = launch.consts
-    short = launch.kernel is kernels.fwd_short_kernel
-    if not c["TMA"]:
-        return (qkv,) * (10 if short else 4)
-    if not short:
+    if launch.kernel is not kernels.fwd_short_kernel:
+        if not c["TMA"]:
+            return (None,) * 4
         return _tma_descriptors(qkv, c["BLOCK_M"], c) + _tma_descriptors(qkv, c["BLOCK_N"], c)
-    rows = (c["BLOCK_M"], c["BLOCK_MT"] or c["BLOCK_M"], c["BLOCK_N"], c["BLOCK_T"],
-            c["BLOCK_T2"] or c["BLOCK_T"])
-    made = {r: _tma_descriptors(qkv, r, c) for r in set(rows)}
-    return tuple(d for r in rows for d in made[r])
+    if not c["TMA"]:
+        return (None,) * 10
+    heights = {c["BLOCK_M"], c["BLOCK_MT"], c["BLOCK_N"], c["BLOCK_T"] * c["HAS_TAIL"], c["BLOCK_T2"]}
+    return tuple(d for rows in _launch.BOX_HEIGHTS
+                 for d in (_tma_descriptors(qkv, rows, c) if rows in heights else (None, None)))
 
 
 def _backward(do: torch.Tensor, qkv: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
@@ -192,7 +193,7 @@ def _backward(do: torch.Tensor, qkv: torch.Tensor, o: torch.Tensor, lse: torch.T
                 descs = tuple(d for t in (qkv, do) for rows in (c["BLOCK_M1"], c["BLOCK_N1"])
                               for d in _tma_descriptors(t, rows, c))
             else:
-                descs = (qkv,) * 8
+                descs = (None,) * 8
             plan[1](qkv, do, lse, delta, dqkv, seed, *descs, qk_scale, softmax_scale, dropout_p,
                     B * H, H, N)
             return
@@ -205,7 +206,7 @@ def _backward(do: torch.Tensor, qkv: torch.Tensor, o: torch.Tensor, lse: torch.T
                                             (do, c["BLOCK_M"]), (qkv, c["BLOCK_N"]))
                           for d in _tma_descriptors(t, rows, c))
         else:
-            descs = (dq_acc,) * 2 + (qkv,) * 6
+            descs = (None,) * 8
         plan[1](qkv, do, lse, delta, dq_acc, dqkv, seed, *descs, qk_scale, softmax_scale,
                 dropout_p, H, N)
         plan[2](dq_acc, dqkv, softmax_scale, H, N)

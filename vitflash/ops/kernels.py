@@ -502,8 +502,25 @@ def _fwd_short_rows(QKV, O, LSE, SEED, Q_DESC, Q_DESC2, K_DESC, K_DESC2, KT_DESC
 
 
 @triton.jit
-def fwd_short_kernel(QKV, O, LSE, SEED, Q_DESC, Q_DESC2, QT_DESC, QT_DESC2, K_DESC, K_DESC2,
-                     KT_DESC, KT_DESC2, KT2_DESC, KT2_DESC2, qk_scale, drop_p, H, N,
+def _box(ROWS: tl.constexpr, D16, D32, D64, D128, D256):
+    """Of the descriptors whose boxes are 16-256 rows high, the one of ROWS rows (chosen when
+    the kernel is traced; the others may be None)."""
+    if ROWS == 16:
+        desc = D16
+    elif ROWS == 32:
+        desc = D32
+    elif ROWS == 64:
+        desc = D64
+    elif ROWS == 128:
+        desc = D128
+    else:
+        desc = D256
+    return desc
+
+
+@triton.jit
+def fwd_short_kernel(QKV, O, LSE, SEED, D16, D16_2, D32, D32_2, D64, D64_2, D128, D128_2, D256,
+                     D256_2, qk_scale, drop_p, H, N,
                      HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_D2: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_MT: tl.constexpr, BLOCK_N: tl.constexpr,
                      BLOCK_T: tl.constexpr, HAS_TAIL: tl.constexpr, BLOCK_T2: tl.constexpr,
@@ -520,28 +537,38 @@ def fwd_short_kernel(QKV, O, LSE, SEED, Q_DESC, Q_DESC2, QT_DESC, QT_DESC2, K_DE
     per head, too short to overlap anything, cannot do. B * H must be a multiple of HEADS.
 
     With TMA (family "short_tma", Hopper) every Q, K and V tile comes through a descriptor
-    of qkv whose box has the tile's height: Q_DESC (BLOCK_M rows), QT_DESC (BLOCK_MT),
-    K_DESC (BLOCK_N), KT_DESC (BLOCK_T), KT2_DESC (BLOCK_T2), each with its second-chunk
-    twin. The copy engine puts the tiles in shared memory, where the matrix units read
-    them, so no pointer tiles take registers, and rows past N come back as zeros. Without
-    TMA any argument stands in for the descriptors."""
+    of qkv whose box has the tile's height, D16 ... D256 (16 ... 256 rows), each with its
+    second-chunk twin (_2). The copy engine puts the tiles in shared memory, where the
+    matrix units read them, so no pointer tiles take registers, and rows past N come back
+    as zeros. Only the heights that the tiles have are passed (at N = 65: 64 and 16); the
+    rest are None, as are all of them without TMA and the twins of an unsplit head dim: each
+    descriptor passed costs the launch host time to encode."""
     pid_m, group = _split_pid(tl.program_id(0), N, BLOCK_M)
     start_m = pid_m * BLOCK_M
+    k_desc = _box(BLOCK_N, D16, D32, D64, D128, D256)
+    k_desc2 = _box(BLOCK_N, D16_2, D32_2, D64_2, D128_2, D256_2)
+    kt_desc = _box(BLOCK_T, D16, D32, D64, D128, D256)
+    kt_desc2 = _box(BLOCK_T, D16_2, D32_2, D64_2, D128_2, D256_2)
+    kt2_desc = _box(BLOCK_T2, D16, D32, D64, D128, D256)
+    kt2_desc2 = _box(BLOCK_T2, D16_2, D32_2, D64_2, D128_2, D256_2)
+    q_desc = _box(BLOCK_M, D16, D32, D64, D128, D256)
+    q_desc2 = _box(BLOCK_M, D16_2, D32_2, D64_2, D128_2, D256_2)
     if BLOCK_MT == 0:  # every query tile is full
-        _fwd_short_rows(QKV, O, LSE, SEED, Q_DESC, Q_DESC2, K_DESC, K_DESC2, KT_DESC, KT_DESC2,
-                        KT2_DESC, KT2_DESC2, qk_scale, drop_p, H, N, group, start_m, HEAD_DIM,
+        _fwd_short_rows(QKV, O, LSE, SEED, q_desc, q_desc2, k_desc, k_desc2, kt_desc, kt_desc2,
+                        kt2_desc, kt2_desc2, qk_scale, drop_p, H, N, group, start_m, HEAD_DIM,
                         BLOCK_D, BLOCK_D2, BLOCK_M, BLOCK_N, BLOCK_T, HAS_TAIL, BLOCK_T2, HEADS,
                         STAGES, False, DROPOUT, TMA)
     elif start_m + BLOCK_M <= N:
-        _fwd_short_rows(QKV, O, LSE, SEED, Q_DESC, Q_DESC2, K_DESC, K_DESC2, KT_DESC, KT_DESC2,
-                        KT2_DESC, KT2_DESC2, qk_scale, drop_p, H, N, group, start_m, HEAD_DIM,
+        _fwd_short_rows(QKV, O, LSE, SEED, q_desc, q_desc2, k_desc, k_desc2, kt_desc, kt_desc2,
+                        kt2_desc, kt2_desc2, qk_scale, drop_p, H, N, group, start_m, HEAD_DIM,
                         BLOCK_D, BLOCK_D2, BLOCK_M, BLOCK_N, BLOCK_T, HAS_TAIL, BLOCK_T2, HEADS,
                         STAGES, False, DROPOUT, TMA)
     else:  # the partial last tile, in a tile of its own size
-        _fwd_short_rows(QKV, O, LSE, SEED, QT_DESC, QT_DESC2, K_DESC, K_DESC2, KT_DESC,
-                        KT_DESC2, KT2_DESC, KT2_DESC2, qk_scale, drop_p, H, N, group, start_m,
-                        HEAD_DIM, BLOCK_D, BLOCK_D2, BLOCK_MT, BLOCK_N, BLOCK_T, HAS_TAIL,
-                        BLOCK_T2, HEADS, STAGES, True, DROPOUT, TMA)
+        _fwd_short_rows(QKV, O, LSE, SEED, _box(BLOCK_MT, D16, D32, D64, D128, D256),
+                        _box(BLOCK_MT, D16_2, D32_2, D64_2, D128_2, D256_2), k_desc, k_desc2,
+                        kt_desc, kt_desc2, kt2_desc, kt2_desc2, qk_scale, drop_p, H, N, group,
+                        start_m, HEAD_DIM, BLOCK_D, BLOCK_D2, BLOCK_MT, BLOCK_N, BLOCK_T,
+                        HAS_TAIL, BLOCK_T2, HEADS, STAGES, True, DROPOUT, TMA)
 
 
 # ----------------------------------------------------------------------------------------

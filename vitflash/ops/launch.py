@@ -56,6 +56,9 @@ CACHE_VERSION = 10
 
 # the families of bwd_atomic's own kernels: dQ added element by element, or by TMA tiles
 ATOMIC_FAMILIES = ("atomic", "atomic_tma")
+# the heights of the short forward's descriptor boxes, in its parameters' order (D16 ... D256)
+BOX_HEIGHTS = (16, 32, 64, 128, 256)
+
 # the short forward's families: tiles loaded by pointers, or by TMA descriptors (Hopper)
 SHORT_FWD_FAMILIES = ("short", "short_tma")
 
