@@ -77,7 +77,10 @@ SDPA_BACKENDS = {"sdpa_flash": SDPBackend.FLASH_ATTENTION,
                  "sdpa_cudnn": SDPBackend.CUDNN_ATTENTION}
 IMPLS = ["flash", "naive", *SDPA_BACKENDS]
 OPTIONAL_IMPLS = ["flash_atomic"]  # measured only when --impls names it
-LATENCY_IMPLS = ["flash", "naive", "sdpa"]  # sdpa: the backend PyTorch picks itself
+# sdpa: the backend PyTorch picks itself. floor: no attention, one elementwise op with one
+# kernel each way (x * scale and its gradient), through the same autograd and synchronize:
+# what any op called from Python pays per call on this host, attention or not
+LATENCY_IMPLS = ["flash", "naive", "sdpa", "floor"]
 TIMERS = {"events": "`triton.testing.do_bench` (a loop of eager calls)",
           "graph": "`triton.testing.do_bench_cudagraph` (replays of a CUDA graph of the calls: "
                    "GPU time, no host work between kernels)"}
@@ -94,6 +97,9 @@ def make_case(impl: str, B: int, H: int, N: int, D: int, dtype: torch.dtype, dro
             return [qkv], (lambda: flash_attention_qkvpacked(qkv, dropout_p=dropout_p,
                                                              deterministic=deterministic)), do
         return [qkv], (lambda: naive_attention(*qkv.unbind(2), dropout_p=dropout_p)), do
+    if impl == "floor":
+        x = torch.randn(B, N, H, D, device="cuda", dtype=dtype, requires_grad=True)
+        return [x], (lambda: x * 0.125), torch.randn(B, N, H, D, device="cuda", dtype=dtype)
     q, k, v = (torch.randn(B, H, N, D, device="cuda", dtype=dtype, requires_grad=True)
                for _ in range(3))
     if impl == "sdpa":
@@ -335,13 +341,19 @@ def markdown(results: list[dict], latency: dict, env: dict, command: str) -> str
     lines.append("")
     if latency:
         shape = tuple(latency["shape"])
+        timed = [i for i in LATENCY_IMPLS if i in latency]  # files from before "floor" lack it
+        ratios = [("flash", "sdpa")] + [("floor", "sdpa")] * ("floor" in latency)
         lines += [f"## One call at {shape}, forward+backward, synchronized (us)", "",
-                  "| " + " | ".join(LATENCY_IMPLS) + " | flash / sdpa |",
-                  "|---" * (len(LATENCY_IMPLS) + 1) + "|",
+                  "| " + " | ".join(timed + [f"{a} / {b}" for a, b in ratios]) + " |",
+                  "|---" * (len(timed) + len(ratios)) + "|",
                   "| " + " | ".join("{:.0f} ({:.0f}-{:.0f})".format(
-                      latency[i]["median"], latency[i]["min"], latency[i]["max"])
-                      for i in LATENCY_IMPLS)
-                  + f" | {latency['flash']['median'] / latency['sdpa']['median']:.2f}x |", ""]
+                      latency[i]["median"], latency[i]["min"], latency[i]["max"]) for i in timed)
+                  + "".join(f" | {latency[a]['median'] / latency[b]['median']:.2f}x" for a, b in ratios)
+                  + " |", ""]
+        if "floor" in latency:
+            lines += ["floor: one elementwise op and its gradient (one kernel each way) through the "
+                      "same autograd and synchronize, no attention: no attention op called this way "
+                      "(a kernel or more each way) can take less on this host.", ""]
     for metric, title, fmt in (("fwd_tflops", "Forward TFLOP/s", "{:.0f}"),
                                ("fwd_bwd_tflops", "Forward+backward TFLOP/s", "{:.0f}"),
                                ("fwd_ms", "Forward ms", "{:.3f}"),

@@ -174,3 +174,22 @@ def test_the_sweep_checks_and_times_configs_on_the_gpu(op):
     for entry in row["configs"]:
         assert "tflops" in entry or entry["error"].startswith(("OutOfResources", "CompilationError")), entry
     assert any(entry["listed"] and "tflops" in entry for entry in row["configs"])
+
+
+def test_the_one_call_table_sets_flash_and_the_floor_against_sdpa():
+    """The synchronized one-call latency: flash and the floor (one elementwise op through the
+    same autograd, no attention) each as a ratio of SDPA's; a file from before the floor was
+    measured gives the flash ratio alone."""
+    env = {k: "x" for k in ("gpu", "commit", "torch", "triton", "cuda", "cudnn", "python", "date")}
+    row = {"shape": [8, 3, 65, 64], **{impl: {"error": "not selected"} for impl in bench.IMPLS}}
+    spread = lambda us: {"median": us, "min": us - 10, "max": us + 10, "n": 3}  # noqa: E731
+    latency = {"shape": [1, 3, 65, 64], "flash": spread(150.0), "naive": spread(600.0),
+               "sdpa": spread(200.0), "floor": spread(130.0)}
+    lines = bench.markdown([row], latency, env, "cmd").splitlines()
+    at = lines.index("## One call at (1, 3, 65, 64), forward+backward, synchronized (us)")
+    assert lines[at + 2] == "| flash | naive | sdpa | floor | flash / sdpa | floor / sdpa |"
+    assert lines[at + 4] == "| 150 (140-160) | 600 (590-610) | 200 (190-210) | 130 (120-140) | 0.75x | 0.65x |"
+    del latency["floor"]
+    lines = bench.markdown([row], latency, env, "cmd").splitlines()
+    assert lines[at + 2] == "| flash | naive | sdpa | flash / sdpa |"
+    assert lines[at + 4] == "| 150 (140-160) | 600 (590-610) | 200 (190-210) | 0.75x |"
