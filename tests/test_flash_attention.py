@@ -111,28 +111,6 @@ def test_each_kernel_family(monkeypatch, N):
         _assert_within_rule(qkv, do)
 
 
-@pytest.mark.parametrize("N, D, tma", [(130, 32, False), (197, 64, False), (197, 64, True),
-                                      (70, 80, True), (17, 32, False)])
-def test_general_forward_query_tail(monkeypatch, N, D, tma):
-    """The general forward's program of the partial last query tile computes a tile of its
-    own size (tail_tile: 130 rows in tiles of 64 = 2 x 64 + 16, 197 = 3 x 64 + 16), and the
-    full tile's code where that is no smaller (197 in tiles of 128, 17 in 32): each general
-    candidate (and, tma, each of its TMA twins, whose partial tile loads Q by pointers)
-    against the reference, with a split head dim too (70 rows = 64 + 16 at D = 80 = 64 + 16)."""
-    monkeypatch.setattr(launch, "_TMA_LOADS", tma)
-    qkv, do = _packed_inputs(2, N, 2, D, torch.float16, seed=N + D)
-    fwds = [c for c in launch.candidates("fwd", N, D) if c.family == ("general_tma" if tma else "general")]
-    assert fwds
-    tails = set()
-    for fwd, _, plans in _pairs_within_rule(monkeypatch, qkv, do, fwds, [launch.heuristic("bwd", N, D)]):
-        (main,) = plans["fwd"]
-        tail = launch.tail_tile(N, fwd.meta["BLOCK_M"])
-        assert main.consts["BLOCK_MT"] == (tail if tail < fwd.meta["BLOCK_M"] else 0)
-        assert main.consts["TMA"] is tma
-        tails.add(main.consts["BLOCK_MT"])
-    assert tails - {0} or N == 17  # a smaller tail tile ran (17: one partial tile at most 32)
-
-
 @pytest.mark.parametrize("N, D", [(1, 32), (17, 32), (65, 32), (130, 32), (197, 64), (65, 80), (33, 112)])
 def test_atomic_backward(monkeypatch, N, D):
     """deterministic=False: every candidate of the backward that adds into dQ atomically,
@@ -1021,8 +999,8 @@ if op == "fwd":
     sig = dict(QKV="*bf16", O="*bf16", LSE="*fp32", SEED="*i64", Q_DESC=box(M, bd),
                Q_DESC2=box(M, bd2 or bd), KV_DESC=box(N, bd), KV_DESC2=box(N, bd2 or bd),
                qk_scale="fp32", drop_p="fp32", H="i32", N="i32")
-    consts = dict(HEAD_DIM=D, BLOCK_D=bd, BLOCK_D2=bd2, BLOCK_M=M, BLOCK_MT=16, BLOCK_N=N,
-                  BLOCK_T=16, DROPOUT=False, TMA=True)
+    consts = dict(HEAD_DIM=D, BLOCK_D=bd, BLOCK_D2=bd2, BLOCK_M=M, BLOCK_N=N, BLOCK_T=16,
+                  DROPOUT=False, TMA=True)
     fn = kernels.fwd_kernel
 else:
     M1, N1, warps, stages = cfg

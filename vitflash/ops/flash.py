@@ -57,12 +57,10 @@ def _fwd_launches(c: Candidate, B: int, N: int, H: int, D: int, dropout: bool = 
     meta = {**c.meta, "DROPOUT": dropout, "TMA": c.family in ("general_tma", "short_tma")}
     if (B * H) % meta.get("HEADS", 1):  # tuned at another B * H of the same bucket
         meta.update(HEADS=1, STAGES=1)
-    # the query rows past the last full BLOCK_M, in a tile of their own
-    meta["BLOCK_MT"] = tail_tile(N, meta["BLOCK_M"])
     if not short:  # the tail tile: the keys past the last full BLOCK_N
         meta["BLOCK_T"] = tail_tile(N, meta["BLOCK_N"])
-        if meta["BLOCK_MT"] == meta["BLOCK_M"]:  # no smaller: the full tile's code, masked
-            meta["BLOCK_MT"] = 0
+    else:  # the query rows past the last full BLOCK_M
+        meta["BLOCK_MT"] = tail_tile(N, meta["BLOCK_M"])
     block_d1, block_d2 = split_d(D)  # (64, 16) at D = 80: two column chunks, no padding
     consts = {"HEAD_DIM": D, "BLOCK_D": block_d1, "BLOCK_D2": block_d2, **meta}
     grid = _cdiv(N, meta["BLOCK_M"]) * (B * H // meta.get("HEADS", 1))

@@ -374,23 +374,27 @@ def _fwd_inner(acc, acc_hi, l_i, m_i, q, q_hi, k_ptrs, k_ptrs_hi, v_ptrs, v_ptrs
 
 
 @triton.jit
-def _fwd_rows(QKV, O, LSE, Q_DESC, Q_DESC2, KV_DESC, KV_DESC2, qk_scale, drop_p, seed, H, N, bh,
-              start_m, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_D2: tl.constexpr,
-              ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr,
-              DROPOUT: tl.constexpr, TMA: tl.constexpr, TMA_Q: tl.constexpr):
-    """The body of fwd_kernel on ROWS query rows from start_m of head bh. TMA: the full K, V
-    tiles through KV_DESC(2); TMA_Q: the Q tile through Q_DESC(2) (whose boxes have ROWS
-    rows), else by masked pointer loads."""
-    offs_m = start_m + tl.arange(0, ROWS)
+def fwd_kernel(QKV, O, LSE, SEED, Q_DESC, Q_DESC2, KV_DESC, KV_DESC2, qk_scale, drop_p, H, N,
+               HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_D2: tl.constexpr,
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr,
+               DROPOUT: tl.constexpr, TMA: tl.constexpr):
+    """O and LSE of BLOCK_M query rows; K, V stream past in BLOCK_N tiles, the keys past the
+    last full tile in one BLOCK_T tile (197 = 3 x 64 + a 16-key tail, not a fourth 64;
+    BLOCK_T = 0 when BLOCK_N divides N). With TMA, the Q tile and the full K, V tiles come
+    through the descriptors of qkv Q_DESC(2) ((1, BLOCK_M, chunk) boxes) and KV_DESC(2)
+    ((1, BLOCK_N, chunk) boxes): see _load_tma. Without it, any argument stands in for them."""
+    pid_m, bh = _split_pid(tl.program_id(0), N, BLOCK_M)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
-    q, q_hi = _head_tile(Q_DESC, Q_DESC2, QKV, bh, start_m, N, H, 3, 0, ROWS, HEAD_DIM, BLOCK_D,
-                         BLOCK_D2, TMA_Q)
+    q, q_hi = _head_tile(Q_DESC, Q_DESC2, QKV, bh, pid_m * BLOCK_M, N, H, 3, 0, BLOCK_M, HEAD_DIM,
+                         BLOCK_D, BLOCK_D2, TMA)
     k_ptrs, k_ptrs_hi = _chunk_ptrs(QKV, bh, offs_n, N, H, 3, 1, HEAD_DIM, BLOCK_D, BLOCK_D2)
     v_ptrs, v_ptrs_hi = _chunk_ptrs(QKV, bh, offs_n, N, H, 3, 2, HEAD_DIM, BLOCK_D, BLOCK_D2)
 
-    m_i = tl.full([ROWS], float("-inf"), tl.float32)
-    l_i = tl.zeros([ROWS], tl.float32)
-    acc, acc_hi = _zeros(ROWS, BLOCK_D, BLOCK_D2)
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc, acc_hi = _zeros(BLOCK_M, BLOCK_D, BLOCK_D2)
+    seed = tl.load(SEED) if DROPOUT else 0
     n_full = (N // BLOCK_N) * BLOCK_N
     acc, acc_hi, l_i, m_i = _fwd_inner(acc, acc_hi, l_i, m_i, q, q_hi, k_ptrs, k_ptrs_hi,
                                        v_ptrs, v_ptrs_hi, KV_DESC, KV_DESC2, 0, n_full, N, H,
@@ -410,36 +414,6 @@ def _fwd_rows(QKV, O, LSE, Q_DESC, Q_DESC2, KV_DESC, KV_DESC2, qk_scale, drop_p,
     _store_rows(O, acc * scale, acc_hi * scale, bh, offs_m, N, H, 1, 0, HEAD_DIM, BLOCK_D,
                 BLOCK_D2)
     tl.store(LSE + bh.to(tl.int64) * N + offs_m, m_i + tl.math.log2(l_i), mask=offs_m < N)
-
-
-@triton.jit
-def fwd_kernel(QKV, O, LSE, SEED, Q_DESC, Q_DESC2, KV_DESC, KV_DESC2, qk_scale, drop_p, H, N,
-               HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_D2: tl.constexpr,
-               BLOCK_M: tl.constexpr, BLOCK_MT: tl.constexpr, BLOCK_N: tl.constexpr,
-               BLOCK_T: tl.constexpr, DROPOUT: tl.constexpr, TMA: tl.constexpr):
-    """O and LSE of BLOCK_M query rows; K, V stream past in BLOCK_N tiles, the keys past the
-    last full tile in one BLOCK_T tile (197 = 3 x 64 + a 16-key tail, not a fourth 64;
-    BLOCK_T = 0 when BLOCK_N divides N). The program of the partial last query tile computes
-    a BLOCK_MT-row tile, as the short forward does (197 rows in tiles of 64: 3 x 64 + 16, not
-    4 x 64; BLOCK_MT = 0 when BLOCK_M divides N). With TMA, the Q tile and the full K, V
-    tiles come through the descriptors of qkv Q_DESC(2) ((1, BLOCK_M, chunk) boxes) and
-    KV_DESC(2) ((1, BLOCK_N, chunk) boxes): see _load_tma; the partial query tile's Q comes
-    by pointers. Without it, any argument stands in for the descriptors."""
-    pid_m, bh = _split_pid(tl.program_id(0), N, BLOCK_M)
-    start_m = pid_m * BLOCK_M
-    seed = tl.load(SEED) if DROPOUT else 0
-    if BLOCK_MT == 0:  # every query tile is full
-        _fwd_rows(QKV, O, LSE, Q_DESC, Q_DESC2, KV_DESC, KV_DESC2, qk_scale, drop_p, seed, H, N,
-                  bh, start_m, HEAD_DIM, BLOCK_D, BLOCK_D2, BLOCK_M, BLOCK_N, BLOCK_T, DROPOUT,
-                  TMA, TMA)
-    elif start_m + BLOCK_M <= N:
-        _fwd_rows(QKV, O, LSE, Q_DESC, Q_DESC2, KV_DESC, KV_DESC2, qk_scale, drop_p, seed, H, N,
-                  bh, start_m, HEAD_DIM, BLOCK_D, BLOCK_D2, BLOCK_M, BLOCK_N, BLOCK_T, DROPOUT,
-                  TMA, TMA)
-    else:  # the partial last tile, in a tile of its own size
-        _fwd_rows(QKV, O, LSE, Q_DESC, Q_DESC2, KV_DESC, KV_DESC2, qk_scale, drop_p, seed, H, N,
-                  bh, start_m, HEAD_DIM, BLOCK_D, BLOCK_D2, BLOCK_MT, BLOCK_N, BLOCK_T, DROPOUT,
-                  TMA, False)
 
 
 @triton.jit
