@@ -33,8 +33,6 @@ SIGNATURES = {
 }
 
 
-
-
 def compile_short(op: str, d: int, n: int, block_m: int, warps: int, maxnreg: int = 0,
                   tma: bool = False):
     """The short forward or backward at head dim d, length n and a BLOCK_M-row tile, compiled
