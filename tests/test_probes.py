@@ -72,3 +72,21 @@ def test_registers_probe_short_tma_twin_frees_registers():
     assert found[True]["registers"] <= 128 and found[True]["spills"] == 0
     assert found[True]["programs"] >= 4 > found[False]["programs"]
     assert found[False]["registers"] > 128
+
+
+def test_op_dispatch_probe_times_each_way_of_calling_the_ops():
+    """The dispatch probe, as its command in a process of its own (it stubs out the launches
+    and registers custom_op twins): a row for each op called directly, through the Library
+    op and through custom_op, each with a median inside its min-max. Which way is faster is
+    for its committed output to say, not for a test."""
+    out = subprocess.run([sys.executable, str(PROBES / "op_dispatch.py"), "--calls", "20"],
+                         capture_output=True, text=True, check=True).stdout
+    rows = [line.strip("|").split("|") for line in out.splitlines()
+            if line.startswith(("| forward ", "| backward "))]
+    assert [(r[0].strip(), r[1].strip().split(",")[-1].strip()) for r in rows] == [
+        (op, way) for op in ("forward", "backward")
+        for way in (f"the function (`flash._{op}`)", "`torch.library.Library`", "`torch.library.custom_op`")]
+    for r in rows:
+        median, spread = r[2].split(" (")
+        lo, hi = (float(x) for x in spread.rstrip(") ").split("-"))
+        assert 0 < lo <= float(median) <= hi
