@@ -229,6 +229,16 @@ def latency_us(impl: str, shape, dtype, calls: int = 200, repeats: int = REPEATS
     return spread(medians)
 
 
+def latency_gpu_us(impl: str, shape, dtype, timer: str, warmup_ms: int, rep_ms: int,
+                   dropout_p: float = 0.0) -> float:
+    """The same call as latency_us, forward+backward at `shape`, timed by the run's timer:
+    with "graph", its GPU time alone, which splits one call's wall time into the GPU's part
+    and the host's."""
+    B, H, N, D = shape
+    leaves, fwd, do = make_case(impl, B, H, N, D, dtype, dropout_p)
+    return _timer(timer, warmup_ms, rep_ms)(lambda: fwd().backward(do), leaves) * 1e3
+
+
 def git_commit() -> str:
     """The commit the numbers come from: $VITFLASH_COMMIT (a copy of the tree without .git),
     else git's HEAD, else "unknown"."""
@@ -350,6 +360,13 @@ def markdown(results: list[dict], latency: dict, env: dict, command: str) -> str
                       latency[i]["median"], latency[i]["min"], latency[i]["max"]) for i in timed)
                   + "".join(f" | {latency[a]['median'] / latency[b]['median']:.2f}x" for a, b in ratios)
                   + " |", ""]
+        if "gpu_us" in latency["flash"]:  # files from before it lack it
+            lines += [f"The same call timed by {TIMERS[env.get('timer', 'events')]}, us: " + ", ".join(
+                          f"{i} {latency[i]['gpu_us']:.1f}" for i in timed) + ".", ""]
+        if latency.get("flash_candidates"):
+            found = latency["flash_candidates"]
+            lines += [f"Flash's kernels there: forward {_candidate(found['fwd'])}; backward "
+                      f"{_candidate(found['bwd'])}.", ""]
         if "floor" in latency:
             lines += ["floor: one elementwise op and its gradient (one kernel each way) through the "
                       "same autograd and synchronize, no attention: no attention op called this way "
@@ -435,7 +452,11 @@ def main() -> None:
     for impl in LATENCY_IMPLS:
         latency[impl] = latency_us(impl, LATENCY_SHAPE, torch.bfloat16, repeats=args.repeats,
                                    dropout_p=args.dropout)
+        latency[impl]["gpu_us"] = latency_gpu_us(impl, LATENCY_SHAPE, torch.bfloat16, args.timer,
+                                                 args.warmup_ms, args.rep_ms, args.dropout)
         print("latency", LATENCY_SHAPE, impl, latency[impl], flush=True)
+    latency["flash_candidates"] = flash_candidates(LATENCY_SHAPE)
+    latency["flash_tuning_ms"] = tuning_ms(LATENCY_SHAPE)
     results = []
     for shape in shapes:
         row = {"shape": list(shape)}

@@ -193,3 +193,22 @@ def test_the_one_call_table_sets_flash_and_the_floor_against_sdpa():
     lines = bench.markdown([row], latency, env, "cmd").splitlines()
     assert lines[at + 2] == "| flash | naive | sdpa | flash / sdpa |"
     assert lines[at + 4] == "| 150 (140-160) | 600 (590-610) | 200 (190-210) | 0.75x |"
+    assert not any(line.startswith(("The same call", "Flash's kernels there")) for line in lines)
+
+
+def test_the_one_call_table_splits_off_the_gpu_time_and_names_the_kernels():
+    """Beside the one call's wall time, its GPU time under the run's timer (the graph timer's
+    is the GPU's part alone) and the flash kernels that ran it."""
+    env = {k: "x" for k in ("gpu", "commit", "torch", "triton", "cuda", "cudnn", "python", "date")}
+    env["timer"] = "graph"
+    row = {"shape": [8, 3, 65, 64], **{impl: {"error": "not selected"} for impl in bench.IMPLS}}
+    found = {op: launch.heuristic(op, 65, 64).to_json() for op in ("fwd", "bwd")}
+    latency = {"shape": [1, 3, 65, 64], "flash_candidates": found,
+               **{impl: {"median": us, "min": us, "max": us, "n": 3, "gpu_us": us / 10}
+                  for impl, us in (("flash", 150.0), ("naive", 600.0), ("sdpa", 200.0), ("floor", 130.0))}}
+    lines = bench.markdown([row], latency, env, "cmd").splitlines()
+    at = lines.index("## One call at (1, 3, 65, 64), forward+backward, synchronized (us)")
+    assert lines[at + 6] == (f"The same call timed by {bench.TIMERS['graph']}, us: flash 15.0, naive 60.0, "
+                             "sdpa 20.0, floor 13.0.")
+    assert lines[at + 8] == (f"Flash's kernels there: forward {bench._candidate(found['fwd'])}; backward "
+                             f"{bench._candidate(found['bwd'])}.")
