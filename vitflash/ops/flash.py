@@ -238,9 +238,9 @@ def dropout_keep_mask(seed: torch.Tensor, B: int, H: int, N: int, dropout_p: flo
 # Defined with the plain Library API, not torch.library.custom_op: a call through the
 # dispatcher then reaches the Python function directly, without custom_op's wrappers (its
 # autograd and backend layers), which cost the host several times as much a call
-# (benchmarks/probes/op_dispatch.py times both). This matters in
-# default-mode torch.compile, whose graphs call these ops at every step; autograd comes from
-# _FlashAttention around them, so the ops need no autograd kernel of their own.
+# (benchmarks/probes/op_dispatch.py times both). This matters in default-mode torch.compile,
+# whose graphs call these ops at every step; autograd comes from _FlashAttention around
+# them, so the ops need no autograd kernel of their own.
 _lib = torch.library.Library("vitflash", "DEF")
 _lib.define("flash_attn_forward(Tensor qkv, float softmax_scale, float dropout_p, Tensor? seed) "
             "-> (Tensor, Tensor)", tags=(torch.Tag.pt2_compliant_tag,))
