@@ -216,3 +216,48 @@ def test_attention_dropout_only_in_training(attention):
     assert all(blk.attn.attn_drop == 0.5 for blk in dropped.blocks)
     with pytest.raises(ValueError, match=r"attn_drop_rate=1\.0 is not in \[0, 1\)"):
         build_model("vit_micro_patch4_32", attn_drop_rate=1.0)
+
+
+def test_shifted_patches_hold_each_patch_and_its_four_diagonal_shifts():
+    """ShiftedPatchEmbed's patch vectors, before its norm and projection: at every token,
+    the image's patch and the same patch of the image moved by half a patch along each
+    diagonal, zeros where the moved image left no pixel."""
+    p, s, side, chans = 4, 2, 8, 2
+    embed = vm.ShiftedPatchEmbed(side, p, chans, embed_dim=16)
+    embed.norm, embed.proj = torch.nn.Identity(), torch.nn.Identity()  # the raw patch vectors
+    x = torch.arange(2 * chans * side * side, dtype=torch.float32).view(2, chans, side, side) + 1
+    tokens = embed(x)  # (B, N, 5 * C * p * p)
+    assert tokens.shape == (2, (side // p) ** 2, 5 * chans * p * p)
+    copies = tokens.view(2, side // p, side // p, 5, chans, p, p)
+    shifts = ((0, 0), (-1, -1), (-1, 1), (1, -1), (1, 1))  # the image, then the four diagonals
+    for k, (dy, dx) in enumerate(shifts):
+        for y in range(side):
+            for xx in range(side):
+                src = (y + dy * s, xx + dx * s)
+                want = x[:, :, src[0], src[1]] if 0 <= src[0] < side and 0 <= src[1] < side else torch.zeros(2, chans)
+                got = copies[:, y // p, xx // p, k, :, y % p, xx % p]
+                assert torch.equal(got, want), (k, y, xx)
+    assert (copies[:, :, :, 1:] == 0).any() and (copies[:, :, :, 0] != 0).all()
+
+
+def test_shifted_patch_model_trains_every_parameter_and_refuses_timm_export():
+    model = build_model("vit_micro_patch4_32", num_classes=10, shifted_patches=True)
+    assert isinstance(model.patch_embed, vm.ShiftedPatchEmbed)
+    assert {k for k in model.state_dict() if k.startswith("patch_embed.")} == {
+        "patch_embed.proj.weight", "patch_embed.proj.bias", "patch_embed.norm.weight", "patch_embed.norm.bias"}
+    assert model.patch_embed.proj.in_features == 5 * 3 * 4 * 4
+    logits = model(torch.randn(3, 3, 32, 32))
+    assert logits.shape == (3, 10)
+    logits.sum().backward()
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters())
+    with pytest.raises(ValueError, match="shifted patches.*cannot be exported to timm"):
+        timm_args(model)
+    with pytest.raises(ValueError, match="input image is 64x64 but this model was built for 32x32"):
+        model(torch.randn(1, 3, 64, 64))
+
+
+def test_shifted_patches_bad_values():
+    with pytest.raises(ValueError, match="shifted_patches='yes' is not True or False"):
+        build_model("vit_micro_patch4_32", shifted_patches="yes")
+    with pytest.raises(ValueError, match="shifted patches need patch_size >= 2"):
+        build_model("vit_micro_patch4_32", patch_size=1, shifted_patches=True)

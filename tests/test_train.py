@@ -19,9 +19,11 @@ import torch
 
 import timm
 
+import vitflash
 import vitflash.ops
 from vitflash.module import load_checkpoint
-from vitflash.pretrained import export_timm
+from vitflash.model import ShiftedPatchEmbed
+from vitflash.pretrained import CheckpointError, export_timm
 from test_configs import compose_cfg
 
 REPO = Path(__file__).resolve().parents[1]
@@ -248,6 +250,26 @@ def test_finetune_from_an_exported_checkpoint(cifar_run, cifar_slice, tmp_path):
     rows = list(csv.DictReader((tmp_path / "out" / "csv" / "metrics.csv").open()))
     lrs = {k: float(r[k]) for r in rows for k in r if k.startswith("lr-AdamW") and r[k]}
     assert len(set(lrs.values())) >= 4, lrs
+
+
+def test_shifted_patches_train_evaluate_and_stay_out_of_timm(tmp_path):
+    """model.shifted_patches=true end to end: a run trains, eval.py scores its checkpoint as
+    the run's test did, and the timm routes (export, loading as pretrained weights) refuse
+    it with a message that names the option."""
+    tiny = ["data=synthetic", "data.train_size=24", "data.test_size=16", "data.batch_size=8", "trainer=cpu",
+            "callbacks.progress_bar=null", "attention=sdpa", "++trainer.num_sanity_val_steps=0"]
+    metrics = train(compose_cfg(tmp_path, [*tiny, "trainer.max_epochs=1", "model.shifted_patches=true"]))
+    last = tmp_path / "out" / "checkpoints" / "last.ckpt"
+    module = load_checkpoint(last)
+    assert isinstance(module.model.patch_embed, ShiftedPatchEmbed)
+    assert module.hparams.shifted_patches is True
+    result = evaluate(compose_cfg(tmp_path, [f"ckpt_path={last}", *tiny[:4], "trainer=cpu"], "eval"))
+    assert result["loss"] == pytest.approx(metrics["test/loss"], rel=1e-5)
+    with pytest.raises(CheckpointError, match="shifted patches.*does not load as timm weights nor export"):
+        export_timm(last, tmp_path / "vit.safetensors")
+    with pytest.raises(CheckpointError, match="model.shifted_patches=true"):
+        vitflash.create_model("vit_micro_patch4_32", pretrained=last, shifted_patches=True)
+    assert not (tmp_path / "vit.safetensors").exists()
 
 
 def test_corrupt_checkpoint(cifar_run, tmp_path):

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 from timm.layers import DropPath
 
 from vitflash.ops import attention_qkvpacked, check_attention_impl
@@ -60,16 +61,53 @@ class PatchEmbed(nn.Module):
         self.num_patches = self.grid_size[0] * self.grid_size[1]
         self.proj = nn.Conv2d(in_chans, embed_dim, kernel_size=patch_size, stride=patch_size)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        B, C, H, W = x.shape
+    def check_size(self, x: torch.Tensor) -> None:
+        H, W = x.shape[-2:]
         if (H, W) != self.img_size:
             raise ValueError(
                 f"input image is {H}x{W} but this model was built for "
                 f"{self.img_size[0]}x{self.img_size[1]}: resize the input, or build the "
                 f"model with img_size={H} (position embeddings are resampled when loading)"
             )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.check_size(x)
         x = self.proj(x)  # (B, C, H/p, W/p)
         return x.flatten(2).transpose(1, 2)  # (B, N, C), N = H/p * W/p
+
+
+class ShiftedPatchEmbed(PatchEmbed):
+    """Shifted patch tokenization (Lee et al., "Vision Transformer for Small-Size Datasets",
+    arXiv 2112.13492): the image and four copies of it shifted by half a patch along the
+    diagonals (zeros where a copy moved away) are stacked on the channels, cut into the
+    same patches, and each patch vector (5 x in_chans x p x p values) is layer-normed and
+    projected. A token then sees the borders of its neighbours' patches as well as its own,
+    which helps ViTs that train on small datasets. Still one linear map per patch, no
+    convolution; timm's ViT has no such layer, so these models do not export to timm."""
+
+    SHIFTS = ((-1, -1), (-1, 1), (1, -1), (1, 1))  # (rows, columns), in half patches
+
+    def __init__(self, img_size: int, patch_size: int, in_chans: int, embed_dim: int):
+        super().__init__(img_size, patch_size, in_chans, embed_dim)
+        if patch_size < 2:
+            raise ValueError("shifted patches need patch_size >= 2 (a shift of half a patch); "
+                             "use the plain patch embedding (shifted_patches=False)")
+        patch_dim = (1 + len(self.SHIFTS)) * in_chans * patch_size * patch_size
+        self.norm = nn.LayerNorm(patch_dim, eps=1e-6)
+        self.proj = nn.Linear(patch_dim, embed_dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.check_size(x)
+        B, C, H, W = x.shape
+        p, s = self.patch_size[0], self.patch_size[0] // 2
+        padded = F.pad(x, (s, s, s, s))  # (B, C, H + 2s, W + 2s)
+        # copy (dy, dx) holds x[i + dy*s, j + dx*s] at (i, j): the image moved by -(dy, dx)*s
+        views = [x] + [padded[:, :, s + dy * s: s + dy * s + H, s + dx * s: s + dx * s + W]
+                       for dy, dx in self.SHIFTS]
+        x = torch.cat(views, dim=1)  # (B, 5C, H, W)
+        gh, gw = self.grid_size
+        x = x.view(B, 5 * C, gh, p, gw, p).permute(0, 2, 4, 1, 3, 5)  # (B, H/p, W/p, 5C, p, p)
+        return self.proj(self.norm(x.reshape(B, gh * gw, -1)))  # (B, N, embed_dim)
 
 
 class Attention(nn.Module):
@@ -187,6 +225,9 @@ class VisionTransformer(nn.Module):
             in training, done inside each attention path (the flash kernels regenerate
             its mask in the backward).
         attention: "flash", "naive" or "sdpa".
+        shifted_patches: tokenize with ShiftedPatchEmbed (a layer-normed linear map of each
+            patch and its half-patch diagonal shifts) instead of the one strided
+            convolution; such a model has no timm equivalent and does not export to timm.
     """
 
     def __init__(
@@ -210,19 +251,23 @@ class VisionTransformer(nn.Module):
         drop_path_rate: float = 0.0,
         attn_drop_rate: float = 0.0,
         attention: str = "sdpa",
+        shifted_patches: bool = False,
     ):
         super().__init__()
         _check_sizes(img_size=img_size, patch_size=patch_size, in_chans=in_chans, embed_dim=embed_dim,
                      depth=depth, num_heads=num_heads, num_classes=num_classes, mlp_ratio=mlp_ratio,
                      drop_rate=drop_rate, proj_drop_rate=proj_drop_rate, drop_path_rate=drop_path_rate,
                      attn_drop_rate=attn_drop_rate)
+        if not isinstance(shifted_patches, bool):
+            raise ValueError(f"shifted_patches={shifted_patches!r} is not True or False")
         if global_pool not in ("token", "avg"):
             raise ValueError(f"global_pool must be 'token' or 'avg', got {global_pool!r}")
         if global_pool == "token" and not class_token:
             raise ValueError("global_pool='token' needs class_token=True; use global_pool='avg'")
         check_attention_impl(attention, embed_dim // num_heads)
         use_fc_norm = global_pool == "avg" if fc_norm is None else fc_norm
-        # The architecture as built; vitflash.pretrained turns it into timm's arguments.
+        # The architecture as built; vitflash.pretrained turns it into timm's arguments
+        # (shifted patches aside: timm has no such layer).
         self.config = dict(
             img_size=img_size, patch_size=patch_size, in_chans=in_chans,
             num_classes=num_classes, embed_dim=embed_dim, depth=depth, num_heads=num_heads,
@@ -237,7 +282,9 @@ class VisionTransformer(nn.Module):
         self.num_prefix_tokens = 1 if class_token else 0
         self.no_embed_class = False  # pos_embed covers the class token too (timm's default)
 
-        self.patch_embed = PatchEmbed(img_size, patch_size, in_chans, embed_dim)
+        self.shifted_patches = shifted_patches
+        embed = ShiftedPatchEmbed if shifted_patches else PatchEmbed
+        self.patch_embed = embed(img_size, patch_size, in_chans, embed_dim)
         num_tokens = self.patch_embed.num_patches + self.num_prefix_tokens
         self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if class_token else None
         self.pos_embed = nn.Parameter(torch.zeros(1, num_tokens, embed_dim))

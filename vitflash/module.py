@@ -163,6 +163,9 @@ class ViTModule(L.LightningModule):
         attention: "auto", "flash", "naive" or "sdpa".
         drop_path_rate, drop_rate, attn_drop_rate: stochastic depth, head dropout and
             attention-weight dropout of the model.
+        shifted_patches: tokenize with shifted patches (`vitflash.model.ShiftedPatchEmbed`,
+            Lee et al.) instead of the strided convolution; such checkpoints evaluate and
+            resume here but do not export to timm.
         optimizer: a partial optimizer taking the parameter groups, e.g.
             `partial(torch.optim.AdamW, lr=1e-3, weight_decay=0.05)`; its weight_decay goes to
             every parameter except norms, biases, position embedding and class token.
@@ -212,6 +215,7 @@ class ViTModule(L.LightningModule):
         drop_path_rate: float = 0.0,
         drop_rate: float = 0.0,
         attn_drop_rate: float = 0.0,
+        shifted_patches: bool = False,
         optimizer: Callable[..., torch.optim.Optimizer] = partial(torch.optim.AdamW, lr=1e-3, weight_decay=0.05),
         warmup_epochs: float = 0.0,
         cooldown_epochs: float = 0.0,
@@ -240,7 +244,7 @@ class ViTModule(L.LightningModule):
         self.model = vitflash.create_model(
             model_name, attention=impl, num_classes=num_classes, img_size=img_size,
             pretrained=pretrained, drop_path_rate=drop_path_rate, drop_rate=drop_rate,
-            attn_drop_rate=attn_drop_rate,
+            attn_drop_rate=attn_drop_rate, shifted_patches=shifted_patches,
         )
         # The EMA: a copy of the network, made before setup compiles self.model in place, so it
         # stays eager; no gradients, and not in the optimizer's groups (configure_optimizers
