@@ -327,6 +327,24 @@ def test_every_short_candidate(monkeypatch, N, D, block_ms):
             assert (consts["BLOCK_D"], consts["BLOCK_D2"]) == launch.split_d(D)
 
 
+def test_one_key_twins_exactly_where_one_key_is_past_the_tile():
+    """The short backward's one-key-tail twins (BLOCK_T = 1) are listed beside every short
+    backward candidate at N = 2^k + 1 and nowhere else; test_every_short_candidate runs them
+    (N = 17, 33, 65) against the reference."""
+    for n in (17, 33, 65, 129):
+        short = [c for c in launch.candidates("bwd", n, 64) if c.family == "short"]
+        twins = [c for c in short if c.meta["BLOCK_T"] == 1]
+        assert launch.one_key_tail(n) and twins and len(twins) * 2 == len(short)
+        assert {(c.meta["BLOCK_M"], c.num_warps) for c in twins} == \
+            {(c.meta["BLOCK_M"], c.num_warps) for c in short if c.meta["BLOCK_T"] > 1}
+        assert all(c.meta["HAS_TAIL"] and c.meta["BLOCK_N"] == n - 1 for c in twins)
+    for n in (1, 16, 18, 64, 66, 100, 130):
+        assert not launch.one_key_tail(n)
+        assert all(c.meta.get("BLOCK_T") != 1 for c in launch.candidates("bwd", n, 64))
+    with pytest.raises(ValueError, match="N = 66 is not a power-of-two tile and one key"):
+        launch.short_bwd(66, 16, one_key=True)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("D", [64, 80, 96, 128])
 @pytest.mark.parametrize("N", [1, 65, 197, 577])
@@ -568,7 +586,9 @@ def test_dropout_matches_reference_with_the_kernels_mask(monkeypatch, N, D, dtyp
     """With dropout_p > 0 the forward and the backward drop the same weights, those of
     `dropout_keep_mask` for the seed, in both kernel families, within the FA2 rule: key tail
     tiles (17, 65, 130), the short forward's second tail (100 = 64 + 32 + 16), a split head
-    dim in bf16 (80 = 64 + 16, two column chunks) and a padded one (40, in a 64-column tile)."""
+    dim in bf16 (80 = 64 + 16, two column chunks) and a padded one (40, in a 64-column tile);
+    at 17 and 65 also the short backward's one-key-tail twin, whose key past the tile draws
+    its mask from the first place of a quad of four."""
     B, H, p = 2, 2, 0.3
     qkv, do = _packed_inputs(B, N, H, D, dtype, seed=N)
     seed = torch.tensor([1234 + N], dtype=torch.int64, device=DEVICE)
@@ -579,7 +599,10 @@ def test_dropout_matches_reference_with_the_kernels_mask(monkeypatch, N, D, dtyp
     general = (launch.Candidate("general", (("BLOCK_M", 32), ("BLOCK_N", 16))),
                launch.Candidate("general", (("BLOCK_M1", 16), ("BLOCK_N1", 32), ("BLOCK_M2", 32), ("BLOCK_N2", 16))))
     atomic = (general[0], launch.Candidate("atomic", (("BLOCK_M", 16), ("BLOCK_N", 32))))
-    for fwd, bwd in (general, atomic, (launch.short_fwd(N, 16, heads=2, stages=2), launch.short_bwd(N, 16))):
+    short = [(launch.short_fwd(N, 16, heads=2, stages=2), launch.short_bwd(N, 16))]
+    if launch.one_key_tail(N):  # 17 = 16 + 1, 65 = 64 + 1: the key past the tile as vectors
+        short.append((launch.short_fwd(N, 32), launch.short_bwd(N, 16, one_key=True)))
+    for fwd, bwd in (general, atomic, *short):
         _force(monkeypatch, fwd, bwd)
         o, lse = flash_mod._forward(qkv.contiguous(), D ** -0.5, p, seed)
         dqkv = flash_mod._backward(do, qkv.contiguous(), o, lse, D ** -0.5, p, seed)

@@ -74,6 +74,25 @@ def test_registers_probe_short_tma_twin_frees_registers():
     assert found[False]["registers"] > 128
 
 
+def test_registers_probe_one_key_twin_spills_less():
+    """The short backward's one-key-tail twin at N = 65 (64 + 1), compiled for sm_90 by the
+    register probe: the key past the tile as vectors instead of a 16-key tile of products
+    leaves smaller tiles live across the query chunks, so at the 32-row chunks in 4 warps
+    (the tile the tuner kept at (1024, 6, 65, 64)) it spills fewer bytes a thread and needs
+    less shared memory than the 16-key tail (triton 3.8 here: 32 against 256 bytes; 3.6:
+    280 against 432; benchmarks/results/registers_sm90_one_key.md)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    found = {}
+    for flag in ([], ["--one-key"]):
+        out = subprocess.run([sys.executable, str(PROBES / "registers.py"), "--op", "bwd", "--d", "64",
+                              "--n", "65", "--tiles", "32x4", *flag],
+                             capture_output=True, text=True, env=env, check=True).stdout
+        (row,) = [line.strip("|").split("|") for line in out.splitlines() if line.startswith("| 65 ")]
+        found[bool(flag)] = dict(spills=int(row[5]), smem=float(row[6]))
+    assert found[True]["spills"] < found[False]["spills"]
+    assert 0 < found[True]["smem"] < found[False]["smem"]
+
+
 def test_op_dispatch_probe_times_each_way_of_calling_the_ops():
     """The dispatch probe, as its command in a process of its own (it stubs out the launches
     and registers custom_op twins): a row for each op called directly, through the Library

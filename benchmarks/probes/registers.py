@@ -6,7 +6,10 @@ and its bundled ptxas reports what it allocated.
 
 --tiles lists BLOCK_M x warps; --maxnreg lists register caps per thread (0: the compiler's
 choice), passed to Triton as its `maxnreg` option; --tma compiles the forward's short_tma twin,
-whose tiles come through TMA descriptors. Programs per SM: the fewest that registers
+whose tiles come through TMA descriptors; --one-key the backward's twin for N = 2^k + 1, whose
+one key past the tile is done in vector arithmetic (a tail of BLOCK_T = 1).
+
+    python benchmarks/probes/registers.py --op bwd --d 64 --n 65 --tiles 32x4,16x4 --one-key Programs per SM: the fewest that registers
 (64K a SM, allocated per warp in steps of 8 a thread), shared memory (228 KiB, 1 KiB of it
 reserved per program) and the 64-warp limit allow.
 """
@@ -34,10 +37,11 @@ SIGNATURES = {
 
 
 def compile_short(op: str, d: int, n: int, block_m: int, warps: int, maxnreg: int = 0,
-                  tma: bool = False):
+                  tma: bool = False, one_key: bool = False):
     """The short forward or backward at head dim d, length n and a BLOCK_M-row tile, compiled
     for sm_90 (bf16, no dropout, one head per program). tma: the forward's "short_tma" twin,
-    its tiles loaded through TMA descriptors."""
+    its tiles loaded through TMA descriptors. one_key: the backward's one-key-tail twin
+    (launch.short_bwd(..., one_key=True))."""
     bd, bd2 = launch.split_d(d)
     head = dict(HEAD_DIM=d, BLOCK_D=bd, BLOCK_D2=bd2, BLOCK_M=block_m,
                 BLOCK_MT=launch.tail_tile(n, block_m), DROPOUT=False)
@@ -63,7 +67,9 @@ def compile_short(op: str, d: int, n: int, block_m: int, warps: int, maxnreg: in
     else:
         if tma:
             raise ValueError("only the forward has a TMA twin")
-        fn, consts = kernels.bwd_short_kernel, {**head, **dict(launch.short_tiles(n))}
+        tiles = launch.short_bwd(n, block_m, warps, one_key=one_key).meta
+        tiles.pop("BLOCK_M")
+        fn, consts = kernels.bwd_short_kernel, {**head, **tiles}
     signature.update(dict.fromkeys(consts, "constexpr"))
     options = dict(num_warps=warps, num_stages=1, **({"maxnreg": maxnreg} if maxnreg else {}))
     return triton.compile(ASTSource(fn=fn, signature=signature, constexprs=consts),
@@ -94,15 +100,18 @@ def main(argv=None):
     p.add_argument("--tiles", default="64x4,32x4", help="BLOCK_M x warps, comma-separated")
     p.add_argument("--maxnreg", default="0", help="register caps, comma-separated (0: none)")
     p.add_argument("--tma", action="store_true", help="the forward's short_tma twin (tiles by TMA)")
+    p.add_argument("--one-key", action="store_true",
+                   help="the backward's twin whose one key past the tile is vector arithmetic (N = 2^k + 1)")
     args = p.parse_args(argv)
-    print(f"triton {triton.__version__}, sm_90; {args.op}{' (short_tma)' if args.tma else ''}, D = {args.d}")
+    twin = " (short_tma)" if args.tma else " (one-key tail)" if args.one_key else ""
+    print(f"triton {triton.__version__}, sm_90; {args.op}{twin}, D = {args.d}")
     print("| N | BLOCK_M | warps | cap | registers | spill bytes | shared KiB | programs / SM |")
     print("|---|---|---|---|---|---|---|---|")
     for n in args.n:
         for tile in args.tiles.split(","):
             block_m, warps = map(int, tile.split("x"))
             for cap in map(int, args.maxnreg.split(",")):
-                u = usage(compile_short(args.op, args.d, n, block_m, warps, cap, args.tma), warps)
+                u = usage(compile_short(args.op, args.d, n, block_m, warps, cap, args.tma, args.one_key), warps)
                 print(f"| {n} | {block_m} | {warps} | {cap or '-'} | {u['registers']} | {u['spill_bytes']} "
                       f"| {u['smem_kib']:.0f} | {u['programs_per_sm']} |", flush=True)
 

@@ -822,6 +822,46 @@ def bwd_dq_kernel(DQ_ACC, DQKV, sm_scale, H, N,
 
 
 @triton.jit
+def _row_sum(w, a, a_hi, acc, acc_hi, BLOCK_D2: tl.constexpr):
+    """(acc + w^T a, acc_hi + w^T a_hi) in fp32: a's rows weighted by w (one per row) and
+    summed, into a (1, head dim) row, chunk by chunk."""
+    acc += tl.sum(w[:, None] * a.to(tl.float32), 0)[None, :]
+    if BLOCK_D2 > 0:
+        acc_hi += tl.sum(w[:, None] * a_hi.to(tl.float32), 0)[None, :]
+    return acc, acc_hi
+
+
+@triton.jit
+def _bwd_one_key(dk1, dk1_hi, dv1, dv1_hi, dq, dq_hi, k1, k1_hi, v1, v1_hi, q, q_hi, do,
+                 do_hi, lse, delta, qk_scale, seed, bh, rows, key, N, drop_p,
+                 BLOCK_D2: tl.constexpr, DROPOUT: tl.constexpr):
+    """A query chunk's share of the gradients through a single key, row `key` (< N): dK and
+    dV of that key (k1, v1, dk1, dv1 are (1, head dim) rows) and its term of the chunk's
+    dQ, in vector arithmetic. That is the tail of N = 2^k + 1, a class token and a
+    power-of-two grid of patches (65 = 64 + 1): the matrix units take at least 16 rows, so
+    as a tail tile of products the one key costs the work of 16. P and dS stay in fp32
+    here (the products round them to the inputs' dtype). Padded query rows have
+    q = dO = 0 and LSE = +inf, so p = 0 and they add nothing."""
+    s = _rowdot(q, q_hi, k1, k1_hi, BLOCK_D2)  # (ROWS,): q k1^T
+    p = tl.math.exp2(s * qk_scale - lse)
+    dp = _rowdot(do, do_hi, v1, v1_hi, BLOCK_D2)  # dO v1^T
+    p_kept = p
+    if DROPOUT:  # the mask of the quad of keys from `key` (a multiple of 4), its first key
+        quad = _keep(seed, bh, rows, key, N, drop_p, 4, False)
+        keep = tl.sum(tl.where(tl.arange(0, 4)[None, :] == 0, quad.to(tl.int32), 0), 1) > 0
+        scale = _keep_scale(drop_p, DROPOUT)
+        p_kept = tl.where(keep, p * scale, 0.0)
+        dp = tl.where(keep, dp * scale, 0.0)
+    ds = p * (dp - delta)
+    dv1, dv1_hi = _row_sum(p_kept, do, do_hi, dv1, dv1_hi, BLOCK_D2)
+    dk1, dk1_hi = _row_sum(ds, q, q_hi, dk1, dk1_hi, BLOCK_D2)
+    dq += ds[:, None] * k1.to(tl.float32)
+    if BLOCK_D2 > 0:
+        dq_hi += ds[:, None] * k1_hi.to(tl.float32)
+    return dk1, dk1_hi, dv1, dv1_hi, dq, dq_hi
+
+
+@triton.jit
 def _bwd_short_chunk(dk, dk_hi, dv, dv_hi, dk_t, dk_t_hi, dv_t, dv_t_hi,
                      k, k_hi, v, v_hi, k_t, k_t_hi, v_t, v_t_hi,
                      QKV, O, DO, LSE, DQKV, bh, start_m, seed, qk_scale, sm_scale, drop_p, H, N,
@@ -852,13 +892,18 @@ def _bwd_short_chunk(dk, dk_hi, dv, dv_hi, dk_t, dk_t_hi, dv_t, dv_t_hi,
     dq, dq_hi = _zeros(ROWS, BLOCK_D, BLOCK_D2)
     dq, dq_hi = _dot_d(tl.trans(_round(ds_t, k.dtype)), k, k_hi, dq, dq_hi, BLOCK_D2)
     if HAS_TAIL:
-        dk_t, dk_t_hi, dv_t, dv_t_hi, ds_tt = _bwd_dkdv_step(dk_t, dk_t_hi, dv_t, dv_t_hi,
-                                                             k_t, k_t_hi, v_t, v_t_hi, q, q_hi,
-                                                             do, do_hi, lse, delta, qk_scale,
-                                                             seed, bh, rows, BLOCK_N, N, drop_p,
-                                                             BLOCK_D2, DROPOUT)
-        ds_tt = tl.where(offs_t[:, None] < N, ds_tt, 0.0)
-        dq, dq_hi = _dot_d(tl.trans(_round(ds_tt, k.dtype)), k_t, k_t_hi, dq, dq_hi, BLOCK_D2)
+        if BLOCK_T == 1:  # one key past the tile: vector arithmetic (_bwd_one_key)
+            dk_t, dk_t_hi, dv_t, dv_t_hi, dq, dq_hi = _bwd_one_key(
+                dk_t, dk_t_hi, dv_t, dv_t_hi, dq, dq_hi, k_t, k_t_hi, v_t, v_t_hi, q, q_hi, do,
+                do_hi, lse, delta, qk_scale, seed, bh, rows, BLOCK_N, N, drop_p, BLOCK_D2,
+                DROPOUT)
+        else:
+            dk_t, dk_t_hi, dv_t, dv_t_hi, ds_tt = _bwd_dkdv_step(
+                dk_t, dk_t_hi, dv_t, dv_t_hi, k_t, k_t_hi, v_t, v_t_hi, q, q_hi, do, do_hi, lse,
+                delta, qk_scale, seed, bh, rows, BLOCK_N, N, drop_p, BLOCK_D2, DROPOUT)
+            ds_tt = tl.where(offs_t[:, None] < N, ds_tt, 0.0)
+            dq, dq_hi = _dot_d(tl.trans(_round(ds_tt, k.dtype)), k_t, k_t_hi, dq, dq_hi,
+                               BLOCK_D2)
     _store_rows(DQKV, dq * sm_scale, dq_hi * sm_scale, bh, rows, N, H, 3, 0, HEAD_DIM, BLOCK_D,
                 BLOCK_D2)
     return dk, dk_hi, dv, dv_hi, dk_t, dk_t_hi, dv_t, dv_t_hi
@@ -874,7 +919,8 @@ def bwd_short_kernel(QKV, O, DO, LSE, DQKV, SEED, qk_scale, sm_scale, drop_p, H,
     on chip while the query rows pass in full BLOCK_M chunks and then, unless BLOCK_MT = 0
     (BLOCK_M divides N), one BLOCK_MT-row chunk for the rest (65 rows: 64 + 16, or
     32 + 32 + 16, not 64 + 64); each chunk computes its own delta, adds to dK and dV, and
-    writes its finished dQ."""
+    writes its finished dQ. BLOCK_T = 1: the tail is one key (N = BLOCK_N + 1), done in
+    vector arithmetic rather than as a tile of products (_bwd_one_key)."""
     bh = tl.program_id(0)
     offs_n = tl.arange(0, BLOCK_N)
     offs_t = BLOCK_N + tl.arange(0, BLOCK_T)

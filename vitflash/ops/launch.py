@@ -44,6 +44,7 @@ from vitflash.ops import kernels
 
 INTERPRET = bool(kernels.INTERPRET)
 # bump when a kernel or the candidate list changes in a way that can change the best config:
+# 11, the short backward's one-key-tail twins (N = 2^k + 1);
 # 10, the short forward's TMA-load twins ("short_tma", Hopper; 9 keyed the reverted
 #     register-capped candidates of dc8413a, which a cache file may still hold);
 # 8, the general forward's and backward's TMA-load twins ("general_tma", Hopper);
@@ -52,7 +53,7 @@ INTERPRET = bool(kernels.INTERPRET)
 # 6, the forwards' FMA-folded softmax (and the bwd_atomic op);
 # 5, split head dims (4 keyed the reverted TAILS candidates of 067433b, which a GPU
 #    machine's cache file may still hold)
-CACHE_VERSION = 10
+CACHE_VERSION = 11
 
 # the families of bwd_atomic's own kernels: dQ added element by element, or by TMA tiles
 ATOMIC_FAMILIES = ("atomic", "atomic_tma")
@@ -160,10 +161,23 @@ def short_fwd(n: int, block_m: int, num_warps: int = 4, heads: int = 1,
                      + (("HEADS", heads), ("STAGES", stages)), num_warps, 1)
 
 
-def short_bwd(n: int, block_m: int, num_warps: int = 4) -> Candidate:
+def one_key_tail(n: int) -> bool:
+    """Whether n keys are a power-of-two tile and one key more (17, 33, 65, 129: a class
+    token after a power-of-two grid of patches)."""
+    return n > 16 and (n - 1) & (n - 2) == 0
+
+
+def short_bwd(n: int, block_m: int, num_warps: int = 4, one_key: bool = False) -> Candidate:
     """A short-backward candidate at sequence length n: query rows in chunks of `block_m`,
-    the rest in one chunk of `tail_tile(n, block_m)` rows (set when the launch is built)."""
-    return Candidate("short", (("BLOCK_M", block_m),) + short_tiles(n), num_warps, 1)
+    the rest in one chunk of `tail_tile(n, block_m)` rows (set when the launch is built).
+    one_key (where one_key_tail(n)): the key past the tile in vector arithmetic, a tail of
+    BLOCK_T = 1, rather than a 16-key tile of products."""
+    tiles = dict(short_tiles(n))
+    if one_key:
+        if not one_key_tail(n):
+            raise ValueError(f"N = {n} is not a power-of-two tile and one key")
+        tiles["BLOCK_T"] = 1
+    return Candidate("short", (("BLOCK_M", block_m),) + tuple(tiles.items()), num_warps, 1)
 
 
 def candidates(op: str, n: int, d: int, bh: int = 1) -> list[Candidate]:
@@ -236,6 +250,9 @@ def candidates(op: str, n: int, d: int, bh: int = 1) -> list[Candidate]:
             # below the shared memory: D <= 64 and at most 128 keys
             if 128 <= _pow2(n) and keys <= 128 and bd <= 64:
                 out.append(short_bwd(n, 128, 8))
+            if one_key_tail(n):  # each again with the one key past the tile as vectors
+                out += [short_bwd(n, c.meta["BLOCK_M"], c.num_warps, one_key=True)
+                        for c in out if c.family == "short"]
     else:
         raise ValueError(f"unknown op {op!r}")
     return out
