@@ -328,21 +328,30 @@ def test_every_short_candidate(monkeypatch, N, D, block_ms):
 
 
 def test_one_key_twins_exactly_where_one_key_is_past_the_tile():
-    """The short backward's one-key-tail twins (BLOCK_T = 1) are listed beside every short
-    backward candidate at N = 2^k + 1 and nowhere else; test_every_short_candidate runs them
-    (N = 17, 33, 65) against the reference."""
+    """The one-key-tail twins (BLOCK_T = 1) are listed beside every short backward candidate
+    and every pipelined short forward at N = 2^k + 1, and nowhere else;
+    test_every_short_candidate and test_short_tma_forward run them (N = 17, 33, 65) against
+    the reference."""
+    def same(cands):
+        return {(c.meta["BLOCK_M"], c.num_warps, c.meta.get("HEADS"), c.meta.get("STAGES")) for c in cands}
+
     for n in (17, 33, 65, 129):
         short = [c for c in launch.candidates("bwd", n, 64) if c.family == "short"]
         twins = [c for c in short if c.meta["BLOCK_T"] == 1]
         assert launch.one_key_tail(n) and twins and len(twins) * 2 == len(short)
-        assert {(c.meta["BLOCK_M"], c.num_warps) for c in twins} == \
-            {(c.meta["BLOCK_M"], c.num_warps) for c in short if c.meta["BLOCK_T"] > 1}
-        assert all(c.meta["HAS_TAIL"] and c.meta["BLOCK_N"] == n - 1 for c in twins)
+        assert same(twins) == same(c for c in short if c.meta["BLOCK_T"] > 1)
+        fwd = [c for c in launch.candidates("fwd", n, 64, bh=64) if c.family == "short"]
+        fwd_twins = [c for c in fwd if c.meta["BLOCK_T"] == 1]
+        assert fwd_twins and same(fwd_twins) == same(c for c in fwd if c.meta["BLOCK_T"] > 1 and c.meta["HEADS"] > 1)
+        assert all(c.meta["HAS_TAIL"] and c.meta["BLOCK_N"] == n - 1 for c in twins + fwd_twins)
+        assert all(c.meta["BLOCK_T2"] == 0 for c in fwd_twins)
     for n in (1, 16, 18, 64, 66, 100, 130):
         assert not launch.one_key_tail(n)
-        assert all(c.meta.get("BLOCK_T") != 1 for c in launch.candidates("bwd", n, 64))
+        assert all(c.meta.get("BLOCK_T") != 1 for op in ("fwd", "bwd") for c in launch.candidates(op, n, 64, bh=64))
     with pytest.raises(ValueError, match="N = 66 is not a power-of-two tile and one key"):
         launch.short_bwd(66, 16, one_key=True)
+    with pytest.raises(ValueError, match="N = 64 is not a power-of-two tile and one key"):
+        launch.short_fwd(64, 16, heads=2, stages=2, one_key=True)
 
 
 @pytest.mark.gpu
@@ -587,7 +596,7 @@ def test_dropout_matches_reference_with_the_kernels_mask(monkeypatch, N, D, dtyp
     `dropout_keep_mask` for the seed, in both kernel families, within the FA2 rule: key tail
     tiles (17, 65, 130), the short forward's second tail (100 = 64 + 32 + 16), a split head
     dim in bf16 (80 = 64 + 16, two column chunks) and a padded one (40, in a 64-column tile);
-    at 17 and 65 also the short backward's one-key-tail twin, whose key past the tile draws
+    at 17 and 65 also the short kernels' one-key-tail twins, whose key past the tile draws
     its mask from the first place of a quad of four."""
     B, H, p = 2, 2, 0.3
     qkv, do = _packed_inputs(B, N, H, D, dtype, seed=N)
@@ -601,7 +610,8 @@ def test_dropout_matches_reference_with_the_kernels_mask(monkeypatch, N, D, dtyp
     atomic = (general[0], launch.Candidate("atomic", (("BLOCK_M", 16), ("BLOCK_N", 32))))
     short = [(launch.short_fwd(N, 16, heads=2, stages=2), launch.short_bwd(N, 16))]
     if launch.one_key_tail(N):  # 17 = 16 + 1, 65 = 64 + 1: the key past the tile as vectors
-        short.append((launch.short_fwd(N, 32), launch.short_bwd(N, 16, one_key=True)))
+        short.append((launch.short_fwd(N, 32, heads=2, stages=2, one_key=True),
+                      launch.short_bwd(N, 16, one_key=True)))
     for fwd, bwd in (general, atomic, *short):
         _force(monkeypatch, fwd, bwd)
         o, lse = flash_mod._forward(qkv.contiguous(), D ** -0.5, p, seed)
@@ -976,7 +986,8 @@ def test_short_tma_forward(monkeypatch, N, D, B, H):
     16 + 16, 65 = 64 + 16 rows past N read as zeros), no tail (64 keys; 4 heads, so the
     pipelined programs over 2 and 4 heads run too), two key tails (100 = 64 + 32 + 16,
     197 = 128 + 64 + 16) and split head dims (80 = 64 + 16, 96 = 64 + 32), whose second
-    chunks have descriptors of their own."""
+    chunks have descriptors of their own; at 17 and 65 also the pipelined one-key-tail twins,
+    whose key past the tile is loaded by pointers beside the TMA tiles."""
     monkeypatch.setattr(launch, "_TMA_LOADS", True)
     qkv, do = _packed_inputs(B, N, H, D, torch.float16, seed=N + D)
     found = launch.candidates("fwd", N, D, B * H)

@@ -6,8 +6,8 @@ and its bundled ptxas reports what it allocated.
 
 --tiles lists BLOCK_M x warps; --maxnreg lists register caps per thread (0: the compiler's
 choice), passed to Triton as its `maxnreg` option; --tma compiles the forward's short_tma twin,
-whose tiles come through TMA descriptors; --one-key the backward's twin for N = 2^k + 1, whose
-one key past the tile is done in vector arithmetic (a tail of BLOCK_T = 1).
+whose tiles come through TMA descriptors; --one-key the twin for N = 2^k + 1 (either op, and
+with --tma), whose one key past the tile is done in vector arithmetic (a tail of BLOCK_T = 1).
 
     python benchmarks/probes/registers.py --op bwd --d 64 --n 65 --tiles 32x4,16x4 --one-key Programs per SM: the fewest that registers
 (64K a SM, allocated per warp in steps of 8 a thread), shared memory (228 KiB, 1 KiB of it
@@ -40,15 +40,16 @@ def compile_short(op: str, d: int, n: int, block_m: int, warps: int, maxnreg: in
                   tma: bool = False, one_key: bool = False):
     """The short forward or backward at head dim d, length n and a BLOCK_M-row tile, compiled
     for sm_90 (bf16, no dropout, one head per program). tma: the forward's "short_tma" twin,
-    its tiles loaded through TMA descriptors. one_key: the backward's one-key-tail twin
-    (launch.short_bwd(..., one_key=True))."""
+    its tiles loaded through TMA descriptors. one_key: the one-key-tail twin
+    (launch.short_fwd / short_bwd(..., one_key=True))."""
     bd, bd2 = launch.split_d(d)
     head = dict(HEAD_DIM=d, BLOCK_D=bd, BLOCK_D2=bd2, BLOCK_M=block_m,
                 BLOCK_MT=launch.tail_tile(n, block_m), DROPOUT=False)
     signature = dict(SIGNATURES[op])
     if op == "fwd":
-        fn, consts = kernels.fwd_short_kernel, {**head, **dict(launch.short_tiles(n, tails=2)),
-                                                "HEADS": 1, "STAGES": 1, "TMA": tma}
+        tiles = launch.short_fwd(n, block_m, warps, one_key=one_key).meta  # one head, 1 stage
+        tiles.pop("BLOCK_M")
+        fn, consts = kernels.fwd_short_kernel, {**head, **tiles, "TMA": tma}
         # the descriptors come after the pointers, before the scalars
         scalars = {k: v for k, v in signature.items() if not v.startswith("*")}
         signature = {k: v for k, v in signature.items() if v.startswith("*")}
@@ -101,9 +102,9 @@ def main(argv=None):
     p.add_argument("--maxnreg", default="0", help="register caps, comma-separated (0: none)")
     p.add_argument("--tma", action="store_true", help="the forward's short_tma twin (tiles by TMA)")
     p.add_argument("--one-key", action="store_true",
-                   help="the backward's twin whose one key past the tile is vector arithmetic (N = 2^k + 1)")
+                   help="the twin whose one key past the tile is vector arithmetic (N = 2^k + 1)")
     args = p.parse_args(argv)
-    twin = " (short_tma)" if args.tma else " (one-key tail)" if args.one_key else ""
+    twin = "".join(f" ({name})" for name, on in (("short_tma", args.tma), ("one-key tail", args.one_key)) if on)
     print(f"triton {triton.__version__}, sm_90; {args.op}{twin}, D = {args.d}")
     print("| N | BLOCK_M | warps | cap | registers | spill bytes | shared KiB | programs / SM |")
     print("|---|---|---|---|---|---|---|---|")

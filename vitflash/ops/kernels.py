@@ -317,6 +317,14 @@ def _keep(seed, bh, q_rows, k_start, N, drop_p, BLOCK_K: tl.constexpr, TRANS: tl
 
 
 @triton.jit
+def _keep_one(seed, bh, q_rows, key, N, drop_p):
+    """_keep for the single key `key` (a multiple of 4, as a tile's first key is): (len(q_rows),)
+    booleans, the first place of the quad of keys from it."""
+    quad = _keep(seed, bh, q_rows, key, N, drop_p, 4, False)
+    return tl.sum(tl.where(tl.arange(0, 4)[None, :] == 0, quad.to(tl.int32), 0), 1) > 0
+
+
+@triton.jit
 def dropout_mask_kernel(SEED, MASK, drop_p, N, BLOCK: tl.constexpr):
     """MASK (B * H, N, N) uint8: the keep mask `_keep` gives the attention kernels (for tests
     and inspection). One program per (query row, batch * head)."""
@@ -466,9 +474,19 @@ def _fwd_short_rows(QKV, O, LSE, SEED, Q_DESC, Q_DESC2, K_DESC, K_DESC2, KT_DESC
                                        BLOCK_D, BLOCK_D2, BLOCK_N, TMA)
         m = tl.max(s, 1)
         if HAS_TAIL:
-            s_t, v_t, v_t_hi = _fwd_short_scores(q, q_hi, QKV, KT_DESC, KT_DESC2, bh, BLOCK_N, N,
-                                                 H, HEAD_DIM, BLOCK_D, BLOCK_D2, BLOCK_T, TMA)
-            m = tl.maximum(m, tl.max(s_t, 1))
+            if BLOCK_T == 1:  # one key past the tile (N = BLOCK_N + 1): vectors, by pointers
+                key = BLOCK_N + tl.arange(0, 1)
+                k_t, k_t_hi = _load_rows(QKV, bh, key, N, H, 3, 1, HEAD_DIM, BLOCK_D, BLOCK_D2,
+                                         False)
+                v_t, v_t_hi = _load_rows(QKV, bh, key, N, H, 3, 2, HEAD_DIM, BLOCK_D, BLOCK_D2,
+                                         False)
+                s_t = _rowdot(q, q_hi, k_t, k_t_hi, BLOCK_D2)  # (ROWS,)
+                m = tl.maximum(m, s_t)
+            else:
+                s_t, v_t, v_t_hi = _fwd_short_scores(q, q_hi, QKV, KT_DESC, KT_DESC2, bh, BLOCK_N,
+                                                     N, H, HEAD_DIM, BLOCK_D, BLOCK_D2, BLOCK_T,
+                                                     TMA)
+                m = tl.maximum(m, tl.max(s_t, 1))
         if BLOCK_T2 > 0:
             s_t2, v_t2, v_t2_hi = _fwd_short_scores(q, q_hi, QKV, KT2_DESC, KT2_DESC2, bh,
                                                     BLOCK_N + BLOCK_T, N, H, HEAD_DIM, BLOCK_D,
@@ -482,12 +500,21 @@ def _fwd_short_rows(QKV, O, LSE, SEED, Q_DESC, Q_DESC2, K_DESC, K_DESC2, KT_DESC
         acc, acc_hi = _zeros(ROWS, BLOCK_D, BLOCK_D2)
         acc, acc_hi = _dot_d(_round(p, v.dtype), v, v_hi, acc, acc_hi, BLOCK_D2)
         if HAS_TAIL:
-            p_t = tl.math.exp2(s_t * qk_scale - m[:, None])
-            l += tl.sum(p_t, 1)
-            if DROPOUT:
-                p_t = tl.where(_keep(seed, bh, offs_m, BLOCK_N, N, drop_p, BLOCK_T, False),
-                               p_t, 0.0)
-            acc, acc_hi = _dot_d(_round(p_t, v.dtype), v_t, v_t_hi, acc, acc_hi, BLOCK_D2)
+            if BLOCK_T == 1:  # p of the one key, in fp32, times its value row
+                p_t = tl.math.exp2(s_t * qk_scale - m)
+                l += p_t
+                if DROPOUT:
+                    p_t = tl.where(_keep_one(seed, bh, offs_m, BLOCK_N, N, drop_p), p_t, 0.0)
+                acc += p_t[:, None] * v_t.to(tl.float32)
+                if BLOCK_D2 > 0:
+                    acc_hi += p_t[:, None] * v_t_hi.to(tl.float32)
+            else:
+                p_t = tl.math.exp2(s_t * qk_scale - m[:, None])
+                l += tl.sum(p_t, 1)
+                if DROPOUT:
+                    p_t = tl.where(_keep(seed, bh, offs_m, BLOCK_N, N, drop_p, BLOCK_T, False),
+                                   p_t, 0.0)
+                acc, acc_hi = _dot_d(_round(p_t, v.dtype), v_t, v_t_hi, acc, acc_hi, BLOCK_D2)
         if BLOCK_T2 > 0:
             p_t2 = tl.math.exp2(s_t2 * qk_scale - m[:, None])
             l += tl.sum(p_t2, 1)
@@ -529,7 +556,9 @@ def fwd_short_kernel(QKV, O, LSE, SEED, D16, D16_2, D32, D32_2, D64, D64_2, D128
     """fwd_kernel when all keys fit on chip: one pass, a plain softmax, no rescaling. The
     keys are a BLOCK_N tile plus, if HAS_TAIL, a BLOCK_T tail tile (65 = 64 + 16 keys rather
     than a 128-key tile: 80 columns of work instead of 128) and, unless BLOCK_T2 = 0, a
-    second tail tile (197 = 128 + 64 + 16: 208 columns, not 256). The query rows likewise:
+    second tail tile (197 = 128 + 64 + 16: 208 columns, not 256); BLOCK_T = 1: the tail is
+    one key (N = BLOCK_N + 1), loaded by pointers and done in vector arithmetic (as
+    _bwd_one_key does in the backward). The query rows likewise:
     the program of the partial last BLOCK_M tile computes a BLOCK_MT-row tile (65 rows = a
     64-row program and a 16-row one); BLOCK_MT = 0 when BLOCK_M divides N. A program takes
     the same query rows of HEADS consecutive (batch, head)s in a loop that Triton can
@@ -846,9 +875,8 @@ def _bwd_one_key(dk1, dk1_hi, dv1, dv1_hi, dq, dq_hi, k1, k1_hi, v1, v1_hi, q, q
     p = tl.math.exp2(s * qk_scale - lse)
     dp = _rowdot(do, do_hi, v1, v1_hi, BLOCK_D2)  # dO v1^T
     p_kept = p
-    if DROPOUT:  # the mask of the quad of keys from `key` (a multiple of 4), its first key
-        quad = _keep(seed, bh, rows, key, N, drop_p, 4, False)
-        keep = tl.sum(tl.where(tl.arange(0, 4)[None, :] == 0, quad.to(tl.int32), 0), 1) > 0
+    if DROPOUT:
+        keep = _keep_one(seed, bh, rows, key, N, drop_p)
         scale = _keep_scale(drop_p, DROPOUT)
         p_kept = tl.where(keep, p * scale, 0.0)
         dp = tl.where(keep, dp * scale, 0.0)

@@ -44,7 +44,8 @@ from vitflash.ops import kernels
 
 INTERPRET = bool(kernels.INTERPRET)
 # bump when a kernel or the candidate list changes in a way that can change the best config:
-# 11, the short backward's one-key-tail twins (N = 2^k + 1);
+# 11, the short kernels' one-key-tail twins (N = 2^k + 1: every short backward, the
+#     pipelined short forwards);
 # 10, the short forward's TMA-load twins ("short_tma", Hopper; 9 keyed the reverted
 #     register-capped candidates of dc8413a, which a cache file may still hold);
 # 8, the general forward's and backward's TMA-load twins ("general_tma", Hopper);
@@ -153,11 +154,12 @@ SHORT_BWD_MAX = 160  # short backward: K, V, dK, dV of a head stay on chip
 
 
 def short_fwd(n: int, block_m: int, num_warps: int = 4, heads: int = 1,
-              stages: int = 1) -> Candidate:
+              stages: int = 1, one_key: bool = False) -> Candidate:
     """A short-forward candidate at sequence length n: one program loops over `heads`
     (batch, head)s, software-pipelined over `stages`. Its query tile has `block_m` rows,
-    the partial last one `tail_tile(n, block_m)` (set when the launch is built)."""
-    return Candidate("short", (("BLOCK_M", block_m),) + short_tiles(n, tails=2)
+    the partial last one `tail_tile(n, block_m)` (set when the launch is built). one_key
+    (where one_key_tail(n)): the key past the tile in vector arithmetic, as short_bwd's."""
+    return Candidate("short", (("BLOCK_M", block_m),) + _tail_tiles(n, 2, one_key)
                      + (("HEADS", heads), ("STAGES", stages)), num_warps, 1)
 
 
@@ -172,12 +174,17 @@ def short_bwd(n: int, block_m: int, num_warps: int = 4, one_key: bool = False) -
     the rest in one chunk of `tail_tile(n, block_m)` rows (set when the launch is built).
     one_key (where one_key_tail(n)): the key past the tile in vector arithmetic, a tail of
     BLOCK_T = 1, rather than a 16-key tile of products."""
-    tiles = dict(short_tiles(n))
+    return Candidate("short", (("BLOCK_M", block_m),) + _tail_tiles(n, 1, one_key), num_warps, 1)
+
+
+def _tail_tiles(n: int, tails: int, one_key: bool) -> tuple[tuple[str, int], ...]:
+    """short_tiles(n, tails), with a tail of one key (BLOCK_T = 1) if one_key."""
+    tiles = dict(short_tiles(n, tails))
     if one_key:
         if not one_key_tail(n):
             raise ValueError(f"N = {n} is not a power-of-two tile and one key")
         tiles["BLOCK_T"] = 1
-    return Candidate("short", (("BLOCK_M", block_m),) + tuple(tiles.items()), num_warps, 1)
+    return tuple(tiles.items())
 
 
 def candidates(op: str, n: int, d: int, bh: int = 1) -> list[Candidate]:
@@ -213,9 +220,13 @@ def candidates(op: str, n: int, d: int, bh: int = 1) -> list[Candidate]:
             # small tiles in 2 warps: more programs resident per SM where a tile is tiny
             out += [short_fwd(n, m, 2) for m in (16, 32) if m <= max(16, _pow2(n)) and keys * bd <= 128 * 64]
             # pipelined: `st` copies of the Q, K, V tiles in shared memory; keep under ~160 KB
-            out += [short_fwd(n, m, 4, g, st) for m in (32, 64) for g, st in ((2, 2), (4, 2), (8, 3), (16, 3))
-                    if m <= max(16, _pow2(n)) and bh % g == 0
-                    and st * (m + 2 * keys) * bd * 2 <= 160 * 1024]
+            piped = [short_fwd(n, m, 4, g, st) for m in (32, 64) for g, st in ((2, 2), (4, 2), (8, 3), (16, 3))
+                     if m <= max(16, _pow2(n)) and bh % g == 0
+                     and st * (m + 2 * keys) * bd * 2 <= 160 * 1024]
+            out += piped
+            if one_key_tail(n):  # the pipelined ones again with the key past the tile as vectors
+                out += [short_fwd(n, c.meta["BLOCK_M"], c.num_warps, c.meta["HEADS"], c.meta["STAGES"],
+                                  one_key=True) for c in piped]
             out += _short_tma_twins([c for c in out if c.family == "short"], d)
     elif op in ("bwd", "bwd_atomic"):
         keys = short_keys(n)
