@@ -55,23 +55,27 @@ def test_registers_probe_reports_what_ptxas_allocated():
     assert capped["smem"] == free["smem"] > 0
 
 
+def _probe_row(op: str, tile: str, *flags: str) -> dict:
+    """The register probe at N = 65, D = 64 for one tile, run as its command in a process of
+    its own (compiled, not interpreted): its row as registers, spill bytes, shared KiB and
+    programs per SM."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run([sys.executable, str(PROBES / "registers.py"), "--op", op, "--d", "64", "--n", "65",
+                          "--tiles", tile, *flags], capture_output=True, text=True, env=env, check=True).stdout
+    (row,) = [line.strip("|").split("|") for line in out.splitlines() if line.startswith("| 65 ")]
+    return dict(registers=int(row[4]), spills=int(row[5]), smem=float(row[6]), programs=int(row[7]))
+
+
 def test_registers_probe_short_tma_twin_frees_registers():
     """The short forward's TMA twin, compiled for sm_90 by the register probe: with its Q, K
     and V tiles in shared memory by the copy engine, no pointer tiles take registers, so the
     64-row, 4-warp tile needs at most 128 a thread and fits at least 4 programs an SM, where
     the pointer-load kernel needs more than 128 and fits fewer (what the GPU's winner at
     (1024, 6, 65, 64) rests on)."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    found = {}
-    for flag in ([], ["--tma"]):
-        out = subprocess.run([sys.executable, str(PROBES / "registers.py"), "--op", "fwd", "--d", "64",
-                              "--n", "65", "--tiles", "64x4", *flag],
-                             capture_output=True, text=True, env=env, check=True).stdout
-        (row,) = [line.strip("|").split("|") for line in out.splitlines() if line.startswith("| 65 ")]
-        found[bool(flag)] = dict(registers=int(row[4]), spills=int(row[5]), programs=int(row[7]))
-    assert found[True]["registers"] <= 128 and found[True]["spills"] == 0
-    assert found[True]["programs"] >= 4 > found[False]["programs"]
-    assert found[False]["registers"] > 128
+    pointer, tma = _probe_row("fwd", "64x4"), _probe_row("fwd", "64x4", "--tma")
+    assert tma["registers"] <= 128 and tma["spills"] == 0
+    assert tma["programs"] >= 4 > pointer["programs"]
+    assert pointer["registers"] > 128
 
 
 def test_registers_probe_one_key_twin_spills_less():
@@ -81,16 +85,9 @@ def test_registers_probe_one_key_twin_spills_less():
     (the tile the tuner kept at (1024, 6, 65, 64)) it spills fewer bytes a thread and needs
     less shared memory than the 16-key tail (triton 3.8 here: 32 against 256 bytes; 3.6:
     280 against 432; benchmarks/results/registers_sm90_one_key.md)."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    found = {}
-    for flag in ([], ["--one-key"]):
-        out = subprocess.run([sys.executable, str(PROBES / "registers.py"), "--op", "bwd", "--d", "64",
-                              "--n", "65", "--tiles", "32x4", *flag],
-                             capture_output=True, text=True, env=env, check=True).stdout
-        (row,) = [line.strip("|").split("|") for line in out.splitlines() if line.startswith("| 65 ")]
-        found[bool(flag)] = dict(spills=int(row[5]), smem=float(row[6]))
-    assert found[True]["spills"] < found[False]["spills"]
-    assert 0 < found[True]["smem"] < found[False]["smem"]
+    tile, twin = _probe_row("bwd", "32x4"), _probe_row("bwd", "32x4", "--one-key")
+    assert twin["spills"] < tile["spills"]
+    assert 0 < twin["smem"] < tile["smem"]
 
 
 def test_op_dispatch_probe_times_each_way_of_calling_the_ops():
