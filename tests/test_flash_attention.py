@@ -44,10 +44,12 @@ def _out_and_grads(fn, qkv, do, softmax_scale=None):
     return [o, *dqkv.unbind(2)]
 
 
-def _assert_within_rule(qkv, do, softmax_scale=None, flash=flash_attention):
-    ref = _out_and_grads(naive_attention, qkv.double(), do.double(), softmax_scale)
-    low = _out_and_grads(naive_attention, qkv, do, softmax_scale)
-    got = _out_and_grads(flash, qkv, do, softmax_scale)
+def _assert_within_rule(qkv, do, softmax_scale=None, flash=flash_attention, **kw):
+    """The FA2 rule on o, dq, dk, dv; `kw` (mask_diagonal) goes to both paths."""
+    naive = partial(naive_attention, **kw)
+    ref = _out_and_grads(naive, qkv.double(), do.double(), softmax_scale)
+    low = _out_and_grads(naive, qkv, do, softmax_scale)
+    got = _out_and_grads(partial(flash, **kw), qkv, do, softmax_scale)
     for name, r, lo, g in zip(("o", "dq", "dk", "dv"), ref, low, got):
         assert g.dtype == qkv.dtype and g.shape == r.shape
         assert torch.isfinite(g).all(), f"{name} has non-finite values"
@@ -220,7 +222,7 @@ sig = dict(QKV="*bf16", DO="*bf16", LSE="*fp32", DELTA="*fp32", DQ_ACC="*fp32", 
 for name in ("Q_DESC", "DO_DESC", "KV_DESC"):  # the tiles' loads (BLOCK_M = BLOCK_N here)
     sig[name], sig[name + "2"] = f"tensordesc<bf16[1,{{M}},{{bd}}]>", f"tensordesc<bf16[1,{{M}},{{bd2 or bd}}]>"
 sig.update(qk_scale="fp32", sm_scale="fp32", drop_p="fp32", H="i32", N="i32")
-consts = dict(HEAD_DIM=D, BLOCK_D=bd, BLOCK_D2=bd2, BLOCK_M=M, BLOCK_N=64, DROPOUT=False, TMA_DQ=True)
+consts = dict(HEAD_DIM=D, BLOCK_D=bd, BLOCK_D2=bd2, BLOCK_M=M, BLOCK_N=64, DROPOUT=False, TMA_DQ=True, DIAG=False)
 if not bd2:  # an unsplit head dim's second-chunk descriptors are None, as the launcher passes them
     consts.update(dict.fromkeys([k for k in sig if k.endswith("_DESC2")], None))
 sig.update(dict.fromkeys(consts, "constexpr"))
@@ -577,12 +579,16 @@ def test_custom_ops_schema_and_fake_shapes():
 # ---------------------------------------------------------------------------------------
 # Attention dropout: the kernels' mask, regenerated in the backward
 # ---------------------------------------------------------------------------------------
-def _dropout_reference(qkv, do, mask, p):
+def _dropout_reference(qkv, do, mask, p, mask_diagonal=False):
     """o and dq, dk, dv of softmax(q k^T / sqrt(D)) o mask / (1 - p) v, in qkv's dtype
-    (float64 for the reference, the low precision for the rule's yardstick)."""
+    (float64 for the reference, the low precision for the rule's yardstick); with
+    mask_diagonal, each query's own key left out of its softmax."""
     leaf = qkv.detach().clone().requires_grad_()
     q, k, v = (t.transpose(1, 2) for t in leaf.unbind(2))  # (B, H, N, D)
-    probs = torch.softmax(q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5, -1)
+    scores = q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5
+    if mask_diagonal:
+        scores = scores.masked_fill(torch.eye(q.shape[2], dtype=torch.bool, device=q.device), float("-inf"))
+    probs = torch.softmax(scores, -1)
     o = ((probs * mask.to(probs.dtype) / (1 - p)) @ v).transpose(1, 2)
     (dqkv,) = torch.autograd.grad(o, leaf, do)
     return [o, *dqkv.unbind(2)]
@@ -620,6 +626,74 @@ def test_dropout_matches_reference_with_the_kernels_mask(monkeypatch, N, D, dtyp
             err = (g.double() - r).abs().max().item()
             naive_err = (lo.double() - r).abs().max().item()
             assert err <= 2 * naive_err + ABS_FLOOR, f"{fwd.family}/{bwd.family} {name}: {err:.3g} > 2 x {naive_err:.3g}"
+
+
+@pytest.mark.parametrize("N, D, dtype", [(2, 32, torch.float16), (17, 32, torch.float16), (65, 64, torch.bfloat16),
+                                         (100, 32, torch.float16), (130, 80, torch.float16)])
+def test_mask_diagonal_in_every_kernel_family(monkeypatch, N, D, dtype):
+    """mask_diagonal=True (locality self-attention: no query attends to its own key) in every
+    kernel family against naive attention with the same mask, under the FA2 rule: the general
+    forward and backward (the diagonal crossing full and tail key tiles), the atomic backward,
+    the short kernels with and without their pipelined heads, their one-key-tail twins where
+    N = 2^k + 1 (17, 65: the last query's own key is the one key), a second key tail (100) and
+    a split head dim (80); and with dropout on top (N > 2), against the kernels' own dropout
+    mask."""
+    B, H = 2, 2
+    qkv, do = _packed_inputs(B, N, H, D, dtype, seed=7 * N + D)
+    general = (launch.Candidate("general", (("BLOCK_M", 32), ("BLOCK_N", 16))),
+               launch.Candidate("general", (("BLOCK_M1", 16), ("BLOCK_N1", 32), ("BLOCK_M2", 32), ("BLOCK_N2", 16))))
+    pairs = [general, (general[0], launch.Candidate("atomic", (("BLOCK_M", 16), ("BLOCK_N", 32)))),
+             (launch.short_fwd(N, 16), launch.short_bwd(N, 16)),
+             (launch.short_fwd(N, 32, heads=2, stages=2), launch.short_bwd(N, 32))]
+    if launch.one_key_tail(N):
+        pairs.append((launch.short_fwd(N, 16, heads=2, stages=2, one_key=True), launch.short_bwd(N, 16, one_key=True)))
+    for fwd, bwd in pairs:
+        _force(monkeypatch, fwd, bwd)
+        try:
+            _assert_within_rule(qkv, do, mask_diagonal=True)
+        except Exception as err:
+            raise AssertionError(f"forward {fwd} / backward {bwd}: {err}") from err
+    # it does change the result: without the mask the output differs by far more than the rule
+    o_masked = flash_attention(*qkv.unbind(2), mask_diagonal=True)
+    assert (o_masked.float() - flash_attention(*qkv.unbind(2)).float()).abs().max() > 0.05
+
+    if N == 2:  # one key left per query: dQ is exactly 0, so the rule's yardstick is 0 too
+        return
+    p = 0.25
+    seed = torch.tensor([99 + N], dtype=torch.int64, device=DEVICE)
+    keep = flash_mod.dropout_keep_mask(seed, B, H, N, p)
+    ref = _dropout_reference(qkv.double(), do.double(), keep, p, mask_diagonal=True)
+    low = _dropout_reference(qkv, do, keep, p, mask_diagonal=True)
+    for fwd, bwd in pairs[::2] + pairs[-1:]:
+        _force(monkeypatch, fwd, bwd)
+        o, lse = flash_mod._forward(qkv.contiguous(), D ** -0.5, p, seed, True)
+        dqkv = flash_mod._backward(do, qkv.contiguous(), o, lse, D ** -0.5, p, seed, True, True)
+        for name, r, lo, g in zip(("o", "dq", "dk", "dv"), ref, low, [o, *dqkv.unbind(2)]):
+            err = (g.double() - r).abs().max().item()
+            naive_err = (lo.double() - r).abs().max().item()
+            assert err <= 2 * naive_err + ABS_FLOOR, f"{fwd} / {bwd} {name}: {err:.3g} > 2 x {naive_err:.3g}"
+
+
+def test_mask_diagonal_on_every_path_and_its_errors():
+    """The three paths of the dispatch agree with the mask (fp32 for naive and SDPA, whose
+    boolean attn_mask carries it), and bad values are refused by name on each."""
+    torch.manual_seed(0)
+    qkv = torch.randn(2, 9, 3, 2, 16, device=DEVICE)
+    q, k, v = qkv.unbind(2)
+    naive, sdpa = naive_attention(q, k, v, mask_diagonal=True), sdpa_attention(q, k, v, mask_diagonal=True)
+    assert torch.allclose(naive, sdpa, atol=1e-5)
+    # by hand for one query: the softmax over the other keys
+    s = (q[0, 3, 1] @ k[0, :, 1].T) / 4
+    w = torch.softmax(torch.cat([s[:3], s[4:]]), 0)
+    assert torch.allclose(naive[0, 3, 1], w @ torch.cat([v[0, :3, 1], v[0, 4:, 1]]), atol=1e-5)
+    flash = attention_qkvpacked(qkv.half(), "flash", mask_diagonal=True)
+    assert (flash.float() - naive).abs().max() < 1e-2
+    for impl in ("flash", "naive", "sdpa"):
+        x = qkv.half() if impl == "flash" else qkv
+        with pytest.raises(ValueError, match="mask_diagonal=True needs N >= 2 tokens"):
+            attention_qkvpacked(x[:, :1], impl, mask_diagonal=True)
+        with pytest.raises(TypeError, match="mask_diagonal=1 is not True or False"):
+            attention_qkvpacked(x, impl, mask_diagonal=1)
 
 
 def test_dropout_masks_per_seed_head_and_call():
@@ -1034,7 +1108,7 @@ if op == "fwd":
                Q_DESC2=box(M, bd2 or bd), KV_DESC=box(N, bd), KV_DESC2=box(N, bd2 or bd),
                qk_scale="fp32", drop_p="fp32", H="i32", N="i32")
     consts = dict(HEAD_DIM=D, BLOCK_D=bd, BLOCK_D2=bd2, BLOCK_M=M, BLOCK_N=N, BLOCK_T=16,
-                  DROPOUT=False, TMA=True)
+                  DROPOUT=False, TMA=True, DIAG=False)
     fn = kernels.fwd_kernel
 else:
     M1, N1, warps, stages = cfg
@@ -1043,7 +1117,7 @@ else:
         sig[name], sig[name + "2"] = box(rows, bd), box(rows, bd2 or bd)
     sig.update(qk_scale="fp32", sm_scale="fp32", drop_p="fp32", BH="i32", H="i32", N="i32")
     consts = dict(HEAD_DIM=D, BLOCK_D=bd, BLOCK_D2=bd2, BLOCK_M1=M1, BLOCK_N1=N1, BLOCK_M2=N1,
-                  BLOCK_N2=M1, DROPOUT=False, TMA=True)
+                  BLOCK_N2=M1, DROPOUT=False, TMA=True, DIAG=False)
     fn = kernels.bwd_kernel
 if not bd2:  # an unsplit head dim's second-chunk descriptors are None, as the launcher passes them
     consts.update(dict.fromkeys([k for k in sig if k.endswith("2") and sig[k].startswith("tensordesc")], None))

@@ -44,7 +44,7 @@ def compile_short(op: str, d: int, n: int, block_m: int, warps: int, maxnreg: in
     (launch.short_fwd / short_bwd(..., one_key=True))."""
     bd, bd2 = launch.split_d(d)
     head = dict(HEAD_DIM=d, BLOCK_D=bd, BLOCK_D2=bd2, BLOCK_M=block_m,
-                BLOCK_MT=launch.tail_tile(n, block_m), DROPOUT=False)
+                BLOCK_MT=launch.tail_tile(n, block_m), DROPOUT=False, DIAG=False)
     signature = dict(SIGNATURES[op])
     if op == "fwd":
         tiles = launch.short_fwd(n, block_m, warps, one_key=one_key).meta  # one head, 1 stage

@@ -38,7 +38,8 @@ def check_attention_impl(impl: str, head_dim: int | None = None) -> str:
 
 
 def attention_qkvpacked(
-    qkv: torch.Tensor, impl: str, softmax_scale: float | None = None, dropout_p: float = 0.0
+    qkv: torch.Tensor, impl: str, softmax_scale: float | None = None, dropout_p: float = 0.0,
+    mask_diagonal: bool = False,
 ) -> torch.Tensor:
     """The one attention dispatch of the project.
 
@@ -46,13 +47,14 @@ def attention_qkvpacked(
         qkv: (B, N, 3, H, D), e.g. `qkv_linear(x).view(B, N, 3, H, D)`.
         impl: "flash", "naive" or "sdpa".
         dropout_p: attention dropout, applied whenever > 0 (pass 0 at evaluation).
+        mask_diagonal: no query attends to its own key (locality self-attention's masking).
     Returns:
         o: (B, N, H, D), contiguous, so `o.reshape(B, N, H * D)` is free.
     """
     if impl == "flash":
-        return flash_attention_qkvpacked(qkv, softmax_scale, dropout_p)
+        return flash_attention_qkvpacked(qkv, softmax_scale, dropout_p, mask_diagonal=mask_diagonal)
     q, k, v = qkv.unbind(2)  # each (B, N, H, D), views
     if impl == "naive":
-        return naive_attention(q, k, v, softmax_scale, dropout_p)
+        return naive_attention(q, k, v, softmax_scale, dropout_p, mask_diagonal)
     check_attention_impl(impl)
-    return sdpa_attention(q, k, v, softmax_scale, dropout_p)
+    return sdpa_attention(q, k, v, softmax_scale, dropout_p, mask_diagonal)

@@ -31,7 +31,7 @@ from vitflash.ops import kernels
 from vitflash.ops import launch as _launch
 from vitflash.ops.launch import Candidate, Launch, _pow2, choose, split_d, tail_tile
 
-from vitflash.ops.reference import check_dropout_p, check_softmax_scale
+from vitflash.ops.reference import check_dropout_p, check_mask_diagonal, check_softmax_scale
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
 MAX_HEAD_DIM = 256
@@ -51,10 +51,11 @@ def _cdiv(a: int, b: int) -> int:  # plain Python: triton.cdiv is a jit function
 _plans: dict[tuple, list[Launch]] = {}
 
 
-def _fwd_launches(c: Candidate, B: int, N: int, H: int, D: int, dropout: bool = False) -> list[Launch]:
+def _fwd_launches(c: Candidate, B: int, N: int, H: int, D: int, dropout: bool = False,
+                  diag: bool = False) -> list[Launch]:
     short = c.family in _launch.SHORT_FWD_FAMILIES
     kernel = kernels.fwd_short_kernel if short else kernels.fwd_kernel
-    meta = {**c.meta, "DROPOUT": dropout, "TMA": c.family in ("general_tma", "short_tma")}
+    meta = {**c.meta, "DROPOUT": dropout, "TMA": c.family in ("general_tma", "short_tma"), "DIAG": diag}
     if (B * H) % meta.get("HEADS", 1):  # tuned at another B * H of the same bucket
         meta.update(HEADS=1, STAGES=1)
     if not short:  # the tail tile: the keys past the last full BLOCK_N
@@ -67,12 +68,14 @@ def _fwd_launches(c: Candidate, B: int, N: int, H: int, D: int, dropout: bool = 
     return [Launch(kernel, grid, consts, c.num_warps, c.num_stages, n_tensors=4)]
 
 
-def _bwd_launches(c: Candidate, B: int, N: int, H: int, D: int, dropout: bool = False) -> list[Launch]:
+def _bwd_launches(c: Candidate, B: int, N: int, H: int, D: int, dropout: bool = False,
+                  diag: bool = False) -> list[Launch]:
     block_d1, block_d2 = split_d(D)
     head = {"HEAD_DIM": D, "BLOCK_D": block_d1, "BLOCK_D2": block_d2}
+    flags = {"DROPOUT": dropout, "DIAG": diag}
     if c.family == "short":  # one program per (batch, head), delta computed inside
         tail = {"BLOCK_MT": tail_tile(N, c.meta["BLOCK_M"])}  # the rows past the last BLOCK_M
-        return [Launch(kernels.bwd_short_kernel, B * H, {**head, **c.meta, **tail, "DROPOUT": dropout},
+        return [Launch(kernels.bwd_short_kernel, B * H, {**head, **c.meta, **tail, **flags},
                        c.num_warps, c.num_stages, n_tensors=6)]
     m = c.meta
     delta = Launch(kernels.bwd_delta_kernel, _cdiv(N, DELTA_BLOCK) * B * H,
@@ -80,13 +83,13 @@ def _bwd_launches(c: Candidate, B: int, N: int, H: int, D: int, dropout: bool = 
     if c.family in _launch.ATOMIC_FAMILIES:  # dK, dV and dQ's adds, then dQ scaled and stored
         return [delta,
                 Launch(kernels.bwd_atomic_kernel, _cdiv(N, m["BLOCK_N"]) * B * H,
-                       {**head, **m, "DROPOUT": dropout, "TMA_DQ": c.family == "atomic_tma"},
+                       {**head, **m, **flags, "TMA_DQ": c.family == "atomic_tma"},
                        c.num_warps, c.num_stages, n_tensors=7),
                 Launch(kernels.bwd_dq_kernel, _cdiv(N, DELTA_BLOCK) * B * H,
                        {**head, "BLOCK_M": DELTA_BLOCK}, 4, 1, n_tensors=2)]
     return [delta,
             Launch(kernels.bwd_kernel, (_cdiv(N, m["BLOCK_N1"]) + _cdiv(N, m["BLOCK_M2"])) * B * H,
-                   {**head, **m, "DROPOUT": dropout, "TMA": c.family == "general_tma"},
+                   {**head, **m, **flags, "TMA": c.family == "general_tma"},
                    c.num_warps, c.num_stages, n_tensors=6)]
 
 
@@ -105,28 +108,31 @@ def _tma_descriptors(t: torch.Tensor, rows: int, consts: dict) -> tuple:
     return first, TensorDescriptor(flat, shape, strides, [1, rows, consts["BLOCK_D2"]])
 
 
-def _plan(op: str, t: torch.Tensor, B: int, N: int, H: int, D: int, dropout: bool, run) -> list[Launch]:
+def _plan(op: str, t: torch.Tensor, B: int, N: int, H: int, D: int, dropout: bool, diag: bool,
+          run) -> list[Launch]:
     """The plan for this shape: cached, or chosen now (`run(launches)` runs a candidate's
-    launches on the real arguments, for timing). With dropout the kernels are traced with
-    its code, but the candidate is the one chosen for the shape (the tuning key has no
-    dropout: the mask's work scales with every candidate's)."""
-    key = (op, t.dtype, t.device, B, N, H, D, dropout)
+    launches on the real arguments, for timing). With dropout or the diagonal mask the
+    kernels are traced with its code, but the candidate is the one chosen for the shape (the
+    tuning key has neither: their work scales with every candidate's)."""
+    key = (op, t.dtype, t.device, B, N, H, D, dropout, diag)
     plan = _plans.get(key)
     if plan is None:
         make = _fwd_launches if op == "fwd" else _bwd_launches  # bwd or bwd_atomic
         cand = choose(op, t.dtype, N, D, B * H, t.device,
-                      lambda c: run(make(c, B, N, H, D, dropout)))
-        plan = make(cand, B, N, H, D, dropout)
+                      lambda c: run(make(c, B, N, H, D, dropout, diag)))
+        plan = make(cand, B, N, H, D, dropout, diag)
         if not (t.is_cuda and torch.cuda.is_current_stream_capturing()):
             _plans[key] = plan  # a plan made during capture is untuned: not kept
     return plan
 
 
 def _forward(qkv: torch.Tensor, softmax_scale: float, dropout_p: float = 0.0,
-             seed: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+             seed: torch.Tensor | None = None,
+             mask_diagonal: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """qkv (B, N, 3, H, D) contiguous -> o (B, N, H, D) contiguous, lse (B, H, N) fp32 in
     base-2 units. dropout_p > 0: the probabilities are dropped by the mask that `seed` (a
-    one-element int64 tensor on qkv's device) keys; the LSE is that of the whole row."""
+    one-element int64 tensor on qkv's device) keys; the LSE is that of the whole row.
+    mask_diagonal: no query attends to its own key (N >= 2)."""
     B, N, _, H, D = qkv.shape
     o = torch.empty((B, N, H, D), dtype=qkv.dtype, device=qkv.device)
     lse = torch.empty((B, H, N), dtype=torch.float32, device=qkv.device)
@@ -134,9 +140,9 @@ def _forward(qkv: torch.Tensor, softmax_scale: float, dropout_p: float = 0.0,
     # without dropout the kernels never read SEED: any aligned pointer stands in for it
     tensors = (qkv, o, lse, seed if dropout else lse)
     scalars = (softmax_scale * LOG2E, dropout_p, H, N)
-    plan = _plans.get(("fwd", qkv.dtype, qkv.device, B, N, H, D, dropout))
+    plan = _plans.get(("fwd", qkv.dtype, qkv.device, B, N, H, D, dropout, mask_diagonal))
     if plan is None:  # (the tuner's runner is built only here, off the per-call path)
-        plan = _plan("fwd", qkv, B, N, H, D, dropout,
+        plan = _plan("fwd", qkv, B, N, H, D, dropout, mask_diagonal,
                      lambda p: p[0](*tensors, *_fwd_descriptors(p[0], qkv), *scalars))
     (launch,) = plan
     launch(*tensors, *_fwd_descriptors(launch, qkv), *scalars)
@@ -164,9 +170,9 @@ def _fwd_descriptors(launch: Launch, qkv: torch.Tensor) -> tuple:
 
 def _backward(do: torch.Tensor, qkv: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
               softmax_scale: float, dropout_p: float = 0.0, seed: torch.Tensor | None = None,
-              deterministic: bool = True) -> torch.Tensor:
+              deterministic: bool = True, mask_diagonal: bool = False) -> torch.Tensor:
     """dqkv (B, N, 3, H, D), contiguous, from do (B, N, H, D) and the forward's qkv, o, lse
-    (and its dropout_p and seed: the backward regenerates the forward's mask).
+    (and its dropout_p, seed and mask_diagonal: the backward regenerates the forward's masks).
     deterministic=False lets the tuner also choose the backward that adds into dQ
     atomically (op "bwd_atomic"): less work at long sequences, results that vary in the
     last bits from run to run."""
@@ -212,8 +218,8 @@ def _backward(do: torch.Tensor, qkv: torch.Tensor, o: torch.Tensor, lse: torch.T
         plan[2](dq_acc, dqkv, softmax_scale, H, N)
 
     op = "bwd" if deterministic else "bwd_atomic"
-    run(_plans.get((op, qkv.dtype, qkv.device, B, N, H, D, dropout))
-        or _plan(op, qkv, B, N, H, D, dropout, run))
+    run(_plans.get((op, qkv.dtype, qkv.device, B, N, H, D, dropout, mask_diagonal))
+        or _plan(op, qkv, B, N, H, D, dropout, mask_diagonal, run))
     return dqkv
 
 
@@ -242,10 +248,10 @@ def dropout_keep_mask(seed: torch.Tensor, B: int, H: int, N: int, dropout_p: flo
 # whose graphs call these ops at every step; autograd comes from _FlashAttention around
 # them, so the ops need no autograd kernel of their own.
 _lib = torch.library.Library("vitflash", "DEF")
-_lib.define("flash_attn_forward(Tensor qkv, float softmax_scale, float dropout_p, Tensor? seed) "
-            "-> (Tensor, Tensor)", tags=(torch.Tag.pt2_compliant_tag,))
+_lib.define("flash_attn_forward(Tensor qkv, float softmax_scale, float dropout_p, Tensor? seed, "
+            "bool mask_diagonal=False) -> (Tensor, Tensor)", tags=(torch.Tag.pt2_compliant_tag,))
 _lib.define("flash_attn_backward(Tensor do, Tensor qkv, Tensor o, Tensor lse, float softmax_scale, "
-            "float dropout_p, Tensor? seed, bool deterministic) -> Tensor",
+            "float dropout_p, Tensor? seed, bool deterministic, bool mask_diagonal=False) -> Tensor",
             tags=(torch.Tag.pt2_compliant_tag,))
 for _key in ("CUDA", "CPU"):  # CPU: the interpreter
     _lib.impl("flash_attn_forward", _forward, _key)
@@ -255,13 +261,13 @@ _backward_op = torch.ops.vitflash.flash_attn_backward.default
 
 
 @torch.library.register_fake("vitflash::flash_attn_forward")
-def _(qkv, softmax_scale, dropout_p, seed):
+def _(qkv, softmax_scale, dropout_p, seed, mask_diagonal=False):
     B, N, _, H, D = qkv.shape
     return qkv.new_empty((B, N, H, D)), qkv.new_empty((B, H, N), dtype=torch.float32)
 
 
 @torch.library.register_fake("vitflash::flash_attn_backward")
-def _(do, qkv, o, lse, softmax_scale, dropout_p, seed, deterministic):
+def _(do, qkv, o, lse, softmax_scale, dropout_p, seed, deterministic, mask_diagonal=False):
     return torch.empty_like(qkv, memory_format=torch.contiguous_format)
 
 
@@ -272,12 +278,14 @@ class _FlashAttention(torch.autograd.Function):
     time."""
 
     @staticmethod
-    def forward(ctx, qkv, softmax_scale, dropout_p, deterministic):
+    def forward(ctx, qkv, softmax_scale, dropout_p, deterministic, mask_diagonal):
         compiling = torch.compiler.is_compiling()
         seed = new_seed(qkv.device) if dropout_p > 0 else None
-        o, lse = (_forward_op if compiling else _forward)(qkv, softmax_scale, dropout_p, seed)
+        o, lse = (_forward_op if compiling else _forward)(qkv, softmax_scale, dropout_p, seed,
+                                                         mask_diagonal)
         ctx.save_for_backward(qkv, o, lse, seed)
         ctx.softmax_scale, ctx.dropout_p, ctx.deterministic = softmax_scale, dropout_p, deterministic
+        ctx.mask_diagonal = mask_diagonal
         return o
 
     @staticmethod
@@ -285,8 +293,9 @@ class _FlashAttention(torch.autograd.Function):
         compiling = torch.compiler.is_compiling()
         qkv, o, lse, seed = ctx.saved_tensors
         dqkv = (_backward_op if compiling else _backward)(do, qkv, o, lse, ctx.softmax_scale,
-                                                          ctx.dropout_p, seed, ctx.deterministic)
-        return dqkv, None, None, None
+                                                          ctx.dropout_p, seed, ctx.deterministic,
+                                                          ctx.mask_diagonal)
+        return dqkv, None, None, None, None
 
 
 # ----------------------------------------------------------------------------------------
@@ -356,7 +365,7 @@ def _scale(softmax_scale: float | None, d: int) -> float:
 
 def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                     softmax_scale: float | None = None, dropout_p: float = 0.0,
-                    deterministic: bool = True) -> torch.Tensor:
+                    deterministic: bool = True, mask_diagonal: bool = False) -> torch.Tensor:
     """Exact attention softmax(q k^T * scale) v without materializing the scores.
 
     Args:
@@ -375,6 +384,9 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
             does less work at long sequences, and the autotuner keeps it only where it times
             faster than the deterministic kernels (on an H200 it never did: see the README).
             Refused while `torch.use_deterministic_algorithms(True)` is set.
+        mask_diagonal: no query attends to its own key (the diagonal masking of locality
+            self-attention, Lee et al.): each row's softmax runs over the other N - 1 keys.
+            Needs N >= 2.
     Returns:
         o: (B, N, H, D), contiguous, so `o.reshape(B, N, H * D)` is free.
     Differentiable in q, k, v.
@@ -387,17 +399,19 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     _check_sizes(*q.shape, tuple(q.shape))
     scale = _scale(softmax_scale, q.shape[-1])
     return _FlashAttention.apply(torch.stack((q, k, v), dim=2), scale, check_dropout_p(dropout_p),
-                                 _check_deterministic(deterministic))
+                                 _check_deterministic(deterministic),
+                                 check_mask_diagonal(mask_diagonal, q.shape[1]))
 
 
 def flash_attention_qkvpacked(qkv: torch.Tensor, softmax_scale: float | None = None,
-                              dropout_p: float = 0.0, deterministic: bool = True) -> torch.Tensor:
+                              dropout_p: float = 0.0, deterministic: bool = True,
+                              mask_diagonal: bool = False) -> torch.Tensor:
     """flash_attention on a packed qkv tensor, the output of a fused projection.
 
     Args:
         qkv: (B, N, 3, H, D), e.g. `linear(x).view(B, N, 3, H, D)`; same dtype, device and
             head-dim rules as `flash_attention`. Read in place when contiguous (else copied).
-        softmax_scale, dropout_p, deterministic: as `flash_attention`.
+        softmax_scale, dropout_p, deterministic, mask_diagonal: as `flash_attention`.
     Returns:
         o: (B, N, H, D), contiguous.
     The backward writes a single dqkv (B, N, 3, H, D) tensor: no cat/stack copies.
@@ -409,4 +423,5 @@ def flash_attention_qkvpacked(qkv: torch.Tensor, softmax_scale: float | None = N
     _check_sizes(B, N, H, D, tuple(qkv.shape))
     scale = _scale(softmax_scale, D)
     return _FlashAttention.apply(qkv if qkv.is_contiguous() else qkv.contiguous(), scale,
-                                 check_dropout_p(dropout_p), _check_deterministic(deterministic))
+                                 check_dropout_p(dropout_p), _check_deterministic(deterministic),
+                                 check_mask_diagonal(mask_diagonal, N))

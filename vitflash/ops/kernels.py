@@ -317,6 +317,14 @@ def _keep(seed, bh, q_rows, k_start, N, drop_p, BLOCK_K: tl.constexpr, TRANS: tl
 
 
 @triton.jit
+def _mask_diagonal(s, q_rows, k_cols):
+    """Scores s (len(q_rows), len(k_cols)) with -inf where a query meets its own key: the
+    diagonal masking of locality self-attention (Lee et al., arXiv 2112.13492), which makes
+    each token attend to the others only. The backward zeroes the same probabilities."""
+    return tl.where(q_rows[:, None] == k_cols[None, :], float("-inf"), s)
+
+
+@triton.jit
 def _keep_one(seed, bh, q_rows, key, N, drop_p):
     """_keep for the single key `key` (a multiple of 4, as a tile's first key is): (len(q_rows),)
     booleans, the first place of the quad of keys from it."""
@@ -354,7 +362,7 @@ def _fwd_inner(acc, acc_hi, l_i, m_i, q, q_hi, k_ptrs, k_ptrs_hi, v_ptrs, v_ptrs
                KV_DESC2, start, end, N, H, offs_n, qk_scale, seed, bh, offs_m, drop_p,
                HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_D2: tl.constexpr,
                BLOCK_N: tl.constexpr, MASK_N: tl.constexpr, DROPOUT: tl.constexpr,
-               TMA: tl.constexpr):
+               TMA: tl.constexpr, DIAG: tl.constexpr):
     for start_n in range(start, end, BLOCK_N):
         cols = start_n + offs_n
         # (TMA: full tiles only; the tail tile's call passes TMA=False)
@@ -363,6 +371,8 @@ def _fwd_inner(acc, acc_hi, l_i, m_i, q, q_hi, k_ptrs, k_ptrs_hi, v_ptrs, v_ptrs
         s = _dot_t(q, q_hi, k, k_hi, BLOCK_D2)  # (BLOCK_M, BLOCK_N), unscaled
         if MASK_N:
             s = tl.where(cols[None, :] < N, s, float("-inf"))
+        if DIAG:
+            s = _mask_diagonal(s, offs_m, cols)
         # The row maximum in log2 units (qk_scale > 0 commutes with max); the scale and the
         # subtraction are then one FMA per score.
         m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
@@ -385,7 +395,7 @@ def _fwd_inner(acc, acc_hi, l_i, m_i, q, q_hi, k_ptrs, k_ptrs_hi, v_ptrs, v_ptrs
 def fwd_kernel(QKV, O, LSE, SEED, Q_DESC, Q_DESC2, KV_DESC, KV_DESC2, qk_scale, drop_p, H, N,
                HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_D2: tl.constexpr,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr,
-               DROPOUT: tl.constexpr, TMA: tl.constexpr):
+               DROPOUT: tl.constexpr, TMA: tl.constexpr, DIAG: tl.constexpr):
     """O and LSE of BLOCK_M query rows; K, V stream past in BLOCK_N tiles, the keys past the
     last full tile in one BLOCK_T tile (197 = 3 x 64 + a 16-key tail, not a fourth 64;
     BLOCK_T = 0 when BLOCK_N divides N). With TMA, the Q tile and the full K, V tiles come
@@ -407,7 +417,7 @@ def fwd_kernel(QKV, O, LSE, SEED, Q_DESC, Q_DESC2, KV_DESC, KV_DESC2, qk_scale, 
     acc, acc_hi, l_i, m_i = _fwd_inner(acc, acc_hi, l_i, m_i, q, q_hi, k_ptrs, k_ptrs_hi,
                                        v_ptrs, v_ptrs_hi, KV_DESC, KV_DESC2, 0, n_full, N, H,
                                        offs_n, qk_scale, seed, bh, offs_m, drop_p, HEAD_DIM,
-                                       BLOCK_D, BLOCK_D2, BLOCK_N, False, DROPOUT, TMA)
+                                       BLOCK_D, BLOCK_D2, BLOCK_N, False, DROPOUT, TMA, DIAG)
     if BLOCK_T > 0:  # the one partial key tile
         offs_t = tl.arange(0, BLOCK_T)
         kt_ptrs, kt_ptrs_hi = _chunk_ptrs(QKV, bh, offs_t, N, H, 3, 1, HEAD_DIM, BLOCK_D, BLOCK_D2)
@@ -416,7 +426,7 @@ def fwd_kernel(QKV, O, LSE, SEED, Q_DESC, Q_DESC2, KV_DESC, KV_DESC2, qk_scale, 
                                            vt_ptrs, vt_ptrs_hi, KV_DESC, KV_DESC2, n_full, N, N,
                                            H, offs_t, qk_scale, seed, bh, offs_m, drop_p,
                                            HEAD_DIM, BLOCK_D, BLOCK_D2, BLOCK_T, True, DROPOUT,
-                                           False)
+                                           False, DIAG)
 
     scale = (_keep_scale(drop_p, DROPOUT) / l_i)[:, None]
     _store_rows(O, acc * scale, acc_hi * scale, bh, offs_m, N, H, 1, 0, HEAD_DIM, BLOCK_D,
@@ -433,19 +443,23 @@ def _keep_scale(drop_p, DROPOUT: tl.constexpr):
 
 
 @triton.jit
-def _fwd_short_scores(q, q_hi, QKV, desc, desc_hi, bh, start, N, H, HEAD_DIM: tl.constexpr,
-                      BLOCK_D: tl.constexpr, BLOCK_D2: tl.constexpr, ROWS: tl.constexpr,
-                      TMA: tl.constexpr):
-    """Scores of q against the ROWS keys from `start` (unscaled, -inf past N) and their V
-    tile (its two chunks). With TMA, K and V come through the descriptors `desc`, `desc_hi`
-    (ROWS-row boxes of qkv; see _load_tma), else by masked pointer loads."""
+def _fwd_short_scores(q, q_hi, QKV, desc, desc_hi, bh, start, N, H, q_rows,
+                      HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_D2: tl.constexpr,
+                      ROWS: tl.constexpr, TMA: tl.constexpr, DIAG: tl.constexpr):
+    """Scores of q (the query rows q_rows) against the ROWS keys from `start` (unscaled, -inf
+    past N and, with DIAG, where query and key are one token) and their V tile (its two
+    chunks). With TMA, K and V come through the descriptors `desc`, `desc_hi` (ROWS-row boxes
+    of qkv; see _load_tma), else by masked pointer loads."""
     k, k_hi = _head_tile(desc, desc_hi, QKV, bh, start, N, H, 3, 1, ROWS, HEAD_DIM, BLOCK_D,
                          BLOCK_D2, TMA)
     v, v_hi = _head_tile(desc, desc_hi, QKV, bh, start, N, H, 3, 2, ROWS, HEAD_DIM, BLOCK_D,
                          BLOCK_D2, TMA)
     s = _dot_t(q, q_hi, k, k_hi, BLOCK_D2)
     offs = start + tl.arange(0, ROWS)
-    return tl.where(offs[None, :] < N, s, float("-inf")), v, v_hi
+    s = tl.where(offs[None, :] < N, s, float("-inf"))
+    if DIAG:
+        s = _mask_diagonal(s, q_rows, offs)
+    return s, v, v_hi
 
 
 @triton.jit
@@ -455,7 +469,7 @@ def _fwd_short_rows(QKV, O, LSE, SEED, Q_DESC, Q_DESC2, K_DESC, K_DESC2, KT_DESC
                     ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr,
                     HAS_TAIL: tl.constexpr, BLOCK_T2: tl.constexpr, HEADS: tl.constexpr,
                     STAGES: tl.constexpr, MASK_M: tl.constexpr, DROPOUT: tl.constexpr,
-                    TMA: tl.constexpr):
+                    TMA: tl.constexpr, DIAG: tl.constexpr):
     """The body of fwd_short_kernel on a tile of ROWS query rows from start_m, for each of
     the HEADS (batch, head)s of `group`. MASK_M: the tile may reach past row N - 1. With
     TMA, the Q tile comes through Q_DESC(2) (ROWS-row boxes), the key tiles through K_DESC(2),
@@ -470,8 +484,8 @@ def _fwd_short_rows(QKV, O, LSE, SEED, Q_DESC, Q_DESC2, K_DESC, K_DESC2, KT_DESC
         else:
             q, q_hi = _load_rows(QKV, bh, offs_m, N, H, 3, 0, HEAD_DIM, BLOCK_D, BLOCK_D2,
                                  MASK_M)
-        s, v, v_hi = _fwd_short_scores(q, q_hi, QKV, K_DESC, K_DESC2, bh, 0, N, H, HEAD_DIM,
-                                       BLOCK_D, BLOCK_D2, BLOCK_N, TMA)
+        s, v, v_hi = _fwd_short_scores(q, q_hi, QKV, K_DESC, K_DESC2, bh, 0, N, H, offs_m,
+                                       HEAD_DIM, BLOCK_D, BLOCK_D2, BLOCK_N, TMA, DIAG)
         m = tl.max(s, 1)
         if HAS_TAIL:
             if BLOCK_T == 1:  # one key past the tile (N = BLOCK_N + 1): vectors, by pointers
@@ -481,16 +495,18 @@ def _fwd_short_rows(QKV, O, LSE, SEED, Q_DESC, Q_DESC2, K_DESC, K_DESC2, KT_DESC
                 v_t, v_t_hi = _load_rows(QKV, bh, key, N, H, 3, 2, HEAD_DIM, BLOCK_D, BLOCK_D2,
                                          False)
                 s_t = _rowdot(q, q_hi, k_t, k_t_hi, BLOCK_D2)  # (ROWS,)
+                if DIAG:
+                    s_t = tl.where(offs_m == BLOCK_N, float("-inf"), s_t)
                 m = tl.maximum(m, s_t)
             else:
                 s_t, v_t, v_t_hi = _fwd_short_scores(q, q_hi, QKV, KT_DESC, KT_DESC2, bh, BLOCK_N,
-                                                     N, H, HEAD_DIM, BLOCK_D, BLOCK_D2, BLOCK_T,
-                                                     TMA)
+                                                     N, H, offs_m, HEAD_DIM, BLOCK_D, BLOCK_D2,
+                                                     BLOCK_T, TMA, DIAG)
                 m = tl.maximum(m, tl.max(s_t, 1))
         if BLOCK_T2 > 0:
             s_t2, v_t2, v_t2_hi = _fwd_short_scores(q, q_hi, QKV, KT2_DESC, KT2_DESC2, bh,
-                                                    BLOCK_N + BLOCK_T, N, H, HEAD_DIM, BLOCK_D,
-                                                    BLOCK_D2, BLOCK_T2, TMA)
+                                                    BLOCK_N + BLOCK_T, N, H, offs_m, HEAD_DIM,
+                                                    BLOCK_D, BLOCK_D2, BLOCK_T2, TMA, DIAG)
             m = tl.maximum(m, tl.max(s_t2, 1))
         m = m * qk_scale  # the row maximum in log2 units; then one FMA per score below
         p = tl.math.exp2(s * qk_scale - m[:, None])
@@ -552,7 +568,7 @@ def fwd_short_kernel(QKV, O, LSE, SEED, D16, D16_2, D32, D32_2, D64, D64_2, D128
                      BLOCK_M: tl.constexpr, BLOCK_MT: tl.constexpr, BLOCK_N: tl.constexpr,
                      BLOCK_T: tl.constexpr, HAS_TAIL: tl.constexpr, BLOCK_T2: tl.constexpr,
                      HEADS: tl.constexpr, STAGES: tl.constexpr, DROPOUT: tl.constexpr,
-                     TMA: tl.constexpr):
+                     TMA: tl.constexpr, DIAG: tl.constexpr):
     """fwd_kernel when all keys fit on chip: one pass, a plain softmax, no rescaling. The
     keys are a BLOCK_N tile plus, if HAS_TAIL, a BLOCK_T tail tile (65 = 64 + 16 keys rather
     than a 128-key tile: 80 columns of work instead of 128) and, unless BLOCK_T2 = 0, a
@@ -586,18 +602,18 @@ def fwd_short_kernel(QKV, O, LSE, SEED, D16, D16_2, D32, D32_2, D64, D64_2, D128
         _fwd_short_rows(QKV, O, LSE, SEED, q_desc, q_desc2, k_desc, k_desc2, kt_desc, kt_desc2,
                         kt2_desc, kt2_desc2, qk_scale, drop_p, H, N, group, start_m, HEAD_DIM,
                         BLOCK_D, BLOCK_D2, BLOCK_M, BLOCK_N, BLOCK_T, HAS_TAIL, BLOCK_T2, HEADS,
-                        STAGES, False, DROPOUT, TMA)
+                        STAGES, False, DROPOUT, TMA, DIAG)
     elif start_m + BLOCK_M <= N:
         _fwd_short_rows(QKV, O, LSE, SEED, q_desc, q_desc2, k_desc, k_desc2, kt_desc, kt_desc2,
                         kt2_desc, kt2_desc2, qk_scale, drop_p, H, N, group, start_m, HEAD_DIM,
                         BLOCK_D, BLOCK_D2, BLOCK_M, BLOCK_N, BLOCK_T, HAS_TAIL, BLOCK_T2, HEADS,
-                        STAGES, False, DROPOUT, TMA)
+                        STAGES, False, DROPOUT, TMA, DIAG)
     else:  # the partial last tile, in a tile of its own size
         _fwd_short_rows(QKV, O, LSE, SEED, _box(BLOCK_MT, D16, D32, D64, D128, D256),
                         _box(BLOCK_MT, D16_2, D32_2, D64_2, D128_2, D256_2), k_desc, k_desc2,
                         kt_desc, kt_desc2, kt2_desc, kt2_desc2, qk_scale, drop_p, H, N, group,
                         start_m, HEAD_DIM, BLOCK_D, BLOCK_D2, BLOCK_MT, BLOCK_N, BLOCK_T,
-                        HAS_TAIL, BLOCK_T2, HEADS, STAGES, True, DROPOUT, TMA)
+                        HAS_TAIL, BLOCK_T2, HEADS, STAGES, True, DROPOUT, TMA, DIAG)
 
 
 # ----------------------------------------------------------------------------------------
@@ -619,12 +635,14 @@ def bwd_delta_kernel(O, DO, DELTA, H, N,
 @triton.jit
 def _bwd_dkdv_step(dk, dk_hi, dv, dv_hi, k, k_hi, v, v_hi, q, q_hi, do, do_hi, lse, delta,
                    qk_scale, seed, bh, rows, k_start, N, drop_p,
-                   BLOCK_D2: tl.constexpr, DROPOUT: tl.constexpr):
+                   BLOCK_D2: tl.constexpr, DROPOUT: tl.constexpr, DIAG: tl.constexpr):
     """One query tile's share of dK, dV, on transposed tiles so that they accumulate as
     (BLOCK_N, head dim) chunks. Returns dS^T too, for a caller that also wants dQ. rows,
     k_start: the tile's query rows and its first key (for the dropout mask)."""
     s_t = _dot_t(k, k_hi, q, q_hi, BLOCK_D2)
     p_t = tl.math.exp2(s_t * qk_scale - lse[None, :])  # (BLOCK_N, BLOCK_M)
+    if DIAG:
+        p_t = tl.where((k_start + tl.arange(0, k.shape[0]))[:, None] == rows[None, :], 0.0, p_t)
     dp_t = _dot_t(v, v_hi, do, do_hi, BLOCK_D2)
     if DROPOUT:
         keep_t = _keep(seed, bh, rows, k_start, N, drop_p, k.shape[0], True)
@@ -644,7 +662,8 @@ def _bwd_dkdv(pid, QKV, DO, LSE, DELTA, DQKV, DQ_ACC, DQ_DESC, DQ_DESC2, Q_DESC,
               DO_DESC, DO_DESC2, KV_DESC, KV_DESC2, seed, qk_scale, sm_scale, drop_p, H, N,
               HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_D2: tl.constexpr,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DROPOUT: tl.constexpr,
-              ATOMIC_DQ: tl.constexpr, TMA_DQ: tl.constexpr, TMA: tl.constexpr):
+              ATOMIC_DQ: tl.constexpr, TMA_DQ: tl.constexpr, TMA: tl.constexpr,
+              DIAG: tl.constexpr):
     """dK, dV of one BLOCK_N key tile; Q, dO, LSE, delta stream past in BLOCK_M tiles. With
     ATOMIC_DQ (bwd_atomic_kernel) it also adds each query tile's share of dQ, dS K, into the
     fp32 DQ_ACC with atomic adds, and starts its walk over the query tiles at its own index
@@ -686,7 +705,7 @@ def _bwd_dkdv(pid, QKV, DO, LSE, DELTA, DQKV, DQ_ACC, DQ_DESC, DQ_DESC2, Q_DESC,
         dk, dk_hi, dv, dv_hi, ds_t = _bwd_dkdv_step(dk, dk_hi, dv, dv_hi, k, k_hi, v, v_hi, q,
                                                     q_hi, do, do_hi, lse, delta, qk_scale, seed,
                                                     bh, rows, pid_n * BLOCK_N, N, drop_p,
-                                                    BLOCK_D2, DROPOUT)
+                                                    BLOCK_D2, DROPOUT, DIAG)
         if ATOMIC_DQ:
             # Padded keys (k = v = 0) get p = exp2(-lse) != 0 in _bwd_dkdv_step: they must
             # not reach dQ.
@@ -712,7 +731,7 @@ def _bwd_dq(pid, QKV, DO, LSE, DELTA, DQKV, Q_DESC, Q_DESC2, DO_DESC, DO_DESC2, 
             KV_DESC2, seed, qk_scale, sm_scale, drop_p, H, N,
             HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_D2: tl.constexpr,
             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DROPOUT: tl.constexpr,
-            TMA: tl.constexpr):
+            TMA: tl.constexpr, DIAG: tl.constexpr):
     """dQ of one BLOCK_M query tile; K, V stream past in BLOCK_N tiles. With TMA, Q and dO
     come through Q_DESC(2) and DO_DESC(2) (BLOCK_M-row boxes), K and V through KV_DESC(2)
     (BLOCK_N-row boxes): see _load_tma."""
@@ -739,6 +758,8 @@ def _bwd_dq(pid, QKV, DO, LSE, DELTA, DQKV, Q_DESC, Q_DESC2, DO_DESC, DO_DESC2, 
         s = _dot_t(q, q_hi, k, k_hi, BLOCK_D2)
         # Padded keys have k = 0, so exp2(-lse) could be anything: zero them explicitly.
         p = tl.where(cols[None, :] < N, tl.math.exp2(s * qk_scale - lse[:, None]), 0.0)
+        if DIAG:
+            p = tl.where(offs_m[:, None] == cols[None, :], 0.0, p)
         dp = _dot_t(do, do_hi, v, v_hi, BLOCK_D2)
         if DROPOUT:
             dp = tl.where(_keep(seed, bh, offs_m, start_n, N, drop_p, BLOCK_N, False),
@@ -756,7 +777,7 @@ def bwd_kernel(QKV, DO, LSE, DELTA, DQKV, SEED, QKV_S, QKV_S2, QKV_L, QKV_L2, DO
                HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_D2: tl.constexpr,
                BLOCK_M1: tl.constexpr, BLOCK_N1: tl.constexpr,
                BLOCK_M2: tl.constexpr, BLOCK_N2: tl.constexpr, DROPOUT: tl.constexpr,
-               TMA: tl.constexpr):
+               TMA: tl.constexpr, DIAG: tl.constexpr):
     """The backward after bwd_delta_kernel, in one launch: the first cdiv(N, BLOCK_N1) * B * H
     programs compute dK, dV (one key tile each), the rest dQ (one query tile each). One
     launch rather than two fills the GPU without a tail between them.
@@ -771,11 +792,11 @@ def bwd_kernel(QKV, DO, LSE, DELTA, DQKV, SEED, QKV_S, QKV_S2, QKV_L, QKV_L2, DO
     if pid < n_dkdv:
         _bwd_dkdv(pid, QKV, DO, LSE, DELTA, DQKV, DQKV, DQKV, DQKV, QKV_S, QKV_S2, DO_S, DO_S2,
                   QKV_L, QKV_L2, seed, qk_scale, sm_scale, drop_p, H, N, HEAD_DIM, BLOCK_D,
-                  BLOCK_D2, BLOCK_M1, BLOCK_N1, DROPOUT, False, False, TMA)
+                  BLOCK_D2, BLOCK_M1, BLOCK_N1, DROPOUT, False, False, TMA, DIAG)
     else:
         _bwd_dq(pid - n_dkdv, QKV, DO, LSE, DELTA, DQKV, QKV_L, QKV_L2, DO_L, DO_L2, QKV_S,
                 QKV_S2, seed, qk_scale, sm_scale, drop_p, H, N, HEAD_DIM, BLOCK_D, BLOCK_D2,
-                BLOCK_M2, BLOCK_N2, DROPOUT, TMA)
+                BLOCK_M2, BLOCK_N2, DROPOUT, TMA, DIAG)
 
 
 @triton.jit
@@ -784,7 +805,7 @@ def bwd_atomic_kernel(QKV, DO, LSE, DELTA, DQ_ACC, DQKV, SEED, DQ_DESC, DQ_DESC2
                       H, N,
                       HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_D2: tl.constexpr,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DROPOUT: tl.constexpr,
-                      TMA_DQ: tl.constexpr):
+                      TMA_DQ: tl.constexpr, DIAG: tl.constexpr):
     """The nondeterministic backward after bwd_delta_kernel: a program per BLOCK_N key tile,
     bwd_kernel's dK/dV program that also adds each query tile's share of dQ, dS K, into
     DQ_ACC (fp32, (B * H, N, HEAD_DIM), zeroed) by atomic adds (_bwd_dkdv with ATOMIC_DQ):
@@ -799,7 +820,8 @@ def bwd_atomic_kernel(QKV, DO, LSE, DELTA, DQ_ACC, DQKV, SEED, DQ_DESC, DQ_DESC2
     seed = tl.load(SEED) if DROPOUT else 0
     _bwd_dkdv(tl.program_id(0), QKV, DO, LSE, DELTA, DQKV, DQ_ACC, DQ_DESC, DQ_DESC2, Q_DESC,
               Q_DESC2, DO_DESC, DO_DESC2, KV_DESC, KV_DESC2, seed, qk_scale, sm_scale, drop_p, H,
-              N, HEAD_DIM, BLOCK_D, BLOCK_D2, BLOCK_M, BLOCK_N, DROPOUT, True, TMA_DQ, TMA_DQ)
+              N, HEAD_DIM, BLOCK_D, BLOCK_D2, BLOCK_M, BLOCK_N, DROPOUT, True, TMA_DQ, TMA_DQ,
+              DIAG)
 
 
 @triton.jit
@@ -863,7 +885,7 @@ def _row_sum(w, a, a_hi, acc, acc_hi, BLOCK_D2: tl.constexpr):
 @triton.jit
 def _bwd_one_key(dk1, dk1_hi, dv1, dv1_hi, dq, dq_hi, k1, k1_hi, v1, v1_hi, q, q_hi, do,
                  do_hi, lse, delta, qk_scale, seed, bh, rows, key, N, drop_p,
-                 BLOCK_D2: tl.constexpr, DROPOUT: tl.constexpr):
+                 BLOCK_D2: tl.constexpr, DROPOUT: tl.constexpr, DIAG: tl.constexpr):
     """A query chunk's share of the gradients through a single key, row `key` (< N): dK and
     dV of that key (k1, v1, dk1, dv1 are (1, head dim) rows) and its term of the chunk's
     dQ, in vector arithmetic. That is the tail of N = 2^k + 1, a class token and a
@@ -873,6 +895,8 @@ def _bwd_one_key(dk1, dk1_hi, dv1, dv1_hi, dq, dq_hi, k1, k1_hi, v1, v1_hi, q, q
     q = dO = 0 and LSE = +inf, so p = 0 and they add nothing."""
     s = _rowdot(q, q_hi, k1, k1_hi, BLOCK_D2)  # (ROWS,): q k1^T
     p = tl.math.exp2(s * qk_scale - lse)
+    if DIAG:
+        p = tl.where(rows == key, 0.0, p)
     dp = _rowdot(do, do_hi, v1, v1_hi, BLOCK_D2)  # dO v1^T
     p_kept = p
     if DROPOUT:
@@ -895,7 +919,8 @@ def _bwd_short_chunk(dk, dk_hi, dv, dv_hi, dk_t, dk_t_hi, dv_t, dv_t_hi,
                      QKV, O, DO, LSE, DQKV, bh, start_m, seed, qk_scale, sm_scale, drop_p, H, N,
                      HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_D2: tl.constexpr,
                      ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr,
-                     HAS_TAIL: tl.constexpr, MASK_M: tl.constexpr, DROPOUT: tl.constexpr):
+                     HAS_TAIL: tl.constexpr, MASK_M: tl.constexpr, DROPOUT: tl.constexpr,
+                     DIAG: tl.constexpr):
     """One chunk of bwd_short_kernel: ROWS query rows from start_m (MASK_M: the chunk may
     reach past row N - 1). Computes the chunk's delta, writes its finished dQ and returns
     dK, dV (and the tail tile's dK, dV) with its share added, each as its two chunks."""
@@ -913,7 +938,7 @@ def _bwd_short_chunk(dk, dk_hi, dv, dv_hi, dk_t, dk_t_hi, dv_t, dv_t_hi,
         lse = tl.load(LSE + bh.to(tl.int64) * N + rows)
     dk, dk_hi, dv, dv_hi, ds_t = _bwd_dkdv_step(dk, dk_hi, dv, dv_hi, k, k_hi, v, v_hi, q, q_hi,
                                                 do, do_hi, lse, delta, qk_scale, seed, bh, rows,
-                                                0, N, drop_p, BLOCK_D2, DROPOUT)
+                                                0, N, drop_p, BLOCK_D2, DROPOUT, DIAG)
     # Padded keys (k = v = 0) get p = exp2(-lse) != 0 in _bwd_dkdv_step: harmless for
     # their own dK, dV rows, which are never stored, but they must not reach dQ.
     ds_t = tl.where(offs_n[:, None] < N, ds_t, 0.0)
@@ -924,11 +949,11 @@ def _bwd_short_chunk(dk, dk_hi, dv, dv_hi, dk_t, dk_t_hi, dv_t, dv_t_hi,
             dk_t, dk_t_hi, dv_t, dv_t_hi, dq, dq_hi = _bwd_one_key(
                 dk_t, dk_t_hi, dv_t, dv_t_hi, dq, dq_hi, k_t, k_t_hi, v_t, v_t_hi, q, q_hi, do,
                 do_hi, lse, delta, qk_scale, seed, bh, rows, BLOCK_N, N, drop_p, BLOCK_D2,
-                DROPOUT)
+                DROPOUT, DIAG)
         else:
             dk_t, dk_t_hi, dv_t, dv_t_hi, ds_tt = _bwd_dkdv_step(
                 dk_t, dk_t_hi, dv_t, dv_t_hi, k_t, k_t_hi, v_t, v_t_hi, q, q_hi, do, do_hi, lse,
-                delta, qk_scale, seed, bh, rows, BLOCK_N, N, drop_p, BLOCK_D2, DROPOUT)
+                delta, qk_scale, seed, bh, rows, BLOCK_N, N, drop_p, BLOCK_D2, DROPOUT, DIAG)
             ds_tt = tl.where(offs_t[:, None] < N, ds_tt, 0.0)
             dq, dq_hi = _dot_d(tl.trans(_round(ds_tt, k.dtype)), k_t, k_t_hi, dq, dq_hi,
                                BLOCK_D2)
@@ -941,7 +966,8 @@ def _bwd_short_chunk(dk, dk_hi, dv, dv_hi, dk_t, dk_t_hi, dv_t, dv_t_hi,
 def bwd_short_kernel(QKV, O, DO, LSE, DQKV, SEED, qk_scale, sm_scale, drop_p, H, N,
                      HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_D2: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_MT: tl.constexpr, BLOCK_N: tl.constexpr,
-                     BLOCK_T: tl.constexpr, HAS_TAIL: tl.constexpr, DROPOUT: tl.constexpr):
+                     BLOCK_T: tl.constexpr, HAS_TAIL: tl.constexpr, DROPOUT: tl.constexpr,
+                     DIAG: tl.constexpr):
     """The whole backward of one (batch, head) when all keys fit on chip (a BLOCK_N tile and,
     if HAS_TAIL, a BLOCK_T tail), in one launch and without bwd_delta_kernel: K and V stay
     on chip while the query rows pass in full BLOCK_M chunks and then, unless BLOCK_MT = 0
@@ -970,13 +996,13 @@ def bwd_short_kernel(QKV, O, DO, LSE, DQKV, SEED, qk_scale, sm_scale, drop_p, H,
             dk, dk_hi, dv, dv_hi, dk_t, dk_t_hi, dv_t, dv_t_hi, k, k_hi, v, v_hi, k_t, k_t_hi,
             v_t, v_t_hi, QKV, O, DO, LSE, DQKV, bh, start_m, seed, qk_scale, sm_scale, drop_p,
             H, N, HEAD_DIM, BLOCK_D, BLOCK_D2, BLOCK_M, BLOCK_N, BLOCK_T, HAS_TAIL, False,
-            DROPOUT)
+            DROPOUT, DIAG)
     if BLOCK_MT > 0:  # the rows past the last full chunk
         dk, dk_hi, dv, dv_hi, dk_t, dk_t_hi, dv_t, dv_t_hi = _bwd_short_chunk(
             dk, dk_hi, dv, dv_hi, dk_t, dk_t_hi, dv_t, dv_t_hi, k, k_hi, v, v_hi, k_t, k_t_hi,
             v_t, v_t_hi, QKV, O, DO, LSE, DQKV, bh, m_full, seed, qk_scale, sm_scale, drop_p,
             H, N, HEAD_DIM, BLOCK_D, BLOCK_D2, BLOCK_MT, BLOCK_N, BLOCK_T, HAS_TAIL, True,
-            DROPOUT)
+            DROPOUT, DIAG)
 
     _store_rows(DQKV, dk * sm_scale, dk_hi * sm_scale, bh, offs_n, N, H, 3, 1, HEAD_DIM,
                 BLOCK_D, BLOCK_D2)

@@ -36,9 +36,21 @@ def check_dropout_p(dropout_p: float) -> float:
     return float(dropout_p)
 
 
+def check_mask_diagonal(mask_diagonal: bool, n: int) -> bool:
+    """Return `mask_diagonal` if it is a bool that N = n tokens allow, else raise a
+    TypeError/ValueError naming it: masking each token's own key leaves a single token
+    nothing to attend to."""
+    if not isinstance(mask_diagonal, bool):
+        raise TypeError(f"mask_diagonal={mask_diagonal!r} is not True or False")
+    if mask_diagonal and n < 2:
+        raise ValueError(f"mask_diagonal=True needs N >= 2 tokens (got N = {n}): with its own key "
+                         "masked a lone token has nothing to attend to")
+    return mask_diagonal
+
+
 def naive_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float | None = None,
-    dropout_p: float = 0.0,
+    dropout_p: float = 0.0, mask_diagonal: bool = False,
 ) -> torch.Tensor:
     """Textbook attention: softmax(q k^T * scale) v, with the N x N scores materialized.
 
@@ -47,6 +59,7 @@ def naive_attention(
         softmax_scale: defaults to 1/sqrt(D).
         dropout_p: attention dropout on the probabilities (torch.nn.functional.dropout,
             always applied: pass 0 at evaluation).
+        mask_diagonal: no query attends to its own key (N >= 2).
     Returns:
         o: (B, N, H, D), contiguous, in the dtype of q.
 
@@ -57,6 +70,8 @@ def naive_attention(
     scale = check_softmax_scale(softmax_scale) or 1.0 / math.sqrt(q.shape[-1])
     qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))  # (B, H, N, D)
     scores = torch.matmul(qt, kt.transpose(-2, -1)) * scale  # (B, H, N, N)
+    if check_mask_diagonal(mask_diagonal, q.shape[1]):
+        scores = scores.masked_fill(_eye(q.shape[1], q.device), float("-inf"))
     probs = torch.softmax(scores, dim=-1)  # (B, H, N, N)
     if check_dropout_p(dropout_p) > 0:
         probs = F.dropout(probs, dropout_p)
@@ -66,15 +81,22 @@ def naive_attention(
 
 def sdpa_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float | None = None,
-    dropout_p: float = 0.0,
+    dropout_p: float = 0.0, mask_diagonal: bool = False,
 ) -> torch.Tensor:
-    """PyTorch's fused scaled_dot_product_attention on the (B, N, H, D) layout; dropout_p as
-    `naive_attention`'s.
+    """PyTorch's fused scaled_dot_product_attention on the (B, N, H, D) layout; dropout_p and
+    mask_diagonal as `naive_attention`'s (the mask goes to SDPA as a boolean attn_mask, which
+    rules out its FlashAttention backend).
 
     Returns o: (B, N, H, D), contiguous.
     """
+    mask = ~_eye(q.shape[1], q.device) if check_mask_diagonal(mask_diagonal, q.shape[1]) else None
     o = F.scaled_dot_product_attention(
-        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), dropout_p=check_dropout_p(dropout_p),
-        scale=check_softmax_scale(softmax_scale)
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask,
+        dropout_p=check_dropout_p(dropout_p), scale=check_softmax_scale(softmax_scale)
     )  # (B, H, N, D)
     return o.transpose(1, 2).contiguous()  # (B, N, H, D)
+
+
+def _eye(n: int, device: torch.device) -> torch.Tensor:
+    """(N, N) bool, True where a query meets its own key."""
+    return torch.eye(n, dtype=torch.bool, device=device)
