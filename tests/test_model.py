@@ -261,3 +261,41 @@ def test_shifted_patches_bad_values():
         build_model("vit_micro_patch4_32", shifted_patches="yes")
     with pytest.raises(ValueError, match="shifted patches need patch_size >= 2"):
         build_model("vit_micro_patch4_32", patch_size=1, shifted_patches=True)
+
+
+def test_locality_attention_masks_self_and_learns_the_scale():
+    """Locality self-attention by hand for one block: q k^T times the layer's learned scale
+    exp(log_scale), each token's own key left out, softmax, v, projection; the scale starts at
+    1/sqrt(head_dim) and gets a gradient; every path gives the same output (flash in fp16)."""
+    torch.manual_seed(0)
+    attn = vm.Attention(32, 4, qkv_bias=True, proj_drop=0.0, impl="naive", locality=True)
+    assert attn.log_scale.item() == pytest.approx(-0.5 * torch.log(torch.tensor(8.0)).item())
+    with torch.no_grad():
+        attn.log_scale.fill_(-1.0)  # not the default, so the test sees the learned value used
+    x = torch.randn(2, 5, 32)
+    q, k, v = attn.qkv(x).view(2, 5, 3, 4, 8).unbind(2)  # (B, N, H, D)
+    scores = torch.einsum("bnhd,bmhd->bhnm", q, k) * torch.exp(torch.tensor(-1.0))
+    scores = scores.masked_fill(torch.eye(5, dtype=torch.bool), float("-inf"))
+    o = torch.einsum("bhnm,bmhd->bnhd", scores.softmax(-1), v).reshape(2, 5, 32)
+    want = attn.proj(o)
+    got = attn(x)
+    assert torch.allclose(got, want, atol=1e-5)
+    got.sum().backward()
+    assert attn.log_scale.grad is not None and attn.log_scale.grad.abs() > 0
+    attn.impl = "sdpa"
+    assert torch.allclose(attn(x), want, atol=1e-5)
+    with torch.no_grad():
+        flash = vm.Attention(32, 4, True, 0.0, "flash", locality=True).half()
+        flash.load_state_dict(attn.state_dict())
+        assert (flash(x.half()).float() - want).abs().max() < 2e-2
+
+
+def test_locality_attention_model_refuses_timm_export_and_bad_values():
+    model = build_model("vit_micro_patch4_32", num_classes=10, locality_attention=True)
+    assert all(blk.attn.locality for blk in model.blocks)
+    assert {k for k in model.state_dict() if "log_scale" in k} == {f"blocks.{i}.attn.log_scale" for i in range(4)}
+    assert "blocks.0.attn.log_scale" not in build_model("vit_micro_patch4_32").state_dict()
+    with pytest.raises(ValueError, match="locality self-attention.*cannot be exported to timm"):
+        timm_args(model)
+    with pytest.raises(ValueError, match="locality_attention='yes' is not True or False"):
+        build_model("vit_micro_patch4_32", locality_attention="yes")

@@ -4,6 +4,7 @@ test_report.py)."""
 from __future__ import annotations
 
 import csv
+import math
 import importlib.util
 import os
 import re
@@ -252,17 +253,22 @@ def test_finetune_from_an_exported_checkpoint(cifar_run, cifar_slice, tmp_path):
     assert len(set(lrs.values())) >= 4, lrs
 
 
-def test_shifted_patches_train_evaluate_and_stay_out_of_timm(tmp_path):
-    """model.shifted_patches=true end to end: a run trains, eval.py scores its checkpoint as
-    the run's test did, and the timm routes (export, loading as pretrained weights) refuse
-    it with a message that names the option."""
+def test_shifted_patches_and_locality_attention_train_evaluate_and_stay_out_of_timm(tmp_path):
+    """model.shifted_patches=true with model.locality_attention=true (Lee et al.'s two changes)
+    end to end: a run trains, eval.py scores its checkpoint as the run's test did, and the
+    timm routes (export, loading as pretrained weights) refuse it with a message that names
+    the option."""
     tiny = ["data=synthetic", "data.train_size=24", "data.test_size=16", "data.batch_size=8", "trainer=cpu",
             "callbacks.progress_bar=null", "attention=sdpa", "++trainer.num_sanity_val_steps=0"]
-    metrics = train(compose_cfg(tmp_path, [*tiny, "trainer.max_epochs=1", "model.shifted_patches=true"]))
+    metrics = train(compose_cfg(tmp_path, [*tiny, "trainer.max_epochs=1", "model.shifted_patches=true",
+                                           "model.locality_attention=true"]))
     last = tmp_path / "out" / "checkpoints" / "last.ckpt"
     module = load_checkpoint(last)
     assert isinstance(module.model.patch_embed, ShiftedPatchEmbed)
-    assert module.hparams.shifted_patches is True
+    assert module.hparams.shifted_patches is True and module.hparams.locality_attention is True
+    # the learned scales trained away from their start, and the checkpoint kept them
+    scales = [blk.attn.log_scale.item() for blk in module.model.blocks]
+    assert all(s != pytest.approx(-0.5 * math.log(module.model.blocks[0].attn.head_dim), abs=1e-7) for s in scales)
     result = evaluate(compose_cfg(tmp_path, [f"ckpt_path={last}", *tiny[:4], "trainer=cpu"], "eval"))
     assert result["loss"] == pytest.approx(metrics["test/loss"], rel=1e-5)
     with pytest.raises(CheckpointError, match="shifted patches.*does not load as timm weights nor export"):

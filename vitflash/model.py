@@ -35,6 +35,8 @@ Presets (`list_models()`); the first nine are timm's architectures under timm's 
 """
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -111,10 +113,16 @@ class ShiftedPatchEmbed(PatchEmbed):
 
 
 class Attention(nn.Module):
-    """Multi-head self-attention. q, k and v stay views of one fused projection."""
+    """Multi-head self-attention. q, k and v stay views of one fused projection.
+
+    locality: locality self-attention (Lee et al., arXiv 2112.13492): no token attends to
+    itself (the attention op's mask_diagonal) and the softmax scale is learned, one per
+    layer, from 1/sqrt(head_dim) (`log_scale`, its logarithm). The learned scale multiplies
+    the q rows of the fused projection's weights, so every attention path runs it with a
+    plain scale of 1."""
 
     def __init__(self, dim: int, num_heads: int, qkv_bias: bool, proj_drop: float, impl: str,
-                 attn_drop: float = 0.0):
+                 attn_drop: float = 0.0, locality: bool = False):
         super().__init__()
         if dim % num_heads != 0:
             raise ValueError(f"embed_dim {dim} is not divisible by num_heads {num_heads}")
@@ -125,12 +133,23 @@ class Attention(nn.Module):
         self.proj = nn.Linear(dim, dim)
         self.proj_drop = nn.Dropout(proj_drop)
         self.attn_drop = attn_drop  # dropout of the attention weights, inside the attention op
+        self.locality = locality
+        if locality:
+            self.log_scale = nn.Parameter(torch.tensor(-0.5 * math.log(self.head_dim)))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, N, C = x.shape
-        qkv = self.qkv(x).view(B, N, 3, self.num_heads, self.head_dim)  # (B, N, 3, H, D)
         drop = self.attn_drop if self.training else 0.0
-        o = attention_qkvpacked(qkv, self.impl, dropout_p=drop)  # (B, N, H, D), contiguous
+        if self.locality:  # q = x W_q^T * exp(log_scale): the learned scale, in the projection
+            rows = torch.ones(3 * C, device=x.device, dtype=self.log_scale.dtype)
+            rows = torch.cat([self.log_scale.exp().expand(C), rows[C:]])  # (3C,)
+            bias = self.qkv.bias * rows if self.qkv.bias is not None else None
+            qkv = F.linear(x, self.qkv.weight * rows[:, None], bias)
+            qkv = qkv.view(B, N, 3, self.num_heads, self.head_dim)  # (B, N, 3, H, D)
+            o = attention_qkvpacked(qkv, self.impl, softmax_scale=1.0, dropout_p=drop, mask_diagonal=True)
+        else:
+            qkv = self.qkv(x).view(B, N, 3, self.num_heads, self.head_dim)  # (B, N, 3, H, D)
+            o = attention_qkvpacked(qkv, self.impl, dropout_p=drop)  # (B, N, H, D), contiguous
         return self.proj_drop(self.proj(o.reshape(B, N, C)))  # (B, N, C)
 
 
@@ -171,10 +190,11 @@ class Block(nn.Module):
         drop_path: float,
         impl: str,
         attn_drop: float = 0.0,
+        locality: bool = False,
     ):
         super().__init__()
         self.norm1 = nn.LayerNorm(dim, eps=1e-6)
-        self.attn = Attention(dim, num_heads, qkv_bias, proj_drop, impl, attn_drop)
+        self.attn = Attention(dim, num_heads, qkv_bias, proj_drop, impl, attn_drop, locality)
         self.ls1 = LayerScale(dim, init_values) if init_values is not None else nn.Identity()
         self.drop_path1 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
         self.norm2 = nn.LayerNorm(dim, eps=1e-6)
@@ -228,6 +248,10 @@ class VisionTransformer(nn.Module):
         shifted_patches: tokenize with ShiftedPatchEmbed (a layer-normed linear map of each
             patch and its half-patch diagonal shifts) instead of the one strided
             convolution; such a model has no timm equivalent and does not export to timm.
+        locality_attention: locality self-attention in every block (see Attention): no token
+            attends to itself, and each layer learns its softmax scale. Together with
+            shifted_patches this is Lee et al.'s recipe for ViTs on small datasets. No timm
+            equivalent either.
     """
 
     def __init__(
@@ -252,14 +276,16 @@ class VisionTransformer(nn.Module):
         attn_drop_rate: float = 0.0,
         attention: str = "sdpa",
         shifted_patches: bool = False,
+        locality_attention: bool = False,
     ):
         super().__init__()
         _check_sizes(img_size=img_size, patch_size=patch_size, in_chans=in_chans, embed_dim=embed_dim,
                      depth=depth, num_heads=num_heads, num_classes=num_classes, mlp_ratio=mlp_ratio,
                      drop_rate=drop_rate, proj_drop_rate=proj_drop_rate, drop_path_rate=drop_path_rate,
                      attn_drop_rate=attn_drop_rate)
-        if not isinstance(shifted_patches, bool):
-            raise ValueError(f"shifted_patches={shifted_patches!r} is not True or False")
+        for name, flag in (("shifted_patches", shifted_patches), ("locality_attention", locality_attention)):
+            if not isinstance(flag, bool):
+                raise ValueError(f"{name}={flag!r} is not True or False")
         if global_pool not in ("token", "avg"):
             raise ValueError(f"global_pool must be 'token' or 'avg', got {global_pool!r}")
         if global_pool == "token" and not class_token:
@@ -267,7 +293,7 @@ class VisionTransformer(nn.Module):
         check_attention_impl(attention, embed_dim // num_heads)
         use_fc_norm = global_pool == "avg" if fc_norm is None else fc_norm
         # The architecture as built; vitflash.pretrained turns it into timm's arguments
-        # (shifted patches aside: timm has no such layer).
+        # (shifted patches and locality attention aside: timm has neither).
         self.config = dict(
             img_size=img_size, patch_size=patch_size, in_chans=in_chans,
             num_classes=num_classes, embed_dim=embed_dim, depth=depth, num_heads=num_heads,
@@ -282,7 +308,7 @@ class VisionTransformer(nn.Module):
         self.num_prefix_tokens = 1 if class_token else 0
         self.no_embed_class = False  # pos_embed covers the class token too (timm's default)
 
-        self.shifted_patches = shifted_patches
+        self.shifted_patches, self.locality_attention = shifted_patches, locality_attention
         embed = ShiftedPatchEmbed if shifted_patches else PatchEmbed
         self.patch_embed = embed(img_size, patch_size, in_chans, embed_dim)
         num_tokens = self.patch_embed.num_patches + self.num_prefix_tokens
@@ -292,7 +318,7 @@ class VisionTransformer(nn.Module):
         dpr = [drop_path_rate * i / max(depth - 1, 1) for i in range(depth)]
         self.blocks = nn.Sequential(*[
             Block(embed_dim, num_heads, mlp_ratio, qkv_bias, init_values, proj_drop_rate,
-                  dpr[i], attention, attn_drop_rate)
+                  dpr[i], attention, attn_drop_rate, locality_attention)
             for i in range(depth)
         ])  # fmt: skip
         # With fc_norm the final norm moves after pooling, as in timm (and MAE/BEiT).

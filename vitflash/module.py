@@ -166,6 +166,9 @@ class ViTModule(L.LightningModule):
         shifted_patches: tokenize with shifted patches (`vitflash.model.ShiftedPatchEmbed`,
             Lee et al.) instead of the strided convolution; such checkpoints evaluate and
             resume here but do not export to timm.
+        locality_attention: locality self-attention (`vitflash.model.Attention`, Lee et al.):
+            no token attends to itself, each layer learns its softmax scale; likewise no
+            timm export.
         optimizer: a partial optimizer taking the parameter groups, e.g.
             `partial(torch.optim.AdamW, lr=1e-3, weight_decay=0.05)`; its weight_decay goes to
             every parameter except norms, biases, position embedding and class token.
@@ -216,6 +219,7 @@ class ViTModule(L.LightningModule):
         drop_rate: float = 0.0,
         attn_drop_rate: float = 0.0,
         shifted_patches: bool = False,
+        locality_attention: bool = False,
         optimizer: Callable[..., torch.optim.Optimizer] = partial(torch.optim.AdamW, lr=1e-3, weight_decay=0.05),
         warmup_epochs: float = 0.0,
         cooldown_epochs: float = 0.0,
@@ -245,6 +249,7 @@ class ViTModule(L.LightningModule):
             model_name, attention=impl, num_classes=num_classes, img_size=img_size,
             pretrained=pretrained, drop_path_rate=drop_path_rate, drop_rate=drop_rate,
             attn_drop_rate=attn_drop_rate, shifted_patches=shifted_patches,
+            locality_attention=locality_attention,
         )
         # The EMA: a copy of the network, made before setup compiles self.model in place, so it
         # stays eager; no gradients, and not in the optimizer's groups (configure_optimizers

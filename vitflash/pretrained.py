@@ -166,13 +166,16 @@ def _check_is_vit(state_dict: Mapping[str, torch.Tensor], source: str) -> None:
             f"{', '.join(missing)} (its first keys are {some}). Pass a ViT checkpoint "
             f"saved by vitflash, by Lightning with vitflash, or by timm"
         )
-    if "patch_embed.norm.weight" in state_dict:  # model.shifted_patches (ShiftedPatchEmbed)
-        raise CheckpointError(
-            f"checkpoint {source} tokenizes with shifted patches (model.shifted_patches=true), "
-            f"a layer timm's ViT does not have: it does not load as timm weights nor export to "
-            f"timm. Its Lightning checkpoint still evaluates and resumes (scripts/eval.py "
-            f"ckpt_path=..., scripts/train.py ckpt_path=...)"
-        )
+    # model.shifted_patches (ShiftedPatchEmbed), model.locality_attention (Attention.log_scale)
+    for key, what, option in (("patch_embed.norm.weight", "tokenizes with shifted patches", "shifted_patches"),
+                              ("blocks.0.attn.log_scale", "has locality self-attention", "locality_attention")):
+        if key in state_dict:
+            raise CheckpointError(
+                f"checkpoint {source} {what} (model.{option}=true), which timm's ViT does not "
+                f"have: it does not load as timm weights nor export to timm. Its Lightning "
+                f"checkpoint still evaluates and resumes (scripts/eval.py ckpt_path=..., "
+                f"scripts/train.py ckpt_path=...)"
+            )
 
 
 def architecture_of(state_dict: Mapping[str, torch.Tensor]) -> dict:
@@ -410,9 +413,11 @@ def _hub_reachable(timeout: float = 2.0) -> bool:
 def timm_args(model: VisionTransformer) -> tuple[str, dict]:
     """(timm architecture name, keyword arguments) with which `timm.create_model` builds a
     model with `model`'s parameter names and shapes."""
-    if model.shifted_patches:
-        raise ValueError("this model tokenizes with shifted patches (shifted_patches=True), a "
-                         "layer timm's ViT does not have: it cannot be exported to timm")
+    for flag, what in (("shifted_patches", "tokenizes with shifted patches"),
+                       ("locality_attention", "has locality self-attention")):
+        if getattr(model, flag):
+            raise ValueError(f"this model {what} ({flag}=True), which timm's ViT does not have: it "
+                             "cannot be exported to timm")
     arch = model.preset if model.preset and timm.is_model(model.preset) else _TIMM_GENERIC_VIT
     return arch, dict(model.config)
 
