@@ -140,12 +140,11 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, N, C = x.shape
         drop = self.attn_drop if self.training else 0.0
-        if self.locality:  # q = x W_q^T * exp(log_scale): the learned scale, in the projection
-            rows = torch.ones(3 * C, device=x.device, dtype=self.log_scale.dtype)
-            rows = torch.cat([self.log_scale.exp().expand(C), rows[C:]])  # (3C,)
-            bias = self.qkv.bias * rows if self.qkv.bias is not None else None
-            qkv = F.linear(x, self.qkv.weight * rows[:, None], bias)
-            qkv = qkv.view(B, N, 3, self.num_heads, self.head_dim)  # (B, N, 3, H, D)
+        if self.locality:  # q = (x W_q^T + b_q) * exp(log_scale): the learned scale on q's rows
+            scale, w, b = self.log_scale.exp(), self.qkv.weight, self.qkv.bias
+            w = torch.cat([w[:C] * scale, w[C:]])  # (3C, C)
+            b = torch.cat([b[:C] * scale, b[C:]]) if b is not None else None
+            qkv = F.linear(x, w, b).view(B, N, 3, self.num_heads, self.head_dim)  # (B, N, 3, H, D)
             o = attention_qkvpacked(qkv, self.impl, softmax_scale=1.0, dropout_p=drop, mask_diagonal=True)
         else:
             qkv = self.qkv(x).view(B, N, 3, self.num_heads, self.head_dim)  # (B, N, 3, H, D)
