@@ -1067,8 +1067,12 @@ def test_short_tma_forward(monkeypatch, N, D, B, H):
     found = launch.candidates("fwd", N, D, B * H)
     short = [c for c in found if c.family == "short"]
     tma = [c for c in found if c.family == "short_tma"]
-    assert short and tma == [launch.Candidate("short_tma", c.blocks, c.num_warps, c.num_stages)
-                             for c in short]
+    twins = [launch.Candidate("short_tma", c.blocks, c.num_warps, c.num_stages) for c in short]
+    # where one key is past the tile, the pipelined forwards' one-key twins, as TMA twins only
+    one_key = [c for c in tma if c.meta["BLOCK_T"] == 1]
+    assert short and tma == twins + one_key
+    assert not any(c.meta["BLOCK_T"] == 1 for c in short)
+    assert len(one_key) == (sum(c.meta["HEADS"] > 1 for c in short) if launch.one_key_tail(N) else 0)
     bwd = launch.heuristic("bwd", N, D)
     for _, _, plans in _pairs_within_rule(monkeypatch, qkv, do, tma, [bwd]):
         (fwd,) = plans["fwd"]

@@ -45,7 +45,7 @@ from vitflash.ops import kernels
 INTERPRET = bool(kernels.INTERPRET)
 # bump when a kernel or the candidate list changes in a way that can change the best config:
 # 11, the short kernels' one-key-tail twins (N = 2^k + 1: every short backward, the
-#     pipelined short forwards);
+#     pipelined short forwards, the latter as TMA twins on Hopper);
 # 10, the short forward's TMA-load twins ("short_tma", Hopper; 9 keyed the reverted
 #     register-capped candidates of dc8413a, which a cache file may still hold);
 # 8, the general forward's and backward's TMA-load twins ("general_tma", Hopper);
@@ -224,10 +224,13 @@ def candidates(op: str, n: int, d: int, bh: int = 1) -> list[Candidate]:
                      if m <= max(16, _pow2(n)) and bh % g == 0
                      and st * (m + 2 * keys) * bd * 2 <= 160 * 1024]
             out += piped
-            if one_key_tail(n):  # the pipelined ones again with the key past the tile as vectors
-                out += [short_fwd(n, c.meta["BLOCK_M"], c.num_warps, c.meta["HEADS"], c.meta["STAGES"],
-                                  one_key=True) for c in piped]
             out += _short_tma_twins([c for c in out if c.family == "short"], d)
+            if one_key_tail(n):  # the pipelined ones again with the key past the tile as vectors:
+                # as TMA twins where TMA loads exist (the family that wins at N = 65 on an H200),
+                # else by pointers; not both, which would add to the first call's tuning time
+                twins = [short_fwd(n, c.meta["BLOCK_M"], c.num_warps, c.meta["HEADS"], c.meta["STAGES"],
+                                   one_key=True) for c in piped]
+                out += _short_tma_twins(twins, d) or twins
     elif op in ("bwd", "bwd_atomic"):
         keys = short_keys(n)
         names = ("BLOCK_M1", "BLOCK_N1", "BLOCK_M2", "BLOCK_N2")
