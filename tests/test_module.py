@@ -3,9 +3,7 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from contextlib import nullcontext
-import socket
 from functools import partial
 from pathlib import Path
 from types import SimpleNamespace
@@ -69,14 +67,15 @@ def named_groups(module: ViTModule, optimizer) -> list[tuple[float, list[str]]]:
     return [(g["weight_decay"], sorted(names[id(p)] for p in g["params"])) for g in optimizer.param_groups]
 
 
-def _groups_under_fsdp(rank: int, port: int, out: Path) -> None:
+def _groups_under_fsdp(rank: int, out: Path, kwargs: dict) -> None:
     """Rank `rank` of 2 on the CPU: the module wrapped as trainer=fsdp wraps it (torch's FSDP with
     configs/trainer/fsdp.yaml's settings; Lightning's strategy refuses the CPU, torch's FSDP does
-    not), then its optimizer's groups by parameter name, written by rank 0."""
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.distributed.init_process_group("gloo", rank=rank, world_size=2)
+    not), then its optimizer's groups by parameter name, written by rank 0. The ranks meet
+    through a file beside `out`, not a TCP port that another process could take first."""
+    torch.distributed.init_process_group("gloo", init_method=f"file://{out.parent / 'rendezvous'}", rank=rank,
+                                         world_size=2)
     try:
-        module = make()
+        module = make(**kwargs)
         strategy = instantiate(compose_cfg(out.parent, ["trainer=fsdp"]).trainer.strategy, _convert_="all")
         wrapped = FullyShardedDataParallel(module, device_id=torch.device("cpu"), sharding_strategy=strategy.sharding_strategy,
                                            mixed_precision=strategy.mixed_precision, **strategy.kwargs)
@@ -88,17 +87,20 @@ def _groups_under_fsdp(rank: int, port: int, out: Path) -> None:
         torch.distributed.destroy_process_group()
 
 
-def test_fsdp_shards_keep_their_weight_decay_groups(tmp_path):
+@pytest.mark.parametrize("kwargs", [{}, {"shifted_patches": True, "locality_attention": True}],
+                         ids=["plain", "shifted_locality"])
+def test_fsdp_shards_keep_their_weight_decay_groups(tmp_path, kwargs):
     """Norms, biases, tokens and position embedding stay out of weight decay under FSDP, whose
-    shards are all 1-D when the optimizer is made."""
-    module = make()
+    shards are all 1-D when the optimizer is made; with Lee et al.'s two changes too, whose
+    learned softmax scales (one per layer, FSDP takes no 0-d parameter) stay out of it."""
+    module = make(**kwargs)
     expected = named_groups(module, optimizer_of(module, precision="32-true")[0])
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    torch.multiprocessing.spawn(_groups_under_fsdp, args=(port, tmp_path / "groups.json"), nprocs=2)
+    torch.multiprocessing.spawn(_groups_under_fsdp, args=(tmp_path / "groups.json", kwargs), nprocs=2)
     assert [tuple(g) for g in json.loads((tmp_path / "groups.json").read_text())] == expected
     assert {wd for wd, _ in expected} == {0.05, 0.0}
+    if kwargs:
+        kept = {n for wd, names in expected if wd == 0.0 for n in names}
+        assert {"blocks.0.attn.log_scale", "patch_embed.norm.weight"} <= kept
 
 
 def test_layer_decay_scales_lr_by_depth():

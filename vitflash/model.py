@@ -135,7 +135,8 @@ class Attention(nn.Module):
         self.attn_drop = attn_drop  # dropout of the attention weights, inside the attention op
         self.locality = locality
         if locality:
-            self.log_scale = nn.Parameter(torch.tensor(-0.5 * math.log(self.head_dim)))
+            # shape (1,), not a scalar: FSDP refuses 0-d parameters
+            self.log_scale = nn.Parameter(torch.full((1,), -0.5 * math.log(self.head_dim)))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, N, C = x.shape
