@@ -83,6 +83,9 @@ def _groups_under_fsdp(rank: int, out: Path, kwargs: dict) -> None:
         optimizer, _ = optimizer_of(module, precision="32-true", model=wrapped)
         if rank == 0:
             out.write_text(json.dumps(named_groups(module, optimizer)))
+        # neither rank leaves while the other may still be in a collective: one that tore its
+        # process group down under the other's feet aborted that process now and then
+        torch.distributed.barrier()
     finally:
         torch.distributed.destroy_process_group()
 
