@@ -4,6 +4,7 @@ produced their committed logs are not repeated here)."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -106,3 +107,28 @@ def test_op_dispatch_probe_times_each_way_of_calling_the_ops():
         median, spread = r[2].split(" (")
         lo, hi = (float(x) for x in spread.rstrip(") ").split("-"))
         assert 0 < lo <= float(median) <= hi
+
+
+def test_tuning_spread_probe_ranks_candidates_by_their_best_ratio(tmp_path):
+    """The tuning-spread probe, as its command, on two bench_attention-style files it is given:
+    per op, each candidate's best ratio to the fastest candidate of its shape over all files,
+    and how many came within each ratio."""
+    def cand(family, m, w):
+        return {"family": family, "blocks": {"BLOCK_M": m, "BLOCK_N": 64, "BLOCK_T": 16, "HAS_TAIL": True},
+                "num_warps": w, "num_stages": 1}
+
+    def shape(times):
+        return {"shape": [1, 1, 65, 64], "flash": {"tuning_ms": {"bwd": [
+            {"candidate": cand("short", m, w), "ms": ms} for (m, w), ms in times.items()]}}}
+
+    files = []
+    for i, times in enumerate([{(32, 4): 1.0, (64, 4): 1.5, (16, 2): 3.0}, {(32, 4): 2.0, (64, 4): 1.0, (16, 2): 4.0}]):
+        files.append(tmp_path / f"run{i}.json")
+        files[-1].write_text(json.dumps({"results": {"shapes": [shape(times)]}}))
+    out = subprocess.run([sys.executable, str(PROBES / "tuning_spread.py"), *map(str, files), "--within", "1.1", "2.5"],
+                         capture_output=True, text=True, check=True).stdout
+    assert "bwd: 3 candidates timed over 2 files; 2 within 1.10x, 2 within 2.50x of the best somewhere" in out
+    rows = [line.strip("|").split("|") for line in out.splitlines() if line.startswith("| short")]
+    assert [(r[0].strip(), float(r[1]), int(r[2])) for r in rows] == [
+        ("short BLOCK_M=32 BLOCK_N=64 w4s1", 1.0, 2), ("short BLOCK_M=64 BLOCK_N=64 w4s1", 1.0, 2),
+        ("short BLOCK_M=16 BLOCK_N=64 w2s1", 3.0, 2)]

@@ -1,0 +1,63 @@
+"""Probe: which autotuning candidates ever came near the best, from the tuner's own timings.
+
+`scripts/bench_attention.py` keeps, per shape, what the tuner measured for every candidate
+(`tuning_ms` in its JSON). This reads any number of those files and prints, per op, each
+candidate's best ratio to the fastest candidate of the same (file, shape), over all of them:
+1.00 means it won somewhere. Candidates that never come within a few percent are what a
+shorter list would drop, and the first call at a new shape compiles every one of them.
+
+    python benchmarks/probes/tuning_spread.py benchmarks/results/gpu_session_*/run*/attn_small/*.json
+
+Runs on any machine: it reads JSON only.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+from pathlib import Path
+
+# the blocks that tell candidates apart (the tail tiles follow from N and BLOCK_T = 1 from the twin)
+KEYS = ("BLOCK_M", "BLOCK_N", "HEADS", "STAGES", "BLOCK_M1", "BLOCK_N1", "BLOCK_M2", "BLOCK_N2")
+
+
+def name(cand: dict) -> str:
+    """A candidate as one short string: family, blocks, warps x stages."""
+    blocks = cand["blocks"]
+    tiles = " ".join(f"{k}={blocks[k]}" for k in KEYS if k in blocks)
+    one_key = " one-key" if blocks.get("BLOCK_T") == 1 and blocks.get("HAS_TAIL") else ""
+    return f"{cand['family']} {tiles}{one_key} w{cand['num_warps']}s{cand['num_stages']}"
+
+
+def spread(files: list[Path]) -> dict[str, dict[str, tuple[float, int]]]:
+    """op -> candidate name -> (its best ratio to the fastest of its shape, shapes it was timed at)."""
+    best: dict[str, dict[str, float]] = collections.defaultdict(dict)
+    seen: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+    for f in files:
+        for row in json.loads(f.read_text())["results"]["shapes"]:
+            for op, timed in (row.get("flash", {}).get("tuning_ms") or {}).items():
+                fastest = min(t["ms"] for t in timed)
+                for t in timed:
+                    key = name(t["candidate"])
+                    best[op][key] = min(best[op].get(key, float("inf")), t["ms"] / fastest)
+                    seen[op][key] += 1
+    return {op: {k: (r, seen[op][k]) for k, r in ratios.items()} for op, ratios in best.items()}
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("files", nargs="+", type=Path, help="bench_attention.py JSON files")
+    p.add_argument("--within", type=float, nargs="+", default=[1.05, 1.10, 1.25],
+                   help="ratios to count the candidates under")
+    args = p.parse_args(argv)
+    for op, table in sorted(spread(args.files).items()):
+        counts = ", ".join(f"{sum(r <= w for r, _ in table.values())} within {w:.2f}x" for w in args.within)
+        print(f"\n{op}: {len(table)} candidates timed over {len(args.files)} files; {counts} of the best somewhere\n")
+        print("| candidate | best ratio to the fastest | shapes timed |")
+        print("|---|---|---|")
+        for key, (ratio, n) in sorted(table.items(), key=lambda kv: kv[1][0]):
+            print(f"| {key} | {ratio:.3f} | {n} |")
+
+
+if __name__ == "__main__":
+    main()
