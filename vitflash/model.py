@@ -141,15 +141,17 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, N, C = x.shape
         drop = self.attn_drop if self.training else 0.0
+        locality = {}
         if self.locality:  # q = (x W_q^T + b_q) * exp(log_scale): the learned scale on q's rows
             scale, w, b = self.log_scale.exp(), self.qkv.weight, self.qkv.bias
             w = torch.cat([w[:C] * scale, w[C:]])  # (3C, C)
             b = torch.cat([b[:C] * scale, b[C:]]) if b is not None else None
-            qkv = F.linear(x, w, b).view(B, N, 3, self.num_heads, self.head_dim)  # (B, N, 3, H, D)
-            o = attention_qkvpacked(qkv, self.impl, softmax_scale=1.0, dropout_p=drop, mask_diagonal=True)
+            qkv = F.linear(x, w, b)
+            locality = dict(softmax_scale=1.0, mask_diagonal=True)
         else:
-            qkv = self.qkv(x).view(B, N, 3, self.num_heads, self.head_dim)  # (B, N, 3, H, D)
-            o = attention_qkvpacked(qkv, self.impl, dropout_p=drop)  # (B, N, H, D), contiguous
+            qkv = self.qkv(x)
+        qkv = qkv.view(B, N, 3, self.num_heads, self.head_dim)  # (B, N, 3, H, D)
+        o = attention_qkvpacked(qkv, self.impl, dropout_p=drop, **locality)  # (B, N, H, D), contiguous
         return self.proj_drop(self.proj(o.reshape(B, N, C)))  # (B, N, C)
 
 

@@ -8,10 +8,10 @@ and its bundled ptxas reports what it allocated.
 choice), passed to Triton as its `maxnreg` option; --tma compiles the forward's short_tma twin,
 whose tiles come through TMA descriptors; --one-key the twin for N = 2^k + 1 (either op, and
 with --tma), whose one key past the tile is done in vector arithmetic (a tail of BLOCK_T = 1).
+Programs per SM: the fewest that registers (64K a SM, allocated per warp in steps of 8 a
+thread), shared memory (228 KiB, 1 KiB of it reserved per program) and the 64-warp limit allow.
 
-    python benchmarks/probes/registers.py --op bwd --d 64 --n 65 --tiles 32x4,16x4 --one-key Programs per SM: the fewest that registers
-(64K a SM, allocated per warp in steps of 8 a thread), shared memory (228 KiB, 1 KiB of it
-reserved per program) and the 64-warp limit allow.
+    python benchmarks/probes/registers.py --op bwd --d 64 --n 65 --tiles 32x4,16x4 --one-key
 """
 from __future__ import annotations
 
