@@ -91,7 +91,7 @@ def _pairs_within_rule(monkeypatch, qkv, do, fwds, bwds):
         fwd, bwd = fwds[i % len(fwds)], bwds[i % len(bwds)]
         _force(monkeypatch, fwd, bwd)
         try:
-            _assert_within_rule(qkv, do)
+            _assert_within_rule(qkv, do, **kw)
         except Exception as err:
             raise AssertionError(f"forward {fwd} / backward {bwd}: {err}") from err
         yield fwd, bwd, {key[0]: plan for key, plan in flash_mod._plans.items()}
@@ -361,6 +361,19 @@ def test_one_key_twins_exactly_where_one_key_is_past_the_tile():
 @pytest.mark.parametrize("N", [1, 65, 197, 577])
 def test_every_config_gpu(monkeypatch, N, D):
     """Every autotuning candidate, not only the winner, keeps to the rule."""
+    _every_candidate_within_rule(monkeypatch, N, D)
+
+
+# The CIFAR models' narrow heads (vit_tiny_h12: 12 heads of 16), the one-key-tail twins at
+# N = 17 and 65, and locality attention's mask_diagonal (a DIAG constexpr: kernels of their own).
+@pytest.mark.gpu
+@pytest.mark.parametrize("N, D, mask_diagonal", [(17, 64, False), (65, 16, False), (65, 16, True),
+                                                  (65, 64, True), (197, 64, True), (197, 16, True)])
+def test_every_config_narrow_heads_and_masked_gpu(monkeypatch, N, D, mask_diagonal):
+    _every_candidate_within_rule(monkeypatch, N, D, mask_diagonal=mask_diagonal)
+
+
+def _every_candidate_within_rule(monkeypatch, N, D, **kw):
     qkv, do = _packed_inputs(3 * 4, N, 2, D, torch.bfloat16, seed=N + D)
     fwd0, bwd0 = launch.heuristic("fwd", N, D), launch.heuristic("bwd", N, D)
     pairs = [(fwd, bwd0) for fwd in launch.candidates("fwd", N, D, bh=3 * 2 * 4)]
@@ -370,7 +383,7 @@ def test_every_config_gpu(monkeypatch, N, D):
     for fwd, bwd in pairs:
         _force(monkeypatch, fwd, bwd)
         try:
-            _assert_within_rule(qkv, do)
+            _assert_within_rule(qkv, do, **kw)
         except Exception as err:  # name the candidate: a list entry that fails must go
             raise AssertionError(f"forward {fwd} / backward {bwd}: {err}") from err
 
@@ -1023,7 +1036,7 @@ def test_every_general_forward_candidate(monkeypatch, D):
     for fwd in general:
         _force(monkeypatch, fwd, bwd)
         try:
-            _assert_within_rule(qkv, do)
+            _assert_within_rule(qkv, do, **kw)
         except AssertionError as err:
             raise AssertionError(f"forward {fwd}: {err}") from err
 
