@@ -91,7 +91,7 @@ def _pairs_within_rule(monkeypatch, qkv, do, fwds, bwds):
         fwd, bwd = fwds[i % len(fwds)], bwds[i % len(bwds)]
         _force(monkeypatch, fwd, bwd)
         try:
-            _assert_within_rule(qkv, do, **kw)
+            _assert_within_rule(qkv, do)
         except Exception as err:
             raise AssertionError(f"forward {fwd} / backward {bwd}: {err}") from err
         yield fwd, bwd, {key[0]: plan for key, plan in flash_mod._plans.items()}
@@ -1036,7 +1036,7 @@ def test_every_general_forward_candidate(monkeypatch, D):
     for fwd in general:
         _force(monkeypatch, fwd, bwd)
         try:
-            _assert_within_rule(qkv, do, **kw)
+            _assert_within_rule(qkv, do)
         except AssertionError as err:
             raise AssertionError(f"forward {fwd}: {err}") from err
 
