@@ -44,6 +44,8 @@ from vitflash.ops import kernels
 
 INTERPRET = bool(kernels.INTERPRET)
 # bump when a kernel or the candidate list changes in a way that can change the best config:
+# 12, no 8-warp short forwards below 128 rows (a cache file may hold one, and the
+#     64-row one computed wrongly on an H200 at D = 16 with the diagonal mask);
 # 11, the short kernels' one-key-tail twins (N = 2^k + 1: every short backward, the
 #     pipelined short forwards, the latter as TMA twins on Hopper);
 # 10, the short forward's TMA-load twins ("short_tma", Hopper; 9 keyed the reverted
@@ -54,7 +56,7 @@ INTERPRET = bool(kernels.INTERPRET)
 # 6, the forwards' FMA-folded softmax (and the bwd_atomic op);
 # 5, split head dims (4 keyed the reverted TAILS candidates of 067433b, which a GPU
 #    machine's cache file may still hold)
-CACHE_VERSION = 11
+CACHE_VERSION = 12
 
 # the families of bwd_atomic's own kernels: dQ added element by element, or by TMA tiles
 ATOMIC_FAMILIES = ("atomic", "atomic_tma")
@@ -215,8 +217,12 @@ def candidates(op: str, n: int, d: int, bh: int = 1) -> list[Candidate]:
             out += _c("general", names, (64, 32, 4, 2), (32, 64, 4, 2), (64, 64, 8, 2), (32, 32, 4, 1))
         out += _tma_twins(out, d)
         if keys <= SHORT_FWD_MAX and keys * bd <= 256 * 128:
+            # 8 warps only on 128-row tiles: below that they never came within 1.5x of the
+            # best at the CIFAR shapes (benchmarks/results/tuning_spread_small_shapes.md), and
+            # the 64-row one gave wrong output on an H200 (triton 3.6) at D = 16, N = 197
+            # with the diagonal mask (benchmarks/results/gpu_session_7fdd729/)
             out += [short_fwd(n, m, w) for m in (16, 32, 64, 128) for w in (4, 8)
-                    if m <= max(16, _pow2(n)) and m * keys <= 128 * 160]
+                    if m <= max(16, _pow2(n)) and m * keys <= 128 * 160 and (w == 4 or m == 128)]
             # small tiles in 2 warps: more programs resident per SM where a tile is tiny
             out += [short_fwd(n, m, 2) for m in (16, 32) if m <= max(16, _pow2(n)) and keys * bd <= 128 * 64]
             # pipelined: `st` copies of the Q, K, V tiles in shared memory; keep under ~160 KB
