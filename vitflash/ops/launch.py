@@ -221,8 +221,8 @@ def candidates(op: str, n: int, d: int, bh: int = 1) -> list[Candidate]:
             # best at the CIFAR shapes (benchmarks/results/tuning_spread_small_shapes.md), and
             # the 64-row one gave wrong output on an H200 (triton 3.6) at D = 16, N = 197
             # with the diagonal mask (benchmarks/results/gpu_session_7fdd729/)
-            out += [short_fwd(n, m, w) for m in (16, 32, 64, 128) for w in (4, 8)
-                    if m <= max(16, _pow2(n)) and m * keys <= 128 * 160 and (w == 4 or m == 128)]
+            out += [short_fwd(n, m, w) for m, w in ((16, 4), (32, 4), (64, 4), (128, 4), (128, 8))
+                    if m <= max(16, _pow2(n)) and m * keys <= 128 * 160]
             # small tiles in 2 warps: more programs resident per SM where a tile is tiny
             out += [short_fwd(n, m, 2) for m in (16, 32) if m <= max(16, _pow2(n)) and keys * bd <= 128 * 64]
             # pipelined: `st` copies of the Q, K, V tiles in shared memory; keep under ~160 KB
