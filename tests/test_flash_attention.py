@@ -917,6 +917,90 @@ def test_tuner_times_are_kept_for_benchmarks(monkeypatch, tmp_path):
     assert launch.tuning_times(*key) is None
 
 
+def test_results_that_disagree_by_more_than_rounding_are_measured_as_such():
+    ref = (torch.linspace(-3, 3, 4 * 65 * 16).view(4, 65, 16).to(torch.bfloat16),)
+    ulp = torch.finfo(torch.bfloat16).eps * 3  # a unit in the last place of the largest value
+    assert launch._disagreement(ref, ref) == 0
+    assert launch._disagreement((ref[0] + 2 * ulp,), ref) <= 1  # rounding: well inside
+    broken = ref[0].clone()
+    broken[3, 64] += 1.0  # one value of the last batch entry off by 1 (the bound: 16 ulps, 0.375)
+    assert launch._disagreement((broken,), ref) > 2
+    broken[3, 64] = float("nan")
+    assert launch._disagreement((broken,), ref) == float("inf")
+
+
+def _tuning_on_the_cpu(monkeypatch, tmp_path, cands, ms):
+    """Let the tuner run here: the kernels in the interpreter, times made up (ms: per
+    candidate), nothing read from or kept beyond tmp_path."""
+    monkeypatch.setenv("VITFLASH_CACHE_DIR", str(tmp_path))
+    # INTERPRET off in launch.py makes choose() tune (the kernels still run in the
+    # interpreter); the inputs' device check, which reads it too, is left out
+    for name, value in (("_disk", None), ("INTERPRET", False), ("_chosen", {}), ("_timings", {}),
+                        ("COMPILE_THREADS", 1), ("_TMA_LOADS", False), ("_TMA", False)):
+        monkeypatch.setattr(launch, name, value)
+    monkeypatch.setattr(flash_mod, "_plans", {})
+    monkeypatch.setattr(flash_mod, "_check_tensor", lambda *a, **k: None)
+    monkeypatch.setattr(launch, "_disk_key", lambda key, device: "|".join(map(str, key)))
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    real_candidates = launch.candidates
+    monkeypatch.setattr(launch, "candidates", lambda op, *a: cands if op == "fwd" else real_candidates(op, *a)[:2])
+    ran = []
+
+    def make(original):  # records which candidate each launch belongs to
+        def launches(c, *args):
+            ran.append(c)
+            return original(c, *args)
+        return launches
+
+    monkeypatch.setattr(flash_mod, "_fwd_launches", make(flash_mod._fwd_launches))
+    monkeypatch.setattr(launch, "_time_ms", lambda fn: (fn(), ms.get(ran[-1], 5.0))[1])
+    return ran
+
+
+class _Negated:
+    """A launch whose output comes out negated: what a miscompiled kernel could do."""
+
+    def __init__(self, launch):
+        self.kernel, self.consts, self.launch = launch.kernel, launch.consts, launch
+
+    def __call__(self, *args):
+        self.launch(*args)
+        args[1].neg_()  # o
+
+
+def test_the_tuner_leaves_out_a_candidate_that_computes_wrongly(monkeypatch, tmp_path):
+    """A candidate whose result disagrees with the heuristic candidate's (as the 64-row
+    8-warp short forward did on an H200) is never chosen, however fast it times; the tuner
+    warns and names it, and the op's result keeps to the rule."""
+    N, D = 17, 32
+    cands = [launch.short_fwd(N, 16), launch.short_fwd(N, 32), launch.heuristic("fwd", N, D)]
+    broken = cands[0]
+    ms = {broken: 0.5, cands[1]: 1.0, cands[2]: 2.0}  # the broken one times fastest
+    _tuning_on_the_cpu(monkeypatch, tmp_path, cands, ms)
+    real = flash_mod._fwd_launches
+    monkeypatch.setattr(flash_mod, "_fwd_launches", lambda c, *a: (
+        [_Negated(x) for x in real(c, *a)] if c == broken else real(c, *a)))
+    qkv, do = _packed_inputs(1, N, 2, D, torch.float16, seed=3)
+    with pytest.warns(UserWarning, match=r"BLOCK_M', 16\).*left out of the tuning"):
+        _assert_within_rule(qkv, do)
+    assert launch.chosen("fwd", torch.float16, N, D, 2) == cands[1]
+    assert broken not in launch.tuning_times("fwd", torch.float16, N, D, 2)
+
+
+def test_the_tuner_stops_when_most_candidates_disagree(monkeypatch, tmp_path):
+    N, D = 17, 32
+    cands = [launch.short_fwd(N, 16), launch.short_fwd(N, 32), launch.heuristic("fwd", N, D)]
+    _tuning_on_the_cpu(monkeypatch, tmp_path, cands, {})
+    real = flash_mod._fwd_launches  # the reference itself computes wrongly: all others disagree
+    monkeypatch.setattr(flash_mod, "_fwd_launches", lambda c, *a: (
+        [_Negated(x) for x in real(c, *a)] if c == cands[2] else real(c, *a)))
+    qkv, _ = _packed_inputs(1, N, 2, D, torch.float16, seed=3)
+    with pytest.warns(UserWarning), pytest.raises(RuntimeError, match="2 of 3 configurations "
+                                                  "disagree.*use the 'sdpa' or 'naive' attention path"):
+        flash_attention_qkvpacked(qkv)
+
+
 @pytest.mark.parametrize("host_us, cycles", [(5, launch.SLEEP_CYCLES), (80, 3_200_000),
                                              (5_000, launch.SLEEP_MAX)])
 def test_tuner_sleep_outlasts_the_host(monkeypatch, host_us, cycles):

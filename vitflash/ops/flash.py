@@ -109,9 +109,10 @@ def _tma_descriptors(t: torch.Tensor, rows: int, consts: dict) -> tuple:
 
 
 def _plan(op: str, t: torch.Tensor, B: int, N: int, H: int, D: int, dropout: bool, diag: bool,
-          run) -> list[Launch]:
+          run, outputs) -> list[Launch]:
     """The plan for this shape: cached, or chosen now (`run(launches)` runs a candidate's
-    launches on the real arguments, for timing). With dropout or the diagonal mask the
+    launches on the real arguments, for timing; `outputs()` returns the tensors it writes,
+    which every candidate must compute as the heuristic one does: launch.choose). With dropout or the diagonal mask the
     kernels are traced with its code, but the candidate is the one chosen for the shape (the
     tuning key has neither: their work scales with every candidate's)."""
     key = (op, t.dtype, t.device, B, N, H, D, dropout, diag)
@@ -119,7 +120,7 @@ def _plan(op: str, t: torch.Tensor, B: int, N: int, H: int, D: int, dropout: boo
     if plan is None:
         make = _fwd_launches if op == "fwd" else _bwd_launches  # bwd or bwd_atomic
         cand = choose(op, t.dtype, N, D, B * H, t.device,
-                      lambda c: run(make(c, B, N, H, D, dropout, diag)))
+                      lambda c: run(make(c, B, N, H, D, dropout, diag)), outputs)
         plan = make(cand, B, N, H, D, dropout, diag)
         if not (t.is_cuda and torch.cuda.is_current_stream_capturing()):
             _plans[key] = plan  # a plan made during capture is untuned: not kept
@@ -143,7 +144,8 @@ def _forward(qkv: torch.Tensor, softmax_scale: float, dropout_p: float = 0.0,
     plan = _plans.get(("fwd", qkv.dtype, qkv.device, B, N, H, D, dropout, mask_diagonal))
     if plan is None:  # (the tuner's runner is built only here, off the per-call path)
         plan = _plan("fwd", qkv, B, N, H, D, dropout, mask_diagonal,
-                     lambda p: p[0](*tensors, *_fwd_descriptors(p[0], qkv), *scalars))
+                     lambda p: p[0](*tensors, *_fwd_descriptors(p[0], qkv), *scalars),
+                     lambda: (o,))
     (launch,) = plan
     launch(*tensors, *_fwd_descriptors(launch, qkv), *scalars)
     return o, lse
@@ -219,7 +221,7 @@ def _backward(do: torch.Tensor, qkv: torch.Tensor, o: torch.Tensor, lse: torch.T
 
     op = "bwd" if deterministic else "bwd_atomic"
     run(_plans.get((op, qkv.dtype, qkv.device, B, N, H, D, dropout, mask_diagonal))
-        or _plan(op, qkv, B, N, H, D, dropout, mask_diagonal, run))
+        or _plan(op, qkv, B, N, H, D, dropout, mask_diagonal, run, lambda: (dqkv,)))
     return dqkv
 
 

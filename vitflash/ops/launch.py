@@ -11,8 +11,9 @@ to the backward's candidates. On Hopper, "general_tma", "short_tma" (the forward
 tiles in bulk. The tiles of a partial last block of queries (short kernels) or keys (general
 forward) are not part of a candidate: `tail_tile` derives them from N and the block when the
 launch is built. The first call at a key (op, dtype, N, D, B*H rounded up to a power of
-two) compiles every candidate on a pool of threads, then times every one that compiles and
-keeps the fastest;
+two) compiles every candidate on a pool of threads, checks each one's result against
+`heuristic`'s (a candidate that the compiler got wrong on this GPU is left out, with a
+warning), then times every one that compiles and agrees, and keeps the fastest;
 the choice is written to a JSON file keyed by GPU and versions
 (`$VITFLASH_CACHE_DIR/autotune.json`, default `~/.cache/vitflash`), so later processes start
 at full speed (Triton keeps the compiled binaries in its own cache).
@@ -31,6 +32,7 @@ import json
 import os
 import threading
 import time
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -539,9 +541,12 @@ def tuning_times(op: str, dtype: torch.dtype, n: int, d: int, bh: int) -> dict[C
 
 
 def choose(op: str, dtype: torch.dtype, n: int, d: int, bh: int, device: torch.device,
-           run: Callable[[Candidate], None]) -> Candidate:
+           run: Callable[[Candidate], None],
+           outputs: Callable[[], tuple[torch.Tensor, ...]] | None = None) -> Candidate:
     """The candidate for this key: remembered, read from the cache file, or timed now by
-    calling run(candidate) (which must launch the op on the real arguments)."""
+    calling run(candidate) (which must launch the op on the real arguments). outputs: the
+    tensors that run writes (o; dqkv), whose values each candidate must reproduce, as the
+    heuristic candidate computes them, before it is timed (_time_candidates)."""
     key = _key(op, dtype, n, d, bh)
     cand = _chosen.get(key)
     if cand is not None:
@@ -559,7 +564,8 @@ def choose(op: str, dtype: torch.dtype, n: int, d: int, bh: int, device: torch.d
         times = _timings[key] = {}
         cands = candidates(op, n, d, bh)
         _compile_all(cands, run)
-        cand = _time_candidates(cands, run, times)
+        check = (heuristic(op, n, d), outputs) if outputs is not None else None
+        cand = _time_candidates(cands, run, times, check)
         _write_disk(entry, cand)
     _chosen[key] = cand
     return cand
@@ -643,23 +649,76 @@ def _compile_all(cands: list[Candidate], run: Callable[[Candidate], None]) -> No
 TIMING_ROUNDS = 2
 
 
+# A candidate's result agrees with the reference's where no element differs by more than
+# this many units in the last place of the reference's largest magnitude. Two correct
+# candidates differ by rounding, a few units at most (each is held to twice naive's error
+# in the tests); a kernel the compiler got wrong is off by the values themselves.
+AGREE_ULPS = 16
+
+
+def _disagreement(got: tuple[torch.Tensor, ...], ref: tuple[torch.Tensor, ...]) -> float:
+    """The largest |got - ref| over the tensors, as a multiple of AGREE_ULPS units in the
+    last place of each reference's largest magnitude (> 1: they disagree; NaN or inf in got
+    counts as inf). Taken a slice at a time, so that it never holds a copy of the tensors."""
+    worst = 0.0
+    for g, r in zip(got, ref):
+        scale = torch.finfo(r.dtype).eps * AGREE_ULPS * max(r.abs().max().item(), 1e-3)
+        g2, r2 = g.reshape(g.shape[0], -1), r.reshape(r.shape[0], -1)
+        step = max(1, g2.shape[0] // 8)
+        for i in range(0, g2.shape[0], step):
+            err = (g2[i:i + step] - r2[i:i + step]).abs().max().item()
+            worst = max(worst, err / scale if err == err else float("inf"))  # err != err: NaN
+    return worst
+
+
 def _time_candidates(cands: list[Candidate], run: Callable[[Candidate], None],
-                     times: dict | None = None) -> Candidate:
+                     times: dict | None = None,
+                     check: tuple[Candidate, Callable[[], tuple[torch.Tensor, ...]]] | None = None
+                     ) -> Candidate:
     """The fastest of cands. All are compiled first, then timed back to back in
     TIMING_ROUNDS rounds, each keeping its best round: a candidate timed right after seconds
     of compiling, with the GPU idle, or in a slow moment of a shared machine, is not
     judged on that one window. (With one window each, timed right after its compile, the
     tuner once kept a forward at (4, 16, 4097, 128) that scripts/sweep_configs.py then
     measured 12% slower than another listed candidate.) `times`, if given, receives each
-    timed candidate's milliseconds per call."""
-    ready = []
+    timed candidate's milliseconds per call.
+
+    check = (reference, outputs): before any is timed, each candidate's result (the tensors
+    `outputs()` returns after run) must agree with the reference candidate's (_disagreement).
+    One that does not is left out, with a warning that names it: a kernel that the compiler
+    got wrong on this GPU and Triton (it happened once, on an H200 with triton 3.6, to a
+    candidate that the interpreter computes right) must not be chosen, least of all for
+    being fast. If most disagree, the reference itself is in doubt, and the op stops with
+    an error instead."""
+    ref = None
+    if check is not None:
+        reference, outputs = check
+        try:
+            run(reference)
+            torch.cuda.synchronize()
+            ref = tuple(t.clone() for t in outputs())
+        except (triton.runtime.errors.OutOfResources, triton.compiler.errors.CompilationError):
+            pass  # nothing to compare with: the candidates are timed unchecked
+    ready, wrong = [], []
     for cand in cands:
         try:
             run(cand)  # compiles; a config that does not fit the chip fails here
             torch.cuda.synchronize()
         except (triton.runtime.errors.OutOfResources, triton.compiler.errors.CompilationError):
             continue
+        if ref is not None and (off := _disagreement(outputs(), ref)) > 1:
+            wrong.append(cand)
+            warnings.warn(f"flash attention: {cand} computes a result {off:.3g}x further from "
+                          f"{reference}'s than rounding explains, on this GPU; it is left out "
+                          "of the tuning. A compiler fault is the likely cause: please report "
+                          "it with the GPU, the versions, and the output of `python -m pytest "
+                          "-m gpu tests/test_flash_attention.py -k every_config`.", stacklevel=2)
+            continue
         ready.append(cand)
+    if len(wrong) > len(ready):
+        raise RuntimeError(f"flash attention: {len(wrong)} of {len(wrong) + len(ready)} "
+                           "configurations disagree with the reference configuration on this GPU, "
+                           "so none can be trusted here; use the 'sdpa' or 'naive' attention path")
     if not ready:
         raise RuntimeError("no flash-attention configuration compiles on this GPU: "
                            f"tried {len(cands)}; use the 'sdpa' or 'naive' attention path")
