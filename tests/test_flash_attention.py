@@ -929,9 +929,10 @@ def test_results_that_disagree_by_more_than_rounding_are_measured_as_such():
     assert launch._disagreement((broken,), ref) == float("inf")
 
 
-def _tuning_on_the_cpu(monkeypatch, tmp_path, cands, ms):
-    """Let the tuner run here: the kernels in the interpreter, times made up (ms: per
-    candidate), nothing read from or kept beyond tmp_path."""
+def _tuning_on_the_cpu(monkeypatch, tmp_path, op, cands, ms):
+    """Let the tuner run here, with `cands` as op's candidates (the other op: two of its
+    own): the kernels in the interpreter, times made up (ms: per candidate), nothing read
+    from or kept beyond tmp_path."""
     monkeypatch.setenv("VITFLASH_CACHE_DIR", str(tmp_path))
     # INTERPRET off in launch.py makes choose() tune (the kernels still run in the
     # interpreter); the inputs' device check, which reads it too, is left out
@@ -944,57 +945,56 @@ def _tuning_on_the_cpu(monkeypatch, tmp_path, cands, ms):
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
     real_candidates = launch.candidates
-    monkeypatch.setattr(launch, "candidates", lambda op, *a: cands if op == "fwd" else real_candidates(op, *a)[:2])
+    monkeypatch.setattr(launch, "candidates", lambda o, *a: cands if o == op else real_candidates(o, *a)[:2])
     ran = []
-
-    def make(original):  # records which candidate each launch belongs to
-        def launches(c, *args):
-            ran.append(c)
-            return original(c, *args)
-        return launches
-
-    monkeypatch.setattr(flash_mod, "_fwd_launches", make(flash_mod._fwd_launches))
-    monkeypatch.setattr(launch, "_time_ms", lambda fn: (fn(), ms.get(ran[-1], 5.0))[1])
+    monkeypatch.setattr(launch, "_time_ms", lambda fn: (fn(), ms.get(ran[-1] if ran else None, 5.0))[1])
     return ran
 
 
-class _Negated:
-    """A launch whose output comes out negated: what a miscompiled kernel could do."""
+def _break(monkeypatch, op, broken, ran):
+    """Make candidate `broken` of op compute a negated result (o; dqkv), as a kernel that a
+    compiler got wrong could; record which candidate each plan is made for in `ran`."""
+    name = "_fwd_launches" if op == "fwd" else "_bwd_launches"
+    real, out = getattr(flash_mod, name), 1 if op == "fwd" else 4  # o; dqkv (short backward)
 
-    def __init__(self, launch):
-        self.kernel, self.consts, self.launch = launch.kernel, launch.consts, launch
+    class Negated:
+        def __init__(self, launch):
+            self.kernel, self.consts, self.launch = launch.kernel, launch.consts, launch
 
-    def __call__(self, *args):
-        self.launch(*args)
-        args[1].neg_()  # o
+        def __call__(self, *args):
+            self.launch(*args)
+            args[out].neg_()
+
+    def launches(c, *a):
+        ran.append(c)
+        return [Negated(x) for x in real(c, *a)] if c == broken else real(c, *a)
+
+    monkeypatch.setattr(flash_mod, name, launches)
 
 
-def test_the_tuner_leaves_out_a_candidate_that_computes_wrongly(monkeypatch, tmp_path):
+@pytest.mark.parametrize("op", ["fwd", "bwd"])
+def test_the_tuner_leaves_out_a_candidate_that_computes_wrongly(monkeypatch, tmp_path, op):
     """A candidate whose result disagrees with the heuristic candidate's (as the 64-row
     8-warp short forward did on an H200) is never chosen, however fast it times; the tuner
-    warns and names it, and the op's result keeps to the rule."""
+    warns and names it, and the op's results keep to the rule."""
     N, D = 17, 32
-    cands = [launch.short_fwd(N, 16), launch.short_fwd(N, 32), launch.heuristic("fwd", N, D)]
+    make = launch.short_fwd if op == "fwd" else launch.short_bwd
+    cands = [make(N, 16), make(N, 32), launch.heuristic(op, N, D)]
     broken = cands[0]
-    ms = {broken: 0.5, cands[1]: 1.0, cands[2]: 2.0}  # the broken one times fastest
-    _tuning_on_the_cpu(monkeypatch, tmp_path, cands, ms)
-    real = flash_mod._fwd_launches
-    monkeypatch.setattr(flash_mod, "_fwd_launches", lambda c, *a: (
-        [_Negated(x) for x in real(c, *a)] if c == broken else real(c, *a)))
+    ran = _tuning_on_the_cpu(monkeypatch, tmp_path, op, cands, {broken: 0.5, cands[1]: 1.0, cands[2]: 2.0})
+    _break(monkeypatch, op, broken, ran)
     qkv, do = _packed_inputs(1, N, 2, D, torch.float16, seed=3)
     with pytest.warns(UserWarning, match=r"BLOCK_M', 16\).*left out of the tuning"):
         _assert_within_rule(qkv, do)
-    assert launch.chosen("fwd", torch.float16, N, D, 2) == cands[1]
-    assert broken not in launch.tuning_times("fwd", torch.float16, N, D, 2)
+    assert launch.chosen(op, torch.float16, N, D, 2) == cands[1]  # the fastest that agrees
+    assert broken not in launch.tuning_times(op, torch.float16, N, D, 2)
 
 
 def test_the_tuner_stops_when_most_candidates_disagree(monkeypatch, tmp_path):
     N, D = 17, 32
     cands = [launch.short_fwd(N, 16), launch.short_fwd(N, 32), launch.heuristic("fwd", N, D)]
-    _tuning_on_the_cpu(monkeypatch, tmp_path, cands, {})
-    real = flash_mod._fwd_launches  # the reference itself computes wrongly: all others disagree
-    monkeypatch.setattr(flash_mod, "_fwd_launches", lambda c, *a: (
-        [_Negated(x) for x in real(c, *a)] if c == cands[2] else real(c, *a)))
+    ran = _tuning_on_the_cpu(monkeypatch, tmp_path, "fwd", cands, {})
+    _break(monkeypatch, "fwd", cands[2], ran)  # the reference itself: all others disagree
     qkv, _ = _packed_inputs(1, N, 2, D, torch.float16, seed=3)
     with pytest.warns(UserWarning), pytest.raises(RuntimeError, match="2 of 3 configurations "
                                                   "disagree.*use the 'sdpa' or 'naive' attention path"):
