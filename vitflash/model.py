@@ -108,7 +108,7 @@ class ShiftedPatchEmbed(PatchEmbed):
                        for dy, dx in self.SHIFTS]
         x = torch.cat(views, dim=1)  # (B, 5C, H, W)
         gh, gw = self.grid_size
-        x = x.view(B, 5 * C, gh, p, gw, p).permute(0, 2, 4, 1, 3, 5)  # (B, H/p, W/p, 5C, p, p)
+        x = x.view(B, x.shape[1], gh, p, gw, p).permute(0, 2, 4, 1, 3, 5)  # (B, H/p, W/p, 5C, p, p)
         return self.proj(self.norm(x.reshape(B, gh * gw, -1)))  # (B, N, embed_dim)
 
 
