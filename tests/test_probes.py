@@ -132,3 +132,19 @@ def test_tuning_spread_probe_ranks_candidates_by_their_best_ratio(tmp_path):
     assert [(r[0].strip(), float(r[1]), int(r[2])) for r in rows] == [
         ("short BLOCK_M=32 BLOCK_N=64 w4s1", 1.0, 2), ("short BLOCK_M=64 BLOCK_N=64 w4s1", 1.0, 2),
         ("short BLOCK_M=16 BLOCK_N=64 w2s1", 3.0, 2)]
+
+
+def test_agreement_probe_shows_rounding_well_inside_the_tuners_bound_on_its_inputs():
+    """The premise of the tuner's check: on standard-normal inputs (what flash._probe gives)
+    bf16 rounding moves attention by a unit or two, far inside launch.AGREE_ULPS, while
+    peaked inputs move it by as much as the bound."""
+    from vitflash.ops import launch
+
+    agreement = _load("agreement")
+
+    rows = [r.strip("|").split("|") for r in agreement.naive_rows()]
+    spread = {(shape.strip(), float(scale)): (float(o), float(d)) for shape, scale, o, d in rows}
+    mild = [v for (_, scale), pair in spread.items() if scale == 1 for v in pair]
+    peaked = [v for (_, scale), pair in spread.items() if scale == 6 for v in pair]
+    assert len(mild) == 6 and max(mild) <= launch.AGREE_ULPS / 8
+    assert max(peaked) >= launch.AGREE_ULPS / 2
