@@ -25,10 +25,19 @@ measure again (each row names its own command and commit):
 
     python scripts/bench_model.py --suite cifar --compile reduce-overhead
     python scripts/bench_model.py --suite cifar --compile eager default --append
+
+`--paths` measures only some paths (the others show n/a). The path `no_attention` is a
+ceiling, not an attention: every block's attention is replaced by a copy of its V (the
+projections, MLPs and optimizer unchanged). No attention path can make the step faster than
+that, so "ceiling" = no_attention img/s / the best other path's is the most that any
+attention kernel could gain over it in that case:
+
+    python scripts/bench_model.py --suite cifar --paths flash sdpa no_attention --out <dir>
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import sys
 from pathlib import Path
@@ -38,6 +47,7 @@ import torch
 import torch.nn.functional as F
 
 from bench_attention import command_line, earlier_rows, environment, write_results  # scripts/ is on sys.path
+import vitflash.model
 from vitflash import build_model
 
 SUITES = {
@@ -48,6 +58,24 @@ SUITES = {
 }
 PATHS = {"cifar": ["flash", "sdpa", "naive"], "large": ["flash", "sdpa", "naive", "timm"]}
 REPEATS = 3
+CEILING = "no_attention"  # not an attention path: see the module docstring
+
+
+def _copy_of_v(qkv: torch.Tensor, impl: str, softmax_scale=None, dropout_p: float = 0.0,
+               mask_diagonal: bool = False) -> torch.Tensor:
+    """The stand-in for attention in the ceiling case: o = V (one copy kernel each way)."""
+    return qkv[:, :, 2].contiguous()
+
+
+@contextlib.contextmanager
+def without_attention():
+    """Every vitflash block's attention call returns a copy of its V while this is active."""
+    real = vitflash.model.attention_qkvpacked
+    vitflash.model.attention_qkvpacked = _copy_of_v
+    try:
+        yield
+    finally:
+        vitflash.model.attention_qkvpacked = real
 
 
 def step_fn(model, batch: int, img_size: int, compile_mode: str | None):
@@ -94,10 +122,11 @@ def run_case(name: str, batch: int, compile_mode: str | None, path: str, args) -
     if path == "timm":
         model = timm.create_model(name, pretrained=False, num_classes=10).cuda()
     else:
-        model = build_model(name, attention=path, num_classes=10).cuda()
+        model = build_model(name, attention="sdpa" if path == CEILING else path, num_classes=10).cuda()
     try:
-        secs, gib = measure(step_fn(model, batch, img_size, compile_mode), args.warmup,
-                            args.steps, args.repeats)
+        with without_attention() if path == CEILING else contextlib.nullcontext():
+            secs, gib = measure(step_fn(model, batch, img_size, compile_mode), args.warmup,
+                                args.steps, args.repeats)
     except Exception as err:  # one failing case must not lose the others' numbers
         return {"error": f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"}
     finally:
@@ -120,9 +149,16 @@ def in_suite_order(rows: list[dict], suite: list[tuple]) -> list[dict]:
 
 def markdown(rows: list[dict], paths: list[str], env: dict, command: str, args) -> str:
     def cell(r):
+        if r is None:
+            return "n/a"
         if "error" in r:
             return "failed"
         return f"{r['img_per_s']:,.0f} ({r['img_per_s_min']:,.0f}-{r['img_per_s_max']:,.0f})"
+
+    def ips(r, p):
+        return r.get(p, {}).get("img_per_s")
+
+    ceiling = CEILING in paths
 
     sources = list(dict.fromkeys((r.get("command", command), r.get("commit", env["commit"])) for r in rows))
     if len(sources) > 1:  # --append: rows measured by several runs
@@ -134,20 +170,26 @@ def markdown(rows: list[dict], paths: list[str], env: dict, command: str, args) 
              f"CUDA {env['cuda']}; {env['date']}. AdamW (fused), bf16 autocast, random "
              f"images on the GPU; images/s from the median of {args.steps} steps after "
              f"{args.warmup} warm-up steps, {args.repeats} repeats: median (min-max). "
-             "Peak: max GPU memory allocated while training.", "",
+             "Peak: max GPU memory allocated while training."
+             + (f" {CEILING}: each attention replaced by a copy of its V, the step that no "
+                "attention path can beat; ceiling = its img/s / the best other path's, the most "
+                "any attention kernel could gain over that path." if ceiling else ""), "",
              "| model | batch | compile | " + " | ".join(f"{p} img/s" for p in paths)
-             + " | flash / best other | " + " | ".join(f"{p} peak GiB" for p in paths) + " |",
-             "|---|---|---|" + "---|" * (2 * len(paths) + 1)]
+             + " | flash / best other |" + (" ceiling |" if ceiling else "")
+             + " " + " | ".join(f"{p} peak GiB" for p in paths) + " |",
+             "|---|---|---|" + "---|" * (2 * len(paths) + 1 + ceiling)]
     for r in rows:
-        others = [r[p]["img_per_s"] for p in paths if p != "flash" and "img_per_s" in r[p]]
-        ratio = (f"{r['flash']['img_per_s'] / max(others):.2f}x"
-                 if others and "img_per_s" in r["flash"] else "n/a")
+        others = [ips(r, p) for p in paths if p not in ("flash", CEILING) and ips(r, p)]
+        ratio = f"{ips(r, 'flash') / max(others):.2f}x" if others and ips(r, "flash") else "n/a"
+        bound = ""
+        if ceiling:
+            bound = f" {ips(r, CEILING) / max(others):.2f}x |" if others and ips(r, CEILING) else " n/a |"
         lines.append(f"| {r['model']} | {r['batch']} | {r['compile'] or 'eager'} | "
-                     + " | ".join(cell(r[p]) for p in paths) + f" | {ratio} | "
-                     + " | ".join(f"{r[p]['peak_gib']:.2f}" if "peak_gib" in r[p] else "n/a"
+                     + " | ".join(cell(r.get(p)) for p in paths) + f" | {ratio} |{bound} "
+                     + " | ".join(f"{r[p]['peak_gib']:.2f}" if "peak_gib" in r.get(p, {}) else "n/a"
                                   for p in paths) + " |")
     errors = [(r["model"], r["batch"], r["compile"], p, r[p]["error"])
-              for r in rows for p in paths if "error" in r[p]]
+              for r in rows for p in paths if "error" in r.get(p, {})]
     if errors:
         lines += ["", "Failed:"] + [f"- {e[:4]}: {e[4]}" for e in errors]
     return "\n".join(lines) + "\n"
@@ -161,6 +203,8 @@ def main() -> None:
     parser.add_argument("--compile", nargs="*", dest="modes",
                         choices=("eager", "default", "reduce-overhead"),
                         help="only these compile modes")
+    parser.add_argument("--paths", nargs="+", metavar="PATH",
+                        help=f"only these paths of the suite, and {CEILING!r} (the ceiling: see above)")
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--repeats", type=int, default=REPEATS)
@@ -171,6 +215,12 @@ def main() -> None:
         sys.exit("bench_model.py needs a CUDA GPU.")
 
     paths = PATHS[args.suite]
+    if args.paths:
+        unknown = sorted(set(args.paths) - {*paths, CEILING})
+        if unknown:
+            parser.error(f"unknown path(s) {', '.join(unknown)} for --suite {args.suite}: "
+                         f"choose from {', '.join([*paths, CEILING])}")
+        paths = [p for p in [*paths, CEILING] if p in args.paths]
     env = {**environment(), "timm": timm.__version__}
     command = command_line()
     suite = SUITES[args.suite]

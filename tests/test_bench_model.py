@@ -54,3 +54,33 @@ def test_one_source_keeps_the_plain_command_line(bench):
     table = bench.markdown([row("vit_tiny_patch4_32", 256, None, 10.0, commit="new")], ["flash", "sdpa", "naive"],
                            ENV, "cmd", SimpleNamespace(steps=20, warmup=5, repeats=3))
     assert "Command: `cmd`" in table and "Rows measured by" not in table
+
+
+def test_the_ceiling_column_divides_the_no_attention_step_by_the_best_other_path(bench):
+    r = row("vit_tiny_patch4_32", 1024, "reduce-overhead", 100.0, commit="new")
+    r["sdpa"].update(img_per_s=80.0, img_per_s_min=80.0, img_per_s_max=80.0)
+    r["no_attention"] = dict(r["naive"], img_per_s=120.0, img_per_s_min=110.0, img_per_s_max=130.0)
+    del r["naive"]  # --paths flash sdpa no_attention: naive not measured
+    table = bench.markdown([r], ["flash", "sdpa", "naive", "no_attention"], ENV, "cmd",
+                           SimpleNamespace(steps=20, warmup=5, repeats=3))
+    # flash / best other = 100 / 80; ceiling = 120 / 80 (no_attention is not an "other" path)
+    assert "| 100 (100-100) | 80 (80-80) | n/a | 120 (110-130) | 1.25x | 1.50x |" in table
+    assert "ceiling" in table
+
+
+def test_without_attention_makes_the_blocks_ignore_queries_and_keys(bench):
+    import torch
+
+    from vitflash import build_model
+
+    model = build_model("vit_tiny_patch4_32", attention="naive", num_classes=10)
+    x = torch.randn(2, 3, 32, 32)
+    with bench.without_attention():
+        model(x).sum().backward()
+    weight = model.blocks[0].attn.qkv.weight.grad  # rows: q, k, v projections, dim each
+    dim = weight.shape[1]
+    assert weight[:2 * dim].abs().max() == 0  # o = V: queries and keys get no gradient
+    assert weight[2 * dim:].abs().max() > 0
+    model.zero_grad()
+    model(x).sum().backward()  # outside the context: attention again
+    assert model.blocks[0].attn.qkv.weight.grad[:dim].abs().max() > 0
