@@ -4,6 +4,11 @@ functions directly, and against the same functions registered with torch.library
 (under another namespace, with the same schema and fake implementations). Runs on the CPU,
 with the kernel launches replaced by a no-op: what is timed is the host path only.
 
+Then one eager forward+backward as a user's code makes it (`flash_attention_qkvpacked`, then
+autograd), beside two things that no Python-defined op can undercut: an empty
+`torch.autograd.Function` (it allocates its output and gradient, nothing else) and the floor of
+`scripts/bench_attention.py` (one elementwise op and its gradient, built-in autograd).
+
     python benchmarks/probes/op_dispatch.py [--calls 2000]
 
 Prints a markdown table: microseconds per call, median of 15 rounds (min-max), the cases
@@ -58,6 +63,19 @@ def custom_op_twins():
     return fwd, bwd
 
 
+class _Empty(torch.autograd.Function):
+    """An attention-shaped op that does nothing: (B, N, 3, H, D) -> (B, N, H, D)."""
+
+    @staticmethod
+    def forward(ctx, qkv):
+        ctx.save_for_backward(qkv)
+        return qkv.new_empty(qkv.shape[:2] + qkv.shape[3:])
+
+    @staticmethod
+    def backward(ctx, do):
+        return torch.empty_like(ctx.saved_tensors[0])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=2000)
@@ -68,13 +86,19 @@ def main() -> None:
     do = torch.randn(B, N, H, D, dtype=torch.float16)
     o, lse = flash._forward(qkv, 0.125)
     co_fwd, co_bwd = custom_op_twins()
+    leaf = qkv.clone().requires_grad_()
+    x = torch.randn(B, N, H, D, dtype=torch.float16, requires_grad=True)
     fwd_args, bwd_args = (qkv, 0.125, 0.0, None), (do, qkv, o, lse, 0.125, 0.0, None, True)
     rows = [("forward", "the function (`flash._forward`)", lambda: flash._forward(*fwd_args)),
             ("forward", "the op, `torch.library.Library`", lambda: flash._forward_op(*fwd_args)),
             ("forward", "the op, `torch.library.custom_op`", lambda: co_fwd(*fwd_args)),
             ("backward", "the function (`flash._backward`)", lambda: flash._backward(*bwd_args)),
             ("backward", "the op, `torch.library.Library`", lambda: flash._backward_op(*bwd_args)),
-            ("backward", "the op, `torch.library.custom_op`", lambda: co_bwd(*bwd_args))]
+            ("backward", "the op, `torch.library.custom_op`", lambda: co_bwd(*bwd_args)),
+            ("forward+backward", "`flash_attention_qkvpacked` and autograd",
+             lambda: flash.flash_attention_qkvpacked(leaf).backward(do)),
+            ("forward+backward", "an empty `autograd.Function`", lambda: _Empty.apply(leaf).backward(do)),
+            ("forward+backward", "the floor: `x * 0.125` and its gradient", lambda: (x * 0.125).backward(do))]
     try:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                                 text=True, check=True).stdout.strip()
