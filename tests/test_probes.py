@@ -103,7 +103,12 @@ def test_op_dispatch_probe_times_each_way_of_calling_the_ops():
     assert [(r[0].strip(), r[1].strip().split(",")[-1].strip()) for r in rows] == [
         (op, way) for op in ("forward", "backward")
         for way in (f"the function (`flash._{op}`)", "`torch.library.Library`", "`torch.library.custom_op`")]
-    for r in rows:
+    whole = [line.strip("|").split("|") for line in out.splitlines()
+             if line.startswith("| forward+backward ")]
+    assert [r[1].strip() for r in whole] == ["`flash_attention_qkvpacked` and autograd",
+                                             "an empty `autograd.Function`",
+                                             "the floor: `x * 0.125` and its gradient"]
+    for r in rows + whole:
         median, spread = r[2].split(" (")
         lo, hi = (float(x) for x in spread.rstrip(") ").split("-"))
         assert 0 < lo <= float(median) <= hi
