@@ -113,6 +113,55 @@ def test_each_kernel_family(monkeypatch, N):
         _assert_within_rule(qkv, do)
 
 
+@pytest.mark.parametrize("tma", [False, True], ids=["pointers", "tma"])
+@pytest.mark.parametrize("N, D, dropout_p, mask_diagonal", [(1, 32, 0.0, False), (17, 32, 0.0, True),
+                                                          (65, 32, 0.2, False), (130, 80, 0.0, False)])
+def test_split_backward_is_the_one_launch_bit_for_bit(monkeypatch, tma, N, D, dropout_p,
+                                                      mask_diagonal):
+    """A split twin (launch.split_twins) runs the same programs as its one-launch candidate,
+    in two launches: dK/dV's, then dQ's. Its dqkv must be that candidate's bit for bit, with
+    dropout and the diagonal mask too, at one partial tile (1, 17), full tiles and a partial
+    one (65, 130) and a split head dim (80); and within the FA2 rule."""
+    monkeypatch.setattr(launch, "_TMA_LOADS", tma)
+    qkv, do = _packed_inputs(2, N, 2, D, torch.float16, seed=N + D)
+    family = "general_tma" if tma else "general"
+    one = launch.Candidate(family, (("BLOCK_M1", 16), ("BLOCK_N1", 32), ("BLOCK_M2", 32),
+                                    ("BLOCK_N2", 16)), 4, 1)
+    (split,) = launch.split_twins([one])
+    assert split.meta["SPLIT"] == 1 and split.family == family
+    fwd = launch.Candidate("general", (("BLOCK_M", 32), ("BLOCK_N", 16)))
+    results = []
+    for bwd in (one, split):
+        _force(monkeypatch, fwd, bwd)
+        torch.manual_seed(0)  # the same dropout seed for both
+        leaf = qkv.detach().clone().requires_grad_()
+        o = flash_attention_qkvpacked(leaf, dropout_p=dropout_p, mask_diagonal=mask_diagonal)
+        (dqkv,) = torch.autograd.grad(o, leaf, do)
+        plan = flash_mod._plans[next(k for k in flash_mod._plans if k[0] == "bwd")]
+        results.append((o, dqkv, [launch_.consts["PART"] for launch_ in plan[1:]]))
+    (o1, dqkv1, parts1), (o2, dqkv2, parts2) = results
+    assert parts1 == [0] and parts2 == [1, 2]
+    assert torch.equal(o1, o2) and torch.equal(dqkv1, dqkv2)
+    if dropout_p == 0:
+        _force(monkeypatch, fwd, split)
+        _assert_within_rule(qkv, do, flash=flash_attention, mask_diagonal=mask_diagonal)
+
+
+def test_split_twins_of_the_four_warp_general_backwards(monkeypatch):
+    """Every listed 4-warp general backward candidate, pointer or TMA loads, has one split
+    twin listed, and nothing else has: 8-warp tiles spill little in one launch, and the
+    short and atomic kernels have no two kinds of program."""
+    monkeypatch.setattr(launch, "_TMA_LOADS", True)
+    monkeypatch.setattr(launch, "_TMA", True)  # (else the first call caches it for later tests)
+    for op, n, d in (("bwd", 577, 64), ("bwd", 65, 64), ("bwd", 197, 128), ("bwd_atomic", 577, 80)):
+        found = launch.candidates(op, n, d, 96)
+        split = [c for c in found if c.meta.get("SPLIT")]
+        expected = [launch.Candidate(c.family, c.blocks + (("SPLIT", 1),), c.num_warps, c.num_stages)
+                    for c in found if c.family in ("general", "general_tma") and c.num_warps == 4
+                    and not c.meta.get("SPLIT")]
+        assert split == expected and len(split) == 6
+
+
 @pytest.mark.parametrize("N, D", [(1, 32), (17, 32), (65, 32), (130, 32), (197, 64), (65, 80), (33, 112)])
 def test_atomic_backward(monkeypatch, N, D):
     """deterministic=False: every candidate of the backward that adds into dQ atomically,
@@ -1152,11 +1201,11 @@ def test_tma_load_kernels(monkeypatch, N, D):
     pairs = []
     for op in ("fwd", "bwd"):
         found = launch.candidates(op, N, D)
-        general = [c for c in found if c.family == "general"]
-        tma = [c for c in found if c.family == "general_tma"]
+        general = [c for c in found if c.family == "general" and not c.meta.get("SPLIT")]
+        tma = [c for c in found if c.family == "general_tma"]  # split twins too (backward)
         twins = [launch.Candidate("general_tma", c.blocks, c.num_warps, c.num_stages)
                  for c in general]
-        assert tma[:len(twins)] == twins
+        assert [c for c in tma if not c.meta.get("SPLIT")][:len(twins)] == twins
         pairs.append(tma)
     for _, _, plans in _pairs_within_rule(monkeypatch, qkv, do, *pairs):
         assert plans["fwd"][0].consts["TMA"] is True and plans["bwd"][1].consts["TMA"] is True
@@ -1232,7 +1281,7 @@ else:
         sig[name], sig[name + "2"] = box(rows, bd), box(rows, bd2 or bd)
     sig.update(qk_scale="fp32", sm_scale="fp32", drop_p="fp32", BH="i32", H="i32", N="i32")
     consts = dict(HEAD_DIM=D, BLOCK_D=bd, BLOCK_D2=bd2, BLOCK_M1=M1, BLOCK_N1=N1, BLOCK_M2=N1,
-                  BLOCK_N2=M1, DROPOUT=False, TMA=True, DIAG=False)
+                  BLOCK_N2=M1, DROPOUT=False, TMA=True, DIAG=False, PART=0)
     fn = kernels.bwd_kernel
 if not bd2:  # an unsplit head dim's second-chunk descriptors are None, as the launcher passes them
     consts.update(dict.fromkeys([k for k in sig if k.endswith("2") and sig[k].startswith("tensordesc")], None))

@@ -2,6 +2,14 @@
 many programs of each fit on one SM. Runs on the CPU: Triton compiles for sm_90 without a GPU,
 and its bundled ptxas reports what it allocated.
 
+`--op bwd_general` compiles the general backward (kernels.bwd_kernel) instead, at the
+configurations of --configs (BLOCK_M1 x BLOCK_N1 x warps x stages; BLOCK_M2 = BLOCK_N1 and
+BLOCK_N2 = BLOCK_M1, as listed), each in its three forms: both program kinds in one launch
+(PART = 0) and each kind alone (PART = 1, dK/dV; PART = 2, dQ), the two launches of a split
+candidate (launch.split_twins); --tma for the general_tma twins:
+
+    python benchmarks/probes/registers.py --op bwd_general --d 64 --configs 32x128x4x3,64x64x4x3 --tma
+
     python benchmarks/probes/registers.py --op fwd --d 64 --n 65 --tiles 64x4,32x4 --maxnreg 0,128,160
 
 --tiles lists BLOCK_M x warps; --maxnreg lists register caps per thread (0: the compiler's
@@ -77,6 +85,30 @@ def compile_short(op: str, d: int, n: int, block_m: int, warps: int, maxnreg: in
                           target=GPUTarget("cuda", 90, 32), options=options)
 
 
+def compile_general_bwd(d: int, block_m1: int, block_n1: int, warps: int, stages: int,
+                        part: int, tma: bool = False):
+    """kernels.bwd_kernel at head dim d with tiles (BLOCK_M1, BLOCK_N1, BLOCK_N1, BLOCK_M1),
+    compiled for sm_90 (bf16, no dropout) as launch PART `part`; tma: the general_tma twin,
+    its tiles through descriptors in boxes of the two tile heights (flash._backward)."""
+    bd, bd2 = launch.split_d(d)
+    signature = dict(QKV="*bf16", DO="*bf16", LSE="*fp32", DELTA="*fp32", DQKV="*bf16", SEED="*i64")
+    consts = {}
+    for name, rows in (("QKV_S", block_m1), ("QKV_L", block_n1), ("DO_S", block_m1), ("DO_L", block_n1)):
+        for desc, width in ((name, bd), (name + "2", bd2)):
+            if tma and width:
+                signature[desc] = f"tensordesc<bf16[1,{rows},{width}]>"
+            else:  # no descriptor: None, as the launcher passes it
+                signature[desc], consts[desc] = "constexpr", None
+    signature.update(qk_scale="fp32", sm_scale="fp32", drop_p="fp32", BH="i32", H="i32", N="i32")
+    consts.update(HEAD_DIM=d, BLOCK_D=bd, BLOCK_D2=bd2, BLOCK_M1=block_m1, BLOCK_N1=block_n1,
+                  BLOCK_M2=block_n1, BLOCK_N2=block_m1, DROPOUT=False, TMA=tma, DIAG=False,
+                  PART=part)
+    signature.update({k: "constexpr" for k in consts})
+    return triton.compile(ASTSource(fn=kernels.bwd_kernel, signature=signature, constexprs=consts),
+                          target=GPUTarget("cuda", 90, 32),
+                          options=dict(num_warps=warps, num_stages=stages))
+
+
 def usage(compiled, warps: int) -> dict:
     """ptxas's registers and spill bytes for the compiled kernel, its shared memory, and the
     programs per SM these allow."""
@@ -95,7 +127,7 @@ def usage(compiled, warps: int) -> dict:
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--op", choices=("fwd", "bwd"), default="fwd")
+    p.add_argument("--op", choices=("fwd", "bwd", "bwd_general"), default="fwd")
     p.add_argument("--d", type=int, default=64)
     p.add_argument("--n", type=lambda s: [int(x) for x in s.split(",")], default=[65])
     p.add_argument("--tiles", default="64x4,32x4", help="BLOCK_M x warps, comma-separated")
@@ -103,7 +135,11 @@ def main(argv=None):
     p.add_argument("--tma", action="store_true", help="the forward's short_tma twin (tiles by TMA)")
     p.add_argument("--one-key", action="store_true",
                    help="the twin whose one key past the tile is vector arithmetic (N = 2^k + 1)")
+    p.add_argument("--configs", default="32x128x4x3,64x64x4x3",
+                   help="bwd_general: BLOCK_M1 x BLOCK_N1 x warps x stages, comma-separated")
     args = p.parse_args(argv)
+    if args.op == "bwd_general":
+        return general_bwd_table(args.d, args.configs, args.tma)
     twin = "".join(f" ({name})" for name, on in (("short_tma", args.tma), ("one-key tail", args.one_key)) if on)
     print(f"triton {triton.__version__}, sm_90; {args.op}{twin}, D = {args.d}")
     print("| N | BLOCK_M | warps | cap | registers | spill bytes | shared KiB | programs / SM |")
@@ -115,6 +151,19 @@ def main(argv=None):
                 u = usage(compile_short(args.op, args.d, n, block_m, warps, cap, args.tma, args.one_key), warps)
                 print(f"| {n} | {block_m} | {warps} | {cap or '-'} | {u['registers']} | {u['spill_bytes']} "
                       f"| {u['smem_kib']:.0f} | {u['programs_per_sm']} |", flush=True)
+
+
+def general_bwd_table(d: int, configs: str, tma: bool) -> None:
+    loads = "TMA (general_tma)" if tma else "pointers (general)"
+    print(f"triton {triton.__version__}, sm_90; the general backward, D = {d}, tiles loaded by {loads}")
+    print("| BLOCK_M1 x BLOCK_N1 | warps | stages | launch | registers | spill bytes | shared KiB | programs / SM |")
+    print("|---|---|---|---|---|---|---|---|")
+    for config in configs.split(","):
+        m1, n1, warps, stages = map(int, config.split("x"))
+        for part, name in ((0, "one (PART 0)"), (1, "dK/dV (PART 1)"), (2, "dQ (PART 2)")):
+            u = usage(compile_general_bwd(d, m1, n1, warps, stages, part, tma), warps)
+            print(f"| {m1} x {n1} | {warps} | {stages} | {name} | {u['registers']} | {u['spill_bytes']} "
+                  f"| {u['smem_kib']:.0f} | {u['programs_per_sm']} |", flush=True)
 
 
 if __name__ == "__main__":

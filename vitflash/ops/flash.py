@@ -87,10 +87,12 @@ def _bwd_launches(c: Candidate, B: int, N: int, H: int, D: int, dropout: bool = 
                        c.num_warps, c.num_stages, n_tensors=7),
                 Launch(kernels.bwd_dq_kernel, _cdiv(N, DELTA_BLOCK) * B * H,
                        {**head, "BLOCK_M": DELTA_BLOCK}, 4, 1, n_tensors=2)]
-    return [delta,
-            Launch(kernels.bwd_kernel, (_cdiv(N, m["BLOCK_N1"]) + _cdiv(N, m["BLOCK_M2"])) * B * H,
-                   {**head, **m, **flags, "TMA": c.family == "general_tma"},
-                   c.num_warps, c.num_stages, n_tensors=6)]
+    consts = {**head, **m, **flags, "TMA": c.family == "general_tma"}
+    programs = {1: _cdiv(N, m["BLOCK_N1"]) * B * H, 2: _cdiv(N, m["BLOCK_M2"]) * B * H}
+    parts = (1, 2) if consts.pop("SPLIT", 0) else (0,)  # split: dK/dV's launch, then dQ's
+    return [delta, *(Launch(kernels.bwd_kernel, programs.get(part, programs[1] + programs[2]),
+                            {**consts, "PART": part}, c.num_warps, c.num_stages, n_tensors=6)
+                     for part in parts)]
 
 
 def _tma_descriptors(t: torch.Tensor, rows: int, consts: dict) -> tuple:
@@ -206,22 +208,24 @@ def _backward(do: torch.Tensor, qkv: torch.Tensor, o: torch.Tensor, lse: torch.T
     def run(plan: list[Launch], args: tuple = (qkv, o, do, lse, dqkv)) -> None:
         nonlocal dq_acc
         qkv_, o_, do_, lse_, dqkv_ = args
-        # one launch: the short backward; two: delta, then bwd_kernel; three: delta,
-        # bwd_atomic_kernel into an fp32 dQ, then bwd_dq_kernel (see _bwd_launches)
+        # one launch: the short backward; else delta first, then bwd_kernel (once, or its
+        # dK/dV and dQ parts apart), or bwd_atomic_kernel into an fp32 dQ and bwd_dq_kernel
+        # (see _bwd_launches)
         if len(plan) == 1:
             plan[0](qkv_, o_, do_, lse_, dqkv_, seed, qk_scale, softmax_scale, dropout_p, H, N)
             return
         delta = torch.empty_like(lse_)
         plan[0](o_, do_, delta, H, N)
-        if len(plan) == 2:
-            c = plan[1].consts
+        if plan[1].kernel is kernels.bwd_kernel:
+            c = plan[1].consts  # (the parts of a split plan have the same tiles)
             if c["TMA"]:  # boxes of the two tile heights: BLOCK_M1 = BLOCK_N2, BLOCK_N1 = BLOCK_M2
                 descs = tuple(d for t in (qkv_, do_) for rows in (c["BLOCK_M1"], c["BLOCK_N1"])
                               for d in _tma_descriptors(t, rows, c))
             else:
                 descs = (None,) * 8
-            plan[1](qkv_, do_, lse_, delta, dqkv_, seed, *descs, qk_scale, softmax_scale,
-                    dropout_p, B * H, H, N)
+            for part in plan[1:]:
+                part(qkv_, do_, lse_, delta, dqkv_, seed, *descs, qk_scale, softmax_scale,
+                     dropout_p, B * H, H, N)
             return
         if dq_acc is None:
             dq_acc = torch.empty((B * H, N, D), dtype=torch.float32, device=qkv.device)

@@ -777,10 +777,13 @@ def bwd_kernel(QKV, DO, LSE, DELTA, DQKV, SEED, QKV_S, QKV_S2, QKV_L, QKV_L2, DO
                HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_D2: tl.constexpr,
                BLOCK_M1: tl.constexpr, BLOCK_N1: tl.constexpr,
                BLOCK_M2: tl.constexpr, BLOCK_N2: tl.constexpr, DROPOUT: tl.constexpr,
-               TMA: tl.constexpr, DIAG: tl.constexpr):
-    """The backward after bwd_delta_kernel, in one launch: the first cdiv(N, BLOCK_N1) * B * H
-    programs compute dK, dV (one key tile each), the rest dQ (one query tile each). One
-    launch rather than two fills the GPU without a tail between them.
+               TMA: tl.constexpr, DIAG: tl.constexpr, PART: tl.constexpr):
+    """The backward after bwd_delta_kernel. PART = 0, one launch of both program kinds: the
+    first cdiv(N, BLOCK_N1) * B * H programs compute dK, dV (one key tile each), the rest dQ
+    (one query tile each); one launch rather than two fills the GPU without a tail between
+    them. PART = 1: a launch of the dK/dV programs only; PART = 2: of the dQ programs only.
+    Compiled apart, each kind gets the registers it needs rather than the larger kind's
+    count, and spills less (launch.split_twins).
 
     With TMA every tile comes through descriptors (_load_tma) of qkv and dO, in boxes of the
     two tile heights that the FA2 shapes use, BLOCK_M1 = BLOCK_N2 rows (QKV_S, DO_S: "short")
@@ -788,13 +791,18 @@ def bwd_kernel(QKV, DO, LSE, DELTA, DQKV, SEED, QKV_S, QKV_S2, QKV_L, QKV_L2, DO
     ("2"). Without TMA, any argument stands in for them."""
     pid = tl.program_id(0)
     n_dkdv = tl.cdiv(N, BLOCK_N1) * BH
+    first_dq = 0  # the dQ programs' first program id
+    if PART == 0:
+        first_dq = n_dkdv
     seed = tl.load(SEED) if DROPOUT else 0
-    if pid < n_dkdv:
+    # (PART is a constexpr: a launch of one kind is compiled without the other's code, and
+    # PART = 0 compiles to one branch on the program id)
+    if PART == 1 or (PART == 0 and pid < n_dkdv):
         _bwd_dkdv(pid, QKV, DO, LSE, DELTA, DQKV, DQKV, DQKV, DQKV, QKV_S, QKV_S2, DO_S, DO_S2,
                   QKV_L, QKV_L2, seed, qk_scale, sm_scale, drop_p, H, N, HEAD_DIM, BLOCK_D,
                   BLOCK_D2, BLOCK_M1, BLOCK_N1, DROPOUT, False, False, TMA, DIAG)
     else:
-        _bwd_dq(pid - n_dkdv, QKV, DO, LSE, DELTA, DQKV, QKV_L, QKV_L2, DO_L, DO_L2, QKV_S,
+        _bwd_dq(pid - first_dq, QKV, DO, LSE, DELTA, DQKV, QKV_L, QKV_L2, DO_L, DO_L2, QKV_S,
                 QKV_S2, seed, qk_scale, sm_scale, drop_p, H, N, HEAD_DIM, BLOCK_D, BLOCK_D2,
                 BLOCK_M2, BLOCK_N2, DROPOUT, TMA, DIAG)
 

@@ -8,7 +8,8 @@ programs); "short" holds all keys of a head on chip, a power-of-two tile and a t
 in the forward where that saves work); "atomic", the key-tile programs that bwd_atomic adds
 to the backward's candidates. On Hopper, "general_tma", "short_tma" (the forward's) and
 "atomic_tma" are their twins that load tiles through TMA descriptors, the last also adding dQ
-tiles in bulk. The tiles of a partial last block of queries (short kernels) or keys (general
+tiles in bulk. A general backward candidate with SPLIT = 1 launches its dK/dV programs and its
+dQ programs apart (split_twins). The tiles of a partial last block of queries (short kernels) or keys (general
 forward) are not part of a candidate: `tail_tile` derives them from N and the block when the
 launch is built. The first call at a key (op, dtype, N, D, B*H rounded up to a power of
 two) compiles every candidate on a pool of threads, checks each one's result against
@@ -46,6 +47,7 @@ from vitflash.ops import kernels
 
 INTERPRET = bool(kernels.INTERPRET)
 # bump when a kernel or the candidate list changes in a way that can change the best config:
+# 13, the general backward's split twins (dK/dV and dQ in two launches, split_twins);
 # 12, no 8-warp short forwards below 128 rows (a cache file may hold one, and the
 #     64-row one computed wrongly on an H200 at D = 16 with the diagonal mask);
 # 11, the short kernels' one-key-tail twins (N = 2^k + 1: every short backward, the
@@ -58,7 +60,7 @@ INTERPRET = bool(kernels.INTERPRET)
 # 6, the forwards' FMA-folded softmax (and the bwd_atomic op);
 # 5, split head dims (4 keyed the reverted TAILS candidates of 067433b, which a GPU
 #    machine's cache file may still hold)
-CACHE_VERSION = 12
+CACHE_VERSION = 13
 
 # the families of bwd_atomic's own kernels: dQ added element by element, or by TMA tiles
 ATOMIC_FAMILIES = ("atomic", "atomic_tma")
@@ -262,6 +264,7 @@ def candidates(op: str, n: int, d: int, bh: int = 1) -> list[Candidate]:
                       (16, 32, 32, 16, 4, 1))
             tma_only = ()
         out += _tma_twins(out, d, _c("general", names, *tma_only))
+        out += split_twins(out)
         if keys <= SHORT_BWD_MAX and keys * bd <= 160 * 128:
             out += [short_bwd(n, m, w) for m in (16, 32, 64) for w in (4, 8)
                     if m <= max(16, _pow2(n))]
@@ -334,6 +337,22 @@ def _tma_twins(cands: list[Candidate], d: int, extra: list[Candidate] = ()) -> l
         return []
     return [Candidate("general_tma", c.blocks, c.num_warps, c.num_stages)
             for c in [*cands, *extra] if tma_fits(c, d)]
+
+
+def split_twins(cands: list[Candidate]) -> list[Candidate]:
+    """A split twin (SPLIT = 1) of each 4-warp candidate of the general backward, pointer or
+    TMA loads: the same tiles and warps, with the dK/dV programs and the dQ programs in two
+    launches (kernels.bwd_kernel's PART) rather than one. One launch holds the registers of
+    its larger kind for both, and spills more: compiled for sm_90 with triton 3.6, the TMA
+    (64, 64) tile at D = 128 (2 stages) spills 588 bytes a thread in one launch, against 420
+    for its dK/dV launch alone and none for its dQ one (182 registers); the TMA (32, 128) at
+    D = 64, 256 against 208 and none (154 registers). Every 4-warp tile's dQ launch alone
+    with TMA loads spills nothing (benchmarks/results/registers_sm90_bwd_split.md). The
+    split costs a launch more and the tail between the two. 8-warp tiles spill little or
+    nothing in one launch."""
+    return [Candidate(c.family, c.blocks + (("SPLIT", 1),), c.num_warps, c.num_stages)
+            for c in cands if c.family in ("general", "general_tma") and c.num_warps == 4
+            and "BLOCK_M1" in c.meta]
 
 
 def _short_tma_twins(cands: list[Candidate], d: int) -> list[Candidate]:
