@@ -91,6 +91,23 @@ def test_registers_probe_one_key_twin_spills_less():
     assert 0 < twin["smem"] < tile["smem"]
 
 
+def test_registers_probe_split_backward_frees_the_dq_launch():
+    """The premise of the backward's split twins (launch.split_twins): compiled for sm_90 as
+    its own launch, the dQ part of the TMA (32, 128) tile at D = 64 takes fewer registers than
+    the one launch of both parts and spills nothing, and the dK/dV part spills no more than
+    the one launch (triton 3.8: 154 registers and no spill, against 255 and 348 bytes;
+    benchmarks/results/registers_sm90_bwd_split.md)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run([sys.executable, str(PROBES / "registers.py"), "--op", "bwd_general", "--d", "64",
+                          "--configs", "32x128x4x3", "--tma"], capture_output=True, text=True, env=env,
+                         check=True).stdout
+    rows = {r[3].strip(): dict(registers=int(r[4]), spills=int(r[5]))
+            for r in (line.strip("|").split("|") for line in out.splitlines() if "PART" in line)}
+    one, dkdv, dq = rows["one (PART 0)"], rows["dK/dV (PART 1)"], rows["dQ (PART 2)"]
+    assert dq["spills"] == 0 and dq["registers"] < one["registers"]
+    assert dkdv["spills"] <= one["spills"]
+
+
 def test_op_dispatch_probe_times_each_way_of_calling_the_ops():
     """The dispatch probe, as its command in a process of its own (it stubs out the launches
     and registers custom_op twins): a row for each op called directly, through the Library
