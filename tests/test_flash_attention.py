@@ -148,18 +148,21 @@ def test_split_backward_is_the_one_launch_bit_for_bit(monkeypatch, tma, N, D, dr
 
 
 def test_split_twins_of_the_four_warp_general_backwards(monkeypatch):
-    """Every listed 4-warp general backward candidate, pointer or TMA loads, has one split
-    twin listed, and nothing else has: 8-warp tiles spill little in one launch, and the
-    short and atomic kernels have no two kinds of program."""
+    """Where the short backward does not apply, every listed 4-warp general backward
+    candidate, pointer or TMA loads, has one split twin listed, and nothing else has: 8-warp
+    tiles spill little in one launch, and the short and atomic kernels have no two kinds of
+    program. Where the short backward applies (N = 65, 128 at D = 64) none is listed: the
+    short kernels win there, and the twins would only lengthen the first call's tuning."""
     monkeypatch.setattr(launch, "_TMA_LOADS", True)
     monkeypatch.setattr(launch, "_TMA", True)  # (else the first call caches it for later tests)
-    for op, n, d in (("bwd", 577, 64), ("bwd", 65, 64), ("bwd", 197, 128), ("bwd_atomic", 577, 80)):
+    for op, n, d, twins in (("bwd", 577, 64, 6), ("bwd", 197, 128, 6), ("bwd_atomic", 577, 80, 6),
+                            ("bwd", 65, 64, 0), ("bwd", 128, 64, 0)):
         found = launch.candidates(op, n, d, 96)
         split = [c for c in found if c.meta.get("SPLIT")]
         expected = [launch.Candidate(c.family, c.blocks + (("SPLIT", 1),), c.num_warps, c.num_stages)
                     for c in found if c.family in ("general", "general_tma") and c.num_warps == 4
                     and not c.meta.get("SPLIT")]
-        assert split == expected and len(split) == 6
+        assert split == expected[:twins] and len(split) == twins
 
 
 @pytest.mark.parametrize("N, D", [(1, 32), (17, 32), (65, 32), (130, 32), (197, 64), (65, 80), (33, 112)])

@@ -264,8 +264,10 @@ def candidates(op: str, n: int, d: int, bh: int = 1) -> list[Candidate]:
                       (16, 32, 32, 16, 4, 1))
             tma_only = ()
         out += _tma_twins(out, d, _c("general", names, *tma_only))
-        out += split_twins(out)
-        if keys <= SHORT_BWD_MAX and keys * bd <= 160 * 128:
+        short = keys <= SHORT_BWD_MAX and keys * bd <= 160 * 128
+        if not short:  # (where the short backward applies, it wins; no tuning time on these)
+            out += split_twins(out)
+        if short:
             out += [short_bwd(n, m, w) for m in (16, 32, 64) for w in (4, 8)
                     if m <= max(16, _pow2(n))]
             if keys * bd <= 128 * 64:  # a small head's whole backward in 2 warps, 16-row chunks
