@@ -8,10 +8,10 @@ programs); "short" holds all keys of a head on chip, a power-of-two tile and a t
 in the forward where that saves work); "atomic", the key-tile programs that bwd_atomic adds
 to the backward's candidates. On Hopper, "general_tma", "short_tma" (the forward's) and
 "atomic_tma" are their twins that load tiles through TMA descriptors, the last also adding dQ
-tiles in bulk. A general backward candidate with SPLIT = 1 launches its dK/dV programs and its
-dQ programs apart (split_twins). The tiles of a partial last block of queries (short kernels) or keys (general
-forward) are not part of a candidate: `tail_tile` derives them from N and the block when the
-launch is built. The first call at a key (op, dtype, N, D, B*H rounded up to a power of
+tiles in bulk. A general backward candidate with SPLIT = 1 launches its dK/dV programs and
+its dQ programs apart (split_twins). The tiles of a partial last block of queries (short
+kernels) or keys (general forward) are not part of a candidate: `tail_tile` derives them from
+N and the block when the launch is built. The first call at a key (op, dtype, N, D, B*H rounded up to a power of
 two) compiles every candidate on a pool of threads, checks each one's result against
 `heuristic`'s (a candidate that the compiler got wrong on this GPU is left out, with a
 warning), then times every one that compiles and agrees, and keeps the fastest;
@@ -264,10 +264,7 @@ def candidates(op: str, n: int, d: int, bh: int = 1) -> list[Candidate]:
                       (16, 32, 32, 16, 4, 1))
             tma_only = ()
         out += _tma_twins(out, d, _c("general", names, *tma_only))
-        short = keys <= SHORT_BWD_MAX and keys * bd <= 160 * 128
-        if not short:  # (where the short backward applies, it wins; no tuning time on these)
-            out += split_twins(out)
-        if short:
+        if keys <= SHORT_BWD_MAX and keys * bd <= 160 * 128:
             out += [short_bwd(n, m, w) for m in (16, 32, 64) for w in (4, 8)
                     if m <= max(16, _pow2(n))]
             if keys * bd <= 128 * 64:  # a small head's whole backward in 2 warps, 16-row chunks
@@ -280,6 +277,8 @@ def candidates(op: str, n: int, d: int, bh: int = 1) -> list[Candidate]:
             if one_key_tail(n):  # each again with the one key past the tile as vectors
                 out += [short_bwd(n, c.meta["BLOCK_M"], c.num_warps, one_key=True)
                         for c in out if c.family == "short"]
+        else:  # longer sequences only: at short ones the split twins would lengthen the
+            out += split_twins(out)  # first call's tuning where the short kernels win anyway
     else:
         raise ValueError(f"unknown op {op!r}")
     return out
