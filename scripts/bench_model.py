@@ -195,7 +195,7 @@ def markdown(rows: list[dict], paths: list[str], env: dict, command: str, args) 
     return "\n".join(lines) + "\n"
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     parser.add_argument("--suite", choices=sorted(SUITES), default="cifar")
@@ -210,17 +210,17 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=REPEATS)
     parser.add_argument("--append", action="store_true",
                         help="keep the rows of the existing result file that this run does not measure")
-    args = parser.parse_args()
-    if not torch.cuda.is_available():
-        sys.exit("bench_model.py needs a CUDA GPU.")
-
+    args = parser.parse_args(argv)
     paths = PATHS[args.suite]
-    if args.paths:
+    if args.paths:  # (checked before the GPU: a mistyped path is named wherever it is run)
         unknown = sorted(set(args.paths) - {*paths, CEILING})
         if unknown:
             parser.error(f"unknown path(s) {', '.join(unknown)} for --suite {args.suite}: "
                          f"choose from {', '.join([*paths, CEILING])}")
         paths = [p for p in [*paths, CEILING] if p in args.paths]
+    if not torch.cuda.is_available():
+        sys.exit("bench_model.py needs a CUDA GPU.")
+
     env = {**environment(), "timm": timm.__version__}
     command = command_line()
     suite = SUITES[args.suite]

@@ -84,3 +84,11 @@ def test_without_attention_makes_the_blocks_ignore_queries_and_keys(bench):
     model.zero_grad()
     model(x).sum().backward()  # outside the context: attention again
     assert model.blocks[0].attn.qkv.weight.grad[:dim].abs().max() > 0
+
+
+def test_a_mistyped_path_is_named_before_the_gpu_is_needed(bench, capsys):
+    with pytest.raises(SystemExit):
+        bench.main(["--suite", "cifar", "--paths", "flash", "no_atention"])
+    err = capsys.readouterr().err
+    assert "unknown path(s) no_atention for --suite cifar" in err
+    assert "choose from flash, sdpa, naive, no_attention" in err
