@@ -30,14 +30,19 @@ measure again (each row names its own command and commit):
 ceiling, not an attention: every block's attention is replaced by a copy of its V (the
 projections, MLPs and optimizer unchanged). No attention path can make the step faster than
 that, so "ceiling" = no_attention img/s / the best other path's is the most that any
-attention kernel could gain over it in that case:
+attention kernel could gain over it in that case, and "flash's share" = (t_other - t_flash) /
+(t_other - t_no_attention), with t the time per image, is how much of that gain flash takes:
 
     python scripts/bench_model.py --suite cifar --paths flash sdpa no_attention --out <dir>
+
+`--render <json>` prints the table of a result file again with this version's columns (no GPU
+needed; pass the run's --steps, --warmup and --repeats where they were not the defaults).
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import statistics
 import sys
 from pathlib import Path
@@ -173,17 +178,24 @@ def markdown(rows: list[dict], paths: list[str], env: dict, command: str, args) 
              "Peak: max GPU memory allocated while training."
              + (f" {CEILING}: each attention replaced by a copy of its V, the step that no "
                 "attention path can beat; ceiling = its img/s / the best other path's, the most "
-                "any attention kernel could gain over that path." if ceiling else ""), "",
+                "any attention kernel could gain over that path; flash's share = (t_other - "
+                "t_flash) / (t_other - t_no_attention), t the time per image: the part of that "
+                "gain flash takes." if ceiling else ""), "",
              "| model | batch | compile | " + " | ".join(f"{p} img/s" for p in paths)
-             + " | flash / best other |" + (" ceiling |" if ceiling else "")
+             + " | flash / best other |" + (" ceiling | flash's share |" if ceiling else "")
              + " " + " | ".join(f"{p} peak GiB" for p in paths) + " |",
-             "|---|---|---|" + "---|" * (2 * len(paths) + 1 + ceiling)]
+             "|---|---|---|" + "---|" * (2 * len(paths) + 1 + 2 * ceiling)]
     for r in rows:
         others = [ips(r, p) for p in paths if p not in ("flash", CEILING) and ips(r, p)]
         ratio = f"{ips(r, 'flash') / max(others):.2f}x" if others and ips(r, "flash") else "n/a"
         bound = ""
         if ceiling:
-            bound = f" {ips(r, CEILING) / max(others):.2f}x |" if others and ips(r, CEILING) else " n/a |"
+            bound = " n/a | n/a |"
+            if others and ips(r, CEILING):
+                t_other, t_none = 1 / max(others), 1 / ips(r, CEILING)
+                share = (f"{(t_other - 1 / ips(r, 'flash')) / (t_other - t_none):.2f}"
+                         if ips(r, "flash") and t_other > t_none else "n/a")
+                bound = f" {t_other / t_none:.2f}x | {share} |"
         lines.append(f"| {r['model']} | {r['batch']} | {r['compile'] or 'eager'} | "
                      + " | ".join(cell(r.get(p)) for p in paths) + f" | {ratio} |{bound} "
                      + " | ".join(f"{r[p]['peak_gib']:.2f}" if "peak_gib" in r.get(p, {}) else "n/a"
@@ -205,12 +217,21 @@ def main(argv: list[str] | None = None) -> None:
                         help="only these compile modes")
     parser.add_argument("--paths", nargs="+", metavar="PATH",
                         help=f"only these paths of the suite, and {CEILING!r} (the ceiling: see above)")
+    parser.add_argument("--render", type=Path, metavar="JSON",
+                        help="print the table of a result file of this script and exit (no GPU)")
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--repeats", type=int, default=REPEATS)
     parser.add_argument("--append", action="store_true",
                         help="keep the rows of the existing result file that this run does not measure")
     args = parser.parse_args(argv)
+    if args.render:
+        data = json.loads(args.render.read_text())
+        rows = data["results"]
+        known = dict.fromkeys([*PATHS["cifar"], *PATHS["large"], CEILING])
+        print(markdown(rows, [p for p in known if any(p in r for r in rows)], data["environment"],
+                       data["command"], args), end="")
+        return
     paths = PATHS[args.suite]
     if args.paths:  # (checked before the GPU: a mistyped path is named wherever it is run)
         unknown = sorted(set(args.paths) - {*paths, CEILING})

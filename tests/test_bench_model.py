@@ -63,9 +63,22 @@ def test_the_ceiling_column_divides_the_no_attention_step_by_the_best_other_path
     del r["naive"]  # --paths flash sdpa no_attention: naive not measured
     table = bench.markdown([r], ["flash", "sdpa", "naive", "no_attention"], ENV, "cmd",
                            SimpleNamespace(steps=20, warmup=5, repeats=3))
-    # flash / best other = 100 / 80; ceiling = 120 / 80 (no_attention is not an "other" path)
-    assert "| 100 (100-100) | 80 (80-80) | n/a | 120 (110-130) | 1.25x | 1.50x |" in table
+    # flash / best other = 100 / 80; ceiling = 120 / 80 (no_attention is not an "other" path);
+    # flash's share = (1/80 - 1/100) / (1/80 - 1/120) = 0.6
+    assert "| 100 (100-100) | 80 (80-80) | n/a | 120 (110-130) | 1.25x | 1.50x | 0.60 |" in table
     assert "ceiling" in table
+
+
+def test_render_prints_a_result_files_table_without_a_gpu(bench, tmp_path, capsys):
+    r = row("vit_tiny_patch4_32", 1024, "reduce-overhead", 100.0, commit="new")
+    r["sdpa"].update(img_per_s=80.0, img_per_s_min=80.0, img_per_s_max=80.0)
+    r["no_attention"] = dict(r.pop("naive"), img_per_s=120.0, img_per_s_min=120.0, img_per_s_max=120.0)
+    path = tmp_path / "train_step_cifar_nvidia_h200.json"
+    path.write_text(json.dumps({"command": "cmd", "environment": {**ENV, "timm": "1.0"}, "results": [r]}))
+    bench.main(["--render", str(path)])
+    out = capsys.readouterr().out
+    assert "| flash img/s | sdpa img/s | no_attention img/s | flash / best other | ceiling |" in out
+    assert "| 1.25x | 1.50x | 0.60 |" in out and "Command: `cmd`" in out
 
 
 def test_without_attention_makes_the_blocks_ignore_queries_and_keys(bench):
