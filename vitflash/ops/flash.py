@@ -88,11 +88,11 @@ def _bwd_launches(c: Candidate, B: int, N: int, H: int, D: int, dropout: bool = 
                 Launch(kernels.bwd_dq_kernel, _cdiv(N, DELTA_BLOCK) * B * H,
                        {**head, "BLOCK_M": DELTA_BLOCK}, 4, 1, n_tensors=2)]
     consts = {**head, **m, **flags, "TMA": c.family == "general_tma"}
-    programs = {1: _cdiv(N, m["BLOCK_N1"]) * B * H, 2: _cdiv(N, m["BLOCK_M2"]) * B * H}
-    parts = (1, 2) if consts.pop("SPLIT", 0) else (0,)  # split: dK/dV's launch, then dQ's
-    return [delta, *(Launch(kernels.bwd_kernel, programs.get(part, programs[1] + programs[2]),
-                            {**consts, "PART": part}, c.num_warps, c.num_stages, n_tensors=6)
-                     for part in parts)]
+    n_dkdv, n_dq = _cdiv(N, m["BLOCK_N1"]) * B * H, _cdiv(N, m["BLOCK_M2"]) * B * H
+    # PART 0: both kinds of program in one launch; a split twin: dK/dV's launch, then dQ's
+    grids = {1: n_dkdv, 2: n_dq} if consts.pop("SPLIT", 0) else {0: n_dkdv + n_dq}
+    return [delta, *(Launch(kernels.bwd_kernel, grid, {**consts, "PART": part}, c.num_warps,
+                            c.num_stages, n_tensors=6) for part, grid in grids.items())]
 
 
 def _tma_descriptors(t: torch.Tensor, rows: int, consts: dict) -> tuple:

@@ -11,8 +11,9 @@ to the backward's candidates. On Hopper, "general_tma", "short_tma" (the forward
 tiles in bulk. A general backward candidate with SPLIT = 1 launches its dK/dV programs and
 its dQ programs apart (split_twins). The tiles of a partial last block of queries (short
 kernels) or keys (general forward) are not part of a candidate: `tail_tile` derives them from
-N and the block when the launch is built. The first call at a key (op, dtype, N, D, B*H rounded up to a power of
-two) compiles every candidate on a pool of threads, checks each one's result against
+N and the block when the launch is built. The first call at a key (op, dtype, N, D, B*H
+rounded up to a power of two) compiles every candidate on a pool of threads, checks each
+one's result against
 `heuristic`'s (a candidate that the compiler got wrong on this GPU is left out, with a
 warning), then times every one that compiles and agrees, and keeps the fastest;
 the choice is written to a JSON file keyed by GPU and versions
