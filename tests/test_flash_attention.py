@@ -147,6 +147,37 @@ def test_split_backward_is_the_one_launch_bit_for_bit(monkeypatch, tma, N, D, dr
         _assert_within_rule(qkv, do, flash=flash_attention, mask_diagonal=mask_diagonal)
 
 
+@pytest.mark.parametrize("tma", [False, True], ids=["pointers", "tma"])
+@pytest.mark.parametrize("N, D", [(17, 32), (130, 80)])
+def test_split_backward_parts_take_their_own_tiles(monkeypatch, tma, N, D):
+    """A split candidate's dQ launch may have other tiles, warps and stages than its dK/dV
+    launch (WARPS2, STAGES2; with TMA, each launch gets boxes of its own tile heights). Its
+    dK and dV are those of the twin with the same dK/dV tiles, bit for bit; its dQ, summed
+    over other key tiles, keeps to the FA2 rule."""
+    monkeypatch.setattr(launch, "_TMA_LOADS", tma)
+    qkv, do = _packed_inputs(2, N, 2, D, torch.float16, seed=N + D)
+    family = "general_tma" if tma else "general"
+    names = ("BLOCK_M1", "BLOCK_N1", "BLOCK_M2", "BLOCK_N2")
+    twin = launch.Candidate(family, (*zip(names, (16, 32, 32, 16)), ("SPLIT", 1)), 4, 1)
+    mixed = launch.Candidate(family, (*zip(names, (16, 32, 16, 32)), ("SPLIT", 1), ("WARPS2", 2),
+                                      ("STAGES2", 2)), 4, 1)
+    fwd = launch.Candidate("general", (("BLOCK_M", 32), ("BLOCK_N", 16)))
+    grads = []
+    for bwd in (twin, mixed):
+        _force(monkeypatch, fwd, bwd)
+        leaf = qkv.detach().clone().requires_grad_()
+        (dqkv,) = torch.autograd.grad(flash_attention_qkvpacked(leaf), leaf, do)
+        plan = flash_mod._plans[next(k for k in flash_mod._plans if k[0] == "bwd")]
+        grads.append(dqkv)
+    dq_launch = plan[2].consts
+    assert (plan[1].num_warps, plan[2].num_warps, plan[2].num_stages) == (4, 2, 2)
+    assert (dq_launch["PART"], dq_launch["BLOCK_M2"], dq_launch["BLOCK_N2"]) == (2, 16, 32)
+    # the dQ launch's unused dK/dV tiles mirror its own, so that it compiles as one binary
+    assert (dq_launch["BLOCK_M1"], dq_launch["BLOCK_N1"]) == (32, 16)
+    assert torch.equal(grads[0][:, :, 1:], grads[1][:, :, 1:])
+    _assert_within_rule(qkv, do)
+
+
 def test_split_twins_of_the_four_warp_general_backwards(monkeypatch):
     """Where the short backward does not apply, every listed 4-warp general backward
     candidate, pointer or TMA loads, has one split twin listed, and nothing else has: 8-warp

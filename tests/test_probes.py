@@ -170,3 +170,34 @@ def test_agreement_probe_shows_rounding_well_inside_the_tuners_bound_on_its_inpu
     peaked = [v for (_, scale), pair in spread.items() if scale == 6 for v in pair]
     assert len(mild) == 6 and max(mild) <= launch.AGREE_ULPS / 8
     assert max(peaked) >= launch.AGREE_ULPS / 2
+
+
+def test_bwd_parts_probe_pairs_the_best_part_of_each_kind():
+    """The backward-parts probe (a GPU run) joins the fastest dK/dV configuration and the
+    fastest dQ one into one split candidate: the dK/dV part's tiles, warps and stages, the dQ
+    part's tiles, and its warps and stages as WARPS2 / STAGES2 where they differ. Its table
+    lists each part's configurations fastest first and names those that failed."""
+    probe = _load("bwd_parts")
+    dkdv = probe.part_candidate(1, (32, 128), 4, 3)
+    dq_same, dq_other = probe.part_candidate(2, (64, 64), 4, 3), probe.part_candidate(2, (128, 32), 8, 2)
+    assert dkdv.meta == dict(BLOCK_M1=32, BLOCK_N1=128, BLOCK_M2=128, BLOCK_N2=32, SPLIT=1)
+    assert dq_same.meta == dict(BLOCK_M1=64, BLOCK_N1=64, BLOCK_M2=64, BLOCK_N2=64, SPLIT=1)
+    same = probe.pair_candidate(dkdv, dq_same)
+    assert same.meta == dict(BLOCK_M1=32, BLOCK_N1=128, BLOCK_M2=64, BLOCK_N2=64, SPLIT=1)
+    other = probe.pair_candidate(dkdv, dq_other)
+    assert (other.meta["WARPS2"], other.meta["STAGES2"], other.num_warps, other.num_stages) == (8, 2, 4, 3)
+    assert len(probe.grid(1, ("general", "general_tma"))) == 2 * len(probe.DKDV_TILES) * 4
+    timed = lambda c, part, ms: {"label": probe.label(c, part), "candidate": c.to_json(),  # noqa: E731
+                                 "ms": {"median": ms, "min": ms, "max": ms}}
+    row = {"shape": [8, 12, 4097, 64], "delta_ms": {"median": 0.02},
+           "parts": {1: [timed(probe.part_candidate(1, (64, 64), 4, 3), 1, 2.0), timed(dkdv, 1, 1.5),
+                         {"label": "M1=64 N1=128, 8w 3s", "error": "OutOfResources: shared memory"}],
+                     2: [timed(dq_same, 2, 1.0), timed(dq_other, 2, 0.8)]},
+           "whole": {"best pair": {"label": probe.label(other), "ms": {"median": 2.4, "min": 2.3, "max": 2.5}}},
+           "listed": [{"label": probe.label(same), "ms": 2.6}]}
+    env = {"gpu": "H200", "commit": "abc", "torch": "2", "triton": "3", "cuda": "13", "date": "d", "repeats": 3}
+    lines = probe.markdown([row], env, "cmd").splitlines()
+    dkdv_rows = [line for line in lines if line.startswith("| general_tma: M1=")]
+    assert dkdv_rows[0].startswith("| general_tma: M1=32 N1=128, 4w 3s | 1.500")
+    assert "- failed: M1=64 N1=128, 8w 3s: OutOfResources: shared memory" in lines
+    assert any("(dQ 8w 2s)" in line and "2.400" in line for line in lines)

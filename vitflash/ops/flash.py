@@ -88,11 +88,35 @@ def _bwd_launches(c: Candidate, B: int, N: int, H: int, D: int, dropout: bool = 
                 Launch(kernels.bwd_dq_kernel, _cdiv(N, DELTA_BLOCK) * B * H,
                        {**head, "BLOCK_M": DELTA_BLOCK}, 4, 1, n_tensors=2)]
     consts = {**head, **m, **flags, "TMA": c.family == "general_tma"}
-    n_dkdv, n_dq = _cdiv(N, m["BLOCK_N1"]) * B * H, _cdiv(N, m["BLOCK_M2"]) * B * H
-    # PART 0: both kinds of program in one launch; a split twin: dK/dV's launch, then dQ's
-    grids = {1: n_dkdv, 2: n_dq} if consts.pop("SPLIT", 0) else {0: n_dkdv + n_dq}
-    return [delta, *(Launch(kernels.bwd_kernel, grid, {**consts, "PART": part}, c.num_warps,
-                            c.num_stages, n_tensors=6) for part, grid in grids.items())]
+    if not consts.pop("SPLIT", 0):  # PART 0: both kinds of program in one launch
+        return [delta, Launch(kernels.bwd_kernel, _cdiv(N, m["BLOCK_N1"]) * B * H
+                              + _cdiv(N, m["BLOCK_M2"]) * B * H, {**consts, "PART": 0},
+                              c.num_warps, c.num_stages, n_tensors=6)]
+    # a split candidate: dK/dV's launch, then dQ's, each with its own tiles, warps and stages
+    # (the dQ launch's: WARPS2 and STAGES2, else the candidate's). A launch's unused pair of
+    # tiles mirrors its own (what PART 0 requires of them), so that one part's kernel is the
+    # same binary whatever the other part of the candidate is.
+    warps2, stages2 = consts.pop("WARPS2", c.num_warps), consts.pop("STAGES2", c.num_stages)
+    m1, n1, m2, n2 = (consts[k] for k in ("BLOCK_M1", "BLOCK_N1", "BLOCK_M2", "BLOCK_N2"))
+    return [delta,
+            Launch(kernels.bwd_kernel, _cdiv(N, n1) * B * H,
+                   {**consts, "BLOCK_M2": n1, "BLOCK_N2": m1, "PART": 1}, c.num_warps,
+                   c.num_stages, n_tensors=6),
+            Launch(kernels.bwd_kernel, _cdiv(N, m2) * B * H,
+                   {**consts, "BLOCK_M1": n2, "BLOCK_N1": m2, "PART": 2}, warps2, stages2,
+                   n_tensors=6)]
+
+
+def _bwd_descriptors(launch: Launch, qkv: torch.Tensor, do: torch.Tensor) -> tuple:
+    """The descriptor arguments of a bwd_kernel launch: with TMA, qkv's and dO's in boxes of
+    its two tile heights, BLOCK_M1 = BLOCK_N2 rows ("short": the Q and dO tiles of the dK/dV
+    programs, the K and V tiles of the dQ ones) and BLOCK_N1 = BLOCK_M2 rows ("long"), a
+    second-chunk twin beside each (kernels.bwd_kernel); else None in their eight places."""
+    c = launch.consts
+    if not c["TMA"]:
+        return (None,) * 8
+    return tuple(d for t in (qkv, do) for rows in (c["BLOCK_M1"], c["BLOCK_N1"])
+                 for d in _tma_descriptors(t, rows, c))
 
 
 def _tma_descriptors(t: torch.Tensor, rows: int, consts: dict) -> tuple:
@@ -217,15 +241,9 @@ def _backward(do: torch.Tensor, qkv: torch.Tensor, o: torch.Tensor, lse: torch.T
         delta = torch.empty_like(lse_)
         plan[0](o_, do_, delta, H, N)
         if plan[1].kernel is kernels.bwd_kernel:
-            c = plan[1].consts  # (the parts of a split plan have the same tiles)
-            if c["TMA"]:  # boxes of the two tile heights: BLOCK_M1 = BLOCK_N2, BLOCK_N1 = BLOCK_M2
-                descs = tuple(d for t in (qkv_, do_) for rows in (c["BLOCK_M1"], c["BLOCK_N1"])
-                              for d in _tma_descriptors(t, rows, c))
-            else:
-                descs = (None,) * 8
-            for part in plan[1:]:
-                part(qkv_, do_, lse_, delta, dqkv_, seed, *descs, qk_scale, softmax_scale,
-                     dropout_p, B * H, H, N)
+            for part in plan[1:]:  # one launch, or a split candidate's two (own tiles each)
+                part(qkv_, do_, lse_, delta, dqkv_, seed, *_bwd_descriptors(part, qkv_, do_),
+                     qk_scale, softmax_scale, dropout_p, B * H, H, N)
             return
         if dq_acc is None:
             dq_acc = torch.empty((B * H, N, D), dtype=torch.float32, device=qkv.device)

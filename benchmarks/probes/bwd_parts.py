@@ -1,0 +1,231 @@
+"""Probe: the general backward's two kinds of program timed apart, over a grid of tiles, warps
+and stages for each, to find the best pair of a split candidate (launch.split_twins; a split
+candidate may give its dQ launch other tiles, warps and stages than its dK/dV launch).
+
+A split backward is three launches: delta, the dK/dV programs (PART = 1: a program per key
+tile of BLOCK_N1 keys, looping over query tiles of BLOCK_M1) and the dQ programs (PART = 2: a
+program per query tile of BLOCK_M2 queries, looping over key tiles of BLOCK_N2). The two parts
+write disjoint parts of dqkv and need nothing from each other, so each can be timed alone,
+and the best split pair is the best of each. This probe times every configuration of each
+part's grid alone at each shape, checks what each wrote against the one-launch heuristic
+candidate's result (launch._disagreement: rounding alone), then times whole: the tuner's
+choice among the listed candidates, and the best pair as one split candidate.
+
+    python benchmarks/probes/bwd_parts.py --shapes 256,12,197,64 8,12,4097,64 4,16,4097,128
+
+Times are launch._time_ms (CUDA events, a sleeping kernel ahead of each window so that the
+GPU time is measured, not the host's), `--repeats` times: median (min-max) ms. Needs a CUDA
+GPU. Writes <out>/bwd_parts_<gpu>.json and .md after every shape.
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import sys
+from pathlib import Path
+
+import torch
+import triton
+
+from vitflash.ops import flash as flash_mod
+from vitflash.ops import launch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+from bench_attention import command_line, environment, result_stem, spread  # noqa: E402
+
+NAMES = ("BLOCK_M1", "BLOCK_N1", "BLOCK_M2", "BLOCK_N2")
+# (queries, keys) of a part's tile: dK/dV's (BLOCK_M1, BLOCK_N1), dQ's (BLOCK_M2, BLOCK_N2)
+DKDV_TILES = ((16, 64), (16, 128), (32, 64), (32, 128), (64, 64), (64, 128))
+DQ_TILES = ((64, 16), (64, 32), (64, 64), (128, 16), (128, 32), (128, 64))
+
+
+def part_candidate(part: int, tile: tuple[int, int], warps: int, stages: int,
+                   family: str = "general_tma") -> launch.Candidate:
+    """A split candidate whose `part` (1: dK/dV, 2: dQ) has this tile, warps and stages; the
+    other part mirrors it, as a one-launch candidate's would."""
+    a, b = tile
+    tiles = (a, b, b, a) if part == 1 else (b, a, a, b)
+    return launch.Candidate(family, (*zip(NAMES, tiles), ("SPLIT", 1)), warps, stages)
+
+
+def pair_candidate(dkdv: launch.Candidate, dq: launch.Candidate) -> launch.Candidate:
+    """The split candidate of dkdv's dK/dV part and dq's dQ part (both part_candidate's)."""
+    m1, n1 = dkdv.meta["BLOCK_M1"], dkdv.meta["BLOCK_N1"]
+    m2, n2 = dq.meta["BLOCK_M2"], dq.meta["BLOCK_N2"]
+    blocks = (*zip(NAMES, (m1, n1, m2, n2)), ("SPLIT", 1))
+    if (dq.num_warps, dq.num_stages) != (dkdv.num_warps, dkdv.num_stages):
+        blocks += (("WARPS2", dq.num_warps), ("STAGES2", dq.num_stages))
+    return launch.Candidate(dkdv.family, blocks, dkdv.num_warps, dkdv.num_stages)
+
+
+def grid(part: int, families: tuple[str, ...], warps=(4, 8), stages=(2, 3)) -> list[launch.Candidate]:
+    tiles = DKDV_TILES if part == 1 else DQ_TILES
+    return [part_candidate(part, t, w, s, f)
+            for f, t, w, s in itertools.product(families, tiles, warps, stages)]
+
+
+def label(c: launch.Candidate, part: int | None = None) -> str:
+    """A part's configuration (part 1 or 2), or a whole candidate's (part None)."""
+    m = c.meta
+    fam = "" if c.family == "general" else c.family + ": "
+    if part == 1:
+        return f"{fam}M1={m['BLOCK_M1']} N1={m['BLOCK_N1']}, {c.num_warps}w {c.num_stages}s"
+    if part == 2:
+        return f"{fam}M2={m['BLOCK_M2']} N2={m['BLOCK_N2']}, {c.num_warps}w {c.num_stages}s"
+    tiles = " ".join(f"{k[6:]}={m[k]}" for k in NAMES)
+    extra = " split" if m.get("SPLIT") else ""
+    if "WARPS2" in m:
+        extra += f" (dQ {m['WARPS2']}w {m['STAGES2']}s)"
+    return f"{fam}{tiles}, {c.num_warps}w {c.num_stages}s{extra}"
+
+
+class Shape:
+    """The tensors of one shape and runners of a backward's launches on them."""
+
+    def __init__(self, B: int, H: int, N: int, D: int, ref: launch.Candidate):
+        self.B, self.H, self.N, self.D = B, H, N, D
+        gen = torch.Generator(device="cuda").manual_seed(N + D)
+        self.qkv = torch.randn(B, N, 3, H, D, device="cuda", dtype=torch.bfloat16, generator=gen)
+        self.do = torch.randn(B, N, H, D, device="cuda", dtype=torch.bfloat16, generator=gen)
+        self.scale = D ** -0.5
+        self.o, self.lse = flash_mod._forward(self.qkv, self.scale)
+        self.dqkv = torch.zeros_like(self.qkv)
+        self.delta = torch.empty_like(self.lse)
+        self.launches(ref)[0](self.o, self.do, self.delta, H, N)
+
+    def launches(self, c: launch.Candidate) -> list:
+        return flash_mod._bwd_launches(c, self.B, self.N, self.H, self.D)
+
+    def run_part(self, part_launch) -> None:
+        part_launch(self.qkv, self.do, self.lse, self.delta, self.dqkv, self.lse,
+                    *flash_mod._bwd_descriptors(part_launch, self.qkv, self.do),
+                    self.scale * flash_mod.LOG2E, self.scale, 0.0, self.B * self.H, self.H, self.N)
+
+    def run_whole(self, c: launch.Candidate) -> None:
+        plan = self.launches(c)
+        plan[0](self.o, self.do, self.delta, self.H, self.N)
+        for p in plan[1:]:
+            self.run_part(p)
+
+
+def time_spread(fn, repeats: int) -> dict:
+    return spread([launch._time_ms(fn) for _ in range(repeats)])
+
+
+def probe_shape(shape: tuple[int, int, int, int], families: tuple[str, ...], repeats: int) -> dict:
+    B, H, N, D = shape
+    # the listed general candidates (the short backward, one launch of another kernel, is
+    # not listed at the lengths this probe is for); the reference: the first one-launch one
+    listed = [c for c in launch.candidates("bwd", N, D, B * H) if c.family in ("general", "general_tma")]
+    ref_c = next(c for c in listed if not c.meta.get("SPLIT"))
+    s = Shape(B, H, N, D, ref_c)
+    s.run_whole(ref_c)
+    ref = s.dqkv.clone()
+    row = {"shape": list(shape), "parts": {1: [], 2: []}}
+    for part in (1, 2):
+        cands = grid(part, families)
+        runs = {c: s.launches(c)[part] for c in cands}
+        launch._compile_all(cands, lambda c: s.run_part(runs[c]))
+        sl = slice(1, 3) if part == 1 else slice(0, 1)  # dK, dV or dQ of dqkv
+        for c in cands:
+            entry = {"candidate": c.to_json(), "label": label(c, part)}
+            try:
+                s.dqkv.zero_()
+                s.run_part(runs[c])
+                torch.cuda.synchronize()
+                off = launch._disagreement((s.dqkv[:, :, sl],), (ref[:, :, sl],))
+                if off > 1:
+                    entry["error"] = f"disagrees with {label(ref_c)} by {off:.3g}x the bound"
+                else:
+                    entry["ms"] = time_spread(lambda: s.run_part(runs[c]), repeats)
+            except (triton.runtime.errors.OutOfResources,
+                    triton.compiler.errors.CompilationError) as err:
+                entry["error"] = f"{type(err).__name__}: {str(err).splitlines()[0][:100]}"
+            row["parts"][part].append(entry)
+            print(shape, part, entry["label"], entry.get("ms", {}).get("median"), entry.get("error"),
+                  flush=True)
+    row["delta_ms"] = time_spread(lambda: s.launches(ref_c)[0](s.o, s.do, s.delta, H, N), repeats)
+    best = {p: min((e for e in row["parts"][p] if "ms" in e), key=lambda e: e["ms"]["median"])
+            for p in (1, 2)}
+    pair = pair_candidate(*(launch.Candidate.from_json(best[p]["candidate"]) for p in (1, 2)))
+    # the tuner's choice among the listed general candidates, timed by the tuner
+    times: dict = {}
+    chosen = launch._time_candidates(listed, s.run_whole, times)
+    row["listed"] = [{"label": label(c), "ms": ms} for c, ms in sorted(times.items(), key=lambda t: t[1])]
+    row["whole"] = {}
+    for name, c in (("tuner's choice", chosen), ("best pair", pair)):
+        s.run_whole(c)
+        torch.cuda.synchronize()
+        off = launch._disagreement((s.dqkv,), (ref,))
+        row["whole"][name] = {"label": label(c), "candidate": c.to_json(),
+                              "ms": time_spread(lambda: s.run_whole(c), repeats), "disagreement": off}
+    return row
+
+
+def markdown(rows: list[dict], env: dict, command: str, top: int = 6) -> str:
+    lines = [f"# The general backward's parts timed apart on {env['gpu']}", "",
+             f"Command: `{command}`", "",
+             f"Commit {env['commit']}; torch {env['torch']}, triton {env['triton']}, CUDA "
+             f"{env['cuda']}; {env['date']}. bf16, no dropout. Each time: `launch._time_ms` "
+             f"(CUDA events, GPU time) {env['repeats']} times, median (min-max) ms. A part's time "
+             "is its launch alone; whole times are delta + both parts (or one launch).", ""]
+    for r in rows:
+        lines += [f"## {tuple(r['shape'])}", ""]
+        for name, w in r["whole"].items():
+            t = w["ms"]
+            lines.append(f"- whole, {name}: {w['label']}: {t['median']:.3f} ({t['min']:.3f}-{t['max']:.3f}) ms")
+        d = r["delta_ms"]
+        lines += [f"- delta launch: {d['median']:.3f} ms", ""]
+        for part, what in ((1, "dK/dV launch"), (2, "dQ launch")):
+            ok = sorted((e for e in r["parts"][part] if "ms" in e), key=lambda e: e["ms"]["median"])
+            bad = [e for e in r["parts"][part] if "ms" not in e]
+            lines += [f"{what}, the {min(top, len(ok))} fastest of {len(ok)} timed ({len(bad)} failed):", "",
+                      "| configuration | ms |", "|---|---|"]
+            lines += [f"| {e['label']} | {e['ms']['median']:.3f} ({e['ms']['min']:.3f}-{e['ms']['max']:.3f}) |"
+                      for e in ok[:top]]
+            lines.append("")
+            lines += [f"- failed: {e['label']}: {e['error']}" for e in bad]
+            if bad:
+                lines.append("")
+        lines += ["The tuner's timings of the listed candidates (each one's better round), ms:", "",
+                  "| candidate | ms |", "|---|---|"]
+        lines += [f"| {e['label']} | {e['ms']:.3f} |" for e in r["listed"]]
+        lines.append("")
+    return "\n".join(lines) + "\n"
+
+
+def parse_shape(text: str) -> tuple[int, int, int, int]:
+    parts = tuple(int(x) for x in text.split(","))
+    if len(parts) != 4:
+        raise argparse.ArgumentTypeError(f"{text!r}: a shape is B,H,N,D, e.g. 256,12,197,64")
+    return parts
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--shapes", nargs="+", type=parse_shape,
+                   default=[(256, 12, 197, 64), (64, 12, 577, 64), (8, 12, 4097, 64), (4, 16, 4097, 128)])
+    p.add_argument("--families", nargs="+", default=["general_tma"], choices=["general", "general_tma"])
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--out", type=Path, default=Path("."))
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("bwd_parts.py times kernels on a CUDA GPU; none is visible here")
+    if "general_tma" in args.families and not launch.tma_loads():
+        raise SystemExit("--families general_tma needs TMA loads (a Hopper GPU or newer); "
+                         "pass --families general")
+    env = {**environment(), "repeats": args.repeats}
+    command = command_line()
+    stem = args.out / result_stem("bwd_parts", env)
+    args.out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for shape in args.shapes:
+        rows.append(probe_shape(shape, tuple(args.families), args.repeats))
+        stem.with_suffix(".json").write_text(json.dumps(
+            {"command": command, "environment": env, "results": rows}, indent=1, default=str))
+        stem.with_suffix(".md").write_text(markdown(rows, env, command))
+
+
+if __name__ == "__main__":
+    main()
