@@ -151,14 +151,17 @@ def test_the_sweep_grid_of_the_atomic_backward(monkeypatch, tma):
 @pytest.mark.parametrize("tma", [False, True])
 def test_the_sweep_grid_of_tma_loads(monkeypatch, op, tma):
     """--op fwd / bwd sweep each configuration with pointer loads ("general") and, where TMA
-    exists, as its TMA-load twin ("general_tma"): one grid for both families."""
+    exists, as its TMA-load twin ("general_tma"): one grid for both families, beside the
+    listed split pairs, which exist with TMA loads only (launch.split_pairs)."""
     monkeypatch.setattr(launch, "_TMA_LOADS", tma)
     found = sweep.grid(op, 64)
     families = {c.family for c in found}
     assert families == ({"general", "general_tma"} if tma else {"general"})
     assert len(set(found)) == len(found)
-    per_family = {f: {(c.blocks, c.num_warps, c.num_stages) for c in found if c.family == f}
-                  for f in families}
+    pairs = [c for c in found if c in launch.split_pairs(64)]
+    assert len(pairs) == (3 if op == "bwd" and tma else 0)
+    per_family = {f: {(c.blocks, c.num_warps, c.num_stages) for c in found if c.family == f
+                      and c not in pairs} for f in families}
     assert len({frozenset(v) for v in per_family.values()}) == 1
     assert any(sweep._label(c).startswith("general_tma: ") for c in found) is tma
 

@@ -189,11 +189,33 @@ def test_split_twins_of_the_four_warp_general_backwards(monkeypatch):
     for op, n, d, twins in (("bwd", 577, 64, 6), ("bwd", 197, 128, 6), ("bwd_atomic", 577, 80, 6),
                             ("bwd", 65, 64, 0), ("bwd", 128, 64, 0)):
         found = launch.candidates(op, n, d, 96)
-        split = [c for c in found if c.meta.get("SPLIT")]
+        split = [c for c in found if c.meta.get("SPLIT") and c not in launch.split_pairs(d)]
         expected = [launch.Candidate(c.family, c.blocks + (("SPLIT", 1),), c.num_warps, c.num_stages)
                     for c in found if c.family in ("general", "general_tma") and c.num_warps == 4
                     and not c.meta.get("SPLIT")]
         assert split == expected[:twins] and len(split) == twins
+
+
+def test_split_pairs_where_the_parts_were_timed(monkeypatch):
+    """The split candidates whose dQ launch has its own tiles, warps and stages
+    (launch.split_pairs) are listed where the split twins are and the TMA loads they were
+    measured with exist: the dK/dV launch of the listed TMA tile, the dQ launch otherwise;
+    nowhere else (no TMA loads; the short backward's lengths; head dims past 128)."""
+    monkeypatch.setattr(launch, "_TMA_LOADS", True)
+    monkeypatch.setattr(launch, "_TMA", True)
+    pairs = launch.split_pairs(64)
+    assert [pairs[0].meta["BLOCK_M2"], pairs[0].meta["BLOCK_N2"]] == [64, 64] and len(pairs) == 3
+    for c in pairs:
+        assert c.family == "general_tma" and c.meta["SPLIT"] == 1
+        assert (c.meta["BLOCK_M1"], c.meta["BLOCK_N1"], c.num_warps, c.num_stages) == (32, 128, 4, 3)
+        assert c in launch.candidates("bwd", 577, 64, 96) and c in launch.candidates("bwd_atomic", 197, 64, 96)
+        assert c not in launch.candidates("bwd", 65, 64, 96)
+    (wide,) = launch.split_pairs(128)
+    assert wide.meta == dict(BLOCK_M1=64, BLOCK_N1=64, BLOCK_M2=128, BLOCK_N2=64, SPLIT=1, WARPS2=8, STAGES2=3)
+    assert (wide.num_warps, wide.num_stages) == (4, 2) and launch.split_pairs(80)[0].meta == wide.meta
+    assert launch.split_pairs(256) == [] and launch.split_pairs(112) == []  # past 128; padded
+    monkeypatch.setattr(launch, "_TMA_LOADS", False)
+    assert launch.split_pairs(64) == []
 
 
 @pytest.mark.parametrize("N, D", [(1, 32), (17, 32), (65, 32), (130, 32), (197, 64), (65, 80), (33, 112)])

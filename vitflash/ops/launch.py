@@ -9,11 +9,12 @@ in the forward where that saves work); "atomic", the key-tile programs that bwd_
 to the backward's candidates. On Hopper, "general_tma", "short_tma" (the forward's) and
 "atomic_tma" are their twins that load tiles through TMA descriptors, the last also adding dQ
 tiles in bulk. A general backward candidate with SPLIT = 1 launches its dK/dV programs and
-its dQ programs apart (split_twins). The tiles of a partial last block of queries (short
-kernels) or keys (general forward) are not part of a candidate: `tail_tile` derives them from
-N and the block when the launch is built. The first call at a key (op, dtype, N, D, B*H
-rounded up to a power of two) compiles every candidate on a pool of threads, checks each
-one's result against
+its dQ programs apart (split_twins), the dQ launch with tiles, warps and stages of its own
+where that was measured to pay (split_pairs). The tiles of a partial last block of queries
+(short kernels) or keys (general forward) are not part of a candidate: `tail_tile` derives
+them from N and the block when the launch is built. The first call at a key (op, dtype, N,
+D, B*H rounded up to a power of two) compiles every candidate on a pool of threads, checks
+each one's result against
 `heuristic`'s (a candidate that the compiler got wrong on this GPU is left out, with a
 warning), then times every one that compiles and agrees, and keeps the fastest;
 the choice is written to a JSON file keyed by GPU and versions
@@ -48,6 +49,7 @@ from vitflash.ops import kernels
 
 INTERPRET = bool(kernels.INTERPRET)
 # bump when a kernel or the candidate list changes in a way that can change the best config:
+# 14, split candidates whose dQ launch has its own tiles, warps and stages (split_pairs);
 # 13, the general backward's split twins (dK/dV and dQ in two launches, split_twins);
 # 12, no 8-warp short forwards below 128 rows (a cache file may hold one, and the
 #     64-row one computed wrongly on an H200 at D = 16 with the diagonal mask);
@@ -61,7 +63,7 @@ INTERPRET = bool(kernels.INTERPRET)
 # 6, the forwards' FMA-folded softmax (and the bwd_atomic op);
 # 5, split head dims (4 keyed the reverted TAILS candidates of 067433b, which a GPU
 #    machine's cache file may still hold)
-CACHE_VERSION = 13
+CACHE_VERSION = 14
 
 # the families of bwd_atomic's own kernels: dQ added element by element, or by TMA tiles
 ATOMIC_FAMILIES = ("atomic", "atomic_tma")
@@ -278,8 +280,9 @@ def candidates(op: str, n: int, d: int, bh: int = 1) -> list[Candidate]:
             if one_key_tail(n):  # each again with the one key past the tile as vectors
                 out += [short_bwd(n, c.meta["BLOCK_M"], c.num_warps, one_key=True)
                         for c in out if c.family == "short"]
-        else:  # longer sequences only: at short ones the split twins would lengthen the
-            out += split_twins(out)  # first call's tuning where the short kernels win anyway
+        else:  # longer sequences only: at short ones the split candidates would lengthen the
+            out += split_twins(out) + split_pairs(d)  # first call's tuning where the short
+            # kernels win anyway
     else:
         raise ValueError(f"unknown op {op!r}")
     return out
@@ -355,6 +358,35 @@ def split_twins(cands: list[Candidate]) -> list[Candidate]:
     return [Candidate(c.family, c.blocks + (("SPLIT", 1),), c.num_warps, c.num_stages)
             for c in cands if c.family in ("general", "general_tma") and c.num_warps == 4
             and "BLOCK_M1" in c.meta]
+
+
+def split_pairs(d: int) -> list[Candidate]:
+    """Split candidates whose dQ launch has other tiles, warps or stages than its dK/dV
+    launch (WARPS2, STAGES2: the dQ launch's warps and stages): the fastest configuration of
+    each part, timed apart over a grid at the large ViT shapes on an H200 (triton 3.6,
+    benchmarks/probes/bwd_parts.py; benchmarks/results/gpu_session_d13fd27/). At D = 64 the
+    dK/dV launch was fastest with the listed (32, 128) tile at every length, and the dQ
+    launch with (64, 64), (64, 32) or 8-warp (128, 64) tiles rather than its twin's (128, 32);
+    at D = 128, dK/dV with (64, 64) in 2 stages, dQ with (128, 64) in 8 warps and 3 stages.
+    The pair took 1-4% less than the best listed candidate. Only where TMA loads exist
+    (Hopper), where they were measured."""
+    if not (tma_loads() and tma_width(d)):
+        return []
+    bd = tile_width(d)
+    if bd <= 64:
+        dkdv, dqs = (32, 128, 4, 3), ((64, 64, 4, 3), (64, 32, 4, 3), (128, 64, 8, 3))
+    elif bd <= 128:
+        dkdv, dqs = (64, 64, 4, 2), ((128, 64, 8, 3),)
+    else:
+        return []
+    m1, n1, w1, s1 = dkdv
+    out = []
+    for m2, n2, w2, s2 in dqs:
+        blocks = (("BLOCK_M1", m1), ("BLOCK_N1", n1), ("BLOCK_M2", m2), ("BLOCK_N2", n2), ("SPLIT", 1))
+        if (w2, s2) != (w1, s1):
+            blocks += (("WARPS2", w2), ("STAGES2", s2))
+        out.append(Candidate("general_tma", blocks, w1, s1))
+    return out
 
 
 def _short_tma_twins(cands: list[Candidate], d: int) -> list[Candidate]:
