@@ -364,18 +364,19 @@ def split_pairs(d: int) -> list[Candidate]:
     """Split candidates whose dQ launch has other tiles, warps or stages than its dK/dV
     launch (WARPS2, STAGES2: the dQ launch's warps and stages): the fastest configuration of
     each part, timed apart over a grid at the large ViT shapes on an H200 (triton 3.6,
-    benchmarks/probes/bwd_parts.py; benchmarks/results/gpu_session_d13fd27/). At D = 64 the
-    dK/dV launch was fastest with the listed (32, 128) tile at every length, and the dQ
+    benchmarks/probes/bwd_parts.py; benchmarks/results/gpu_session_d17457d/run2). At D = 64
+    the dK/dV launch was fastest with the listed (32, 128) tile at every length, and the dQ
     launch with (64, 64), (64, 32) or 8-warp (128, 64) tiles rather than its twin's (128, 32);
     at D = 128, dK/dV with (64, 64) in 2 stages, dQ with (128, 64) in 8 warps and 3 stages.
-    The pair took 1-4% less than the best listed candidate. Only where TMA loads exist
-    (Hopper), where they were measured."""
+    Listed, the tuner chose a pair at all six large shapes, 1-4% under the best split twin
+    (run3). Only at D <= 64 and D = 128: at D = 80 and 96 the D = 128 pair took 17-42% more
+    than the twins (run4); and only where TMA loads exist (Hopper), where they were measured."""
     if not (tma_loads() and tma_width(d)):
         return []
     bd = tile_width(d)
     if bd <= 64:
         dkdv, dqs = (32, 128, 4, 3), ((64, 64, 4, 3), (64, 32, 4, 3), (128, 64, 8, 3))
-    elif bd <= 128:
+    elif bd == 128:
         dkdv, dqs = (64, 64, 4, 2), ((128, 64, 8, 3),)
     else:
         return []
