@@ -162,6 +162,8 @@ def test_split_backward_parts_take_their_own_tiles(monkeypatch, tma, N, D):
     mixed = launch.Candidate(family, (*zip(names, (16, 32, 16, 32)), ("SPLIT", 1), ("WARPS2", 2),
                                       ("STAGES2", 2)), 4, 1)
     fwd = launch.Candidate("general", (("BLOCK_M", 32), ("BLOCK_N", 16)))
+    built, make = [], flash_mod._tma_descriptors
+    monkeypatch.setattr(flash_mod, "_tma_descriptors", lambda t, rows, c: built.append(rows) or make(t, rows, c))
     grads = []
     for bwd in (twin, mixed):
         _force(monkeypatch, fwd, bwd)
@@ -169,6 +171,10 @@ def test_split_backward_parts_take_their_own_tiles(monkeypatch, tma, N, D):
         (dqkv,) = torch.autograd.grad(flash_attention_qkvpacked(leaf), leaf, do)
         plan = flash_mod._plans[next(k for k in flash_mod._plans if k[0] == "bwd")]
         grads.append(dqkv)
+        # with TMA, one set of boxes per tensor (qkv, dO) and height, shared by both launches
+        # (both have heights 16 and 32 here); none without
+        assert sorted(built) == ([16, 16, 32, 32] if tma else [])
+        built.clear()
     dq_launch = plan[2].consts
     assert (plan[1].num_warps, plan[2].num_warps, plan[2].num_stages) == (4, 2, 2)
     assert (dq_launch["PART"], dq_launch["BLOCK_M2"], dq_launch["BLOCK_N2"]) == (2, 16, 32)

@@ -107,16 +107,25 @@ def _bwd_launches(c: Candidate, B: int, N: int, H: int, D: int, dropout: bool = 
                    n_tensors=6)]
 
 
-def _bwd_descriptors(launch: Launch, qkv: torch.Tensor, do: torch.Tensor) -> tuple:
+def _bwd_descriptors(launch: Launch, qkv: torch.Tensor, do: torch.Tensor,
+                     made: dict | None = None) -> tuple:
     """The descriptor arguments of a bwd_kernel launch: with TMA, qkv's and dO's in boxes of
     its two tile heights, BLOCK_M1 = BLOCK_N2 rows ("short": the Q and dO tiles of the dK/dV
     programs, the K and V tiles of the dQ ones) and BLOCK_N1 = BLOCK_M2 rows ("long"), a
-    second-chunk twin beside each (kernels.bwd_kernel); else None in their eight places."""
+    second-chunk twin beside each (kernels.bwd_kernel); else None in their eight places.
+    made: the descriptors of this call's earlier launches by (tensor, height), reused: a split
+    twin's second launch has the same heights as its first and builds none."""
     c = launch.consts
     if not c["TMA"]:
         return (None,) * 8
-    return tuple(d for t in (qkv, do) for rows in (c["BLOCK_M1"], c["BLOCK_N1"])
-                 for d in _tma_descriptors(t, rows, c))
+    made = {} if made is None else made
+    out = []
+    for name, t in (("qkv", qkv), ("do", do)):
+        for rows in (c["BLOCK_M1"], c["BLOCK_N1"]):
+            if (name, rows) not in made:
+                made[name, rows] = _tma_descriptors(t, rows, c)
+            out += made[name, rows]
+    return tuple(out)
 
 
 def _tma_descriptors(t: torch.Tensor, rows: int, consts: dict) -> tuple:
@@ -241,8 +250,9 @@ def _backward(do: torch.Tensor, qkv: torch.Tensor, o: torch.Tensor, lse: torch.T
         delta = torch.empty_like(lse_)
         plan[0](o_, do_, delta, H, N)
         if plan[1].kernel is kernels.bwd_kernel:
+            made = {}  # TMA descriptors by (tensor, box height), shared by a split's launches
             for part in plan[1:]:  # one launch, or a split candidate's two (own tiles each)
-                part(qkv_, do_, lse_, delta, dqkv_, seed, *_bwd_descriptors(part, qkv_, do_),
+                part(qkv_, do_, lse_, delta, dqkv_, seed, *_bwd_descriptors(part, qkv_, do_, made),
                      qk_scale, softmax_scale, dropout_p, B * H, H, N)
             return
         if dq_acc is None:
