@@ -29,6 +29,11 @@ on one GPU) pays. At the small shapes the eager loop measures the host's launche
 the kernels; the graph timer separates the two. Its results go to attention_graph_<gpu>.*:
 
     python scripts/bench_attention.py --shapes small --timer graph
+
+`--render <json>` prints the tables of a result file again with this version's sections (no
+GPU needed), e.g. the autotuner's timings by backward launch form, from its `tuning_ms`:
+
+    python scripts/bench_attention.py --render benchmarks/results/<run>/attention_graph_<gpu>.json
 """
 from __future__ import annotations
 
@@ -313,6 +318,60 @@ def _candidate(c: dict | None) -> str:
     return f"{c['family']}: {blocks}; {c['num_warps']} warps, {c['num_stages']} stages"
 
 
+FORMS = ("one launch", "split twin", "split pair")  # launch.Candidate.form of a general backward
+TWIN_PARENT = "twin's one launch"
+
+
+def backward_forms(tuning: list[dict]) -> dict:
+    """From the tuner's own timings of the backward candidates at one shape (tuning_ms's
+    "bwd" list), {form: (candidate, ms)}: the fastest of each launch form; TWIN_PARENT, the
+    one-launch candidate whose split twin is the fastest twin (where it was timed); and
+    "fastest", the fastest candidate of all (the tuner's choice)."""
+    timed = [(launch.Candidate.from_json(e["candidate"]), e["ms"]) for e in tuning]
+    best = {"fastest": min(timed, key=lambda cm: cm[1])}
+    for c, ms in timed:
+        if c.form in FORMS and (c.form not in best or ms < best[c.form][1]):
+            best[c.form] = (c, ms)
+    if "split twin" in best:
+        twin = best["split twin"][0]
+        parent = launch.Candidate(twin.family, tuple(kv for kv in twin.blocks if kv[0] != "SPLIT"),
+                                  twin.num_warps, twin.num_stages)
+        best.update({TWIN_PARENT: (c, ms) for c, ms in timed if c == parent})
+    return best
+
+
+def forms_table(results: list[dict]) -> list[str]:
+    """Markdown lines: per shape, the tuner's best backward time of each launch form and
+    their ratios (none where no row holds the tuner's backward timings)."""
+    rows = [(r["shape"], backward_forms(r["flash"]["tuning_ms"]["bwd"])) for r in results
+            if (r["flash"].get("tuning_ms") or {}).get("bwd")]
+    if not rows:
+        return []
+
+    def ratio(best: dict, a: str, b: str) -> str:
+        return f"{best[a][1] / best[b][1]:.3f}" if a in best and b in best else "n/a"
+
+    lines = ["## The autotuner's backward timings, the fastest of each launch form", "",
+             "What the tuner measured when it chose the backward at each shape (`tuning_ms`: "
+             "each candidate's better round of two, ms). Forms (`launch.Candidate.form`): one "
+             "launch of both kinds of program; a split twin, the same tiles in two launches; a "
+             "split pair, a dQ launch with tiles, warps or stages of its own. Ratios are of "
+             "times: below 1, the first is faster.", "",
+             "| (B, H, N, D) | " + " | ".join(f"{f}, ms" for f in FORMS)
+             + " | pair / twin | best split / one launch | best twin / its one launch | chosen |",
+             "|---" * (len(FORMS) + 5) + "|"]
+    for shape, best in rows:
+        splits = [best[f] for f in ("split twin", "split pair") if f in best]
+        if splits and "one launch" in best:
+            best["split"] = min(splits, key=lambda cm: cm[1])
+        chosen = best["fastest"][0]
+        lines.append(f"| {tuple(shape)} | "
+                     + " | ".join(f"{best[f][1]:.4f}" if f in best else "n/a" for f in FORMS)
+                     + f" | {ratio(best, 'split pair', 'split twin')} | {ratio(best, 'split', 'one launch')}"
+                     f" | {ratio(best, 'split twin', TWIN_PARENT)} | {chosen.form}: {chosen.label()} |")
+    return lines + [""]
+
+
 def markdown(results: list[dict], latency: dict, env: dict, command: str) -> str:
     def cell(r, key, fmt):
         if key not in r:
@@ -400,13 +459,14 @@ def markdown(results: list[dict], latency: dict, env: dict, command: str) -> str
                   "| (B, H, N, D) | backward |", "|---|---|"]
         lines += [f"| {tuple(s)} | {_candidate(c['bwd'])} |" for s, c in picked]
         lines.append("")
+    lines += forms_table(results)
     errors = [(r["shape"], i, r[i]["error"]) for r in results for i in impls if "error" in r[i]]
     if errors:
         lines += ["", "Not run:"] + [f"- {tuple(s)} {i}: {e}" for s, i, e in errors]
     return "\n".join(lines) + "\n"
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     parser.add_argument("--impls", nargs="+", default=IMPLS, choices=IMPLS + OPTIONAL_IMPLS)
@@ -424,7 +484,17 @@ def main() -> None:
     parser.add_argument("--first-call-only", action="store_true",
                         help="only time the flash op's first call at each shape and exit (run "
                              "twice: the second process reads the autotuning cache)")
-    args = parser.parse_args()
+    parser.add_argument("--render", type=Path, metavar="JSON",
+                        help="print the tables of this result file again and exit (no GPU needed)")
+    args = parser.parse_args(argv)
+    if args.render:
+        try:
+            data = json.loads(args.render.read_text())
+            results, env, command = data["results"], data["environment"], data["command"]
+        except (OSError, ValueError, KeyError) as err:
+            sys.exit(f"--render {args.render}: not a result file of this script ({err!r})")
+        print(markdown(results["shapes"], results.get("latency") or {}, env, command), end="")
+        return
     if not torch.cuda.is_available():
         sys.exit("bench_attention.py needs a CUDA GPU: it times GPU kernels.")
     shapes = {"all": SHAPES, "small": SMALL_SHAPES, "large": LARGE_SHAPES, "varied": VARIED_SHAPES}[args.shapes]

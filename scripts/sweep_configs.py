@@ -165,16 +165,8 @@ def sweep_shape(op: str, shape, repeats: int, deadline: float) -> dict:
         finally:
             _restore()
         row["configs"].append(entry)
-        print(tuple(shape), op, _label(cand), entry.get("tflops", {}).get("median"), entry["error"], flush=True)
+        print(tuple(shape), op, cand.label(), entry.get("tflops", {}).get("median"), entry["error"], flush=True)
     return row
-
-
-def _label(c: dict | launch.Candidate) -> str:
-    """A configuration as one cell: its family unless general, tiles, warps and stages."""
-    c = c.to_json() if isinstance(c, launch.Candidate) else c
-    family = "" if c["family"] == "general" else c["family"] + ": "
-    return family + " ".join(f"{k[6:] or k}={v}" for k, v in c["blocks"].items()) \
-        + f", {c['num_warps']}w {c['num_stages']}s"
 
 
 def markdown(op: str, rows: list[dict], env: dict, command: str) -> str:
@@ -187,6 +179,7 @@ def markdown(op: str, rows: list[dict], env: dict, command: str) -> str:
              f"run, {env['repeats']} runs: median (min-max) TFLOP/s. Listed: in the autotuner's "
              "candidate list at this shape. Each configuration was checked against float64 "
              "under the FA2 rule first.", ""]
+    name = lambda e: launch.Candidate.from_json(e["candidate"]).label()  # noqa: E731
     for r in rows:
         c = r["cudnn"]
         lines += [f"## {tuple(r['shape'])}: cuDNN {c['median']:.0f} ({c['min']:.0f}-{c['max']:.0f}) TFLOP/s", "",
@@ -194,11 +187,11 @@ def markdown(op: str, rows: list[dict], env: dict, command: str) -> str:
         ok = [e for e in r["configs"] if "tflops" in e]
         for e in sorted(ok, key=lambda e: -e["tflops"]["median"]):
             t = e["tflops"]
-            lines.append(f"| {_label(e['candidate'])} | {'yes' if e['listed'] else ''} | "
+            lines.append(f"| {name(e)} | {'yes' if e['listed'] else ''} | "
                          f"{t['median']:.0f} ({t['min']:.0f}-{t['max']:.0f}) | {t['median'] / c['median']:.2f}x |")
         bad = [e for e in r["configs"] if "tflops" not in e]
         if bad:
-            lines += ["", "Not timed: " + "; ".join(f"{_label(e['candidate'])}: {e['error']}" for e in bad)]
+            lines += ["", "Not timed: " + "; ".join(f"{name(e)}: {e['error']}" for e in bad)]
         if r.get("stopped"):
             lines += ["", f"Stopped early ({r['stopped']}): the grid's other configurations were not run."]
         lines.append("")

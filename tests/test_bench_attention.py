@@ -119,9 +119,9 @@ def test_the_sweep_table_ranks_configs_against_cudnn():
         {"candidate": bad.to_json(), "listed": True, "error": "o: max error 1 > 0.1"}]}
     lines = sweep.markdown("bwd", [row], {**env, "repeats": 3}, "cmd").splitlines()
     at = lines.index("| configuration | listed | TFLOP/s | / cuDNN |")
-    assert lines[at + 2] == f"| {sweep._label(fast)} |  | 440 (439-441) | 1.10x |"
-    assert lines[at + 3] == f"| {sweep._label(slow)} | yes | 300 (299-301) | 0.75x |"
-    assert lines[at + 5] == f"Not timed: {sweep._label(bad)}: o: max error 1 > 0.1"
+    assert lines[at + 2] == f"| {fast.label()} |  | 440 (439-441) | 1.10x |"
+    assert lines[at + 3] == f"| {slow.label()} | yes | 300 (299-301) | 0.75x |"
+    assert lines[at + 5] == f"Not timed: {bad.label()}: o: max error 1 > 0.1"
 
 
 def test_the_sweep_refuses_a_malformed_shape():
@@ -144,7 +144,7 @@ def test_the_sweep_grid_of_the_atomic_backward(monkeypatch, tma):
     assert found[:len(listed)] == listed and len(set(found)) == len(found)
     per_family = {f: {(c.blocks, c.num_warps, c.num_stages) for c in found if c.family == f} for f in families}
     assert len({frozenset(v) for v in per_family.values()}) == 1  # the same grid for each
-    assert sweep._label(found[0]).startswith("atomic: M=")
+    assert found[0].label().startswith("atomic: M=")
 
 
 @pytest.mark.parametrize("op", ["fwd", "bwd"])
@@ -163,7 +163,7 @@ def test_the_sweep_grid_of_tma_loads(monkeypatch, op, tma):
     per_family = {f: {(c.blocks, c.num_warps, c.num_stages) for c in found if c.family == f
                       and c not in pairs} for f in families}
     assert len({frozenset(v) for v in per_family.values()}) == 1
-    assert any(sweep._label(c).startswith("general_tma: ") for c in found) is tma
+    assert any(c.label().startswith("general_tma: ") for c in found) is tma
 
 
 @pytest.mark.gpu
@@ -216,3 +216,64 @@ def test_the_one_call_table_splits_off_the_gpu_time_and_names_the_kernels():
                              "sdpa 20.0, floor 13.0.")
     assert lines[at + 8] == (f"Flash's kernels there: forward {bench._candidate(found['fwd'])}; backward "
                              f"{bench._candidate(found['bwd'])}.")
+
+
+def _tuned(blocks: dict, warps: int = 4, stages: int = 3) -> launch.Candidate:
+    return launch.Candidate("general_tma", tuple(blocks.items()), warps, stages)
+
+
+ONE = _tuned(dict(BLOCK_M1=32, BLOCK_N1=128, BLOCK_M2=128, BLOCK_N2=32))
+TWIN = _tuned(dict(ONE.blocks, SPLIT=1))
+PAIR = _tuned(dict(BLOCK_M1=32, BLOCK_N1=128, BLOCK_M2=64, BLOCK_N2=64, SPLIT=1))
+PAIR_8W = _tuned(dict(BLOCK_M1=32, BLOCK_N1=128, BLOCK_M2=128, BLOCK_N2=32, SPLIT=1, WARPS2=8, STAGES2=3))
+OTHER_ONE = _tuned(dict(BLOCK_M1=64, BLOCK_N1=64, BLOCK_M2=64, BLOCK_N2=64))
+
+
+def test_a_backward_candidate_names_its_launch_form_and_its_label():
+    assert [c.form for c in (ONE, TWIN, PAIR, PAIR_8W)] == ["one launch", "split twin", "split pair", "split pair"]
+    assert launch.split_twins([ONE]) == [TWIN]
+    assert launch.Candidate("short", (("BLOCK_M", 64),), 4, 1).form == "short"
+    assert PAIR_8W.label() == "general_tma: M1=32 N1=128 M2=128 N2=32 SPLIT=1 WARPS2=8 STAGES2=3, 4w 3s"
+    assert launch.Candidate("general", (("BLOCK_M", 64), ("BLOCK_N", 32)), 8, 2).label() == "M=64 N=32, 8w 2s"
+
+
+def _forms_row(times: dict) -> dict:
+    tuning = [{"candidate": c.to_json(), "ms": ms} for c, ms in sorted(times.items(), key=lambda kv: kv[1])]
+    return {"shape": [8, 12, 4097, 64], "flash": {"fwd_tflops": 1.0, "tuning_ms": {"fwd": None, "bwd": tuning}},
+            **{impl: {"error": "not selected"} for impl in bench.IMPLS if impl != "flash"}}
+
+
+def test_the_tuners_backward_timings_are_summed_up_by_launch_form():
+    """The table's ratios come from the tuner's own timings: pair / twin, the best split
+    against the best one launch, and the best twin against its own one-launch form (not the
+    fastest one launch)."""
+    row = _forms_row({OTHER_ONE: 2.0, ONE: 2.5, TWIN: 2.25, PAIR: 1.8, PAIR_8W: 1.9})
+    best = bench.backward_forms(row["flash"]["tuning_ms"]["bwd"])
+    assert best["fastest"] == (PAIR, 1.8) and best["one launch"] == (OTHER_ONE, 2.0)
+    assert best[bench.TWIN_PARENT] == (ONE, 2.5) and best["split twin"] == (TWIN, 2.25)
+    env = {k: "x" for k in ("gpu", "commit", "torch", "triton", "cuda", "cudnn", "python", "date")}
+    lines = bench.markdown([row], {}, env, "cmd").splitlines()
+    at = lines.index("## The autotuner's backward timings, the fastest of each launch form")
+    assert lines[at + 6] == ("| (8, 12, 4097, 64) | 2.0000 | 2.2500 | 1.8000 | 0.800 | 0.900 | 0.900 | "
+                             f"split pair: {PAIR.label()} |")
+    # no split candidate timed (e.g. a GPU without TMA): the ratios say n/a
+    lines = bench.markdown([_forms_row({ONE: 2.5, OTHER_ONE: 2.0})], {}, env, "cmd").splitlines()
+    assert lines[lines.index("## The autotuner's backward timings, the fastest of each launch form") + 6] == (
+        f"| (8, 12, 4097, 64) | 2.0000 | n/a | n/a | n/a | n/a | n/a | one launch: {OTHER_ONE.label()} |")
+
+
+def test_render_prints_a_result_files_tables_without_a_gpu(tmp_path, capsys):
+    import json
+
+    row = _forms_row({ONE: 2.5, TWIN: 2.25})
+    env = {k: "x" for k in ("gpu", "commit", "torch", "triton", "cuda", "cudnn", "python", "date")}
+    path = tmp_path / "attention_graph_h200.json"
+    path.write_text(json.dumps({"command": "the run's command", "environment": env,
+                                "results": {"latency": {}, "shapes": [row]}}))
+    bench.main(["--render", str(path)])
+    out = capsys.readouterr().out
+    assert "Command: `the run's command`" in out
+    assert "| (8, 12, 4097, 64) | 2.5000 | 2.2500 | n/a | n/a | 0.900 | 0.900 |" in out
+    path.write_text("{}")
+    with pytest.raises(SystemExit, match="not a result file"):
+        bench.main(["--render", str(path)])

@@ -200,4 +200,4 @@ def test_bwd_parts_probe_pairs_the_best_part_of_each_kind():
     dkdv_rows = [line for line in lines if line.startswith("| general_tma: M1=")]
     assert dkdv_rows[0].startswith("| general_tma: M1=32 N1=128, 4w 3s | 1.500")
     assert "- failed: M1=64 N1=128, 8w 3s: OutOfResources: shared memory" in lines
-    assert any("(dQ 8w 2s)" in line and "2.400" in line for line in lines)
+    assert any("SPLIT=1 WARPS2=8 STAGES2=2, 4w 3s" in line and "2.400" in line for line in lines)

@@ -66,18 +66,14 @@ def grid(part: int, families: tuple[str, ...], warps=(4, 8), stages=(2, 3)) -> l
 
 
 def label(c: launch.Candidate, part: int | None = None) -> str:
-    """A part's configuration (part 1 or 2), or a whole candidate's (part None)."""
+    """A part's configuration (part 1: dK/dV's tile, 2: dQ's), or a whole candidate's (part
+    None: Candidate.label)."""
+    if part is None:
+        return c.label()
     m = c.meta
     fam = "" if c.family == "general" else c.family + ": "
-    if part == 1:
-        return f"{fam}M1={m['BLOCK_M1']} N1={m['BLOCK_N1']}, {c.num_warps}w {c.num_stages}s"
-    if part == 2:
-        return f"{fam}M2={m['BLOCK_M2']} N2={m['BLOCK_N2']}, {c.num_warps}w {c.num_stages}s"
-    tiles = " ".join(f"{k[6:]}={m[k]}" for k in NAMES)
-    extra = " split" if m.get("SPLIT") else ""
-    if "WARPS2" in m:
-        extra += f" (dQ {m['WARPS2']}w {m['STAGES2']}s)"
-    return f"{fam}{tiles}, {c.num_warps}w {c.num_stages}s{extra}"
+    tile = f"M1={m['BLOCK_M1']} N1={m['BLOCK_N1']}" if part == 1 else f"M2={m['BLOCK_M2']} N2={m['BLOCK_N2']}"
+    return f"{fam}{tile}, {c.num_warps}w {c.num_stages}s"
 
 
 class Shape:

@@ -94,6 +94,28 @@ class Candidate:
     def from_json(cls, d: dict) -> "Candidate":
         return cls(d["family"], tuple(d["blocks"].items()), d["num_warps"], d["num_stages"])
 
+    def label(self) -> str:
+        """One line for tables: the family unless "general", the blocks (BLOCK_ dropped from
+        their names), warps and stages, e.g. "general_tma: M1=32 N1=128 M2=128 N2=32
+        SPLIT=1, 4w 3s"."""
+        family = "" if self.family == "general" else self.family + ": "
+        return family + " ".join(f"{k.removeprefix('BLOCK_')}={v}" for k, v in self.blocks) \
+            + f", {self.num_warps}w {self.num_stages}s"
+
+    @property
+    def form(self) -> str:
+        """How a general backward candidate launches its two kinds of program: "one launch"
+        (PART 0), "split twin" (two launches with the same tiles, warps and stages:
+        split_twins) or "split pair" (the dQ launch with tiles, warps or stages of its own:
+        split_pairs). Every other candidate: its family."""
+        m = self.meta
+        if self.family not in ("general", "general_tma") or "BLOCK_M1" not in m:
+            return self.family
+        if not m.get("SPLIT"):
+            return "one launch"
+        mirrored = (m["BLOCK_M2"], m["BLOCK_N2"]) == (m["BLOCK_N1"], m["BLOCK_M1"])
+        return "split twin" if mirrored and "WARPS2" not in m else "split pair"
+
 
 def _c(family: str, names: tuple[str, ...], *rows) -> list[Candidate]:
     return [Candidate(family, tuple(zip(names, r[:-2])), r[-2], r[-1]) for r in rows]
