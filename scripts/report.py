@@ -19,6 +19,11 @@ time_to_accuracy.png (val top-1 against training time).
 Runs that differ only in their seed (e.g. `train.py -m attention=flash,naive seed=1,2,3`) are
 also gathered per attention path: mean, standard deviation and range of test and val top-1.
 
+`--at-epochs 99 199 299` adds the val top-1 of every run at those epochs (0-based, as the
+curves count them) and its spread across the runs: runs of one recipe and seed that a time
+limit stopped at different epochs (trainer.max_time) still compare at equal epochs, where
+their learning-rate schedules were the same.
+
 Times are Lightning's ThroughputMonitor `train/time`: training only (validation excluded),
 up to the last logged step (trainer.log_every_n_steps).
 """
@@ -344,6 +349,21 @@ def markdown_groups(groups: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def markdown_at_epochs(summaries: list[dict], curves: list[dict], epochs: list[int]) -> str:
+    """Val top-1 of each run at each of `epochs` (n/a where a run has none logged there) and
+    the spread across the runs that have one, in points."""
+    top1 = {(c["run"], c["epoch"]): c["val_top1"] for c in curves if c["val_top1"] is not None}
+    runs = [s["run"] for s in summaries]
+    lines = ["| epoch | " + " | ".join(f"{r} ({s['attention']})" for r, s in zip(runs, summaries))
+             + " | spread (pt) |", "|---" * (len(runs) + 2) + "|"]
+    for epoch in epochs:
+        found = [top1.get((r, epoch)) for r in runs]
+        have = [v for v in found if v is not None]
+        spread = f"{100 * (max(have) - min(have)):.2f}" if len(have) > 1 else "n/a"
+        lines.append(f"| {epoch} | " + " | ".join(_fmt(v, "pct") for v in found) + f" | {spread} |")
+    return "\n".join(lines) + "\n"
+
+
 def _label(summary: dict, summaries: list[dict]) -> str:
     attentions = [s["attention"] for s in summaries]
     return summary["attention"] if attentions.count(summary["attention"]) == 1 else f"{summary['run']} ({summary['attention']})"
@@ -407,7 +427,8 @@ def _save(fig, path: Path) -> Path:
     return path
 
 
-def write(summaries: list[dict], curves: list[dict], out: Path, command: str, with_plots: bool) -> None:
+def write(summaries: list[dict], curves: list[dict], out: Path, command: str, with_plots: bool,
+          at_epochs: list[int] = ()) -> None:
     """report.md, summary.json, curves.csv and (with_plots) the PNGs, into folder `out`."""
     out.mkdir(parents=True, exist_ok=True)
     (out / "summary.json").write_text(json.dumps(summaries, indent=2) + "\n")
@@ -418,6 +439,8 @@ def write(summaries: list[dict], curves: list[dict], out: Path, command: str, wi
     text = [f"# Training runs\n\n`{command}`\n\n", markdown(summaries)]
     if groups := markdown_groups(seed_groups(summaries)):
         text.append("\nAcross seeds (runs that differ only in their seed):\n\n" + groups)
+    if at_epochs:
+        text.append("\nVal top-1 at equal epochs:\n\n" + markdown_at_epochs(summaries, curves, at_epochs))
     text.append("\nTimes: training only (validation excluded), from Lightning's ThroughputMonitor. "
                 "img/s: all processes under DDP; per process for runs too short to fill its window.\n")
     if with_plots:
@@ -433,6 +456,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--plot", action="store_true", help="also write PNG plots into --out (needs matplotlib)")
     parser.add_argument("--targets", type=float, nargs="*", default=[],
                         help="val top-1 levels (e.g. 0.9 0.93) whose training time to reach is reported")
+    parser.add_argument("--at-epochs", type=int, nargs="*", default=[], metavar="EPOCH",
+                        help="also tabulate every run's val top-1 at these epochs (0-based)")
     args = parser.parse_args(argv)
     if args.plot and not args.out:
         parser.error("--plot writes PNG files: give the folder with --out")
@@ -444,10 +469,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
     curves = [c for _, run_curves in results for c in run_curves]
     if args.out:
         command = "python scripts/report.py " + " ".join(sys.argv[1:] if argv is None else argv)
-        write(summaries, curves, args.out, command, args.plot)
+        write(summaries, curves, args.out, command, args.plot, args.at_epochs)
     print(markdown(summaries), end="")
     if groups := markdown_groups(seed_groups(summaries)):
         print("\n" + groups, end="")
+    if args.at_epochs:
+        print("\n" + markdown_at_epochs(summaries, curves, args.at_epochs), end="")
     return summaries
 
 

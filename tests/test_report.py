@@ -208,3 +208,20 @@ def test_runs_differing_only_in_seed_are_gathered():
     table = report.markdown_groups(groups)
     assert "| cifar10 | m | flash | 1, 2, 3 | 62.00 ± 2.83% (60.00-64.00, 2 runs) |" in table
     assert table.count("\n") == 4 and report.markdown_groups(report.seed_groups(summaries[:1])) == ""
+
+
+def test_val_top1_at_equal_epochs(sweep, tmp_path, capsys):
+    """--at-epochs tabulates each run's val top-1 at those epochs and its spread across the
+    runs: read back from the runs' own metrics.csv; an epoch that a run did not reach is n/a."""
+    jobs, resumed = sweep
+    out = tmp_path / "report"
+    report.main([str(jobs), str(resumed), "--out", str(out), "--at-epochs", "0", "1"])
+    sdpa = [v for epoch, _, v in read_metrics(jobs / "0" / "csv" / "metrics.csv", "val/top1") if epoch == 0]
+    naive = {epoch: v for epoch, _, v in read_metrics(jobs / "1" / "csv" / "metrics.csv", "val/top1")}
+    naive.update({epoch: v for epoch, _, v in read_metrics(resumed / "csv" / "metrics.csv", "val/top1")})
+    table = (out / "report.md").read_text()
+    assert "Val top-1 at equal epochs:" in table
+    spread = f"{100 * abs(sdpa[0] - naive[0]):.2f}"
+    assert f"| 0 | {100 * sdpa[0]:.2f}% | {100 * naive[0]:.2f}% | {spread} |" in table
+    assert f"| 1 | n/a | {100 * naive[1]:.2f}% | n/a |" in table  # sdpa's job ran one epoch
+    assert f"| 0 | {100 * sdpa[0]:.2f}% |" in capsys.readouterr().out
