@@ -9,7 +9,9 @@ A run continued by `ckpt_path=<earlier run>/checkpoints/last.ckpt` lives in a ne
 the report follows ckpt_path back through the earlier folders and joins the pieces into
 one run (training time and curves continue; the earlier folders need not be listed).
 
-Prints the markdown table. With --out DIR it writes DIR/report.md, DIR/summary.json (one
+Prints the markdown table; its "img/s / naive" column sets each run's training speed against
+the naive run of the same dataset, model and seed (n/a where there is none, or more than one).
+With --out DIR it writes DIR/report.md, DIR/summary.json (one
 row per run: run, dataset, model, attention, seed, epochs, best_val_top1, test_top1, test_top5,
 img_per_s, peak_gib, train_wall_s, time_to_top1) and DIR/curves.csv (per epoch: training
 time, train loss, val loss and top-1); --plot adds curves.png (train loss and val top-1 per
@@ -273,7 +275,20 @@ def _fmt(value, kind: str) -> str:
         return f"{value:.2f}"
     if kind == "s":
         return f"{value:,.1f}"
+    if kind == "x":
+        return f"{value:.2f}x"
     return str(value)
+
+
+def speed_vs_naive(summary: dict, summaries: list[dict]) -> float | None:
+    """summary's train img/s over that of the one naive run of the same dataset, model and
+    seed among `summaries` (the project's comparison: flash against naive); None where there
+    is no such run, or more than one (which one would be ambiguous), or a speed is missing."""
+    naive = [s for s in summaries if s["attention"] == "naive"
+             and (s["dataset"], s["model"], s.get("seed")) == (summary["dataset"], summary["model"], summary.get("seed"))]
+    if len(naive) != 1 or not summary["img_per_s"] or not naive[0]["img_per_s"]:
+        return None
+    return summary["img_per_s"] / naive[0]["img_per_s"]
 
 
 def markdown(summaries: list[dict]) -> str:
@@ -282,13 +297,15 @@ def markdown(summaries: list[dict]) -> str:
                ("attention", "attention", ""), ("epochs", "epochs", ""),
                ("best val top-1", "best_val_top1", "pct"), ("test top-1", "test_top1", "pct"),
                ("test top-5", "test_top5", "pct"), ("train img/s", "img_per_s", "int"),
+               ("img/s / naive", "img_per_s_vs_naive", "x"),
                ("peak GiB", "peak_gib", "gib"), ("train time (s)", "train_wall_s", "s")]
     targets = summaries[0]["time_to_top1"] if summaries else {}
     lines = ["| " + " | ".join([c[0] for c in columns] + [f"time to {100 * float(t):g}% (s)" for t in targets]
                                + ["overrides"]) + " |"]
     lines.append("|---" * (len(columns) + len(targets) + 1) + "|")
     for s in summaries:
-        cells = [_fmt(s[key], kind) for _, key, kind in columns]
+        cells = [_fmt(speed_vs_naive(s, summaries) if key == "img_per_s_vs_naive" else s[key], kind)
+                 for _, key, kind in columns]
         if s.get("val_split") == "test" and s["best_val_top1"] is not None:
             cells[columns.index(("best val top-1", "best_val_top1", "pct"))] += " *"
         cells += [_fmt(s["time_to_top1"][t], "s") for t in targets]

@@ -225,3 +225,22 @@ def test_val_top1_at_equal_epochs(sweep, tmp_path, capsys):
     assert f"| 0 | {100 * sdpa[0]:.2f}% | {100 * naive[0]:.2f}% | {spread} |" in table
     assert f"| 1 | n/a | {100 * naive[1]:.2f}% | n/a |" in table  # sdpa's job ran one epoch
     assert f"| 0 | {100 * sdpa[0]:.2f}% |" in capsys.readouterr().out
+
+
+def test_speed_against_the_naive_run_of_the_same_model_and_seed():
+    """The "img/s / naive" column: each run's img/s over that of the one naive run of its
+    dataset, model and seed; n/a where none, or more than one, matches."""
+    def row(name, attention, img_per_s, seed=42, model="m"):
+        return {"run": name, "dataset": "cifar10", "model": model, "attention": attention, "seed": seed,
+                "epochs": 3, "best_val_top1": 0.5, "test_top1": 0.4, "test_top5": 0.9, "img_per_s": img_per_s,
+                "peak_gib": None, "train_wall_s": 10.0, "time_to_top1": {}, "overrides": "", "val_split": "held out"}
+    flash, sdpa, naive = row("f", "flash", 300.0), row("s", "sdpa", 150.0), row("n", "naive", 120.0)
+    other_seed, other_model = row("f1", "flash", 90.0, seed=1), row("fm", "flash", 50.0, model="m2")
+    runs = [flash, sdpa, naive, other_seed, other_model]
+    assert report.speed_vs_naive(flash, runs) == pytest.approx(2.5)
+    assert report.speed_vs_naive(naive, runs) == pytest.approx(1.0)
+    assert report.speed_vs_naive(other_seed, runs) is None and report.speed_vs_naive(other_model, runs) is None
+    assert report.speed_vs_naive(flash, runs + [row("n2", "naive", 100.0)]) is None  # which naive? ambiguous
+    lines = report.markdown(runs).splitlines()
+    at = lines[0].split(" | ").index("img/s / naive")
+    assert [line.split(" | ")[at] for line in lines[2:7]] == ["2.50x", "1.25x", "1.00x", "n/a", "n/a"]
