@@ -18,7 +18,8 @@ import json
 from pathlib import Path
 
 # the blocks that tell candidates apart (the tail tiles follow from N and BLOCK_T = 1 from the twin)
-KEYS = ("BLOCK_M", "BLOCK_N", "HEADS", "STAGES", "BLOCK_M1", "BLOCK_N1", "BLOCK_M2", "BLOCK_N2")
+KEYS = ("BLOCK_M", "BLOCK_N", "HEADS", "STAGES", "BLOCK_M1", "BLOCK_N1", "BLOCK_M2", "BLOCK_N2", "SPLIT",
+        "WARPS2", "STAGES2")
 
 
 def name(cand: dict) -> str:
