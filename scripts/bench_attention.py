@@ -311,11 +311,8 @@ def _best_sdpa(row: dict, key: str) -> dict:
 
 
 def _candidate(c: dict | None) -> str:
-    """A candidate as one cell: family, tile sizes, warps and stages."""
-    if c is None:
-        return "n/a"
-    blocks = ", ".join(f"{k}={v}" for k, v in c["blocks"].items())
-    return f"{c['family']}: {blocks}; {c['num_warps']} warps, {c['num_stages']} stages"
+    """A candidate (its JSON) as one cell: launch.Candidate.label."""
+    return "n/a" if c is None else launch.Candidate.from_json(c).label()
 
 
 FORMS = ("one launch", "split twin", "split pair")  # launch.Candidate.form of a general backward

@@ -42,8 +42,8 @@ def test_the_table_names_each_shapes_candidates():
     lines = bench.markdown([row], {}, env, "cmd").splitlines()
     at = lines.index("## Flash candidates (chosen by the autotuner, or read from its cache)")
     cell = bench._candidate(fwd)
-    assert cell.startswith(f"{fwd['family']}: BLOCK_M={fwd['blocks']['BLOCK_M']}")
-    assert f"{fwd['num_warps']} warps, {fwd['num_stages']} stages" in cell
+    assert cell.startswith(f"{fwd['family']}: M={fwd['blocks']['BLOCK_M']} ")
+    assert cell.endswith(f", {fwd['num_warps']}w {fwd['num_stages']}s")
     assert lines[at + 4] == f"| (256, 3, 65, 64) | {cell} | {bench._candidate(bwd)} |"
 
 

@@ -152,8 +152,14 @@ def test_tuning_spread_probe_ranks_candidates_by_their_best_ratio(tmp_path):
     assert "bwd: 3 candidates timed over 2 files; 2 within 1.10x, 2 within 2.50x of the best somewhere" in out
     rows = [line.strip("|").split("|") for line in out.splitlines() if line.startswith("| short")]
     assert [(r[0].strip(), float(r[1]), int(r[2])) for r in rows] == [
-        ("short BLOCK_M=32 BLOCK_N=64 w4s1", 1.0, 2), ("short BLOCK_M=64 BLOCK_N=64 w4s1", 1.0, 2),
-        ("short BLOCK_M=16 BLOCK_N=64 w2s1", 3.0, 2)]
+        ("short: M=32 N=64, 4w 1s", 1.0, 2), ("short: M=64 N=64, 4w 1s", 1.0, 2),
+        ("short: M=16 N=64, 2w 1s", 3.0, 2)]
+    # a split candidate is named apart from its one-launch form
+    one = {"family": "general", "blocks": {"BLOCK_M1": 32, "BLOCK_N1": 64, "BLOCK_M2": 64, "BLOCK_N2": 32},
+           "num_warps": 4, "num_stages": 3}
+    twin = {**one, "blocks": {**one["blocks"], "SPLIT": 1}}
+    probe = _load("tuning_spread")
+    assert probe.name(one) == "M1=32 N1=64 M2=64 N2=32, 4w 3s" and probe.name(twin) == "M1=32 N1=64 M2=64 N2=32 SPLIT=1, 4w 3s"
 
 
 def test_agreement_probe_shows_rounding_well_inside_the_tuners_bound_on_its_inputs():

@@ -17,17 +17,20 @@ import collections
 import json
 from pathlib import Path
 
+from vitflash.ops import launch
+
 # the blocks that tell candidates apart (the tail tiles follow from N and BLOCK_T = 1 from the twin)
 KEYS = ("BLOCK_M", "BLOCK_N", "HEADS", "STAGES", "BLOCK_M1", "BLOCK_N1", "BLOCK_M2", "BLOCK_N2", "SPLIT",
         "WARPS2", "STAGES2")
 
 
 def name(cand: dict) -> str:
-    """A candidate as one short string: family, blocks, warps x stages."""
+    """A candidate as one short string: launch.Candidate.label of its KEYS blocks (the same
+    at every N), "one-key" for a one-key-tail twin."""
     blocks = cand["blocks"]
-    tiles = " ".join(f"{k}={blocks[k]}" for k in KEYS if k in blocks)
     one_key = " one-key" if blocks.get("BLOCK_T") == 1 and blocks.get("HAS_TAIL") else ""
-    return f"{cand['family']} {tiles}{one_key} w{cand['num_warps']}s{cand['num_stages']}"
+    kept = tuple((k, blocks[k]) for k in KEYS if k in blocks)
+    return launch.Candidate(cand["family"], kept, cand["num_warps"], cand["num_stages"]).label() + one_key
 
 
 def spread(files: list[Path]) -> dict[str, dict[str, tuple[float, int]]]:
