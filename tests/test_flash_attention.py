@@ -1366,9 +1366,11 @@ print(sum("cp.async.bulk.tensor" in line for line in ptx.splitlines()),
                                         ("bwd", 64, (64, 128, 8, 3)), ("bwd", 128, (64, 64, 8, 2)),
                                         ("bwd", 96, (64, 64, 8, 2))])
 def test_tma_twins_compile_for_hopper_without_spills(op, D, cfg):
-    """What the GPU runs of the general_tma twins, compiled for sm_90 without a GPU (in a
-    process without the interpreter), and assembled by Triton's ptxas: the tiles are bulk
-    tensor copies, and no register spills to local memory. (The pointer-load versions of
+    """The general kernels with TMA loads (general_tma), compiled for sm_90 without a GPU (in
+    a process without the interpreter), and assembled by Triton's ptxas: the tiles are bulk
+    tensor copies, and at these configurations no register spills to local memory. (The
+    8-warp backwards are compile checks of the kernel: on Hopper the tuner lists only
+    4-warp general backwards, launch.candidates.) (The pointer-load versions of
     these kernels use all 255 registers and spill 0.1-3 KB per thread at every listed
     configuration; the copy engine's tiles go to shared memory instead.)"""
     import os
@@ -1381,3 +1383,17 @@ def test_tma_twins_compile_for_hopper_without_spills(op, D, cfg):
     assert out.returncode == 0, out.stderr[-2000:]
     bulk, spilled = map(int, out.stdout.split()[-2:])
     assert bulk > 0 and spilled == 0
+
+
+@pytest.mark.parametrize("D", [64, 80, 128])
+def test_hopper_lists_only_four_warp_general_backwards(monkeypatch, D):
+    """Where TMA loads exist (Hopper) the general backward's candidates, pointer and TMA loads,
+    one launch and split, all have 4 warps (8-warp ones never came near the best on an H200:
+    benchmarks/results/tuning_spread_large_shapes.md); elsewhere the 8-warp tile is listed."""
+    monkeypatch.setattr(launch, "_TMA_LOADS", True)
+    monkeypatch.setattr(launch, "_TMA", True)
+    general = [c for c in launch.candidates("bwd", 577, D, 96) if c.family in ("general", "general_tma")]
+    assert {c.num_warps for c in general} == {4} and {c.family for c in general} == {"general", "general_tma"}
+    monkeypatch.setattr(launch, "_TMA_LOADS", False)
+    monkeypatch.setattr(launch, "_TMA", False)
+    assert 8 in {c.num_warps for c in launch.candidates("bwd", 577, D, 96)}

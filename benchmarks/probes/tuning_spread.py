@@ -8,6 +8,8 @@ shorter list would drop, and the first call at a new shape compiles every one of
 
     python benchmarks/probes/tuning_spread.py benchmarks/results/gpu_session_*/run*/attn_small/*.json
 
+`--by-head-dim` gives a table per op and head dim (the candidate lists differ by head dim).
+
 Runs on any machine: it reads JSON only.
 """
 from __future__ import annotations
@@ -33,13 +35,16 @@ def name(cand: dict) -> str:
     return launch.Candidate(cand["family"], kept, cand["num_warps"], cand["num_stages"]).label() + one_key
 
 
-def spread(files: list[Path]) -> dict[str, dict[str, tuple[float, int]]]:
-    """op -> candidate name -> (its best ratio to the fastest of its shape, shapes it was timed at)."""
+def spread(files: list[Path], by_head_dim: bool = False) -> dict[str, dict[str, tuple[float, int]]]:
+    """op -> candidate name -> (its best ratio to the fastest of its shape, shapes it was timed
+    at); with by_head_dim, "op, D = d" -> ...: a table per head dim, whose lists differ."""
     best: dict[str, dict[str, float]] = collections.defaultdict(dict)
     seen: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
     for f in files:
         for row in json.loads(f.read_text())["results"]["shapes"]:
             for op, timed in (row.get("flash", {}).get("tuning_ms") or {}).items():
+                if by_head_dim:
+                    op = f"{op}, D = {row['shape'][3]}"
                 fastest = min(t["ms"] for t in timed)
                 for t in timed:
                     key = name(t["candidate"])
@@ -53,8 +58,9 @@ def main(argv=None) -> None:
     p.add_argument("files", nargs="+", type=Path, help="bench_attention.py JSON files")
     p.add_argument("--within", type=float, nargs="+", default=[1.05, 1.10, 1.25],
                    help="ratios to count the candidates under")
+    p.add_argument("--by-head-dim", action="store_true", help="a table per op and head dim")
     args = p.parse_args(argv)
-    for op, table in sorted(spread(args.files).items()):
+    for op, table in sorted(spread(args.files, args.by_head_dim).items()):
         counts = ", ".join(f"{sum(r <= w for r, _ in table.values())} within {w:.2f}x" for w in args.within)
         print(f"\n{op}: {len(table)} candidates timed over {len(args.files)} files; {counts} of the best somewhere\n")
         print("| candidate | best ratio to the fastest | shapes timed |")

@@ -49,6 +49,7 @@ from vitflash.ops import kernels
 
 INTERPRET = bool(kernels.INTERPRET)
 # bump when a kernel or the candidate list changes in a way that can change the best config:
+# 15, no 8-warp general backward where TMA loads exist (Hopper);
 # 14, split candidates whose dQ launch has its own tiles, warps and stages (split_pairs);
 # 13, the general backward's split twins (dK/dV and dQ in two launches, split_twins);
 # 12, no 8-warp short forwards below 128 rows (a cache file may hold one, and the
@@ -63,7 +64,7 @@ INTERPRET = bool(kernels.INTERPRET)
 # 6, the forwards' FMA-folded softmax (and the bwd_atomic op);
 # 5, split head dims (4 keyed the reverted TAILS candidates of 067433b, which a GPU
 #    machine's cache file may still hold)
-CACHE_VERSION = 14
+CACHE_VERSION = 15
 
 # the families of bwd_atomic's own kernels: dQ added element by element, or by TMA tiles
 ATOMIC_FAMILIES = ("atomic", "atomic_tma")
@@ -276,19 +277,23 @@ def candidates(op: str, n: int, d: int, bh: int = 1) -> list[Candidate]:
                 out += [Candidate("atomic_tma", c.blocks, c.num_warps, c.num_stages)
                         for c in _atomic_candidates(bd) + _atomic_tma_extra(bd)]
         if bd <= 64:
-            out += _c("general", names, (32, 128, 128, 32, 4, 3), (64, 128, 128, 64, 8, 3),
-                      (64, 64, 64, 64, 4, 3), (32, 64, 64, 32, 4, 3))
-            # 8 warps: with its tiles in shared memory (TMA), no spills (compiled for sm_90)
-            tma_only = ((32, 128, 128, 32, 8, 3), (64, 64, 64, 64, 8, 3))
+            general = _c("general", names, (32, 128, 128, 32, 4, 3), (64, 128, 128, 64, 8, 3),
+                         (64, 64, 64, 64, 4, 3), (32, 64, 64, 32, 4, 3))
         elif bd <= 128:
-            out += _c("general", names, (32, 128, 128, 32, 8, 2), (64, 64, 64, 64, 4, 2),
-                      (32, 64, 64, 32, 4, 3), (16, 64, 64, 16, 4, 2))
-            tma_only = ((64, 64, 64, 64, 8, 2), (64, 64, 64, 64, 8, 3))
+            general = _c("general", names, (32, 128, 128, 32, 8, 2), (64, 64, 64, 64, 4, 2),
+                         (32, 64, 64, 32, 4, 3), (16, 64, 64, 16, 4, 2))
         else:
-            out += _c("general", names, (16, 64, 64, 16, 4, 1), (32, 32, 32, 32, 4, 1),
-                      (16, 32, 32, 16, 4, 1))
-            tma_only = ()
-        out += _tma_twins(out, d, _c("general", names, *tma_only))
+            general = _c("general", names, (16, 64, 64, 16, 4, 1), (32, 32, 32, 32, 4, 1),
+                         (16, 32, 32, 16, 4, 1))
+        if tma_loads() and tma_width(d) and d >= 64:
+            # Hopper, where the TMA twins exist, at the head dims measured: 4 warps only.
+            # On an H200 no 8-warp general
+            # backward (pointer or TMA loads) came within 1.24x of the fastest candidate in
+            # any of 35 (run, shape) timings at D = 64, nor within 1.41x in any of 9 at D = 80-128
+            # (benchmarks/results/tuning_spread_large_shapes.md); each one only lengthened the
+            # first call's tuning.
+            general = [c for c in general if c.num_warps == 4]
+        out += general + _tma_twins(general, d)
         if keys <= SHORT_BWD_MAX and keys * bd <= 160 * 128:
             out += [short_bwd(n, m, w) for m in (16, 32, 64) for w in (4, 8)
                     if m <= max(16, _pow2(n))]
@@ -355,15 +360,13 @@ def tma_fits(c: Candidate, d: int) -> bool:
             and m.get("BLOCK_M1") == m.get("BLOCK_N2") and m.get("BLOCK_N1") == m.get("BLOCK_M2"))
 
 
-def _tma_twins(cands: list[Candidate], d: int, extra: list[Candidate] = ()) -> list[Candidate]:
+def _tma_twins(cands: list[Candidate], d: int) -> list[Candidate]:
     """Where TMA loads exist, a "general_tma" twin of each general candidate that fits them
-    (the same tiles, warps and stages, the tiles loaded by the copy engine), and of `extra`:
-    configurations that only pay with TMA (more warps, whose registers pointer tiles and
-    operands would otherwise take)."""
+    (the same tiles, warps and stages, the tiles loaded by the copy engine)."""
     if not tma_loads():
         return []
     return [Candidate("general_tma", c.blocks, c.num_warps, c.num_stages)
-            for c in [*cands, *extra] if tma_fits(c, d)]
+            for c in cands if tma_fits(c, d)]
 
 
 def split_twins(cands: list[Candidate]) -> list[Candidate]:
