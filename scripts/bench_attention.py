@@ -358,13 +358,13 @@ def forms_table(results: list[dict]) -> list[str]:
              + " | pair / twin | best split / one launch | best twin / its one launch | chosen |",
              "|---" * (len(FORMS) + 5) + "|"]
     for shape, best in rows:
-        splits = [best[f] for f in ("split twin", "split pair") if f in best]
-        if splits and "one launch" in best:
-            best["split"] = min(splits, key=lambda cm: cm[1])
+        split = min((best[f] for f in ("split twin", "split pair") if f in best), key=lambda cm: cm[1],
+                    default=None)
+        vs_one = ratio({"split": split, **best}, "split", "one launch") if split else "n/a"
         chosen = best["fastest"][0]
         lines.append(f"| {tuple(shape)} | "
                      + " | ".join(f"{best[f][1]:.4f}" if f in best else "n/a" for f in FORMS)
-                     + f" | {ratio(best, 'split pair', 'split twin')} | {ratio(best, 'split', 'one launch')}"
+                     + f" | {ratio(best, 'split pair', 'split twin')} | {vs_one}"
                      f" | {ratio(best, 'split twin', TWIN_PARENT)} | {chosen.form}: {chosen.label()} |")
     return lines + [""]
 

@@ -1363,21 +1363,23 @@ print(sum("cp.async.bulk.tensor" in line for line in ptx.splitlines()),
 
 
 @pytest.mark.parametrize("op, D, cfg", [("fwd", 64, (128, 64, 4, 3)), ("fwd", 128, (128, 128, 8, 3)),
-                                        ("bwd", 64, (64, 128, 8, 3)), ("bwd", 128, (64, 64, 8, 2)),
-                                        ("bwd", 96, (64, 64, 8, 2))])
-def test_tma_twins_compile_for_hopper_without_spills(op, D, cfg):
-    """The general kernels with TMA loads (general_tma), compiled for sm_90 without a GPU (in
-    a process without the interpreter), and assembled by Triton's ptxas: the tiles are bulk
-    tensor copies, and at these configurations no register spills to local memory. (The
-    8-warp backwards are compile checks of the kernel: on Hopper the tuner lists only
-    4-warp general backwards, launch.candidates.) (The pointer-load versions of
-    these kernels use all 255 registers and spill 0.1-3 KB per thread at every listed
-    configuration; the copy engine's tiles go to shared memory instead.)"""
+                                        ("bwd", 64, (64, 64, 4, 3)), ("bwd", 64, (32, 64, 4, 3))])
+def test_tma_twins_compile_for_hopper_without_spills(monkeypatch, op, D, cfg):
+    """What the GPU runs of the general_tma twins (listed configurations), compiled for sm_90
+    without a GPU (in a process without the interpreter), and assembled by Triton's ptxas:
+    the tiles are bulk tensor copies, and no register spills to local memory. (The
+    pointer-load versions of these kernels use all 255 registers and spill 0.1-3 KB per thread
+    at every listed configuration; the copy engine's tiles go to shared memory instead.)"""
     import os
     import subprocess
     import sys
 
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    monkeypatch.setattr(launch, "_TMA_LOADS", True)  # listed on Hopper, where the twins exist
+    monkeypatch.setattr(launch, "_TMA", True)
+    names = ("BLOCK_M", "BLOCK_N") if op == "fwd" else ("BLOCK_M1", "BLOCK_N1", "BLOCK_M2", "BLOCK_N2")
+    tiles = cfg[:2] if op == "fwd" else (*cfg[:2], cfg[1], cfg[0])
+    assert launch.Candidate("general_tma", tuple(zip(names, tiles)), *cfg[2:]) in launch.candidates(op, 577, D, 96)
     out = subprocess.run([sys.executable, "-c", _COMPILE_TMA_LOADS.format(op=op, D=D, cfg=cfg)],
                          env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]

@@ -70,10 +70,9 @@ def label(c: launch.Candidate, part: int | None = None) -> str:
     None: Candidate.label)."""
     if part is None:
         return c.label()
-    m = c.meta
-    fam = "" if c.family == "general" else c.family + ": "
-    tile = f"M1={m['BLOCK_M1']} N1={m['BLOCK_N1']}" if part == 1 else f"M2={m['BLOCK_M2']} N2={m['BLOCK_N2']}"
-    return f"{fam}{tile}, {c.num_warps}w {c.num_stages}s"
+    names = NAMES[:2] if part == 1 else NAMES[2:]
+    own = tuple((k, c.meta[k]) for k in names)
+    return launch.Candidate(c.family, own, c.num_warps, c.num_stages).label()
 
 
 class Shape:

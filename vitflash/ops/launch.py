@@ -286,12 +286,11 @@ def candidates(op: str, n: int, d: int, bh: int = 1) -> list[Candidate]:
             general = _c("general", names, (16, 64, 64, 16, 4, 1), (32, 32, 32, 32, 4, 1),
                          (16, 32, 32, 16, 4, 1))
         if tma_loads() and tma_width(d) and d >= 64:
-            # Hopper, where the TMA twins exist, at the head dims measured: 4 warps only.
-            # On an H200 no 8-warp general
-            # backward (pointer or TMA loads) came within 1.24x of the fastest candidate in
-            # any of 35 (run, shape) timings at D = 64, nor within 1.41x in any of 9 at D = 80-128
-            # (benchmarks/results/tuning_spread_large_shapes.md); each one only lengthened the
-            # first call's tuning.
+            # Hopper, where the TMA twins exist, at the head dims measured: 4 warps only. On
+            # an H200 no 8-warp general backward (pointer or TMA loads) came within 1.24x of
+            # the fastest candidate in any of 35 (run, shape) timings at D = 64, nor within
+            # 1.41x in any of 9 at D = 80-128 (benchmarks/results/tuning_spread_large_shapes.md);
+            # each one only lengthened the first call's tuning.
             general = [c for c in general if c.num_warps == 4]
         out += general + _tma_twins(general, d)
         if keys <= SHORT_BWD_MAX and keys * bd <= 160 * 128:
@@ -395,7 +394,9 @@ def split_pairs(d: int) -> list[Candidate]:
     at D = 128, dK/dV with (64, 64) in 2 stages, dQ with (128, 64) in 8 warps and 3 stages.
     Listed, the tuner chose a pair at all six large shapes, 1-4% under the best split twin
     (run3). Only at D <= 64 and D = 128: at D = 80 and 96 the D = 128 pair took 17-42% more
-    than the twins (run4); and only where TMA loads exist (Hopper), where they were measured."""
+    than the twins (run4; both from the tuner's own timings, tabulated by
+    `scripts/bench_attention.py --render` in gpu_session_d17457d/tuning_forms.md); and only
+    where TMA loads exist (Hopper), where they were measured."""
     if not (tma_loads() and tma_width(d)):
         return []
     bd = tile_width(d)
