@@ -1,0 +1,189 @@
+"""Probe: what the backward candidates that cache version 15 took off the Hopper list cost a
+first call at a new shape.
+
+The tuner compiles and times every listed candidate the first time it meets a shape
+(launch.choose). Version 15 dropped the 8-warp general backwards on Hopper at D >= 64 (as
+pointer-load candidates and TMA twins) and the two 8-warp TMA-only ones at each D, after the
+tuner's own timings showed none near the fastest (benchmarks/results/
+tuning_spread_large_shapes.md). This probe times the flash op's first forward and first
+backward at each shape twice: with the list as it is ("listed") and with those candidates
+put back ("v14", `v14_extras`). Each case runs in a fresh process with an empty tuning cache
+($VITFLASH_CACHE_DIR) and an empty Triton compile cache ($TRITON_CACHE_DIR), which is what a
+new machine pays; the cases alternate, `--repeats` rounds of them.
+
+    python benchmarks/probes/first_call.py --shapes 256,12,197,64 4,16,4097,128 --repeats 3
+
+Needs a CUDA GPU of compute capability 9 (elsewhere both lists are the same). Writes
+<out>/first_call_<gpu>.json and .md.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from vitflash.ops import flash_attention_qkvpacked, launch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+from bench_attention import command_line, environment, spread, write_results  # noqa: E402
+
+VARIANTS = ("listed", "v14")
+NAMES = ("BLOCK_M1", "BLOCK_N1", "BLOCK_M2", "BLOCK_N2")
+
+
+def v14_extras(op: str, n: int, d: int) -> list[launch.Candidate]:
+    """The backward candidates at (n, d) that cache version 14 listed and 15 does not, on a
+    machine with TMA loads: the 8-warp general tile of the head dim's width class, pointer
+    and TMA loads (D >= 64 only: below it they are still listed), and the 8-warp
+    configurations that were listed with TMA loads only."""
+    if op != "bwd" or not (launch.tma_loads() and launch.tma_width(d)):
+        return []
+    bd = launch.tile_width(d)
+    if bd <= 64:
+        eight, tma_only = [(64, 128, 128, 64, 8, 3)], [(32, 128, 128, 32, 8, 3), (64, 64, 64, 64, 8, 3)]
+    elif bd <= 128:
+        eight, tma_only = [(32, 128, 128, 32, 8, 2)], [(64, 64, 64, 64, 8, 2), (64, 64, 64, 64, 8, 3)]
+    else:
+        return []
+    pointer = launch._c("general", NAMES, *eight) if d >= 64 else []
+    twins = [launch.Candidate("general_tma", c.blocks, c.num_warps, c.num_stages)
+             for c in pointer + launch._c("general", NAMES, *tma_only) if launch.tma_fits(c, d)]
+    return pointer + twins
+
+
+def use_v14_list() -> None:
+    """Make launch.candidates list version 14's backward candidates (this process only)."""
+    listed = launch.candidates
+
+    def candidates(op: str, n: int, d: int, bh: int = 1) -> list[launch.Candidate]:
+        out = listed(op, n, d, bh)
+        return out + [c for c in v14_extras(op, n, d) if c not in out]
+
+    launch.candidates = candidates
+
+
+def child(shape: tuple[int, int, int, int], variant: str) -> dict:
+    """One first forward and backward of the flash op at shape (B, H, N, D), bf16, in this
+    process: seconds each, the candidates listed and the ones chosen."""
+    if variant == "v14":
+        use_v14_list()
+    B, H, N, D = shape
+    qkv = torch.randn(B, N, 3, H, D, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    do = torch.randn(B, N, H, D, device="cuda", dtype=torch.bfloat16)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    o = flash_attention_qkvpacked(qkv)
+    torch.cuda.synchronize()
+    t1 = time.perf_counter()
+    o.backward(do)
+    torch.cuda.synchronize()
+    t2 = time.perf_counter()
+    row = {"shape": list(shape), "variant": variant, "fwd_s": t1 - t0, "bwd_s": t2 - t1}
+    for op in ("fwd", "bwd"):
+        row[f"{op}_candidates"] = len(launch.candidates(op, N, D, B * H))
+        chosen = launch.chosen(op, torch.bfloat16, N, D, B * H)
+        row[f"{op}_chosen"] = chosen.label() if chosen is not None else None
+    return row
+
+
+def run_child(shape: tuple[int, int, int, int], variant: str) -> dict:
+    """child() in a fresh process with empty tuning and compile caches."""
+    with tempfile.TemporaryDirectory() as tune, tempfile.TemporaryDirectory() as compiled:
+        env = dict(os.environ, VITFLASH_CACHE_DIR=tune, TRITON_CACHE_DIR=compiled)
+        out = subprocess.run([sys.executable, __file__, "--child", ",".join(map(str, shape)),
+                              "--variant", variant], env=env, capture_output=True, text=True)
+    if out.returncode != 0:
+        raise SystemExit(f"the first call at {shape} ({variant}) failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def summarize(rows: list[dict]) -> list[dict]:
+    """One row per (shape, variant): candidate counts, the chosen backward(s), and the
+    median and min-max of the first forward's and backward's seconds."""
+    out = []
+    for shape in dict.fromkeys(tuple(r["shape"]) for r in rows):
+        for variant in VARIANTS:
+            mine = [r for r in rows if tuple(r["shape"]) == shape and r["variant"] == variant]
+            if not mine:
+                continue
+            out.append({"shape": list(shape), "variant": variant,
+                        "fwd_candidates": mine[0]["fwd_candidates"],
+                        "bwd_candidates": mine[0]["bwd_candidates"],
+                        "bwd_chosen": sorted({r["bwd_chosen"] for r in mine if r["bwd_chosen"]}),
+                        "fwd_s": spread([r["fwd_s"] for r in mine]),
+                        "bwd_s": spread([r["bwd_s"] for r in mine])})
+    return out
+
+
+def _s(x: dict) -> str:
+    return f"{x['median']:.2f} ({x['min']:.2f}-{x['max']:.2f})"
+
+
+def markdown(summary: list[dict], env: dict, command: str) -> str:
+    lines = [f"# First call at a new shape: the backward list of cache version 15 against 14 ({env['gpu']})",
+             "",
+             f"`{command}`; commit {env['commit']}, torch {env['torch']}, triton {env['triton']}, "
+             f"{env['date']}. Each case in a fresh process with empty tuning and compile caches; "
+             f"seconds, median (min-max) of {env['repeats']}.",
+             "",
+             "| shape (B, H, N, D) | list | bwd candidates | first backward, s | first forward, s | backward chosen |",
+             "|---|---|---|---|---|---|"]
+    for r in summary:
+        lines.append(f"| {tuple(r['shape'])} | {r['variant']} | {r['bwd_candidates']} | {_s(r['bwd_s'])} | "
+                     f"{_s(r['fwd_s'])} | {'; '.join(r['bwd_chosen'])} |")
+    lines += ["", "| shape | backward: v14 - listed, s (medians) | listed / v14 |", "|---|---|---|"]
+    for shape in dict.fromkeys(tuple(r["shape"]) for r in summary):
+        pair = {r["variant"]: r["bwd_s"]["median"] for r in summary if tuple(r["shape"]) == shape}
+        if set(pair) == set(VARIANTS):
+            lines.append(f"| {shape} | {pair['v14'] - pair['listed']:+.2f} | {pair['listed'] / pair['v14']:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+def _shape(text: str) -> tuple[int, int, int, int]:
+    try:
+        B, H, N, D = (int(x) for x in text.split(","))
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(f"{text!r}: a shape is B,H,N,D, e.g. 256,12,197,64") from err
+    return B, H, N, D
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--shapes", type=_shape, nargs="+", default=[(256, 12, 197, 64), (4, 16, 4097, 128)])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    parser.add_argument("--child", type=_shape, help=argparse.SUPPRESS)
+    parser.add_argument("--variant", choices=VARIANTS, default="listed", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        sys.exit("first_call.py needs a CUDA GPU: it times the flash op's first call.")
+    if args.child:
+        print(json.dumps(child(args.child, args.variant)))
+        return
+    if not launch.tma_loads():
+        sys.exit("first_call.py compares lists that differ only where TMA loads exist (compute "
+                 "capability 9 or newer); on this GPU they are the same.")
+    env, command = environment(), command_line()
+    env["repeats"] = args.repeats
+    rows = []
+    for r in range(args.repeats):
+        for shape in args.shapes:
+            for variant in (VARIANTS if r % 2 == 0 else VARIANTS[::-1]):
+                rows.append(run_child(shape, variant))
+                print(f"{tuple(shape)} {variant}: forward {rows[-1]['fwd_s']:.2f} s, backward "
+                      f"{rows[-1]['bwd_s']:.2f} s ({rows[-1]['bwd_candidates']} candidates)", flush=True)
+    summary = summarize(rows)
+    table = markdown(summary, env, command)
+    write_results(args.out, "first_call", env, command, {"runs": rows, "summary": summary}, table)
+    print(table, end="")
+
+
+if __name__ == "__main__":
+    main()
