@@ -1,0 +1,1 @@
+. .gpu/common.sh; envinfo; . .gpu/train_common.sh; train200 flash 500

@@ -1,0 +1,2 @@
+. .gpu/common.sh; envinfo; . .gpu/train_common.sh
+train200 naive 560
