@@ -195,6 +195,9 @@ def test_bwd_parts_probe_pairs_the_best_part_of_each_kind():
     other = probe.pair_candidate(dkdv, dq_other)
     assert (other.meta["WARPS2"], other.meta["STAGES2"], other.num_warps, other.num_stages) == (8, 2, 4, 3)
     assert len(probe.grid(1, ("general", "general_tma"))) == 2 * len(probe.DKDV_TILES) * 4
+    deep = probe.grid(2, ("general_tma",), warps=(4,), stages=(3, 4, 5))
+    assert len(deep) == len(probe.DQ_TILES) * 3
+    assert {(c.num_warps, c.num_stages) for c in deep} == {(4, 3), (4, 4), (4, 5)}
     timed = lambda c, part, ms: {"label": probe.label(c, part), "candidate": c.to_json(),  # noqa: E731
                                  "ms": {"median": ms, "min": ms, "max": ms}}
     row = {"shape": [8, 12, 4097, 64], "delta_ms": {"median": 0.02},
@@ -203,8 +206,10 @@ def test_bwd_parts_probe_pairs_the_best_part_of_each_kind():
                      2: [timed(dq_same, 2, 1.0), timed(dq_other, 2, 0.8)]},
            "whole": {"best pair": {"label": probe.label(other), "ms": {"median": 2.4, "min": 2.3, "max": 2.5}}},
            "listed": [{"label": probe.label(same), "ms": 2.6}]}
-    env = {"gpu": "H200", "commit": "abc", "torch": "2", "triton": "3", "cuda": "13", "date": "d", "repeats": 3}
+    env = {"gpu": "H200", "commit": "abc", "torch": "2", "triton": "3", "cuda": "13", "date": "d", "repeats": 3,
+           "warps": [4], "stages": [3, 4, 5]}
     lines = probe.markdown([row], env, "cmd").splitlines()
+    assert "warps [4], stages [3, 4, 5]." in lines[4]
     dkdv_rows = [line for line in lines if line.startswith("| general_tma: M1=")]
     assert dkdv_rows[0].startswith("| general_tma: M1=32 N1=128, 4w 3s | 1.500")
     assert "- failed: M1=64 N1=128, 8w 3s: OutOfResources: shared memory" in lines

@@ -13,6 +13,9 @@ choice among the listed candidates, and the best pair as one split candidate.
 
     python benchmarks/probes/bwd_parts.py --shapes 256,12,197,64 8,12,4097,64 4,16,4097,128
 
+--warps and --stages set the grid's warps and pipeline stages (default 4 and 8 warps, 2 and 3
+stages), e.g. `--warps 4 --stages 3 4 5` for deeper pipelines of the streamed tiles.
+
 Times are launch._time_ms (CUDA events, a sleeping kernel ahead of each window so that the
 GPU time is measured, not the host's), `--repeats` times: median (min-max) ms. Needs a CUDA
 GPU. Writes <out>/bwd_parts_<gpu>.json and .md after every shape.
@@ -108,7 +111,8 @@ def time_spread(fn, repeats: int) -> dict:
     return spread([launch._time_ms(fn) for _ in range(repeats)])
 
 
-def probe_shape(shape: tuple[int, int, int, int], families: tuple[str, ...], repeats: int) -> dict:
+def probe_shape(shape: tuple[int, int, int, int], families: tuple[str, ...], repeats: int,
+                warps: tuple[int, ...] = (4, 8), stages: tuple[int, ...] = (2, 3)) -> dict:
     B, H, N, D = shape
     # the listed general candidates (the short backward, one launch of another kernel, is
     # not listed at the lengths this probe is for); the reference: the first one-launch one
@@ -119,7 +123,7 @@ def probe_shape(shape: tuple[int, int, int, int], families: tuple[str, ...], rep
     ref = s.dqkv.clone()
     row = {"shape": list(shape), "parts": {1: [], 2: []}}
     for part in (1, 2):
-        cands = grid(part, families)
+        cands = grid(part, families, warps, stages)
         runs = {c: s.launches(c)[part] for c in cands}
         launch._compile_all(cands, lambda c: s.run_part(runs[c]))
         sl = slice(1, 3) if part == 1 else slice(0, 1)  # dK, dV or dQ of dqkv
@@ -164,7 +168,9 @@ def markdown(rows: list[dict], env: dict, command: str, top: int = 6) -> str:
              f"Commit {env['commit']}; torch {env['torch']}, triton {env['triton']}, CUDA "
              f"{env['cuda']}; {env['date']}. bf16, no dropout. Each time: `launch._time_ms` "
              f"(CUDA events, GPU time) {env['repeats']} times, median (min-max) ms. A part's time "
-             "is its launch alone; whole times are delta + both parts (or one launch).", ""]
+             "is its launch alone; whole times are delta + both parts (or one launch). Each part's "
+             f"grid: tiles {', '.join(f'{a}x{b}' for a, b in DKDV_TILES)} (dK/dV; dQ's mirrored), "
+             f"warps {env.get('warps', [4, 8])}, stages {env.get('stages', [2, 3])}.", ""]
     for r in rows:
         lines += [f"## {tuple(r['shape'])}", ""]
         for name, w in r["whole"].items():
@@ -202,6 +208,8 @@ def main(argv=None) -> None:
     p.add_argument("--shapes", nargs="+", type=parse_shape,
                    default=[(256, 12, 197, 64), (64, 12, 577, 64), (8, 12, 4097, 64), (4, 16, 4097, 128)])
     p.add_argument("--families", nargs="+", default=["general_tma"], choices=["general", "general_tma"])
+    p.add_argument("--warps", nargs="+", type=int, default=[4, 8], help="the grid's warps")
+    p.add_argument("--stages", nargs="+", type=int, default=[2, 3], help="the grid's pipeline stages")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--out", type=Path, default=Path("."))
     args = p.parse_args(argv)
@@ -210,13 +218,14 @@ def main(argv=None) -> None:
     if "general_tma" in args.families and not launch.tma_loads():
         raise SystemExit("--families general_tma needs TMA loads (a Hopper GPU or newer); "
                          "pass --families general")
-    env = {**environment(), "repeats": args.repeats}
+    env = {**environment(), "repeats": args.repeats, "warps": args.warps, "stages": args.stages}
     command = command_line()
     stem = args.out / result_stem("bwd_parts", env)
     args.out.mkdir(parents=True, exist_ok=True)
     rows = []
     for shape in args.shapes:
-        rows.append(probe_shape(shape, tuple(args.families), args.repeats))
+        rows.append(probe_shape(shape, tuple(args.families), args.repeats, tuple(args.warps),
+                                tuple(args.stages)))
         stem.with_suffix(".json").write_text(json.dumps(
             {"command": command, "environment": env, "results": rows}, indent=1, default=str))
         stem.with_suffix(".md").write_text(markdown(rows, env, command))
