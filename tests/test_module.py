@@ -212,6 +212,42 @@ def test_eval_flip_scores_each_image_and_its_mirror_image():
     assert not torch.allclose(direct, mirrored)  # a ViT is not mirror-symmetric: the check can fail
 
 
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(optimizer=partial(torch.optim.AdamW, lr=-1)), r"model.optimizer.lr=-1 is not a positive number: pass e.g."),
+    (dict(optimizer=partial(torch.optim.AdamW, lr=0.0)), r"model.optimizer.lr=0.0 is not a positive number"),
+    (dict(optimizer=partial(torch.optim.AdamW, lr="1e-3")), r"model.optimizer.lr='1e-3' is not a positive number"),
+    (dict(optimizer=partial(torch.optim.SGD, lr=0.1, weight_decay=-0.1)),
+     r"model.optimizer.weight_decay=-0.1 is not a number >= 0"),
+    (dict(warmup_epochs=-1), r"model.warmup_epochs=-1 is not a number >= 0: pass e.g. 5"),
+    (dict(min_lr=float("nan")), r"model.min_lr=nan is not a number >= 0"),
+    (dict(layer_decay=0), r"model.layer_decay=0 is not null or a number in \(0, 1\]"),
+    (dict(layer_decay=1.5), r"model.layer_decay=1.5 is not null or a number in \(0, 1\]"),
+    (dict(label_smoothing=1.0), r"model.label_smoothing=1.0 is not a number in \[0, 1\)"),
+    (dict(mixup_prob=2), r"model.mixup_prob=2 is not a number in \[0, 1\]"),
+    (dict(cutmix_alpha=True), r"model.cutmix_alpha=True is not a number >= 0"),
+    (dict(drop_path_rate=1.0), r"model.drop_path_rate=1.0 is not a number in \[0, 1\)"),
+])
+def test_bad_hyperparameters_are_refused_before_building(kwargs, message):
+    """Values that the optimizer, scheduler or Mixup would refuse only once the data is set up
+    (a negative LR: "Invalid learning rate"), or take silently (a layer decay of 0), stop the
+    module's constructor with the config key named, before the model is built."""
+    kwargs.setdefault("optimizer", partial(torch.optim.AdamW, lr=1e-3, weight_decay=0.05))
+    with mock.patch("vitflash.create_model") as create:
+        with pytest.raises(ValueError, match=message):
+            ViTModule("vit_micro_patch4_32", num_classes=10, attention="sdpa", **kwargs)
+    create.assert_not_called()
+
+
+def test_edge_hyperparameters_are_accepted():
+    """The ends of each range that mean something: no warmup, an LR floor of 0, no layer decay
+    (null) or a layer decay of 1, every batch mixed, SGD without weight decay."""
+    module = make(warmup_epochs=0, warmup_lr=0.0, min_lr=0.0, layer_decay=1.0, mixup_alpha=0.8,
+                  mixup_prob=1.0, mixup_switch_prob=0.0, label_smoothing=0.0)
+    assert module.mixup is not None
+    ViTModule("vit_micro_patch4_32", num_classes=10, attention="sdpa", layer_decay=None,
+              optimizer=partial(torch.optim.SGD, lr=0.03, momentum=0.9, weight_decay=0.0))
+
+
 @pytest.mark.parametrize("bad", ["yes", 1, None])
 def test_eval_flip_refuses_a_bad_value(bad):
     with pytest.raises(ValueError, match=r"model.eval_flip=.* is not true or false"):

@@ -9,6 +9,7 @@ Lightning Trainer; see configs/trainer/.
 from __future__ import annotations
 
 import logging
+import math
 import warnings
 from contextlib import nullcontext
 from functools import partial
@@ -132,6 +133,48 @@ def check_graph_step(compile_mode, cuda: bool, precision: str, world_size: int, 
                          f"{getattr(optimizer, '__name__', optimizer)}: use optim=adamw, {fix}")
 
 
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def check_hyperparameters(optimizer, **values) -> None:
+    """Raise a ValueError, naming the config key and a value to pass, for a learning rate that
+    is not a positive number, or a weight decay, warmup, LR floor, layer decay, label smoothing,
+    mixup setting or dropout rate outside its range: what the optimizer, the scheduler or
+    timm's Mixup would refuse only once the data is set up, or take without complaint.
+    `optimizer`: the model.optimizer factory (a partial); `values`: ViTModule's arguments of
+    those names."""
+    keywords = getattr(optimizer, "keywords", None) or {}
+    lr = keywords.get("lr")
+    if lr is not None and not (_number(lr) and lr > 0):
+        raise ValueError(f"model.optimizer.lr={lr!r} is not a positive number: pass e.g. model.optimizer.lr=1e-3")
+    decay = keywords.get("weight_decay")
+    if decay is not None and not (_number(decay) and decay >= 0):
+        raise ValueError(f"model.optimizer.weight_decay={decay!r} is not a number >= 0: pass e.g. "
+                         "model.optimizer.weight_decay=0.05, or 0 for none")
+    at_least_0 = (lambda v: v >= 0, "a number >= 0")
+    below_1 = (lambda v: 0 <= v < 1, "a number in [0, 1)")
+    chance = (lambda v: 0 <= v <= 1, "a number in [0, 1]")
+    ranges = {  # key: (test, what it must be, what to pass)
+        "warmup_epochs": (*at_least_0, "e.g. 5, or 0 for none"),
+        "warmup_lr": (*at_least_0, "e.g. 1e-6 (the LR the warmup starts from)"),
+        "min_lr": (*at_least_0, "e.g. 1e-5 (where the cosine ends)"),
+        "layer_decay": (lambda v: 0 < v <= 1, "null or a number in (0, 1]", "e.g. 0.75, or null to turn it off"),
+        "label_smoothing": (*below_1, "e.g. 0.1, or 0 for none"),
+        "mixup_alpha": (*at_least_0, "e.g. 0.8, or 0 for no mixup"),
+        "cutmix_alpha": (*at_least_0, "e.g. 1.0, or 0 for no cutmix"),
+        "mixup_prob": (*chance, "the chance that a batch is mixed, e.g. 1.0"),
+        "mixup_switch_prob": (*chance, "the chance of cutmix rather than mixup, e.g. 0.5"),
+        "drop_path_rate": (*below_1, "e.g. 0.1, or 0 for none"),
+        "drop_rate": (*below_1, "e.g. 0.1, or 0 for none"),
+        "attn_drop_rate": (*below_1, "e.g. 0.1, or 0 for none"),
+    }
+    for key, value in values.items():
+        test, must, hint = ranges[key]
+        if not (value is None and key == "layer_decay") and not (_number(value) and test(value)):
+            raise ValueError(f"model.{key}={value!r} is not {must}: pass {hint}")
+
+
 def check_ema(decay: float | None, warmup: bool = False, sharded: bool = False) -> None:
     """Raise a ValueError unless `decay` is None (no EMA) or a number in (0, 1) and `warmup` a
     bool; and for an EMA under FSDP (`sharded`), where each process holds a shard of the
@@ -241,6 +284,11 @@ class ViTModule(L.LightningModule):
         super().__init__()
         resolve_compile(compile, cuda=False)  # a bad value stops here, before the model is built
         check_ema(ema_decay, ema_warmup)
+        check_hyperparameters(optimizer, warmup_epochs=warmup_epochs, warmup_lr=warmup_lr, min_lr=min_lr,
+                              layer_decay=layer_decay, label_smoothing=label_smoothing,
+                              mixup_alpha=mixup_alpha, cutmix_alpha=cutmix_alpha, mixup_prob=mixup_prob,
+                              mixup_switch_prob=mixup_switch_prob, drop_path_rate=drop_path_rate,
+                              drop_rate=drop_rate, attn_drop_rate=attn_drop_rate)
         # plain values only, so `torch.load(weights_only=True)` reads the checkpoints
         self.save_hyperparameters(ignore=["optimizer"])
         self.optimizer_factory = optimizer
