@@ -16,7 +16,7 @@ import hydra
 import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from vitflash.checkpoint import check_finite
 from vitflash.cli import check_trainer, host_peak_rss_gib, run_session, short_errors
@@ -28,6 +28,9 @@ SPLITS = ("test", "val")
 
 def evaluate(cfg: DictConfig) -> dict:
     """Evaluate cfg.ckpt_path on split cfg.split of cfg.data with attention cfg.model.attention."""
+    if OmegaConf.is_missing(cfg, "ckpt_path"):
+        raise ValueError("eval.py scores a checkpoint: pass ckpt_path=<run dir>/checkpoints/<file>.ckpt "
+                         "(last.ckpt, or the best one, named by its val top-1)")
     if cfg.split not in SPLITS:
         raise ValueError(f"split={cfg.split!r}: choose one of {', '.join(SPLITS)}")
     check_trainer(cfg.trainer)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 
 from vitflash import list_models
+from vitflash.cli import short_errors
 from vitflash.pretrained import export_timm
 
 
@@ -30,4 +31,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    short_errors(main)()  # a path, checkpoint or model the user can fix: one line, exit status 1

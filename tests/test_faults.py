@@ -263,6 +263,20 @@ def test_eval_refuses_non_finite_weights(tiny_ckpt, tmp_path, value):
         assert "holds NaN or inf weights" in result.stderr and "Traceback" not in result.stderr
 
 
+def test_eval_and_export_name_a_missing_checkpoint_in_one_line(tmp_path):
+    """eval.py without ckpt_path, and export_timm.py on a damaged file: exit status 1 and one
+    message saying what to pass, no traceback."""
+    result = run_cli("eval", f"hydra.run.dir={tmp_path / 'run'}")
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert "Error: eval.py scores a checkpoint: pass ckpt_path=<run dir>/checkpoints/" in result.stderr
+    bad = tmp_path / "bad.ckpt"
+    bad.write_text("not a checkpoint\n")
+    result = run_cli("export_timm", str(bad), "--out", str(tmp_path / "x.safetensors"))
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert f"Error: cannot read checkpoint {bad}: it is truncated, corrupt" in result.stderr
+    assert not (tmp_path / "x.safetensors").exists()
+
+
 class Payload:
     """Unpickled in full, this touches a file: proof that a path was loaded unsafely."""
 

@@ -10,6 +10,7 @@ import functools
 
 import importlib.util
 import os
+import re
 from pathlib import Path
 
 import huggingface_hub.constants
@@ -281,6 +282,19 @@ def test_truncated_file(tmp_path, fmt):
     with pytest.raises(CheckpointError, match="cannot read checkpoint .*truncated, corrupt") as e:
         vitflash.create_model("vit_tiny_patch16_224", pretrained=path, depth=1)
     assert str(path) in str(e.value)
+
+
+def test_garbage_file_is_reported_without_torchs_weights_only_advice(tmp_path):
+    """A file of text where a checkpoint should be: the error says it is damaged and keeps the
+    unpickler's finding, not torch's advice to load it with weights_only=False (which would
+    run whatever a pickle holds, and cannot mend a damaged file)."""
+    path = tmp_path / "notes.ckpt"
+    path.write_text("not a checkpoint\n")
+    with pytest.raises(CheckpointError, match=r"cannot read checkpoint .*notes.ckpt: it is truncated, corrupt") as e:
+        vitflash.create_model("vit_micro_patch4_32", pretrained=path)
+    message = str(e.value)
+    assert "weights_only" not in message and "In PyTorch 2.6" not in message
+    assert re.search(r"\(UnpicklingError: \S", message)  # the finding itself, whatever its wording
 
 
 def test_missing_file(tmp_path):

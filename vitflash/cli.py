@@ -152,12 +152,13 @@ USER_ERRORS = (ValueError, TypeError, OSError, SetupError, OmegaConfBaseExceptio
 
 
 def short_errors(main: Callable) -> Callable:
-    """Wrap a Hydra task function: user errors become one message on stderr and exit status 1."""
+    """Wrap a Hydra task function (or a script's argparse main): user errors become one message
+    on stderr and exit status 1."""
 
     @functools.wraps(main)
-    def wrapper(cfg: DictConfig):
+    def wrapper(*args, **kwargs):
         try:
-            return main(cfg)
+            return main(*args, **kwargs)
         except (InstantiationException, *USER_ERRORS) as e:
             if os.environ.get("HYDRA_FULL_ERROR") == "1":
                 raise

@@ -146,11 +146,21 @@ def load_file(path: str | os.PathLike):
         error = e
     except Exception as e:  # torch and safetensors raise several types for damaged files
         error = e
-    first_line = str(error).splitlines()[0] if str(error) else ""
     raise CheckpointError(
         f"cannot read checkpoint {path}: it is truncated, corrupt, or not a PyTorch/safetensors "
-        f"checkpoint ({type(error).__name__}: {first_line}). Re-download or re-save it, or "
+        f"checkpoint ({type(error).__name__}: {_load_detail(error)}). Re-download or re-save it, or "
         "use another checkpoint of the run (last.ckpt or the best one)") from error
+
+
+def _load_detail(error: Exception) -> str:
+    """What went wrong in a failed load, in one line. torch's weights-only unpickler wraps its
+    finding ("Unsupported operand 103") in a paragraph whose advice, to load with
+    weights_only=False, does not apply to a damaged file: only the finding is kept."""
+    text = str(error)
+    marker = "WeightsUnpickler error:"
+    if marker in text:
+        text = text.split(marker, 1)[1]
+    return next((line.strip() for line in text.splitlines() if line.strip()), "")
 
 
 # ---------------------------------------------------------------------------------------
