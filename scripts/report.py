@@ -3,8 +3,9 @@
     python scripts/train.py -m attention=flash,sdpa,naive trainer=gpu      # one job per path
     python scripts/report.py outputs/train/multiruns/<time> --out report --plot --targets 0.9 0.93
 
-Takes run folders of scripts/train.py, or folders holding them (a sweep's jobs, a task's
-runs/). Reads each run's config (.hydra/) and its CSVLogger metrics (csv/metrics.csv).
+Takes run folders of scripts/train.py, or folders above them, down to five levels (a sweep's
+jobs, a task's runs/ and multiruns/, the whole log folder); runs of the same folder name are
+told apart by the folders above them. Reads each run's config (.hydra/) and its CSVLogger metrics (csv/metrics.csv).
 A run continued by `ckpt_path=<earlier run>/checkpoints/last.ckpt` lives in a new folder:
 the report follows ckpt_path back through the earlier folders and joins the pieces into
 one run (training time and curves continue; the earlier folders need not be listed).
@@ -56,19 +57,22 @@ class ReportError(Exception):
 
 
 def find_runs(paths: list[Path]) -> list[Path]:
-    """Run folders among `paths`: each path itself, or its direct subfolders (a sweep)."""
+    """Run folders among `paths`: each path itself, else every run folder up to five levels
+    below it: a sweep's jobs, a task's folder (`outputs/<task>` holds `runs/<time>/` and
+    `multiruns/<time>/<job>/`) or the whole log folder (`outputs/`)."""
     runs = []
     for path in paths:
         if (path / METRICS_FILE).is_file():
             runs.append(path.resolve())
             continue
-        jobs = sorted((p for p in path.iterdir() if (p / METRICS_FILE).is_file()),
-                      key=lambda p: (len(p.name), p.name)) if path.is_dir() else []
-        if not jobs:
+        below = range(1, 6) if path.is_dir() else ()
+        found = {m.parents[1] for depth in below for m in path.glob("/".join(["*"] * depth + [str(METRICS_FILE)]))}
+        if not found:
             raise ReportError(
-                f"{path} holds no training run: expected {METRICS_FILE} in it or in its "
-                "subfolders (run folders of scripts/train.py with logger=csv)")
-        runs.extend(p.resolve() for p in jobs)
+                f"{path} holds no training run: expected {METRICS_FILE} in it or in a folder up to "
+                "five levels below it (run folders of scripts/train.py with logger=csv)")
+        # a sweep's jobs 0, 1, ..., 10 in that order
+        runs.extend(p.resolve() for p in sorted(found, key=lambda p: (str(p.parent), len(p.name), p.name)))
     return runs
 
 
@@ -210,8 +214,21 @@ def _img_per_s(rows: list[dict], pieces: list[Path]) -> float | None:
     return samples / seconds if seconds > 0 else None
 
 
-def summarize(pieces: list[Path], targets: tuple[float, ...] = ()) -> tuple[dict, list[dict]]:
-    """(summary row, per-epoch curve rows) of one run made of `pieces` (oldest first)."""
+def run_names(runs: list[list[Path]]) -> list[str]:
+    """A name per run (its pieces, oldest first): its first folder's name, with as many folders
+    above it as make it unique ("0" of two sweeps: "<time>/0" each)."""
+    depth = 1
+    while True:
+        names = ["/".join(pieces[0].parts[-depth:]) for pieces in runs]
+        if len(set(names)) == len(names) or depth >= max((len(p[0].parts) for p in runs), default=1):
+            return names
+        depth += 1
+
+
+def summarize(pieces: list[Path], targets: tuple[float, ...] = (), name: str | None = None) -> tuple[dict, list[dict]]:
+    """(summary row, per-epoch curve rows) of one run made of `pieces` (oldest first), named
+    `name` (default: its first folder's name)."""
+    name = name or pieces[0].name
     last = pieces[-1]
     config = _yaml(last / ".hydra" / "config.yaml") or {}
     choices = ((_yaml(last / ".hydra" / "hydra.yaml") or {}).get("hydra") or {}).get("runtime", {}).get("choices", {})
@@ -227,14 +244,14 @@ def summarize(pieces: list[Path], targets: tuple[float, ...] = ()) -> tuple[dict
             continue
         train_loss = next((t["train/loss_epoch"] for t in rows
                            if t.get("train/loss_epoch") is not None and t.get("epoch") == r["epoch"]), None)
-        curves.append({"run": pieces[0].name, "epoch": int(r["epoch"]), "step": int(r["step"]),
+        curves.append({"run": name, "epoch": int(r["epoch"]), "step": int(r["step"]),
                        "train_time_s": _time_at(rows, r["step"]), "train_loss": train_loss,
                        "val_loss": r.get("val/loss"), "val_top1": r["val/top1"]})
     tests = [r for r in rows if r.get("test/top1") is not None]
     peak = _values(rows, "train/peak_mem_gib") + _values(rows, "test/peak_mem_gib")
     times = _values(rows, "train/time")
     summary = {
-        "run": pieces[0].name,
+        "run": name,
         "pieces": [os.path.relpath(p) for p in pieces],  # relative: the report may be committed
         "dataset": choices.get("data", (config.get("data") or {}).get("name", "n/a")),
         "model": (config.get("model") or {}).get("model_name"),
@@ -479,7 +496,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     if args.plot and not args.out:
         parser.error("--plot writes PNG files: give the folder with --out")
     try:
-        results = [summarize(pieces, tuple(args.targets)) for pieces in chains(find_runs(args.paths))]
+        runs = chains(find_runs(args.paths))
+        results = [summarize(pieces, tuple(args.targets), name) for pieces, name in zip(runs, run_names(runs))]
     except ReportError as err:
         sys.exit(f"report.py: {err}")
     summaries = [s for s, _ in results]

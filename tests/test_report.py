@@ -182,6 +182,32 @@ def test_report_names_a_folder_without_runs(tmp_path):
     assert "holds no training run" in result.stderr and "csv/metrics.csv" in result.stderr
 
 
+def test_runs_are_found_below_a_task_folder_and_the_log_folder(sweep, tmp_path):
+    """`report.py outputs/<task>` or `report.py outputs` finds every run below: the task's
+    runs/<time>/ and multiruns/<time>/<job>/ (jobs in numeric order), down to five levels."""
+    jobs, _ = sweep
+    task = tmp_path / "outputs" / "train"
+    shutil.copytree(jobs / "0", task / "runs" / "2026-01-01_00-00-00")
+    for job in ("10", "2", "0"):
+        shutil.copytree(jobs / "1", task / "multiruns" / "2026-01-02_00-00-00" / job)
+    (task / "runs" / "2026-01-01_00-00-01" / "csv").mkdir(parents=True)  # a run that failed early: no metrics
+    expected = [task / "multiruns" / "2026-01-02_00-00-00" / job for job in ("0", "2", "10")]
+    expected.append(task / "runs" / "2026-01-01_00-00-00")
+    assert report.find_runs([tmp_path / "outputs"]) == [p.resolve() for p in expected]
+    assert report.find_runs([task]) == [p.resolve() for p in expected]
+    assert report.find_runs([task / "multiruns" / "2026-01-02_00-00-00"]) == [p.resolve() for p in expected[:3]]
+    runs = report.chains(report.find_runs([task]))
+    assert report.run_names(runs) == ["0", "2", "10", "2026-01-01_00-00-00"]
+    shutil.copytree(jobs / "0", task / "multiruns" / "2026-01-03_00-00-00" / "0")  # a second sweep's job 0
+    runs = report.chains(report.find_runs([task]))
+    assert report.run_names(runs) == ["2026-01-02_00-00-00/0", "2026-01-02_00-00-00/2", "2026-01-02_00-00-00/10",
+                                      "2026-01-03_00-00-00/0", "runs/2026-01-01_00-00-00"]
+    deep = tmp_path / "deep" / "a" / "b" / "c" / "d" / "e" / "f"  # six levels below
+    shutil.copytree(jobs / "0", deep)
+    with pytest.raises(report.ReportError, match="holds no training run: .*up to five levels below"):
+        report.find_runs([tmp_path / "deep"])
+
+
 def test_overrides_column_keeps_the_recipe_not_the_places():
     kept = ["attention=flash", "trainer.max_epochs=40", "+trainer.limit_train_batches=2", "data.batch_size=64"]
     places = ["hydra.run.dir=/x/run", "paths.data_dir=/d", "ckpt_path=/x/last.ckpt",
