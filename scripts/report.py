@@ -5,7 +5,8 @@
 
 Takes run folders of scripts/train.py, or folders above them, down to five levels (a sweep's
 jobs, a task's runs/ and multiruns/, the whole log folder); runs of the same folder name are
-told apart by the folders above them. Reads each run's config (.hydra/) and its CSVLogger metrics (csv/metrics.csv).
+told apart by the folders above them. Reads each run's config (.hydra/) and its CSVLogger
+metrics (csv/metrics.csv).
 A run continued by `ckpt_path=<earlier run>/checkpoints/last.ckpt` lives in a new folder:
 the report follows ckpt_path back through the earlier folders and joins the pieces into
 one run (training time and curves continue; the earlier folders need not be listed).

@@ -139,9 +139,9 @@ def _number(value) -> bool:
 
 def check_hyperparameters(optimizer, **values) -> None:
     """Raise a ValueError, naming the config key and a value to pass, for a learning rate that
-    is not a positive number, or a weight decay, warmup, LR floor, layer decay, label smoothing,
-    mixup setting or dropout rate outside its range: what the optimizer, the scheduler or
-    timm's Mixup would refuse only once the data is set up, or take without complaint.
+    is not a positive number, or a weight decay, warmup, cool-down, LR floor, layer decay,
+    label smoothing, mixup setting or dropout rate outside its range: what the optimizer, the
+    scheduler or timm's Mixup would refuse only once the data is set up, or take silently.
     `optimizer`: the model.optimizer factory (a partial); `values`: ViTModule's arguments of
     those names."""
     keywords = getattr(optimizer, "keywords", None) or {}
@@ -157,6 +157,7 @@ def check_hyperparameters(optimizer, **values) -> None:
     chance = (lambda v: 0 <= v <= 1, "a number in [0, 1]")
     ranges = {  # key: (test, what it must be, what to pass)
         "warmup_epochs": (*at_least_0, "e.g. 5, or 0 for none"),
+        "cooldown_epochs": (*at_least_0, "e.g. 10 (the last epochs, held at min_lr), or 0 for none"),
         "warmup_lr": (*at_least_0, "e.g. 1e-6 (the LR the warmup starts from)"),
         "min_lr": (*at_least_0, "e.g. 1e-5 (where the cosine ends)"),
         "layer_decay": (lambda v: 0 < v <= 1, "null or a number in (0, 1]", "e.g. 0.75, or null to turn it off"),
@@ -284,7 +285,8 @@ class ViTModule(L.LightningModule):
         super().__init__()
         resolve_compile(compile, cuda=False)  # a bad value stops here, before the model is built
         check_ema(ema_decay, ema_warmup)
-        check_hyperparameters(optimizer, warmup_epochs=warmup_epochs, warmup_lr=warmup_lr, min_lr=min_lr,
+        check_hyperparameters(optimizer, warmup_epochs=warmup_epochs, cooldown_epochs=cooldown_epochs,
+                              warmup_lr=warmup_lr, min_lr=min_lr,
                               layer_decay=layer_decay, label_smoothing=label_smoothing,
                               mixup_alpha=mixup_alpha, cutmix_alpha=cutmix_alpha, mixup_prob=mixup_prob,
                               mixup_switch_prob=mixup_switch_prob, drop_path_rate=drop_path_rate,
@@ -319,9 +321,6 @@ class ViTModule(L.LightningModule):
             raise ValueError(f"model.mixup_off_epoch={mixup_off_epoch!r}: give a whole number of epochs >= 0 "
                              "(the epoch, counted from 0, from which images are no longer mixed), or null to mix "
                              "to the end")
-        if isinstance(cooldown_epochs, bool) or not isinstance(cooldown_epochs, (int, float)) or cooldown_epochs < 0:
-            raise ValueError(f"model.cooldown_epochs={cooldown_epochs!r}: give a number of epochs >= 0 (the last "
-                             "epochs, held at min_lr), or 0 for none")
         if not isinstance(eval_flip, bool):
             raise ValueError(f"model.eval_flip={eval_flip!r} is not true or false")
         self.eval_flip = eval_flip
