@@ -1275,15 +1275,16 @@ def test_tma_load_kernels(monkeypatch, N, D):
 
 
 @pytest.mark.parametrize("N, D, B, H", [(17, 32, 2, 2), (65, 64, 2, 2), (64, 32, 1, 4),
-                                        (100, 80, 2, 2), (197, 96, 1, 2)])
+                                        (100, 80, 2, 2), (197, 48, 1, 2)])
 def test_short_tma_forward(monkeypatch, N, D, B, H):
     """The short forward's "short_tma" twins (Hopper), whose Q, K and V tiles come through
     TMA descriptors of one box height each (query tile, its partial tail, key tile and one
     or two key tails), against the reference, each twin once: a partial tail past N (17 =
     16 + 16, 65 = 64 + 16 rows past N read as zeros), no tail (64 keys; 4 heads, so the
     pipelined programs over 2 and 4 heads run too), two key tails (100 = 64 + 32 + 16,
-    197 = 128 + 64 + 16) and split head dims (80 = 64 + 16, 96 = 64 + 32), whose second
-    chunks have descriptors of their own; at 17 and 65 also the pipelined one-key-tail twins,
+    197 = 128 + 64 + 16) and split head dims (80 = 64 + 16, 48 = 32 + 16), whose second
+    chunks have descriptors of their own (past 128 keys the short forwards are listed on
+    Hopper below D = 64 only); at 17 and 65 also the pipelined one-key-tail twins,
     whose key past the tile is loaded by pointers beside the TMA tiles."""
     monkeypatch.setattr(launch, "_TMA_LOADS", True)
     qkv, do = _packed_inputs(B, N, H, D, torch.float16, seed=N + D)
@@ -1399,3 +1400,21 @@ def test_hopper_lists_only_four_warp_general_backwards(monkeypatch, D):
     monkeypatch.setattr(launch, "_TMA_LOADS", False)
     monkeypatch.setattr(launch, "_TMA", False)
     assert 8 in {c.num_warps for c in launch.candidates("bwd", 577, D, 96)}
+
+
+@pytest.mark.parametrize("N, D", [(197, 64), (129, 96), (256, 128)])
+def test_hopper_lists_no_short_forward_past_one_128_key_tile(monkeypatch, N, D):
+    """Where TMA loads exist (Hopper), past 128 keys at D >= 64 the forward's candidates are
+    general ones only (no short forward came within 1.16x of the best at N = 197 on an H200:
+    benchmarks/results/tuning_spread_large_shapes.md). Up to 128 keys, at narrow heads, and
+    without TMA loads, the short forwards stay listed."""
+    monkeypatch.setattr(launch, "_TMA_LOADS", True)
+    monkeypatch.setattr(launch, "_TMA", True)
+    families = {c.family for c in launch.candidates("fwd", N, D, 96)}
+    assert families == {"general", "general_tma"}
+    assert "short_tma" in {c.family for c in launch.candidates("fwd", 128, D, 96)}
+    assert "short_tma" in {c.family for c in launch.candidates("fwd", 65, 64, 96)}
+    assert "short_tma" in {c.family for c in launch.candidates("fwd", N, 16, 96)}  # narrow heads: not measured
+    monkeypatch.setattr(launch, "_TMA_LOADS", False)
+    monkeypatch.setattr(launch, "_TMA", False)
+    assert "short" in {c.family for c in launch.candidates("fwd", N, D, 96)}

@@ -216,27 +216,39 @@ def test_bwd_parts_probe_pairs_the_best_part_of_each_kind():
     assert any("SPLIT=1 WARPS2=8 STAGES2=2, 4w 3s" in line and "2.400" in line for line in lines)
 
 
-def test_first_call_probe_puts_back_what_version_15_took_off_the_hopper_list(monkeypatch):
+def test_first_call_probe_puts_back_what_versions_15_and_16_took_off_the_hopper_lists(monkeypatch):
     """The first-call probe (a GPU run) times the tuner's first call with today's candidate
-    list and with version 14's, the 8-warp general backwards put back on Hopper. What it puts
-    back: the 8-warp tile of the head dim's class with its TMA twin (D >= 64: below it they
-    are still listed) and the two 8-warp TMA-only configurations; nothing where TMA loads do
-    not exist, nothing for the forward. Its table reports each list's first backward and the
-    difference of their medians."""
+    lists and with earlier versions': "v15" puts back the short forwards past 128 keys, "v14"
+    those and the 8-warp general backwards (the 8-warp tile of the head dim's class with its
+    TMA twin, D >= 64: below it they are still listed, and the two 8-warp TMA-only
+    configurations); nothing where TMA loads do not exist. Its table reports each list's
+    first forward and backward and their differences from today's."""
     probe = _load("first_call")
     monkeypatch.setattr(launch, "_TMA_LOADS", True)
     monkeypatch.setattr(launch, "_TMA", True)
     original = launch.candidates
     monkeypatch.setattr(launch, "candidates", original)  # restored after the test
+    monkeypatch.setattr(launch, "_short_fwd_cut", launch._short_fwd_cut)
+    cut = launch._short_fwd_cut
     for d in (64, 128):
         listed = original("bwd", 577, d, 96)
         extras = probe.v14_extras("bwd", 577, d)
         assert len(extras) == 4 and {c.num_warps for c in extras} == {8}
         assert [c.family for c in extras].count("general") == 1 and not set(extras) & set(listed)
-        probe.use_v14_list()
+        fwd_197 = original("fwd", 197, d, 96)
+        assert {c.family for c in fwd_197} == {"general", "general_tma"}
+        probe.use_list("v15")
+        shorts = [c for c in launch.candidates("fwd", 197, d, 96) if c not in fwd_197]
+        assert launch.candidates("fwd", 197, d, 96) == fwd_197 + shorts
+        assert shorts and {c.family for c in shorts} == {"short", "short_tma"}
+        assert launch.candidates("bwd", 577, d, 96) == listed
+        launch._short_fwd_cut = cut
+        probe.use_list("v14")
         assert launch.candidates("bwd", 577, d, 96) == listed + extras
-        assert launch.candidates("fwd", 577, d, 96) == original("fwd", 577, d, 96)
-        launch.candidates = original
+        assert launch.candidates("fwd", 197, d, 96) == fwd_197 + shorts
+        launch.candidates, launch._short_fwd_cut = original, cut
+    probe.use_list("listed")
+    assert launch.candidates is original and launch._short_fwd_cut is cut
     assert [c.family for c in probe.v14_extras("bwd", 577, 48)] == ["general_tma"] * 2
     assert probe.v14_extras("fwd", 577, 64) == []
     monkeypatch.setattr(launch, "_TMA_LOADS", False)
@@ -245,15 +257,16 @@ def test_first_call_probe_puts_back_what_version_15_took_off_the_hopper_list(mon
 
     def run(variant, fwd_s, bwd_s):
         return {"shape": [256, 12, 197, 64], "variant": variant, "fwd_s": fwd_s, "bwd_s": bwd_s,
-                "fwd_candidates": 8, "bwd_candidates": {"listed": 15, "v14": 19}[variant],
+                "fwd_candidates": {"listed": 8, "v15": 22}[variant], "bwd_candidates": 15,
                 "fwd_chosen": "f", "bwd_chosen": "M1=32 N1=128 M2=64 N2=64 SPLIT=1, 4w 3s"}
 
-    rows = [run("listed", 2.0, 5.0), run("v14", 2.1, 6.5), run("listed", 2.2, 4.0),
-            run("v14", 1.9, 7.0), run("listed", 2.1, 4.5), run("v14", 2.0, 6.0)]
+    rows = [run("listed", 6.0, 5.0), run("v15", 15.0, 5.2), run("v15", 14.0, 4.8),
+            run("listed", 7.0, 4.0), run("listed", 5.0, 4.5), run("v15", 16.0, 5.0)]
     summary = probe.summarize(rows)
-    assert [(r["variant"], r["bwd_candidates"], r["bwd_s"]["median"]) for r in summary] == [
-        ("listed", 15, 4.5), ("v14", 19, 6.5)]
+    assert [(r["variant"], r["fwd_candidates"], r["fwd_s"]["median"]) for r in summary] == [
+        ("listed", 8, 6.0), ("v15", 22, 15.0)]
     env = {"gpu": "H200", "commit": "abc", "torch": "2", "triton": "3", "date": "d", "repeats": 3}
     lines = probe.markdown(summary, env, "cmd").splitlines()
-    assert "| (256, 12, 197, 64) | listed | 15 | 4.50 (4.00-5.00) | 2.10 (2.00-2.20) | M1=32 N1=128 M2=64 N2=64 SPLIT=1, 4w 3s |" in lines
-    assert "| (256, 12, 197, 64) | +2.00 | 0.69 |" in lines
+    assert ("| (256, 12, 197, 64) | listed | 8 / 15 | 6.00 (5.00-7.00) | 4.50 (4.00-5.00) | "
+            "M1=32 N1=128 M2=64 N2=64 SPLIT=1, 4w 3s |") in lines
+    assert "| (256, 12, 197, 64) | v15 | +9.00 | +0.50 | 0.40 | 0.90 |" in lines

@@ -1,19 +1,22 @@
-"""Probe: what the backward candidates that cache version 15 took off the Hopper list cost a
-first call at a new shape.
+"""Probe: what the candidates that recent cache versions took off the Hopper lists cost a first
+call at a new shape.
 
 The tuner compiles and times every listed candidate the first time it meets a shape
-(launch.choose). Version 15 dropped the 8-warp general backwards on Hopper at D >= 64 (as
-pointer-load candidates and TMA twins) and the two 8-warp TMA-only ones at each D, after the
-tuner's own timings showed none near the fastest (benchmarks/results/
+(launch.choose). On Hopper, version 15 dropped the 8-warp general backwards at D >= 64 (as
+pointer-load candidates and TMA twins) and the two 8-warp TMA-only ones at each D; version 16
+dropped the short forwards past one 128-key tile at D >= 64 (launch._short_fwd_cut); each
+after the tuner's own timings showed none near the fastest (benchmarks/results/
 tuning_spread_large_shapes.md). This probe times the flash op's first forward and first
-backward at each shape twice: with the list as it is ("listed") and with those candidates
-put back ("v14", `v14_extras`). Each case runs in a fresh process with an empty tuning cache
-($VITFLASH_CACHE_DIR) and an empty Triton compile cache ($TRITON_CACHE_DIR), which is what a
-new machine pays; the cases alternate, `--repeats` rounds of them.
+backward at each shape with the list as it is ("listed") and with earlier versions' lists
+put back: "v15" (the short forwards) and "v14" (those and the 8-warp backwards, `v14_extras`).
+Each case runs in a fresh process with an empty tuning cache ($VITFLASH_CACHE_DIR) and an
+empty Triton compile cache ($TRITON_CACHE_DIR), which is what a new machine pays; the cases
+alternate, `--repeats` rounds of them.
 
-    python benchmarks/probes/first_call.py --shapes 256,12,197,64 4,16,4097,128 --repeats 3
+    python benchmarks/probes/first_call.py --shapes 256,12,197,64 --variants listed v15 --repeats 3
+    python benchmarks/probes/first_call.py --shapes 256,12,197,64 4,16,4097,128 --variants listed v14
 
-Needs a CUDA GPU of compute capability 9 (elsewhere both lists are the same). Writes
+Needs a CUDA GPU of compute capability 9 (elsewhere the lists are the same). Writes
 <out>/first_call_<gpu>.json and .md.
 """
 from __future__ import annotations
@@ -34,7 +37,7 @@ from vitflash.ops import flash_attention_qkvpacked, launch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 from bench_attention import command_line, environment, spread, write_results  # noqa: E402
 
-VARIANTS = ("listed", "v14")
+VARIANTS = ("listed", "v15", "v14")
 NAMES = ("BLOCK_M1", "BLOCK_N1", "BLOCK_M2", "BLOCK_N2")
 
 
@@ -58,8 +61,14 @@ def v14_extras(op: str, n: int, d: int) -> list[launch.Candidate]:
     return pointer + twins
 
 
-def use_v14_list() -> None:
-    """Make launch.candidates list version 14's backward candidates (this process only)."""
+def use_list(variant: str) -> None:
+    """Make launch.candidates list an earlier version's candidates (this process only): "v15"
+    puts back the short forwards past 128 keys, "v14" those and version 14's backwards."""
+    if variant == "listed":
+        return
+    launch._short_fwd_cut = lambda n, d: False
+    if variant == "v15":
+        return
     listed = launch.candidates
 
     def candidates(op: str, n: int, d: int, bh: int = 1) -> list[launch.Candidate]:
@@ -72,8 +81,7 @@ def use_v14_list() -> None:
 def child(shape: tuple[int, int, int, int], variant: str) -> dict:
     """One first forward and backward of the flash op at shape (B, H, N, D), bf16, in this
     process: seconds each, the candidates listed and the ones chosen."""
-    if variant == "v14":
-        use_v14_list()
+    use_list(variant)
     B, H, N, D = shape
     qkv = torch.randn(B, N, 3, H, D, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     do = torch.randn(B, N, H, D, device="cuda", dtype=torch.bfloat16)
@@ -127,22 +135,31 @@ def _s(x: dict) -> str:
 
 
 def markdown(summary: list[dict], env: dict, command: str) -> str:
-    lines = [f"# First call at a new shape: the backward list of cache version 15 against 14 ({env['gpu']})",
+    lines = [f"# First call at a new shape: today's candidate lists against earlier versions' ({env['gpu']})",
              "",
              f"`{command}`; commit {env['commit']}, torch {env['torch']}, triton {env['triton']}, "
              f"{env['date']}. Each case in a fresh process with empty tuning and compile caches; "
-             f"seconds, median (min-max) of {env['repeats']}.",
+             f"seconds, median (min-max) of {env['repeats']}. v15: the short forwards past 128 keys "
+             "put back; v14: those and the 8-warp general backwards.",
              "",
-             "| shape (B, H, N, D) | list | bwd candidates | first backward, s | first forward, s | backward chosen |",
+             "| shape (B, H, N, D) | list | fwd / bwd candidates | first forward, s | first backward, s | backward chosen |",
              "|---|---|---|---|---|---|"]
     for r in summary:
-        lines.append(f"| {tuple(r['shape'])} | {r['variant']} | {r['bwd_candidates']} | {_s(r['bwd_s'])} | "
-                     f"{_s(r['fwd_s'])} | {'; '.join(r['bwd_chosen'])} |")
-    lines += ["", "| shape | backward: v14 - listed, s (medians) | listed / v14 |", "|---|---|---|"]
+        lines.append(f"| {tuple(r['shape'])} | {r['variant']} | {r['fwd_candidates']} / {r['bwd_candidates']} | "
+                     f"{_s(r['fwd_s'])} | {_s(r['bwd_s'])} | {'; '.join(r['bwd_chosen'])} |")
+    lines += ["", "| shape | list | forward: list - listed, s | backward: list - listed, s | listed / list, "
+              "forward | listed / list, backward |", "|---|---|---|---|---|---|"]
     for shape in dict.fromkeys(tuple(r["shape"]) for r in summary):
-        pair = {r["variant"]: r["bwd_s"]["median"] for r in summary if tuple(r["shape"]) == shape}
-        if set(pair) == set(VARIANTS):
-            lines.append(f"| {shape} | {pair['v14'] - pair['listed']:+.2f} | {pair['listed'] / pair['v14']:.2f} |")
+        mine = {r["variant"]: r for r in summary if tuple(r["shape"]) == shape}
+        if "listed" not in mine:
+            continue
+        base = mine["listed"]
+        for variant, r in mine.items():
+            if variant == "listed":
+                continue
+            f, b = (base[k]["median"] for k in ("fwd_s", "bwd_s"))
+            f2, b2 = (r[k]["median"] for k in ("fwd_s", "bwd_s"))
+            lines.append(f"| {shape} | {variant} | {f2 - f:+.2f} | {b2 - b:+.2f} | {f / f2:.2f} | {b / b2:.2f} |")
     return "\n".join(lines) + "\n"
 
 
@@ -157,6 +174,8 @@ def _shape(text: str) -> tuple[int, int, int, int]:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--shapes", type=_shape, nargs="+", default=[(256, 12, 197, 64), (4, 16, 4097, 128)])
+    parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=["listed", "v15"],
+                        help="the lists to time: listed (today's), v15, v14")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     parser.add_argument("--child", type=_shape, help=argparse.SUPPRESS)
@@ -175,10 +194,11 @@ def main(argv: list[str] | None = None) -> None:
     rows = []
     for r in range(args.repeats):
         for shape in args.shapes:
-            for variant in (VARIANTS if r % 2 == 0 else VARIANTS[::-1]):
+            for variant in (args.variants if r % 2 == 0 else args.variants[::-1]):
                 rows.append(run_child(shape, variant))
                 print(f"{tuple(shape)} {variant}: forward {rows[-1]['fwd_s']:.2f} s, backward "
-                      f"{rows[-1]['bwd_s']:.2f} s ({rows[-1]['bwd_candidates']} candidates)", flush=True)
+                      f"{rows[-1]['bwd_s']:.2f} s ({rows[-1]['fwd_candidates']} / "
+                      f"{rows[-1]['bwd_candidates']} candidates)", flush=True)
     summary = summarize(rows)
     table = markdown(summary, env, command)
     write_results(args.out, "first_call", env, command, {"runs": rows, "summary": summary}, table)

@@ -49,6 +49,7 @@ from vitflash.ops import kernels
 
 INTERPRET = bool(kernels.INTERPRET)
 # bump when a kernel or the candidate list changes in a way that can change the best config:
+# 16, no short forward past 128 keys at D >= 64 where TMA loads exist (Hopper);
 # 15, no 8-warp general backward where TMA loads exist (Hopper);
 # 14, split candidates whose dQ launch has its own tiles, warps and stages (split_pairs);
 # 13, the general backward's split twins (dK/dV and dQ in two launches, split_twins);
@@ -64,7 +65,7 @@ INTERPRET = bool(kernels.INTERPRET)
 # 6, the forwards' FMA-folded softmax (and the bwd_atomic op);
 # 5, split head dims (4 keyed the reverted TAILS candidates of 067433b, which a GPU
 #    machine's cache file may still hold)
-CACHE_VERSION = 15
+CACHE_VERSION = 16
 
 # the families of bwd_atomic's own kernels: dQ added element by element, or by TMA tiles
 ATOMIC_FAMILIES = ("atomic", "atomic_tma")
@@ -246,7 +247,7 @@ def candidates(op: str, n: int, d: int, bh: int = 1) -> list[Candidate]:
         else:
             out += _c("general", names, (64, 32, 4, 2), (32, 64, 4, 2), (64, 64, 8, 2), (32, 32, 4, 1))
         out += _tma_twins(out, d)
-        if keys <= SHORT_FWD_MAX and keys * bd <= 256 * 128:
+        if keys <= SHORT_FWD_MAX and keys * bd <= 256 * 128 and not _short_fwd_cut(n, d):
             # 8 warps only on 128-row tiles: below that they never came within 1.5x of the
             # best at the CIFAR shapes (benchmarks/results/tuning_spread_small_shapes.md), and
             # the 64-row one gave wrong output on an H200 (triton 3.6) at D = 16, N = 197
@@ -330,6 +331,16 @@ def tma_reductions() -> bool:
 
 
 _TMA_LOADS: bool | None = None
+
+
+def _short_fwd_cut(n: int, d: int) -> bool:
+    """Whether the short forwards are left off the list (cache version 16): on Hopper, where
+    the TMA twins exist, past one 128-key tile (N > 128: a 128-key tile and tails) at D >= 64.
+    On an H200 no short forward came within 1.16x of the fastest candidate in any of 14 (run,
+    shape) timings at N = 197, D = 64, nor within 1.74x at D = 96
+    (benchmarks/results/tuning_spread_large_shapes.md), and their 14 candidates (with the TMA
+    twins) took most of the first forward's tuning at N = 197."""
+    return n > 128 and d >= 64 and tma_loads() and tma_width(d)
 
 
 def tma_loads() -> bool:
