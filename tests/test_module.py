@@ -225,7 +225,6 @@ def test_eval_flip_scores_each_image_and_its_mirror_image():
     (dict(label_smoothing=1.0), r"model.label_smoothing=1.0 is not a number in \[0, 1\)"),
     (dict(mixup_prob=2), r"model.mixup_prob=2 is not a number in \[0, 1\]"),
     (dict(cutmix_alpha=True), r"model.cutmix_alpha=True is not a number >= 0"),
-    (dict(drop_path_rate=1.0), r"model.drop_path_rate=1.0 is not a number in \[0, 1\)"),
 ])
 def test_bad_hyperparameters_are_refused_before_building(kwargs, message):
     """Values that the optimizer, scheduler or Mixup would refuse only once the data is set up

@@ -140,8 +140,9 @@ def _number(value) -> bool:
 def check_hyperparameters(optimizer, **values) -> None:
     """Raise a ValueError, naming the config key and a value to pass, for a learning rate that
     is not a positive number, or a weight decay, warmup, cool-down, LR floor, layer decay,
-    label smoothing, mixup setting or dropout rate outside its range: what the optimizer, the
-    scheduler or timm's Mixup would refuse only once the data is set up, or take silently.
+    label smoothing or mixup setting outside its range: what the optimizer, the scheduler or
+    timm's Mixup would refuse only once the data is set up, or take silently. (The model's
+    sizes and dropout rates are checked by vitflash.create_model.)
     `optimizer`: the model.optimizer factory (a partial); `values`: ViTModule's arguments of
     those names."""
     keywords = getattr(optimizer, "keywords", None) or {}
@@ -153,7 +154,6 @@ def check_hyperparameters(optimizer, **values) -> None:
         raise ValueError(f"model.optimizer.weight_decay={decay!r} is not a number >= 0: pass e.g. "
                          "model.optimizer.weight_decay=0.05, or 0 for none")
     at_least_0 = (lambda v: v >= 0, "a number >= 0")
-    below_1 = (lambda v: 0 <= v < 1, "a number in [0, 1)")
     chance = (lambda v: 0 <= v <= 1, "a number in [0, 1]")
     ranges = {  # key: (test, what it must be, what to pass)
         "warmup_epochs": (*at_least_0, "e.g. 5, or 0 for none"),
@@ -161,14 +161,11 @@ def check_hyperparameters(optimizer, **values) -> None:
         "warmup_lr": (*at_least_0, "e.g. 1e-6 (the LR the warmup starts from)"),
         "min_lr": (*at_least_0, "e.g. 1e-5 (where the cosine ends)"),
         "layer_decay": (lambda v: 0 < v <= 1, "null or a number in (0, 1]", "e.g. 0.75, or null to turn it off"),
-        "label_smoothing": (*below_1, "e.g. 0.1, or 0 for none"),
+        "label_smoothing": (lambda v: 0 <= v < 1, "a number in [0, 1)", "e.g. 0.1, or 0 for none"),
         "mixup_alpha": (*at_least_0, "e.g. 0.8, or 0 for no mixup"),
         "cutmix_alpha": (*at_least_0, "e.g. 1.0, or 0 for no cutmix"),
         "mixup_prob": (*chance, "the chance that a batch is mixed, e.g. 1.0"),
         "mixup_switch_prob": (*chance, "the chance of cutmix rather than mixup, e.g. 0.5"),
-        "drop_path_rate": (*below_1, "e.g. 0.1, or 0 for none"),
-        "drop_rate": (*below_1, "e.g. 0.1, or 0 for none"),
-        "attn_drop_rate": (*below_1, "e.g. 0.1, or 0 for none"),
     }
     for key, value in values.items():
         test, must, hint = ranges[key]
@@ -289,8 +286,7 @@ class ViTModule(L.LightningModule):
                               warmup_lr=warmup_lr, min_lr=min_lr,
                               layer_decay=layer_decay, label_smoothing=label_smoothing,
                               mixup_alpha=mixup_alpha, cutmix_alpha=cutmix_alpha, mixup_prob=mixup_prob,
-                              mixup_switch_prob=mixup_switch_prob, drop_path_rate=drop_path_rate,
-                              drop_rate=drop_rate, attn_drop_rate=attn_drop_rate)
+                              mixup_switch_prob=mixup_switch_prob)
         # plain values only, so `torch.load(weights_only=True)` reads the checkpoints
         self.save_hyperparameters(ignore=["optimizer"])
         self.optimizer_factory = optimizer
