@@ -153,13 +153,11 @@ def markdown(summary: list[dict], env: dict, command: str) -> str:
         mine = {r["variant"]: r for r in summary if tuple(r["shape"]) == shape}
         if "listed" not in mine:
             continue
-        base = mine["listed"]
+        f, b = (mine["listed"][k]["median"] for k in ("fwd_s", "bwd_s"))
         for variant, r in mine.items():
-            if variant == "listed":
-                continue
-            f, b = (base[k]["median"] for k in ("fwd_s", "bwd_s"))
-            f2, b2 = (r[k]["median"] for k in ("fwd_s", "bwd_s"))
-            lines.append(f"| {shape} | {variant} | {f2 - f:+.2f} | {b2 - b:+.2f} | {f / f2:.2f} | {b / b2:.2f} |")
+            if variant != "listed":
+                f2, b2 = (r[k]["median"] for k in ("fwd_s", "bwd_s"))
+                lines.append(f"| {shape} | {variant} | {f2 - f:+.2f} | {b2 - b:+.2f} | {f / f2:.2f} | {b / b2:.2f} |")
     return "\n".join(lines) + "\n"
 
 
