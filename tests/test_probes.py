@@ -216,6 +216,20 @@ def test_bwd_parts_probe_pairs_the_best_part_of_each_kind():
     assert any("SPLIT=1 WARPS2=8 STAGES2=2, 4w 3s" in line and "2.400" in line for line in lines)
 
 
+FIRST_CALL_ENV = {"gpu": "H200", "commit": "abc", "torch": "2", "triton": "3", "date": "d", "repeats": 3}
+
+
+def _first_call_rows() -> list[dict]:
+    """Six first-call runs as the probe's children report them: two lists, three rounds."""
+    def run(variant, fwd_s, bwd_s):
+        return {"shape": [256, 12, 197, 64], "variant": variant, "fwd_s": fwd_s, "bwd_s": bwd_s,
+                "fwd_candidates": {"listed": 8, "v15": 22}[variant], "bwd_candidates": 15,
+                "fwd_chosen": "M=128 N=32, 4w 3s", "bwd_chosen": "M1=32 N1=128 M2=64 N2=64 SPLIT=1, 4w 3s"}
+
+    return [run("listed", 6.0, 5.0), run("v15", 15.0, 5.2), run("v15", 14.0, 4.8),
+            run("listed", 7.0, 4.0), run("listed", 5.0, 4.5), run("v15", 16.0, 5.0)]
+
+
 def test_first_call_probe_puts_back_what_versions_15_and_16_took_off_the_hopper_lists(monkeypatch):
     """The first-call probe (a GPU run) times the tuner's first call with today's candidate
     lists and with earlier versions': "v15" puts back the short forwards past 128 keys, "v14"
@@ -255,18 +269,27 @@ def test_first_call_probe_puts_back_what_versions_15_and_16_took_off_the_hopper_
     monkeypatch.setattr(launch, "_TMA", False)
     assert probe.v14_extras("bwd", 577, 64) == []
 
-    def run(variant, fwd_s, bwd_s):
-        return {"shape": [256, 12, 197, 64], "variant": variant, "fwd_s": fwd_s, "bwd_s": bwd_s,
-                "fwd_candidates": {"listed": 8, "v15": 22}[variant], "bwd_candidates": 15,
-                "fwd_chosen": "f", "bwd_chosen": "M1=32 N1=128 M2=64 N2=64 SPLIT=1, 4w 3s"}
-
-    rows = [run("listed", 6.0, 5.0), run("v15", 15.0, 5.2), run("v15", 14.0, 4.8),
-            run("listed", 7.0, 4.0), run("listed", 5.0, 4.5), run("v15", 16.0, 5.0)]
+    rows = _first_call_rows()
     summary = probe.summarize(rows)
     assert [(r["variant"], r["fwd_candidates"], r["fwd_s"]["median"]) for r in summary] == [
         ("listed", 8, 6.0), ("v15", 22, 15.0)]
-    env = {"gpu": "H200", "commit": "abc", "torch": "2", "triton": "3", "date": "d", "repeats": 3}
-    lines = probe.markdown(summary, env, "cmd").splitlines()
+    lines = probe.markdown(summary, FIRST_CALL_ENV, "cmd").splitlines()
     assert ("| (256, 12, 197, 64) | listed | 8 / 15 | 6.00 (5.00-7.00) | 4.50 (4.00-5.00) | "
-            "M1=32 N1=128 M2=64 N2=64 SPLIT=1, 4w 3s |") in lines
+            "M=128 N=32, 4w 3s | M1=32 N1=128 M2=64 N2=64 SPLIT=1, 4w 3s |") in lines
     assert "| (256, 12, 197, 64) | v15 | +9.00 | +0.50 | 0.40 | 0.90 |" in lines
+
+
+def test_first_call_probe_renders_a_saved_result_without_a_gpu(monkeypatch, tmp_path, capsys):
+    """--render prints the tables of a result file again from its runs, on any machine; a
+    result written before the forward-chosen column gets the column empty, not an error."""
+    probe = _load("first_call")
+    rows, env = _first_call_rows(), FIRST_CALL_ENV
+    old = [{k: v for k, v in r.items() if k != "fwd_chosen"} for r in rows[:2]]
+    for runs, cell in ((rows, " | M=128 N=32, 4w 3s | "), (old, " | 6.00 (6.00-6.00) | 5.00 (5.00-5.00) |  | ")):
+        saved = tmp_path / "first_call.json"
+        saved.write_text(json.dumps({"command": "python probe", "environment": env, "results": {"runs": runs}}))
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+        probe.main(["--render", str(saved)])
+        out = capsys.readouterr().out
+        assert out.startswith("# First call at a new shape") and "`python probe`" in out
+        assert cell in out

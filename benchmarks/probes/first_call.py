@@ -17,7 +17,7 @@ alternate, `--repeats` rounds of them.
     python benchmarks/probes/first_call.py --shapes 256,12,197,64 4,16,4097,128 --variants listed v14
 
 Needs a CUDA GPU of compute capability 9 (elsewhere the lists are the same). Writes
-<out>/first_call_<gpu>.json and .md.
+<out>/first_call_<gpu>.json and .md; `--render <that json>` prints its tables again anywhere.
 """
 from __future__ import annotations
 
@@ -113,7 +113,7 @@ def run_child(shape: tuple[int, int, int, int], variant: str) -> dict:
 
 
 def summarize(rows: list[dict]) -> list[dict]:
-    """One row per (shape, variant): candidate counts, the chosen backward(s), and the
+    """One row per (shape, variant): candidate counts, the chosen forward(s) and backward(s), and the
     median and min-max of the first forward's and backward's seconds."""
     out = []
     for shape in dict.fromkeys(tuple(r["shape"]) for r in rows):
@@ -124,6 +124,7 @@ def summarize(rows: list[dict]) -> list[dict]:
             out.append({"shape": list(shape), "variant": variant,
                         "fwd_candidates": mine[0]["fwd_candidates"],
                         "bwd_candidates": mine[0]["bwd_candidates"],
+                        "fwd_chosen": sorted({r["fwd_chosen"] for r in mine if r.get("fwd_chosen")}),
                         "bwd_chosen": sorted({r["bwd_chosen"] for r in mine if r["bwd_chosen"]}),
                         "fwd_s": spread([r["fwd_s"] for r in mine]),
                         "bwd_s": spread([r["bwd_s"] for r in mine])})
@@ -142,11 +143,13 @@ def markdown(summary: list[dict], env: dict, command: str) -> str:
              f"seconds, median (min-max) of {env['repeats']}. v15: the short forwards past 128 keys "
              "put back; v14: those and the 8-warp general backwards.",
              "",
-             "| shape (B, H, N, D) | list | fwd / bwd candidates | first forward, s | first backward, s | backward chosen |",
-             "|---|---|---|---|---|---|"]
+             "| shape (B, H, N, D) | list | fwd / bwd candidates | first forward, s | first backward, s | "
+             "forward chosen | backward chosen |",
+             "|---|---|---|---|---|---|---|"]
     for r in summary:
         lines.append(f"| {tuple(r['shape'])} | {r['variant']} | {r['fwd_candidates']} / {r['bwd_candidates']} | "
-                     f"{_s(r['fwd_s'])} | {_s(r['bwd_s'])} | {'; '.join(r['bwd_chosen'])} |")
+                     f"{_s(r['fwd_s'])} | {_s(r['bwd_s'])} | {'; '.join(r['fwd_chosen'])} | "
+                     f"{'; '.join(r['bwd_chosen'])} |")
     lines += ["", "| shape | list | forward: list - listed, s | backward: list - listed, s | listed / list, "
               "forward | listed / list, backward |", "|---|---|---|---|---|---|"]
     for shape in dict.fromkeys(tuple(r["shape"]) for r in summary):
@@ -176,9 +179,15 @@ def main(argv: list[str] | None = None) -> None:
                         help="the lists to time: listed (today's), v15, v14")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    parser.add_argument("--render", type=Path, metavar="JSON",
+                        help="print the tables of a result file this probe wrote, again (no GPU needed)")
     parser.add_argument("--child", type=_shape, help=argparse.SUPPRESS)
     parser.add_argument("--variant", choices=VARIANTS, default="listed", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.render:
+        saved = json.loads(args.render.read_text())
+        print(markdown(summarize(saved["results"]["runs"]), saved["environment"], saved["command"]), end="")
+        return
     if not torch.cuda.is_available():
         sys.exit("first_call.py needs a CUDA GPU: it times the flash op's first call.")
     if args.child:

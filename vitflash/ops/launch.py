@@ -339,7 +339,9 @@ def _short_fwd_cut(n: int, d: int) -> bool:
     On an H200 no short forward came within 1.16x of the fastest candidate in any of 14 (run,
     shape) timings at N = 197, D = 64, nor within 1.74x at D = 96
     (benchmarks/results/tuning_spread_large_shapes.md), and their 14 candidates (with the TMA
-    twins) took most of the first forward's tuning at N = 197."""
+    twins) took most of the first forward's tuning at N = 197: without them the first forward
+    at (256, 12, 197, 64) took 5.0 s instead of 12.9, the same forward chosen
+    (benchmarks/results/gpu_session_89a08a7/first_call/)."""
     return n > 128 and d >= 64 and tma_loads() and tma_width(d)
 
 
