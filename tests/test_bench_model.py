@@ -105,3 +105,37 @@ def test_a_mistyped_path_is_named_before_the_gpu_is_needed(bench, capsys):
     err = capsys.readouterr().err
     assert "unknown path(s) no_atention for --suite cifar" in err
     assert "choose from flash, sdpa, naive, no_attention" in err
+
+
+@pytest.mark.parametrize("from_start", [False, True])
+def test_the_peak_covers_the_warmup_where_cuda_graphs_allocate_their_memory(bench, monkeypatch, from_start):
+    """Under reduce-overhead the warm-up steps record the CUDA graphs, whose pool holds the
+    step's activations; replays allocate nothing. So that case's peak is reset before the
+    warm-up, the others' after it (compilation and autotuning are not the step's)."""
+    import torch
+
+    calls = []
+
+    class Event:
+        def __init__(self, **kwargs):
+            self.t = 0.0
+
+        def record(self):
+            self.t = len(calls) * 1e-3
+
+        def synchronize(self):
+            pass
+
+        def elapsed_time(self, end):
+            return 2.0
+
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda: calls.append("reset"))
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda: 3 * 2**30)
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    secs, gib = bench.measure(lambda: calls.append("step"), warmup=2, steps=3, repeats=2,
+                              peak_from_start=from_start)
+    first_reset = calls.index("reset")
+    assert calls.count("reset") == 1 and calls.count("step") == 2 + 3 * 2
+    assert first_reset == (0 if from_start else 2)
+    assert secs == [0.002, 0.002] and gib == 3.0
