@@ -22,11 +22,13 @@ time_to_accuracy.png (val top-1 against training time).
 
 Runs that differ only in their seed (e.g. `train.py -m attention=flash,naive seed=1,2,3`) are
 also gathered per attention path: mean, standard deviation and range of test and val top-1.
+Overrides that only name a run's output (task_name, hydra.*) do not set it apart.
 
 `--at-epochs 99 199 299` adds the val top-1 of every run at those epochs (0-based, as the
 curves count them) and its spread across the runs: runs of one recipe and seed that a time
 limit stopped at different epochs (trainer.max_time) still compare at equal epochs, where
-their learning-rate schedules were the same.
+their learning-rate schedules were the same. Where runs differ only in their seed, it also
+gives each such group's mean at those epochs.
 
 Times are Lightning's ThroughputMonitor `train/time`: training only (validation excluded),
 up to the last logged step (trainer.log_every_n_steps).
@@ -336,6 +338,14 @@ def markdown(summaries: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _not_recipe(override: str) -> bool:
+    """Whether an override leaves the training itself alone for seed_groups: the seed and the
+    attention path (what the groups are of and split by), and what only names or places the
+    run's output (task_name, hydra.*)."""
+    key = override.split("=", 1)[0].lstrip("+~")
+    return key in ("seed", "attention", "task_name") or key.startswith("hydra.")
+
+
 def seed_groups(summaries: list[dict]) -> list[dict]:
     """The runs that differ only in their seed, gathered: one row per (dataset, model,
     attention, other overrides) that holds two runs or more, with the mean, standard deviation
@@ -344,8 +354,7 @@ def seed_groups(summaries: list[dict]) -> list[dict]:
     attention paths from the spread between runs; these rows can."""
     groups: dict[tuple, list[dict]] = {}
     for s in summaries:
-        recipe = " ".join(o for o in (s["overrides"] or "").split()
-                          if o.split("=", 1)[0].lstrip("+~") not in ("seed", "attention"))
+        recipe = " ".join(o for o in (s["overrides"] or "").split() if not _not_recipe(o))
         groups.setdefault((s["dataset"], s["model"], s["attention"], recipe), []).append(s)
     rows = []
     for (dataset, model, attention, recipe), runs in groups.items():
@@ -396,6 +405,24 @@ def markdown_at_epochs(summaries: list[dict], curves: list[dict], epochs: list[i
         have = [v for v in found if v is not None]
         spread = f"{100 * (max(have) - min(have)):.2f}" if len(have) > 1 else "n/a"
         lines.append(f"| {epoch} | " + " | ".join(_fmt(v, "pct") for v in found) + f" | {spread} |")
+    return "\n".join(lines) + "\n"
+
+
+def markdown_groups_at_epochs(groups: list[dict], curves: list[dict], epochs: list[int]) -> str:
+    """The seed groups' mean val top-1 at each of `epochs`, one column per group (n/a where
+    a run of the group has none logged there): runs of several seeds compared at equal
+    epochs. Empty without groups."""
+    if not groups:
+        return ""
+    top1 = {(c["run"], c["epoch"]): c["val_top1"] for c in curves if c["val_top1"] is not None}
+    lines = ["| epoch | " + " | ".join(f"{g['attention']}: {', '.join(g['runs'])}" for g in groups) + " |",
+             "|---" * (len(groups) + 1) + "|"]
+    for epoch in epochs:
+        means = []
+        for g in groups:
+            found = [top1.get((r, epoch)) for r in g["runs"]]
+            means.append(None if None in found else statistics.mean(found))
+        lines.append(f"| {epoch} | " + " | ".join(_fmt(v, "pct") for v in means) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -476,6 +503,8 @@ def write(summaries: list[dict], curves: list[dict], out: Path, command: str, wi
         text.append("\nAcross seeds (runs that differ only in their seed):\n\n" + groups)
     if at_epochs:
         text.append("\nVal top-1 at equal epochs:\n\n" + markdown_at_epochs(summaries, curves, at_epochs))
+        if means := markdown_groups_at_epochs(seed_groups(summaries), curves, at_epochs):
+            text.append("\nThe same, mean of each group of seeds:\n\n" + means)
     text.append("\nTimes: training only (validation excluded), from Lightning's ThroughputMonitor. "
                 "img/s: all processes under DDP; per process for runs too short to fill its window.\n")
     if with_plots:
@@ -511,6 +540,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
         print("\n" + groups, end="")
     if args.at_epochs:
         print("\n" + markdown_at_epochs(summaries, curves, args.at_epochs), end="")
+        if means := markdown_groups_at_epochs(seed_groups(summaries), curves, args.at_epochs):
+            print("\n" + means, end="")
     return summaries
 
 

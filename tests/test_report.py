@@ -220,7 +220,8 @@ def test_runs_differing_only_in_seed_are_gathered():
         return {"run": name, "dataset": "cifar10", "model": "m", "attention": attention, "seed": seed,
                 "overrides": f"experiment=x attention={attention} seed={seed} {extra}".strip(),
                 "test_top1": test, "best_val_top1": (test or 0.6) + 0.01, "img_per_s": 100.0 * seed}
-    summaries = [run("0", "flash", 1, 0.60), run("1", "flash", 2, 0.64), run("2", "flash", 3, None),
+    summaries = [run("0", "flash", 1, 0.60, extra="task_name=a hydra.job.name=a"),
+                 run("1", "flash", 2, 0.64, extra="task_name=b"), run("2", "flash", 3, None),
                  run("3", "naive", 1, 0.70), run("4", "naive", 2, 0.66),
                  run("5", "naive", 3, 0.9, extra="trainer.max_epochs=5"),  # another recipe: its own group of one
                  run("6", "sdpa", 1, 0.5)]
@@ -234,6 +235,13 @@ def test_runs_differing_only_in_seed_are_gathered():
     table = report.markdown_groups(groups)
     assert "| cifar10 | m | flash | 1, 2, 3 | 62.00 ± 2.83% (60.00-64.00, 2 runs) |" in table
     assert table.count("\n") == 4 and report.markdown_groups(report.seed_groups(summaries[:1])) == ""
+    curves = [{"run": r, "epoch": e, "val_top1": v} for r, e, v in
+              [("0", 0, 0.2), ("1", 0, 0.3), ("2", 0, 0.4), ("0", 1, 0.5), ("1", 1, 0.6),
+               ("3", 0, 0.1), ("4", 0, 0.2), ("3", 1, 0.3), ("4", 1, 0.5), ("6", 0, 0.9)]]
+    means = report.markdown_groups_at_epochs(groups, curves, [0, 1]).splitlines()
+    assert means[0] == "| epoch | flash: 0, 1, 2 | naive: 3, 4 |"
+    assert means[2:] == ["| 0 | 30.00% | 15.00% |", "| 1 | n/a | 40.00% |"]  # run 2 has no epoch 1
+    assert report.markdown_groups_at_epochs([], curves, [0]) == ""
 
 
 def test_val_top1_at_equal_epochs(sweep, tmp_path, capsys):
