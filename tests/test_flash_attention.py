@@ -13,9 +13,10 @@ import numpy as np
 import pytest
 import torch
 import triton
+import triton.language as tl
 
 from vitflash.ops import flash as flash_mod
-from vitflash.ops import launch
+from vitflash.ops import kernels, launch
 from vitflash.ops import (
     attention_qkvpacked,
     flash_attention,
@@ -742,7 +743,7 @@ def test_dropout_matches_reference_with_the_kernels_mask(monkeypatch, N, D, dtyp
     tiles (17, 65, 130), the short forward's second tail (100 = 64 + 32 + 16), a split head
     dim in bf16 (80 = 64 + 16, two column chunks) and a padded one (40, in a 64-column tile);
     at 17 and 65 also the short kernels' one-key-tail twins, whose key past the tile draws
-    its mask from the first place of a quad of four."""
+    its mask alone (`_keep_one`) from the Philox numbers of its group of eight keys."""
     B, H, p = 2, 2, 0.3
     qkv, do = _packed_inputs(B, N, H, D, dtype, seed=N)
     seed = torch.tensor([1234 + N], dtype=torch.int64, device=DEVICE)
@@ -855,19 +856,49 @@ def test_dropout_masks_per_seed_head_and_call():
 
 
 def test_dropout_mask_has_no_pattern_across_keys_or_rows():
-    """Four keys share one Philox call: each of the four numbers, and neighbouring keys, must
-    still look independent. For p = 0.5: each key position mod 4 kept half the time, and two
-    neighbouring keys (within and across a call's four) equal half the time; no two rows alike."""
+    """Eight keys share one Philox call, a 16-bit half of its numbers each: each half, and
+    neighbouring keys, must still look independent. For p = 0.5: each key position mod 8
+    kept half the time, and two neighbouring keys (within and across a call's eight) equal
+    half the time; no two rows alike. For p = 0.1 the keep rate is 0.9."""
     B, H, N, p = 1, 4, 256, 0.5
     mask = flash_mod.dropout_keep_mask(torch.tensor([99], dtype=torch.int64, device=DEVICE), B, H, N, p).float()
-    for lane in range(4):
-        assert abs(mask[..., lane::4].mean().item() - 0.5) < 0.02, lane
+    for lane in range(8):
+        assert abs(mask[..., lane::8].mean().item() - 0.5) < 0.02, lane
     same = (mask[..., 1:] == mask[..., :-1]).float()
-    for lane in range(4):  # key 4c + lane against key 4c + lane + 1 (lane 3: the next call's first)
-        assert abs(same[..., lane::4].mean().item() - 0.5) < 0.02, lane
+    for lane in range(8):  # key 8c + lane against key 8c + lane + 1 (lane 7: the next call's first)
+        assert abs(same[..., lane::8].mean().item() - 0.5) < 0.02, lane
     assert abs((mask[..., 1:, :] == mask[..., :-1, :]).float().mean().item() - 0.5) < 0.02  # neighbouring rows
     rows = mask.reshape(-1, N)
     assert torch.unique(rows, dim=0).shape[0] == rows.shape[0]
+    kept = flash_mod.dropout_keep_mask(torch.tensor([7], dtype=torch.int64, device=DEVICE), B, H, N, 0.1).float()
+    assert abs(kept.mean().item() - 0.9) < 0.005
+
+
+@triton.jit
+def _keep_one_against_tile(SEED, ONE, TILE, N, drop_p, ROWS: tl.constexpr, BLOCK: tl.constexpr):
+    """Each key of a BLOCK-key tile from k = 8 on through kernels._keep_one (ONE) and the
+    tile through kernels._keep (TILE), (ROWS, BLOCK) uint8 each."""
+    seed = tl.load(SEED)
+    rows = tl.arange(0, ROWS)
+    cols = tl.arange(0, BLOCK)
+    tile = kernels._keep(seed, 3, rows, 8, N, drop_p, BLOCK, False)
+    tl.store(TILE + rows[:, None] * BLOCK + cols[None, :], tile.to(tl.uint8))
+    for j in tl.static_range(BLOCK):
+        one = kernels._keep_one(seed, 3, rows, 8 + j, N, drop_p)
+        tl.store(ONE + rows * BLOCK + j, one.to(tl.uint8))
+
+
+def test_keep_one_draws_each_key_as_the_tile_does():
+    """The one-key-tail kernels decide their single key by _keep_one: for every place of a
+    group of eight (not only the first, where those kernels' keys fall) it must give the
+    mask _keep gives that key inside a tile, or the forward and the backward of different
+    kernel families would drop different weights."""
+    rows, block, n = 4, 16, 40
+    seed = torch.tensor([2024], dtype=torch.int64, device=DEVICE)
+    one = torch.empty(rows, block, dtype=torch.uint8, device=DEVICE)
+    tile = torch.empty_like(one)
+    _keep_one_against_tile[(1,)](seed, one, tile, n, 0.5, ROWS=rows, BLOCK=block)
+    assert torch.equal(one, tile) and 0 < tile.float().mean().item() < 1
 
 
 @pytest.mark.parametrize("impl", ["flash", "naive", "sdpa"])

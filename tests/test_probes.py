@@ -60,13 +60,25 @@ def test_registers_probe_reports_what_ptxas_allocated():
 
 def _probe_row(op: str, tile: str, *flags: str) -> dict:
     """The register probe at N = 65, D = 64 for one tile, run as its command in a process of
-    its own (compiled, not interpreted): its row as registers, spill bytes, shared KiB and
-    programs per SM."""
+    its own (compiled, not interpreted): its row as registers, spill bytes, shared KiB,
+    programs per SM and SASS instructions."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     out = subprocess.run([sys.executable, str(PROBES / "registers.py"), "--op", op, "--d", "64", "--n", "65",
                           "--tiles", tile, *flags], capture_output=True, text=True, env=env, check=True).stdout
     (row,) = [line.strip("|").split("|") for line in out.splitlines() if line.startswith("| 65 ")]
-    return dict(registers=int(row[4]), spills=int(row[5]), smem=float(row[6]), programs=int(row[7]))
+    return dict(registers=int(row[4]), spills=int(row[5]), smem=float(row[6]), programs=int(row[7]),
+                instructions=int(row[8]))
+
+
+def test_registers_probe_traces_dropout_in_on_request():
+    """--dropout compiles the short kernels with the dropout mask's code (DROPOUT traced in):
+    the forward's TMA twin at 32 rows is longer with it, and its 16-bit halves compared as
+    integers still leave it under 128 registers, 5 programs an SM or more (triton 3.8 here:
+    2464 against 1640 instructions, 80 registers; benchmarks/results/registers_sm90_dropout.md)."""
+    plain = _probe_row("fwd", "32x4", "--tma", "--one-key")
+    dropout = _probe_row("fwd", "32x4", "--tma", "--one-key", "--dropout")
+    assert dropout["instructions"] > plain["instructions"] > 0
+    assert dropout["registers"] <= 128 and dropout["programs"] >= 5
 
 
 def test_registers_probe_short_tma_twin_frees_registers():

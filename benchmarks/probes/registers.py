@@ -20,6 +20,9 @@ Programs per SM: the fewest that registers (64K a SM, allocated per warp in step
 thread), shared memory (228 KiB, 1 KiB of it reserved per program) and the 64-warp limit allow.
 
     python benchmarks/probes/registers.py --op bwd --d 64 --n 65 --tiles 32x4,16x4 --one-key
+
+--dropout traces attention dropout into the short kernels: with and without it, the two
+tables show what the dropout mask costs in registers and in machine instructions.
 """
 from __future__ import annotations
 
@@ -36,6 +39,7 @@ from triton.compiler import ASTSource
 from vitflash.ops import kernels, launch
 
 PTXAS = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+CUOBJDUMP = PTXAS.with_name("cuobjdump")
 SIGNATURES = {
     "fwd": dict(QKV="*bf16", O="*bf16", LSE="*fp32", SEED="*i64", qk_scale="fp32", drop_p="fp32",
                 H="i32", N="i32"),
@@ -45,14 +49,14 @@ SIGNATURES = {
 
 
 def compile_short(op: str, d: int, n: int, block_m: int, warps: int, maxnreg: int = 0,
-                  tma: bool = False, one_key: bool = False):
+                  tma: bool = False, one_key: bool = False, dropout: bool = False):
     """The short forward or backward at head dim d, length n and a BLOCK_M-row tile, compiled
-    for sm_90 (bf16, no dropout, one head per program). tma: the forward's "short_tma" twin,
-    its tiles loaded through TMA descriptors. one_key: the one-key-tail twin
-    (launch.short_fwd / short_bwd(..., one_key=True))."""
+    for sm_90 (bf16, one head per program; attention dropout traced in if dropout). tma: the
+    forward's "short_tma" twin, its tiles loaded through TMA descriptors. one_key: the
+    one-key-tail twin (launch.short_fwd / short_bwd(..., one_key=True))."""
     bd, bd2 = launch.split_d(d)
     head = dict(HEAD_DIM=d, BLOCK_D=bd, BLOCK_D2=bd2, BLOCK_M=block_m,
-                BLOCK_MT=launch.tail_tile(n, block_m), DROPOUT=False, DIAG=False)
+                BLOCK_MT=launch.tail_tile(n, block_m), DROPOUT=dropout, DIAG=False)
     signature = dict(SIGNATURES[op])
     if op == "fwd":
         tiles = launch.short_fwd(n, block_m, warps, one_key=one_key).meta  # one head, 1 stage
@@ -110,19 +114,25 @@ def compile_general_bwd(d: int, block_m1: int, block_n1: int, warps: int, stages
 
 
 def usage(compiled, warps: int) -> dict:
-    """ptxas's registers and spill bytes for the compiled kernel, its shared memory, and the
-    programs per SM these allow."""
+    """ptxas's registers and spill bytes for the compiled kernel, its shared memory, the
+    programs per SM these allow, and its length in machine instructions (SASS, as cuobjdump
+    lists it: the code, not how often each instruction runs)."""
     with tempfile.TemporaryDirectory() as tmp:
         ptx = Path(tmp) / "k.ptx"
         ptx.write_text(compiled.asm["ptx"])
-        report = subprocess.run([str(PTXAS), "-arch=sm_90a", "-v", str(ptx), "-o", str(ptx.with_suffix(".cubin"))],
+        cubin = ptx.with_suffix(".cubin")
+        report = subprocess.run([str(PTXAS), "-arch=sm_90a", "-v", str(ptx), "-o", str(cubin)],
                                 capture_output=True, text=True, check=True).stderr
+        sass = subprocess.run([str(CUOBJDUMP), "-sass", str(cubin)], capture_output=True, text=True,
+                              check=True).stdout
+    instructions = len(re.findall(r"^\s+/\*[0-9a-f]{4,}\*/\s+\S", sass, flags=re.M))
     regs = int(re.search(r"Used (\d+) registers", report).group(1))
     spills = int(re.search(r"(\d+) bytes spill stores", report).group(1))
     smem = compiled.metadata.shared
     per_warp = (regs + 7) // 8 * 8 * 32
     programs = min(65536 // (per_warp * warps), 228 * 1024 // (smem + 1024), 64 // warps)
-    return dict(registers=regs, spill_bytes=spills, smem_kib=smem / 1024, programs_per_sm=programs)
+    return dict(registers=regs, spill_bytes=spills, smem_kib=smem / 1024, programs_per_sm=programs,
+                instructions=instructions)
 
 
 def main(argv=None):
@@ -135,22 +145,25 @@ def main(argv=None):
     p.add_argument("--tma", action="store_true", help="the forward's short_tma twin (tiles by TMA)")
     p.add_argument("--one-key", action="store_true",
                    help="the twin whose one key past the tile is vector arithmetic (N = 2^k + 1)")
+    p.add_argument("--dropout", action="store_true", help="the short kernels with attention dropout traced in")
     p.add_argument("--configs", default="32x128x4x3,64x64x4x3",
                    help="bwd_general: BLOCK_M1 x BLOCK_N1 x warps x stages, comma-separated")
     args = p.parse_args(argv)
     if args.op == "bwd_general":
         return general_bwd_table(args.d, args.configs, args.tma)
-    twin = "".join(f" ({name})" for name, on in (("short_tma", args.tma), ("one-key tail", args.one_key)) if on)
+    twin = "".join(f" ({name})" for name, on in (("short_tma", args.tma), ("one-key tail", args.one_key),
+                                                  ("dropout", args.dropout)) if on)
     print(f"triton {triton.__version__}, sm_90; {args.op}{twin}, D = {args.d}")
-    print("| N | BLOCK_M | warps | cap | registers | spill bytes | shared KiB | programs / SM |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| N | BLOCK_M | warps | cap | registers | spill bytes | shared KiB | programs / SM | SASS instructions |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for n in args.n:
         for tile in args.tiles.split(","):
             block_m, warps = map(int, tile.split("x"))
             for cap in map(int, args.maxnreg.split(",")):
-                u = usage(compile_short(args.op, args.d, n, block_m, warps, cap, args.tma, args.one_key), warps)
+                u = usage(compile_short(args.op, args.d, n, block_m, warps, cap, args.tma, args.one_key,
+                                        args.dropout), warps)
                 print(f"| {n} | {block_m} | {warps} | {cap or '-'} | {u['registers']} | {u['spill_bytes']} "
-                      f"| {u['smem_kib']:.0f} | {u['programs_per_sm']} |", flush=True)
+                      f"| {u['smem_kib']:.0f} | {u['programs_per_sm']} | {u['instructions']} |", flush=True)
 
 
 def general_bwd_table(d: int, configs: str, tma: bool) -> None:

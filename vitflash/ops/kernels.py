@@ -41,9 +41,9 @@ Algorithm (Dao et al., "FlashAttention", 2022, and "FlashAttention-2", 2023):
 
 Dropout (DROPOUT, a constexpr: without it no dropout code is traced). Each probability P_ij
 of head bh is kept where a counter-based random number, Philox keyed by seed + bh, is >= p
-(`_keep`: one Philox call at counter i * ceil(N / 4) + j // 4 gives the numbers of the keys
-4 (j // 4) .. + 3, a quarter of the calls of one per key), and the kept ones are scaled by
-1 / (1 - p). The seed is read from a device tensor, so a CUDA graph replays fresh masks.
+(`_keep`: one Philox call at counter i * ceil(N / 8) + j // 8 gives four 32-bit numbers,
+whose eight 16-bit halves decide the keys 8 (j // 8) .. + 7, an eighth of the calls of one
+per key; p is compared in steps of 1/65536), and the kept ones are scaled by 1 / (1 - p). The seed is read from a device tensor, so a CUDA graph replays fresh masks.
 The forward applies the mask to P V (the normalizer sums the whole row); the backward
 regenerates the same mask instead of storing it: dV = (P o Z)^T dO and dP = (dO V^T) o Z,
 with Z the scaled mask, and delta = rowsum(dO * O) still holds, since O is the dropped output.
@@ -301,19 +301,37 @@ def _round(x, dtype: tl.constexpr):
 @triton.jit
 def _keep(seed, bh, q_rows, k_start, N, drop_p, BLOCK_K: tl.constexpr, TRANS: tl.constexpr):
     """Which probabilities of head bh survive dropout, for the query rows q_rows and the
-    BLOCK_K keys from k_start (a multiple of 4): (len(q_rows), BLOCK_K) booleans, or their
-    transpose if TRANS. One Philox call gives four numbers: those of counter
-    i * ceil(N / 4) + c decide the keys 4c .. 4c + 3 of query i, so the mask is one function
-    of (query, key) in the forward and the backward whatever the tiles."""
-    quads = k_start // 4 + tl.arange(0, BLOCK_K // 4)
-    r0, r1, r2, r3 = tl.randint4x(seed + bh, q_rows[:, None] * ((N + 3) // 4) + quads[None, :])
-    # (rows, quads, 2, 2) -> (rows, BLOCK_K): the four numbers of a quad side by side
-    u = tl.join(tl.join(tl.uint_to_uniform_float(r0), tl.uint_to_uniform_float(r1)),
-                tl.join(tl.uint_to_uniform_float(r2), tl.uint_to_uniform_float(r3)))
-    u = tl.reshape(u, [q_rows.shape[0], BLOCK_K])
+    BLOCK_K keys from k_start (both multiples of 8): (len(q_rows), BLOCK_K) booleans, or their
+    transpose if TRANS. One Philox call gives four 32-bit numbers, eight 16-bit halves:
+    those of counter i * ceil(N / 8) + c decide the keys 8c .. 8c + 7 of query i (key
+    8c + 2w + h: half h, low first, of number w), so the mask is one function of (query,
+    key) in the forward and the backward whatever the tiles. A half is kept where it is at
+    least p * 65536 (rounded): the keep rate is 1 - p within 1/131072. The halves are
+    compared as integers, with no conversion to floats, before they are put side by side, so
+    that the reshuffle into the tile moves booleans, not 32-bit numbers (compiled for sm_90:
+    fewer instructions and registers than four keys a call compared as floats,
+    benchmarks/results/registers_sm90_dropout.md)."""
+    tl.static_assert(BLOCK_K % 8 == 0, "dropout tiles cover whole groups of 8 keys")
+    octets = k_start // 8 + tl.arange(0, BLOCK_K // 8)
+    r0, r1, r2, r3 = tl.randint4x(seed + bh, q_rows[:, None] * ((N + 7) // 8) + octets[None, :])
+    t = _drop_threshold(drop_p)
+    lo0, lo1, lo2, lo3 = (r0 & 0xFFFF) >= t, (r1 & 0xFFFF) >= t, (r2 & 0xFFFF) >= t, (r3 & 0xFFFF) >= t
+    hi0, hi1, hi2, hi3 = (r0 >> 16) >= t, (r1 >> 16) >= t, (r2 >> 16) >= t, (r3 >> 16) >= t
+    # (rows, octets, 2, 2, 2) -> (rows, BLOCK_K): the eight halves' verdicts of an octet side by
+    # side, in order. A join's choice is the new last, fastest-varying, dimension, so the
+    # outermost join picks the half (h), the middle one bit 0 of w, the innermost bit 1 of w.
+    keep = tl.join(tl.join(tl.join(lo0, lo2), tl.join(lo1, lo3)),
+                   tl.join(tl.join(hi0, hi2), tl.join(hi1, hi3)))
+    keep = tl.reshape(keep, [q_rows.shape[0], BLOCK_K])
     if TRANS:
-        u = tl.trans(u)
-    return u >= drop_p
+        keep = tl.trans(keep)
+    return keep
+
+
+@triton.jit
+def _drop_threshold(drop_p):
+    """p in 16-bit steps, the least 16-bit half that is kept: round(p * 65536)."""
+    return tl.cast(drop_p * 65536.0 + 0.5, tl.uint32)
 
 
 @triton.jit
@@ -326,10 +344,13 @@ def _mask_diagonal(s, q_rows, k_cols):
 
 @triton.jit
 def _keep_one(seed, bh, q_rows, key, N, drop_p):
-    """_keep for the single key `key` (a multiple of 4, as a tile's first key is): (len(q_rows),)
-    booleans, the first place of the quad of keys from it."""
-    quad = _keep(seed, bh, q_rows, key, N, drop_p, 4, False)
-    return tl.sum(tl.where(tl.arange(0, 4)[None, :] == 0, quad.to(tl.int32), 0), 1) > 0
+    """_keep for the single key `key`: (len(q_rows),) booleans, from the same half of the
+    same Philox numbers that decide it in a tile."""
+    r0, r1, r2, r3 = tl.randint4x(seed + bh, q_rows * ((N + 7) // 8) + key // 8)
+    lane = key % 8
+    word = tl.where(lane < 4, tl.where(lane < 2, r0, r1), tl.where(lane < 6, r2, r3))
+    half = tl.where(lane % 2 == 0, word & 0xFFFF, word >> 16)
+    return half >= _drop_threshold(drop_p)
 
 
 @triton.jit
