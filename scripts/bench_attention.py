@@ -131,23 +131,24 @@ def host_us(fn, calls: int = 20) -> float:
     return elapsed / calls * 1e6
 
 
-def flash_candidates(shape, backward: str = "bwd") -> dict:
+def flash_candidates(shape, backward: str = "bwd", dropout: bool = False) -> dict:
     """The forward and backward candidates the flash op ran at this (B, H, N, D), bf16
-    (backward "bwd_atomic": those of deterministic=False), as {"fwd": ..., "bwd": ...}."""
+    (backward "bwd_atomic": those of deterministic=False; dropout: those of calls with
+    attention dropout), as {"fwd": ..., "bwd": ...}."""
     B, H, N, D = shape
-    found = {key: launch.chosen(op, torch.bfloat16, N, D, B * H)
+    found = {key: launch.chosen(op, torch.bfloat16, N, D, B * H, dropout)
              for key, op in (("fwd", "fwd"), ("bwd", backward))}
     return {key: c.to_json() if c is not None else None for key, c in found.items()}
 
 
-def tuning_ms(shape, backward: str = "bwd") -> dict:
+def tuning_ms(shape, backward: str = "bwd", dropout: bool = False) -> dict:
     """What the autotuner measured for each candidate at this shape when it chose, fastest
     first ({"fwd": [{"candidate": ..., "ms": ...}, ...], "bwd": ...}; None for an op whose
     choice came from the cache file)."""
     B, H, N, D = shape
     out = {}
     for key, op in (("fwd", "fwd"), ("bwd", backward)):
-        times = launch.tuning_times(op, torch.bfloat16, N, D, B * H)
+        times = launch.tuning_times(op, torch.bfloat16, N, D, B * H, dropout)
         out[key] = None if times is None else [
             {"candidate": c.to_json(), "ms": ms} for c, ms in sorted(times.items(), key=lambda kv: kv[1])]
     return out
@@ -522,8 +523,9 @@ def main(argv: list[str] | None = None) -> None:
         latency[impl]["gpu_us"] = latency_gpu_us(impl, LATENCY_SHAPE, torch.bfloat16, args.timer,
                                                  args.warmup_ms, args.rep_ms, args.dropout)
         print("latency", LATENCY_SHAPE, impl, latency[impl], flush=True)
-    latency["flash_candidates"] = flash_candidates(LATENCY_SHAPE)
-    latency["flash_tuning_ms"] = tuning_ms(LATENCY_SHAPE)
+    dropout = args.dropout > 0
+    latency["flash_candidates"] = flash_candidates(LATENCY_SHAPE, dropout=dropout)
+    latency["flash_tuning_ms"] = tuning_ms(LATENCY_SHAPE, dropout=dropout)
     results = []
     for shape in shapes:
         row = {"shape": list(shape)}
@@ -533,8 +535,8 @@ def main(argv: list[str] | None = None) -> None:
                          if impl in args.impls else {"error": "not selected"})
             if impl.startswith("flash") and "error" not in row[impl]:  # which kernels gave these timings
                 backward = "bwd" if impl == "flash" else "bwd_atomic"
-                row[impl]["candidates"] = flash_candidates(shape, backward)
-                row[impl]["tuning_ms"] = tuning_ms(shape, backward)
+                row[impl]["candidates"] = flash_candidates(shape, backward, dropout)
+                row[impl]["tuning_ms"] = tuning_ms(shape, backward, dropout)
             torch.cuda.empty_cache()
             print(shape, impl, {k: round(v, 3) if isinstance(v, float) else v
                                 for k, v in row[impl].items() if not k.endswith("spread")},

@@ -1060,6 +1060,32 @@ def test_tuner_times_are_kept_for_benchmarks(monkeypatch, tmp_path):
     assert launch.tuning_times(*key) is None
 
 
+def test_dropout_is_tuned_apart(monkeypatch, tmp_path):
+    """Attention dropout is part of the tuning key: its mask work moves the best candidate
+    (on an H200 at N = 65, a pipelined TMA forward without it, the pointer-load one with
+    it), so a shape met with dropout is timed anew, not given the choice made without, and
+    each is cached under its own entry."""
+    monkeypatch.setenv("VITFLASH_CACHE_DIR", str(tmp_path))
+    for name, value in (("_disk", None), ("INTERPRET", False), ("_chosen", {}), ("_timings", {})):
+        monkeypatch.setattr(launch, name, value)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "GPU")
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    cands = launch.candidates("fwd", 65, 64)[:2]
+    monkeypatch.setattr(launch, "candidates", lambda *a: cands)
+    ran, fastest = [], {False: cands[0], True: cands[1]}
+    mode = {"dropout": False}
+    monkeypatch.setattr(launch, "_time_ms",
+                        lambda fn: (fn(), 1.0 if ran[-1] == fastest[mode["dropout"]] else 2.0)[1])
+    key = ("fwd", torch.bfloat16, 65, 64, 768)
+    assert launch.choose(*key, torch.device("cpu"), ran.append) == cands[0]
+    mode["dropout"] = True
+    assert launch.choose(*key, torch.device("cpu"), ran.append, dropout=True) == cands[1]
+    assert launch.chosen(*key) == cands[0] and launch.chosen(*key, dropout=True) == cands[1]
+    entries = sorted(launch._read_disk())
+    assert len(entries) == 2 and entries[1] == entries[0] + "|dropout"
+
+
 def test_results_that_disagree_by_more_than_rounding_are_measured_as_such():
     ref = (torch.linspace(-3, 3, 4 * 65 * 16).view(4, 65, 16).to(torch.bfloat16),)
     ulp = torch.finfo(torch.bfloat16).eps * 3  # a unit in the last place of the largest value

@@ -157,16 +157,16 @@ def _plan(op: str, t: torch.Tensor, B: int, N: int, H: int, D: int, dropout: boo
     """The plan for this shape: cached, or chosen now (`run(launches)` runs a candidate's
     launches on the real arguments, for timing; `verify(launches)` runs them on _probe
     inputs of the same shape and returns their results, which must agree with the heuristic
-    candidate's: launch.choose). With dropout or the diagonal mask the
-    kernels are traced with its code, but the candidate is the one chosen for the shape (the
-    tuning key has neither: their work scales with every candidate's)."""
+    candidate's: launch.choose). With dropout or the diagonal mask the kernels are traced
+    with its code; dropout is also part of the tuning key (its mask work moves the best
+    candidate), the diagonal mask is not (launch._key)."""
     key = (op, t.dtype, t.device, B, N, H, D, dropout, diag)
     plan = _plans.get(key)
     if plan is None:
         make = _fwd_launches if op == "fwd" else _bwd_launches  # bwd or bwd_atomic
         cand = choose(op, t.dtype, N, D, B * H, t.device,
                       lambda c: run(make(c, B, N, H, D, dropout, diag)),
-                      lambda c: verify(make(c, B, N, H, D, dropout, diag)))
+                      lambda c: verify(make(c, B, N, H, D, dropout, diag)), dropout=dropout)
         plan = make(cand, B, N, H, D, dropout, diag)
         if not (t.is_cuda and torch.cuda.is_current_stream_capturing()):
             _plans[key] = plan  # a plan made during capture is untuned: not kept

@@ -13,7 +13,7 @@ its dQ programs apart (split_twins), the dQ launch with tiles, warps and stages 
 where that was measured to pay (split_pairs). The tiles of a partial last block of queries
 (short kernels) or keys (general forward) are not part of a candidate: `tail_tile` derives
 them from N and the block when the launch is built. The first call at a key (op, dtype, N,
-D, B*H rounded up to a power of two) compiles every candidate on a pool of threads, checks
+D, B*H rounded up to a power of two, dropout on or off) compiles every candidate on a pool of threads, checks
 each one's result against
 `heuristic`'s (a candidate that the compiler got wrong on this GPU is left out, with a
 warning), then times every one that compiles and agrees, and keeps the fastest;
@@ -49,6 +49,8 @@ from vitflash.ops import kernels
 
 INTERPRET = bool(kernels.INTERPRET)
 # bump when a kernel or the candidate list changes in a way that can change the best config:
+# 17, dropout in the key (a cache file may hold a choice made with dropout under the key
+#     without it), and the dropout mask drawn eight keys a Philox call;
 # 16, no short forward past 128 keys at D >= 64 where TMA loads exist (Hopper);
 # 15, no 8-warp general backward where TMA loads exist (Hopper);
 # 14, split candidates whose dQ launch has its own tiles, warps and stages (split_pairs);
@@ -65,7 +67,7 @@ INTERPRET = bool(kernels.INTERPRET)
 # 6, the forwards' FMA-folded softmax (and the bwd_atomic op);
 # 5, split head dims (4 keyed the reverted TAILS candidates of 067433b, which a GPU
 #    machine's cache file may still hold)
-CACHE_VERSION = 16
+CACHE_VERSION = 17
 
 # the families of bwd_atomic's own kernels: dQ added element by element, or by TMA tiles
 ATOMIC_FAMILIES = ("atomic", "atomic_tma")
@@ -581,9 +583,10 @@ def _cache_file() -> Path:
 
 
 def _disk_key(key: tuple, device: torch.device) -> str:
-    op, dtype, n, d, bh = key
+    op, dtype, n, d, bh, dropout = key
     return (f"{torch.cuda.get_device_name(device)}|torch {torch.__version__}|triton "
-            f"{triton.__version__}|v{CACHE_VERSION}|{op}|{str(dtype).split('.')[-1]}|N={n}|D={d}|BH<={bh}")
+            f"{triton.__version__}|v{CACHE_VERSION}|{op}|{str(dtype).split('.')[-1]}|N={n}|D={d}|BH<={bh}"
+            + ("|dropout" if dropout else ""))
 
 
 def _read_disk() -> dict:
@@ -614,33 +617,40 @@ def _write_disk(entry: str, cand: Candidate) -> None:
         pass  # a read-only home costs a re-tune next time, nothing more
 
 
-def _key(op: str, dtype: torch.dtype, n: int, d: int, bh: int) -> tuple:
-    """What a choice is made for: op, dtype, N, D and B*H rounded up to a power of two."""
-    return op, dtype, n, d, _pow2(bh)
+def _key(op: str, dtype: torch.dtype, n: int, d: int, bh: int, dropout: bool = False) -> tuple:
+    """What a choice is made for: op, dtype, N, D, B*H rounded up to a power of two, and
+    whether attention dropout is on. Its mask work moves the best candidate: on an H200 at
+    N = 65 the tuner chose a pipelined TMA short forward without it and the pointer-load one
+    with it (benchmarks/results/gpu_session_8f7ca33/README.md). The diagonal mask (one
+    comparison a score) is left out: no timing has shown it moving the choice."""
+    return op, dtype, n, d, _pow2(bh), bool(dropout)
 
 
-def chosen(op: str, dtype: torch.dtype, n: int, d: int, bh: int) -> Candidate | None:
+def chosen(op: str, dtype: torch.dtype, n: int, d: int, bh: int, dropout: bool = False) -> Candidate | None:
     """The candidate this process uses for the key, or None before its first call there
     (benchmarks record it beside their timings)."""
-    return _chosen.get(_key(op, dtype, n, d, bh))
+    return _chosen.get(_key(op, dtype, n, d, bh, dropout))
 
 
-def tuning_times(op: str, dtype: torch.dtype, n: int, d: int, bh: int) -> dict[Candidate, float] | None:
+def tuning_times(op: str, dtype: torch.dtype, n: int, d: int, bh: int,
+                 dropout: bool = False) -> dict[Candidate, float] | None:
     """The milliseconds per call that this process's tuner measured for each candidate at
     the key (each one's better round), or None where it timed none (the choice came from
     the cache file, or the key is unseen): benchmarks record them beside their own
     timings, so a choice that their timer disagrees with can be traced."""
-    return _timings.get(_key(op, dtype, n, d, bh))
+    return _timings.get(_key(op, dtype, n, d, bh, dropout))
 
 
 def choose(op: str, dtype: torch.dtype, n: int, d: int, bh: int, device: torch.device,
            run: Callable[[Candidate], None],
-           verify: Callable[[Candidate], tuple[torch.Tensor, ...]] | None = None) -> Candidate:
+           verify: Callable[[Candidate], tuple[torch.Tensor, ...]] | None = None,
+           dropout: bool = False) -> Candidate:
     """The candidate for this key: remembered, read from the cache file, or timed now by
-    calling run(candidate) (which must launch the op on the real arguments). verify(candidate):
-    the candidate's results (o; dqkv) on fixed, well-conditioned inputs of the key's shape,
-    which must agree with the heuristic candidate's before it is timed (_time_candidates)."""
-    key = _key(op, dtype, n, d, bh)
+    calling run(candidate) (which must launch the op on the real arguments, with dropout
+    where the key has it). verify(candidate): the candidate's results (o; dqkv) on fixed,
+    well-conditioned inputs of the key's shape, which must agree with the heuristic
+    candidate's before it is timed (_time_candidates)."""
+    key = _key(op, dtype, n, d, bh, dropout)
     cand = _chosen.get(key)
     if cand is not None:
         return cand
