@@ -140,7 +140,8 @@ def run_case(name: str, batch: int, compile_mode: str | None, path: str, args) -
     try:
         with without_attention() if path == CEILING else contextlib.nullcontext():
             secs, gib = measure(step_fn(model, batch, img_size, compile_mode), args.warmup,
-                                args.steps, args.repeats, peak_from_start=compile_mode == "reduce-overhead")
+                                args.steps, args.repeats,
+                                peak_from_start=compile_mode == "reduce-overhead")
     except Exception as err:  # one failing case must not lose the others' numbers
         return {"error": f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"}
     finally:

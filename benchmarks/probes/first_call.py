@@ -113,8 +113,8 @@ def run_child(shape: tuple[int, int, int, int], variant: str) -> dict:
 
 
 def summarize(rows: list[dict]) -> list[dict]:
-    """One row per (shape, variant): candidate counts, the chosen forward(s) and backward(s), and the
-    median and min-max of the first forward's and backward's seconds."""
+    """One row per (shape, variant): candidate counts, the chosen forward(s) and
+    backward(s), and the median and min-max of the first forward's and backward's seconds."""
     out = []
     for shape in dict.fromkeys(tuple(r["shape"]) for r in rows):
         for variant in VARIANTS:

@@ -43,10 +43,11 @@ Dropout (DROPOUT, a constexpr: without it no dropout code is traced). Each proba
 of head bh is kept where a counter-based random number, Philox keyed by seed + bh, is >= p
 (`_keep`: one Philox call at counter i * ceil(N / 8) + j // 8 gives four 32-bit numbers,
 whose eight 16-bit halves decide the keys 8 (j // 8) .. + 7, an eighth of the calls of one
-per key; p is compared in steps of 1/65536), and the kept ones are scaled by 1 / (1 - p). The seed is read from a device tensor, so a CUDA graph replays fresh masks.
-The forward applies the mask to P V (the normalizer sums the whole row); the backward
-regenerates the same mask instead of storing it: dV = (P o Z)^T dO and dP = (dO V^T) o Z,
-with Z the scaled mask, and delta = rowsum(dO * O) still holds, since O is the dropped output.
+per key; p is compared in steps of 1/65536), and the kept ones are scaled by 1 / (1 - p).
+The seed is read from a device tensor, so a CUDA graph replays fresh masks. The forward
+applies the mask to P V (the normalizer sums the whole row); the backward regenerates the
+same mask instead of storing it: dV = (P o Z)^T dO and dP = (dO V^T) o Z, with Z the scaled
+mask, and delta = rowsum(dO * O) still holds, since O is the dropped output.
 
 Layout. Q, K and V are the (B, N, 3, H, D) tensor a fused qkv projection gives, contiguous:
 every address follows from (N, H, HEAD_DIM), so no strides are passed, and the gradient
