@@ -80,7 +80,7 @@ def test_matches_reference(N, D, dtype):
 
 def _force(monkeypatch, fwd: launch.Candidate, bwd: launch.Candidate) -> None:
     """Make the op run these candidates instead of the one `launch.choose` would pick."""
-    monkeypatch.setattr(flash_mod, "choose", lambda op, *args: fwd if op == "fwd" else bwd)
+    monkeypatch.setattr(flash_mod, "choose", lambda op, *args, **kwargs: fwd if op == "fwd" else bwd)
     monkeypatch.setattr(flash_mod, "_plans", {})
 
 
