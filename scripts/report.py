@@ -499,11 +499,12 @@ def write(summaries: list[dict], curves: list[dict], out: Path, command: str, wi
         writer.writeheader()
         writer.writerows(curves)
     text = [f"# Training runs\n\n`{command}`\n\n", markdown(summaries)]
-    if groups := markdown_groups(seed_groups(summaries)):
-        text.append("\nAcross seeds (runs that differ only in their seed):\n\n" + groups)
+    groups = seed_groups(summaries)
+    if table := markdown_groups(groups):
+        text.append("\nAcross seeds (runs that differ only in their seed):\n\n" + table)
     if at_epochs:
         text.append("\nVal top-1 at equal epochs:\n\n" + markdown_at_epochs(summaries, curves, at_epochs))
-        if means := markdown_groups_at_epochs(seed_groups(summaries), curves, at_epochs):
+        if means := markdown_groups_at_epochs(groups, curves, at_epochs):
             text.append("\nThe same, mean of each group of seeds:\n\n" + means)
     text.append("\nTimes: training only (validation excluded), from Lightning's ThroughputMonitor. "
                 "img/s: all processes under DDP; per process for runs too short to fill its window.\n")
@@ -536,11 +537,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
         command = "python scripts/report.py " + " ".join(sys.argv[1:] if argv is None else argv)
         write(summaries, curves, args.out, command, args.plot, args.at_epochs)
     print(markdown(summaries), end="")
-    if groups := markdown_groups(seed_groups(summaries)):
-        print("\n" + groups, end="")
+    groups = seed_groups(summaries)
+    if table := markdown_groups(groups):
+        print("\n" + table, end="")
     if args.at_epochs:
         print("\n" + markdown_at_epochs(summaries, curves, args.at_epochs), end="")
-        if means := markdown_groups_at_epochs(seed_groups(summaries), curves, args.at_epochs):
+        if means := markdown_groups_at_epochs(groups, curves, args.at_epochs):
             print("\n" + means, end="")
     return summaries
 

@@ -116,12 +116,12 @@ def test_the_peak_covers_the_warmup_where_cuda_graphs_allocate_their_memory(benc
 
     calls = []
 
-    class Event:
+    class Event:  # every step takes 2 ms
         def __init__(self, **kwargs):
-            self.t = 0.0
+            pass
 
         def record(self):
-            self.t = len(calls) * 1e-3
+            pass
 
         def synchronize(self):
             pass

@@ -1062,8 +1062,8 @@ def test_tuner_times_are_kept_for_benchmarks(monkeypatch, tmp_path):
 
 def test_dropout_is_tuned_apart(monkeypatch, tmp_path):
     """Attention dropout is part of the tuning key: its mask work moves the best candidate
-    (on an H200 at N = 65, a pipelined TMA forward without it, the pointer-load one with
-    it), so a shape met with dropout is timed anew, not given the choice made without, and
+    (on an H200, at three of four N = 65 shapes, a pipelined TMA forward without it, the
+    pointer-load one with it), so a shape met with dropout is timed anew, not given the choice made without, and
     each is cached under its own entry."""
     monkeypatch.setenv("VITFLASH_CACHE_DIR", str(tmp_path))
     for name, value in (("_disk", None), ("INTERPRET", False), ("_chosen", {}), ("_timings", {})):

@@ -310,8 +310,8 @@ def _keep(seed, bh, q_rows, k_start, N, drop_p, BLOCK_K: tl.constexpr, TRANS: tl
     least p * 65536 (rounded): the keep rate is 1 - p within 1/131072. The halves are
     compared as integers, with no conversion to floats, before they are put side by side, so
     that the reshuffle into the tile moves booleans, not 32-bit numbers (compiled for sm_90:
-    fewer instructions and registers than four keys a call compared as floats,
-    benchmarks/results/registers_sm90_dropout.md)."""
+    fewer instructions than four keys a call compared as floats, in every short kernel
+    measured; benchmarks/results/registers_sm90_dropout.md)."""
     tl.static_assert(BLOCK_K % 8 == 0, "dropout tiles cover whole groups of 8 keys")
     octets = k_start // 8 + tl.arange(0, BLOCK_K // 8)
     r0, r1, r2, r3 = tl.randint4x(seed + bh, q_rows[:, None] * ((N + 7) // 8) + octets[None, :])

@@ -13,9 +13,8 @@ its dQ programs apart (split_twins), the dQ launch with tiles, warps and stages 
 where that was measured to pay (split_pairs). The tiles of a partial last block of queries
 (short kernels) or keys (general forward) are not part of a candidate: `tail_tile` derives
 them from N and the block when the launch is built. The first call at a key (op, dtype, N,
-D, B*H rounded up to a power of two, dropout on or off) compiles every candidate on a pool of threads, checks
-each one's result against
-`heuristic`'s (a candidate that the compiler got wrong on this GPU is left out, with a
+D, B*H rounded up to a power of two, dropout on or off) compiles every candidate on a pool
+of threads, checks each one's result against `heuristic`'s (a candidate that the compiler got wrong on this GPU is left out, with a
 warning), then times every one that compiles and agrees, and keeps the fastest;
 the choice is written to a JSON file keyed by GPU and versions
 (`$VITFLASH_CACHE_DIR/autotune.json`, default `~/.cache/vitflash`), so later processes start
@@ -619,9 +618,10 @@ def _write_disk(entry: str, cand: Candidate) -> None:
 
 def _key(op: str, dtype: torch.dtype, n: int, d: int, bh: int, dropout: bool = False) -> tuple:
     """What a choice is made for: op, dtype, N, D, B*H rounded up to a power of two, and
-    whether attention dropout is on. Its mask work moves the best candidate: on an H200 at
-    N = 65 the tuner chose a pipelined TMA short forward without it and the pointer-load one
-    with it (benchmarks/results/gpu_session_8f7ca33/README.md). The diagonal mask (one
+    whether attention dropout is on. Its mask work moves the best candidate: on an H200, at
+    three of the four N = 65 shapes of bench_attention's small set, the tuner chose a
+    pipelined TMA short forward without it (7fdd729) and the pointer-load one with it
+    (8f7ca33; benchmarks/results/gpu_session_8f7ca33/README.md). The diagonal mask (one
     comparison a score) is left out: no timing has shown it moving the choice."""
     return op, dtype, n, d, _pow2(bh), bool(dropout)
 
