@@ -1331,6 +1331,76 @@ def test_tma_load_kernels(monkeypatch, N, D):
         assert plans["fwd"][0].consts["TMA"] is True and plans["bwd"][1].consts["TMA"] is True
 
 
+def _piped(c: launch.Candidate) -> launch.Candidate:
+    """c's PIPE twin (launch._pipe_twins)."""
+    return launch.Candidate(c.family, c.blocks + (("PIPE", 1),), c.num_warps, c.num_stages)
+
+
+@pytest.mark.parametrize("tma", [False, True], ids=["pointers", "tma"])
+@pytest.mark.parametrize("N, D, dropout_p, mask_diagonal", [
+    (1, 32, 0.0, False), (16, 32, 0.0, True), (32, 32, 0.2, False), (33, 32, 0.0, True),
+    (70, 80, 0.2, True), (97, 32, 0.0, False)])
+def test_pipelined_kernels_are_their_twins_bit_for_bit(monkeypatch, tma, N, D, dropout_p,
+                                                       mask_diagonal):
+    """PIPE (launch._pipe_twins) only moves each tile's score product one step earlier
+    (kernels._fwd_update, _bwd_dkdv_scores, _bwd_dq_tile): the same products in the same
+    order. Forward and backward, one launch and split, must give their twins' o and dqkv bit
+    for bit: at one partial tile (1; the forward drops PIPE below one full key tile), exactly
+    one full tile (16, 32: the peeled step alone), full tiles and a partial one (33, 70, 97),
+    a split head dim (80), with dropout and the diagonal mask."""
+    monkeypatch.setattr(launch, "_TMA_LOADS", tma)
+    qkv, do = _packed_inputs(2, N, 2, D, torch.float16, seed=N + D)
+    family = "general_tma" if tma else "general"
+    fwd = launch.Candidate(family, (("BLOCK_M", 32), ("BLOCK_N", 16)))
+    one = launch.Candidate(family, (("BLOCK_M1", 16), ("BLOCK_N1", 32), ("BLOCK_M2", 32),
+                                    ("BLOCK_N2", 16)), 4, 1)
+    pairs = [(fwd, one)] + [(fwd, split) for split in launch.split_twins([one])]
+    for base_fwd, base_bwd in pairs:
+        results = []
+        for f, b in ((base_fwd, base_bwd), (_piped(base_fwd), _piped(base_bwd))):
+            _force(monkeypatch, f, b)
+            torch.manual_seed(0)  # the same dropout seed for both
+            leaf = qkv.detach().clone().requires_grad_()
+            o = flash_attention_qkvpacked(leaf, dropout_p=dropout_p, mask_diagonal=mask_diagonal)
+            (dqkv,) = torch.autograd.grad(o, leaf, do)
+            plans = {key[0]: plan for key, plan in flash_mod._plans.items()}
+            results.append((o, dqkv, plans["fwd"][0].consts.get("PIPE", 0),
+                            [p.consts.get("PIPE", 0) for p in plans["bwd"][1:]]))
+        (o1, dqkv1, fwd1, bwd1), (o2, dqkv2, fwd2, bwd2) = results
+        assert fwd1 == 0 and set(bwd1) == {0}
+        assert fwd2 == (N >= 16) and set(bwd2) == {1}
+        assert torch.equal(o1, o2), f"{base_fwd}: o differs with PIPE"
+        assert torch.equal(dqkv1, dqkv2), f"{base_bwd}: dqkv differs with PIPE"
+        if dropout_p == 0:
+            _assert_within_rule(qkv, do, flash=flash_attention, mask_diagonal=mask_diagonal)
+
+
+def test_pipelined_twins_of_the_tma_kernels_past_the_short_lengths(monkeypatch):
+    """On Hopper every general_tma candidate past 128 keys has a PIPE twin, the forward's
+    where its shared memory fits (launch.PIPE_SMEM), the backward's in every launch form
+    (one launch, split twin, split pair); none at the short lengths, nor without TMA loads."""
+    monkeypatch.setattr(launch, "_TMA_LOADS", True)
+    for op, D in (("fwd", 64), ("fwd", 128), ("bwd", 64), ("bwd", 128)):
+        found = launch.candidates(op, 577, D, 64)
+        tma = [c for c in found if c.family == "general_tma" and not c.meta.get("PIPE")]
+        piped = [c for c in found if c.meta.get("PIPE")]
+        assert all(c.family == "general_tma" for c in piped)
+        expected = {(c.blocks, c.num_warps, c.num_stages) for c in tma
+                    if op == "bwd" or (c.meta["BLOCK_M"] + (2 * c.num_stages + 1)
+                                       * c.meta["BLOCK_N"]) * D * 2 <= launch.PIPE_SMEM}
+        assert {(tuple(b for b in c.blocks if b[0] != "PIPE"), c.num_warps, c.num_stages)
+                for c in piped} == expected and expected
+    # the (128, 128) 3-stage forward tile at D = 128 takes 224 KiB without PIPE: no twin
+    big = [c for c in launch.candidates("fwd", 577, 128, 64)
+           if (c.meta["BLOCK_M"], c.meta["BLOCK_N"], c.num_stages) == (128, 128, 3)]
+    assert [c.family for c in big] == ["general", "general_tma"]
+    for n in (65, 577):
+        if n == 577:
+            monkeypatch.setattr(launch, "_TMA_LOADS", False)
+        listed = launch.candidates("fwd", n, 64, 64) + launch.candidates("bwd", n, 64, 64)
+        assert listed and not [c for c in listed if c.meta.get("PIPE")]
+
+
 @pytest.mark.parametrize("N, D, B, H", [(17, 32, 2, 2), (65, 64, 2, 2), (64, 32, 1, 4),
                                         (100, 80, 2, 2), (197, 48, 1, 2)])
 def test_short_tma_forward(monkeypatch, N, D, B, H):
