@@ -60,8 +60,6 @@ def _fwd_launches(c: Candidate, B: int, N: int, H: int, D: int, dropout: bool = 
         meta.update(HEADS=1, STAGES=1)
     if not short:  # the tail tile: the keys past the last full BLOCK_N
         meta["BLOCK_T"] = tail_tile(N, meta["BLOCK_N"])
-        if N < meta["BLOCK_N"]:  # (tuned at another B * H ...; PIPE needs a full tile)
-            meta.pop("PIPE", None)
     else:  # the query rows past the last full BLOCK_M
         meta["BLOCK_MT"] = tail_tile(N, meta["BLOCK_M"])
     block_d1, block_d2 = split_d(D)  # (64, 16) at D = 80: two column chunks, no padding

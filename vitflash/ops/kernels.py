@@ -386,68 +386,43 @@ def _fwd_inner(acc, acc_hi, l_i, m_i, q, q_hi, k_ptrs, k_ptrs_hi, v_ptrs, v_ptrs
                BLOCK_N: tl.constexpr, MASK_N: tl.constexpr, DROPOUT: tl.constexpr,
                TMA: tl.constexpr, DIAG: tl.constexpr):
     for start_n in range(start, end, BLOCK_N):
+        cols = start_n + offs_n
         # (TMA: full tiles only; the tail tile's call passes TMA=False)
         k, k_hi = _stream_tile(KV_DESC, KV_DESC2, k_ptrs, k_ptrs_hi, bh, start_n, N, H, 3, 1,
                                BLOCK_N, HEAD_DIM, BLOCK_D, BLOCK_D2, MASK_N, TMA)
         s = _dot_t(q, q_hi, k, k_hi, BLOCK_D2)  # (BLOCK_M, BLOCK_N), unscaled
-        acc, acc_hi, l_i, m_i, s = _fwd_update(acc, acc_hi, l_i, m_i, s, q, q_hi, k_ptrs,
-                                               k_ptrs_hi, v_ptrs, v_ptrs_hi, KV_DESC, KV_DESC2,
-                                               start_n, N, H, offs_n, qk_scale, seed, bh, offs_m,
-                                               drop_p, HEAD_DIM, BLOCK_D, BLOCK_D2, BLOCK_N,
-                                               MASK_N, DROPOUT, TMA, DIAG, False)
+        if MASK_N:
+            s = tl.where(cols[None, :] < N, s, float("-inf"))
+        if DIAG:
+            s = _mask_diagonal(s, offs_m, cols)
+        # The row maximum in log2 units (qk_scale > 0 commutes with max); the scale and the
+        # subtraction are then one FMA per score.
+        m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
+        p = tl.math.exp2(s * qk_scale - m_new[:, None])
+        alpha = tl.math.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        if DROPOUT:  # the normalizer above sums every probability; P V only the kept ones
+            p = tl.where(_keep(seed, bh, offs_m, start_n, N, drop_p, BLOCK_N, False), p, 0.0)
+        v, v_hi = _stream_tile(KV_DESC, KV_DESC2, v_ptrs, v_ptrs_hi, bh, start_n, N, H, 3, 2,
+                               BLOCK_N, HEAD_DIM, BLOCK_D, BLOCK_D2, MASK_N, TMA)
+        p = _round(p, v.dtype)
+        acc = _dot(p, v, acc * alpha[:, None])
+        if BLOCK_D2 > 0:  # (otherwise acc_hi is never assigned: the loop does not carry it)
+            acc_hi = _dot(p, v_hi, acc_hi * alpha[:, None])
+        m_i = m_new
     return acc, acc_hi, l_i, m_i
-
-
-@triton.jit
-def _fwd_update(acc, acc_hi, l_i, m_i, s, q, q_hi, k_ptrs, k_ptrs_hi, v_ptrs, v_ptrs_hi, KV_DESC,
-                KV_DESC2, start_n, N, H, offs_n, qk_scale, seed, bh, offs_m, drop_p,
-                HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_D2: tl.constexpr,
-                BLOCK_N: tl.constexpr, MASK_N: tl.constexpr, DROPOUT: tl.constexpr,
-                TMA: tl.constexpr, DIAG: tl.constexpr, NEXT: tl.constexpr):
-    """The online softmax's step for the key tile at start_n, from its scores s = Q K^T
-    (unscaled). With NEXT, the next key tile's scores are computed after the exponentials
-    and before the product P V, and returned (else s is): the caller's next step then takes
-    its exponentials while P V still runs on the matrix units (Hopper's asynchronous wgmma),
-    as FlashAttention-3 overlaps the softmax with the products within a warpgroup."""
-    cols = start_n + offs_n
-    if MASK_N:
-        s = tl.where(cols[None, :] < N, s, float("-inf"))
-    if DIAG:
-        s = _mask_diagonal(s, offs_m, cols)
-    # The row maximum in log2 units (qk_scale > 0 commutes with max); the scale and the
-    # subtraction are then one FMA per score.
-    m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
-    p = tl.math.exp2(s * qk_scale - m_new[:, None])
-    alpha = tl.math.exp2(m_i - m_new)
-    l_i = l_i * alpha + tl.sum(p, 1)
-    if DROPOUT:  # the normalizer above sums every probability; P V only the kept ones
-        p = tl.where(_keep(seed, bh, offs_m, start_n, N, drop_p, BLOCK_N, False), p, 0.0)
-    if NEXT:
-        k, k_hi = _stream_tile(KV_DESC, KV_DESC2, k_ptrs, k_ptrs_hi, bh, start_n + BLOCK_N, N, H,
-                               3, 1, BLOCK_N, HEAD_DIM, BLOCK_D, BLOCK_D2, MASK_N, TMA)
-        s = _dot_t(q, q_hi, k, k_hi, BLOCK_D2)
-    v, v_hi = _stream_tile(KV_DESC, KV_DESC2, v_ptrs, v_ptrs_hi, bh, start_n, N, H, 3, 2,
-                           BLOCK_N, HEAD_DIM, BLOCK_D, BLOCK_D2, MASK_N, TMA)
-    p = _round(p, v.dtype)
-    acc = _dot(p, v, acc * alpha[:, None])
-    if BLOCK_D2 > 0:  # (otherwise acc_hi is never assigned: the loop does not carry it)
-        acc_hi = _dot(p, v_hi, acc_hi * alpha[:, None])
-    return acc, acc_hi, l_i, m_new, s
 
 
 @triton.jit
 def fwd_kernel(QKV, O, LSE, SEED, Q_DESC, Q_DESC2, KV_DESC, KV_DESC2, qk_scale, drop_p, H, N,
                HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_D2: tl.constexpr,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr,
-               DROPOUT: tl.constexpr, TMA: tl.constexpr, DIAG: tl.constexpr,
-               PIPE: tl.constexpr = False):
+               DROPOUT: tl.constexpr, TMA: tl.constexpr, DIAG: tl.constexpr):
     """O and LSE of BLOCK_M query rows; K, V stream past in BLOCK_N tiles, the keys past the
     last full tile in one BLOCK_T tile (197 = 3 x 64 + a 16-key tail, not a fourth 64;
     BLOCK_T = 0 when BLOCK_N divides N). With TMA, the Q tile and the full K, V tiles come
     through the descriptors of qkv Q_DESC(2) ((1, BLOCK_M, chunk) boxes) and KV_DESC(2)
-    ((1, BLOCK_N, chunk) boxes): see _load_tma. Without it, any argument stands in for them.
-    With PIPE (only where N >= BLOCK_N: flash._fwd_launches) each full key tile's scores are
-    computed one step ahead (_fwd_update), the last full tile's step peeled off the loop."""
+    ((1, BLOCK_N, chunk) boxes): see _load_tma. Without it, any argument stands in for them."""
     pid_m, bh = _split_pid(tl.program_id(0), N, BLOCK_M)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
@@ -461,25 +436,10 @@ def fwd_kernel(QKV, O, LSE, SEED, Q_DESC, Q_DESC2, KV_DESC, KV_DESC2, qk_scale, 
     acc, acc_hi = _zeros(BLOCK_M, BLOCK_D, BLOCK_D2)
     seed = tl.load(SEED) if DROPOUT else 0
     n_full = (N // BLOCK_N) * BLOCK_N
-    if PIPE:
-        k, k_hi = _stream_tile(KV_DESC, KV_DESC2, k_ptrs, k_ptrs_hi, bh, 0, N, H, 3, 1, BLOCK_N,
-                               HEAD_DIM, BLOCK_D, BLOCK_D2, False, TMA)
-        s = _dot_t(q, q_hi, k, k_hi, BLOCK_D2)
-        for start_n in range(0, n_full - BLOCK_N, BLOCK_N):  # every full tile but the last
-            acc, acc_hi, l_i, m_i, s = _fwd_update(
-                acc, acc_hi, l_i, m_i, s, q, q_hi, k_ptrs, k_ptrs_hi, v_ptrs, v_ptrs_hi, KV_DESC,
-                KV_DESC2, start_n, N, H, offs_n, qk_scale, seed, bh, offs_m, drop_p, HEAD_DIM,
-                BLOCK_D, BLOCK_D2, BLOCK_N, False, DROPOUT, TMA, DIAG, True)
-        acc, acc_hi, l_i, m_i, s = _fwd_update(
-            acc, acc_hi, l_i, m_i, s, q, q_hi, k_ptrs, k_ptrs_hi, v_ptrs, v_ptrs_hi, KV_DESC,
-            KV_DESC2, n_full - BLOCK_N, N, H, offs_n, qk_scale, seed, bh, offs_m, drop_p,
-            HEAD_DIM, BLOCK_D, BLOCK_D2, BLOCK_N, False, DROPOUT, TMA, DIAG, False)
-    else:
-        acc, acc_hi, l_i, m_i = _fwd_inner(acc, acc_hi, l_i, m_i, q, q_hi, k_ptrs, k_ptrs_hi,
-                                           v_ptrs, v_ptrs_hi, KV_DESC, KV_DESC2, 0, n_full, N,
-                                           H, offs_n, qk_scale, seed, bh, offs_m, drop_p,
-                                           HEAD_DIM, BLOCK_D, BLOCK_D2, BLOCK_N, False, DROPOUT,
-                                           TMA, DIAG)
+    acc, acc_hi, l_i, m_i = _fwd_inner(acc, acc_hi, l_i, m_i, q, q_hi, k_ptrs, k_ptrs_hi,
+                                       v_ptrs, v_ptrs_hi, KV_DESC, KV_DESC2, 0, n_full, N, H,
+                                       offs_n, qk_scale, seed, bh, offs_m, drop_p, HEAD_DIM,
+                                       BLOCK_D, BLOCK_D2, BLOCK_N, False, DROPOUT, TMA, DIAG)
     if BLOCK_T > 0:  # the one partial key tile
         offs_t = tl.arange(0, BLOCK_T)
         kt_ptrs, kt_ptrs_hi = _chunk_ptrs(QKV, bh, offs_t, N, H, 3, 1, HEAD_DIM, BLOCK_D, BLOCK_D2)
@@ -702,68 +662,21 @@ def _bwd_dkdv_step(dk, dk_hi, dv, dv_hi, k, k_hi, v, v_hi, q, q_hi, do, do_hi, l
     (BLOCK_N, head dim) chunks. Returns dS^T too, for a caller that also wants dQ. rows,
     k_start: the tile's query rows and its first key (for the dropout mask)."""
     s_t = _dot_t(k, k_hi, q, q_hi, BLOCK_D2)
-    dk, dk_hi, dv, dv_hi, ds_t, s_t = _bwd_dkdv_scores(
-        dk, dk_hi, dv, dv_hi, s_t, k, k_hi, v, v_hi, q, q_hi, q, q_hi, do, do_hi, lse, delta,
-        qk_scale, seed, bh, rows, k_start, N, drop_p, BLOCK_D2, DROPOUT, DIAG, False)
-    return dk, dk_hi, dv, dv_hi, ds_t
-
-
-@triton.jit
-def _bwd_dkdv_scores(dk, dk_hi, dv, dv_hi, s_t, k, k_hi, v, v_hi, q, q_hi, qn, qn_hi, do, do_hi,
-                     lse, delta, qk_scale, seed, bh, rows, k_start, N, drop_p,
-                     BLOCK_D2: tl.constexpr, DROPOUT: tl.constexpr, DIAG: tl.constexpr,
-                     NEXT: tl.constexpr):
-    """_bwd_dkdv_step from the tile's scores S^T = K Q^T, already computed. With NEXT, the
-    next query tile's scores K qn^T are computed after dS and before the two products into
-    dK and dV, and returned (else s_t is): the caller's next step then takes its
-    exponentials while those two products still run on the matrix units (Hopper's
-    asynchronous wgmma; the products of one program otherwise wait for each other)."""
     p_t = tl.math.exp2(s_t * qk_scale - lse[None, :])  # (BLOCK_N, BLOCK_M)
     if DIAG:
         p_t = tl.where((k_start + tl.arange(0, k.shape[0]))[:, None] == rows[None, :], 0.0, p_t)
     dp_t = _dot_t(v, v_hi, do, do_hi, BLOCK_D2)
-    p_v = p_t
     if DROPOUT:
         keep_t = _keep(seed, bh, rows, k_start, N, drop_p, k.shape[0], True)
         scale = _keep_scale(drop_p, DROPOUT)
-        p_v = tl.where(keep_t, p_t * scale, 0.0)
+        dv, dv_hi = _dot_d(_round(tl.where(keep_t, p_t * scale, 0.0), do.dtype), do, do_hi,
+                           dv, dv_hi, BLOCK_D2)
         dp_t = tl.where(keep_t, dp_t * scale, 0.0)
+    else:
+        dv, dv_hi = _dot_d(_round(p_t, do.dtype), do, do_hi, dv, dv_hi, BLOCK_D2)
     ds_t = p_t * (dp_t - delta[None, :])
-    s_next = s_t
-    if NEXT:
-        s_next = _dot_t(k, k_hi, qn, qn_hi, BLOCK_D2)
-    dv, dv_hi = _dot_d(_round(p_v, do.dtype), do, do_hi, dv, dv_hi, BLOCK_D2)
     dk, dk_hi = _dot_d(_round(ds_t, q.dtype), q, q_hi, dk, dk_hi, BLOCK_D2)
-    return dk, dk_hi, dv, dv_hi, ds_t, s_next
-
-
-@triton.jit
-def _bwd_dkdv_tile(dk, dk_hi, dv, dv_hi, s_t, k, k_hi, v, v_hi, Q_DESC, Q_DESC2, DO_DESC,
-                   DO_DESC2, q_ptrs, q_ptrs_hi, do_ptrs, do_ptrs_hi, LSE, DELTA, stats, offs_m,
-                   start_m, qk_scale, seed, bh, k_start, H, N, drop_p,
-                   HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_D2: tl.constexpr,
-                   BLOCK_M: tl.constexpr, DROPOUT: tl.constexpr, TMA: tl.constexpr,
-                   DIAG: tl.constexpr, NEXT: tl.constexpr):
-    """One step of _bwd_dkdv's pipelined walk (PIPE): the query tile at start_m, whose scores
-    s_t the step before computed, and with NEXT the next tile's scores. Q is loaded twice
-    (for the next tile's scores, then again for dK), so that both loads stay in the
-    pipeline's shared-memory buffers: a Q tile carried from one step to the next would be
-    held in registers and copied back to shared memory for each product."""
-    rows = start_m + offs_m
-    do, do_hi = _stream_tile(DO_DESC, DO_DESC2, do_ptrs, do_ptrs_hi, bh, start_m, N, H, 1, 0,
-                             BLOCK_M, HEAD_DIM, BLOCK_D, BLOCK_D2, True, TMA)
-    lse = tl.load(LSE + stats + rows, mask=rows < N, other=float("inf"))
-    delta = tl.load(DELTA + stats + rows, mask=rows < N, other=0.0)
-    qn, qn_hi = _stream_tile(Q_DESC, Q_DESC2, q_ptrs, q_ptrs_hi, bh, start_m + BLOCK_M * NEXT,
-                             N, H, 3, 0, BLOCK_M, HEAD_DIM, BLOCK_D, BLOCK_D2, True, TMA)
-    q, q_hi = qn, qn_hi
-    if NEXT:
-        q, q_hi = _stream_tile(Q_DESC, Q_DESC2, q_ptrs, q_ptrs_hi, bh, start_m, N, H, 3, 0,
-                               BLOCK_M, HEAD_DIM, BLOCK_D, BLOCK_D2, True, TMA)
-    dk, dk_hi, dv, dv_hi, ds_t, s_t = _bwd_dkdv_scores(
-        dk, dk_hi, dv, dv_hi, s_t, k, k_hi, v, v_hi, q, q_hi, qn, qn_hi, do, do_hi, lse, delta,
-        qk_scale, seed, bh, rows, k_start, N, drop_p, BLOCK_D2, DROPOUT, DIAG, NEXT)
-    return dk, dk_hi, dv, dv_hi, s_t
+    return dk, dk_hi, dv, dv_hi, ds_t
 
 
 @triton.jit
@@ -772,7 +685,7 @@ def _bwd_dkdv(pid, QKV, DO, LSE, DELTA, DQKV, DQ_ACC, DQ_DESC, DQ_DESC2, Q_DESC,
               HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_D2: tl.constexpr,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DROPOUT: tl.constexpr,
               ATOMIC_DQ: tl.constexpr, TMA_DQ: tl.constexpr, TMA: tl.constexpr,
-              DIAG: tl.constexpr, PIPE: tl.constexpr = False):
+              DIAG: tl.constexpr):
     """dK, dV of one BLOCK_N key tile; Q, dO, LSE, delta stream past in BLOCK_M tiles. With
     ATOMIC_DQ (bwd_atomic_kernel) it also adds each query tile's share of dQ, dS K, into the
     fp32 DQ_ACC with atomic adds, and starts its walk over the query tiles at its own index
@@ -783,9 +696,7 @@ def _bwd_dkdv(pid, QKV, DO, LSE, DELTA, DQKV, DQ_ACC, DQ_DESC, DQ_DESC2, Q_DESC,
     tiles, where plain atomics send one add per element. Rows past N fall outside the
     descriptor's bounds and are dropped. With TMA, K and V come through the qkv
     descriptors KV_DESC(2) (BLOCK_N-row boxes), each query tile's Q and dO through
-    Q_DESC(2) and DO_DESC(2) (BLOCK_M-row boxes): see _load_tma. With PIPE (not with
-    ATOMIC_DQ) each query tile's scores are computed one step ahead (_bwd_dkdv_scores), the
-    last tile's step peeled off the loop."""
+    Q_DESC(2) and DO_DESC(2) (BLOCK_M-row boxes): see _load_tma."""
     pid_n, bh = _split_pid(pid, N, BLOCK_N)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = tl.arange(0, BLOCK_M)
@@ -801,51 +712,36 @@ def _bwd_dkdv(pid, QKV, DO, LSE, DELTA, DQKV, DQ_ACC, DQ_DESC, DQ_DESC2, Q_DESC,
 
     dk, dk_hi = _zeros(BLOCK_N, BLOCK_D, BLOCK_D2)
     dv, dv_hi = _zeros(BLOCK_N, BLOCK_D, BLOCK_D2)
-    if PIPE and not ATOMIC_DQ:
-        q, q_hi = _stream_tile(Q_DESC, Q_DESC2, q_ptrs, q_ptrs_hi, bh, 0, N, H, 3, 0, BLOCK_M,
+    for start_m in range(0, N, BLOCK_M):
+        m0 = start_m
+        if ATOMIC_DQ:
+            m0 = (start_m + pid_n * BLOCK_M) % (tl.cdiv(N, BLOCK_M) * BLOCK_M)
+        rows = m0 + offs_m
+        # Padded query rows: q = dO = 0 and LSE = +inf make their column of P^T zero.
+        q, q_hi = _stream_tile(Q_DESC, Q_DESC2, q_ptrs, q_ptrs_hi, bh, m0, N, H, 3, 0, BLOCK_M,
                                HEAD_DIM, BLOCK_D, BLOCK_D2, True, TMA)
-        s_t = _dot_t(k, k_hi, q, q_hi, BLOCK_D2)
-        for start_m in range(0, N - BLOCK_M, BLOCK_M):  # every query tile but the last
-            dk, dk_hi, dv, dv_hi, s_t = _bwd_dkdv_tile(
-                dk, dk_hi, dv, dv_hi, s_t, k, k_hi, v, v_hi, Q_DESC, Q_DESC2, DO_DESC, DO_DESC2,
-                q_ptrs, q_ptrs_hi, do_ptrs, do_ptrs_hi, LSE, DELTA, stats, offs_m, start_m,
-                qk_scale, seed, bh, pid_n * BLOCK_N, H, N, drop_p, HEAD_DIM, BLOCK_D, BLOCK_D2,
-                BLOCK_M, DROPOUT, TMA, DIAG, True)
-        dk, dk_hi, dv, dv_hi, s_t = _bwd_dkdv_tile(
-            dk, dk_hi, dv, dv_hi, s_t, k, k_hi, v, v_hi, Q_DESC, Q_DESC2, DO_DESC, DO_DESC2,
-            q_ptrs, q_ptrs_hi, do_ptrs, do_ptrs_hi, LSE, DELTA, stats, offs_m,
-            (N - 1) // BLOCK_M * BLOCK_M, qk_scale, seed, bh, pid_n * BLOCK_N, H, N, drop_p,
-            HEAD_DIM, BLOCK_D, BLOCK_D2, BLOCK_M, DROPOUT, TMA, DIAG, False)
-    else:
-        for start_m in range(0, N, BLOCK_M):
-            m0 = start_m
-            if ATOMIC_DQ:
-                m0 = (start_m + pid_n * BLOCK_M) % (tl.cdiv(N, BLOCK_M) * BLOCK_M)
-            rows = m0 + offs_m
-            # Padded query rows: q = dO = 0 and LSE = +inf make their column of P^T zero.
-            q, q_hi = _stream_tile(Q_DESC, Q_DESC2, q_ptrs, q_ptrs_hi, bh, m0, N, H, 3, 0,
-                                   BLOCK_M, HEAD_DIM, BLOCK_D, BLOCK_D2, True, TMA)
-            do, do_hi = _stream_tile(DO_DESC, DO_DESC2, do_ptrs, do_ptrs_hi, bh, m0, N, H, 1, 0,
-                                     BLOCK_M, HEAD_DIM, BLOCK_D, BLOCK_D2, True, TMA)
-            lse = tl.load(LSE + stats + rows, mask=rows < N, other=float("inf"))
-            delta = tl.load(DELTA + stats + rows, mask=rows < N, other=0.0)
-            dk, dk_hi, dv, dv_hi, ds_t = _bwd_dkdv_step(
-                dk, dk_hi, dv, dv_hi, k, k_hi, v, v_hi, q, q_hi, do, do_hi, lse, delta, qk_scale,
-                seed, bh, rows, pid_n * BLOCK_N, N, drop_p, BLOCK_D2, DROPOUT, DIAG)
-            if ATOMIC_DQ:
-                # Padded keys (k = v = 0) get p = exp2(-lse) != 0 in _bwd_dkdv_step: they must
-                # not reach dQ.
-                ds = tl.trans(_round(tl.where(offs_n[:, None] < N, ds_t, 0.0), k.dtype))
-                dq, dq_hi = _zeros(BLOCK_M, BLOCK_D, BLOCK_D2)
-                dq, dq_hi = _dot_d(ds, k, k_hi, dq, dq_hi, BLOCK_D2)
-                if TMA_DQ:
-                    DQ_DESC.atomic_add([bh, m0, 0], dq.reshape(1, BLOCK_M, BLOCK_D))
-                    if BLOCK_D2 > 0:
-                        DQ_DESC2.atomic_add([bh, m0, BLOCK_D], dq_hi.reshape(1, BLOCK_M, BLOCK_D2))
-                else:
-                    acc_shift = m0 * HEAD_DIM
-                    _atomic_add_chunks(acc_ptrs + acc_shift, acc_ptrs_hi + acc_shift, dq, dq_hi,
-                                       rows, N, HEAD_DIM, BLOCK_D, BLOCK_D2)
+        do, do_hi = _stream_tile(DO_DESC, DO_DESC2, do_ptrs, do_ptrs_hi, bh, m0, N, H, 1, 0,
+                                 BLOCK_M, HEAD_DIM, BLOCK_D, BLOCK_D2, True, TMA)
+        lse = tl.load(LSE + stats + rows, mask=rows < N, other=float("inf"))
+        delta = tl.load(DELTA + stats + rows, mask=rows < N, other=0.0)
+        dk, dk_hi, dv, dv_hi, ds_t = _bwd_dkdv_step(dk, dk_hi, dv, dv_hi, k, k_hi, v, v_hi, q,
+                                                    q_hi, do, do_hi, lse, delta, qk_scale, seed,
+                                                    bh, rows, pid_n * BLOCK_N, N, drop_p,
+                                                    BLOCK_D2, DROPOUT, DIAG)
+        if ATOMIC_DQ:
+            # Padded keys (k = v = 0) get p = exp2(-lse) != 0 in _bwd_dkdv_step: they must
+            # not reach dQ.
+            ds = tl.trans(_round(tl.where(offs_n[:, None] < N, ds_t, 0.0), k.dtype))
+            dq, dq_hi = _zeros(BLOCK_M, BLOCK_D, BLOCK_D2)
+            dq, dq_hi = _dot_d(ds, k, k_hi, dq, dq_hi, BLOCK_D2)
+            if TMA_DQ:
+                DQ_DESC.atomic_add([bh, m0, 0], dq.reshape(1, BLOCK_M, BLOCK_D))
+                if BLOCK_D2 > 0:
+                    DQ_DESC2.atomic_add([bh, m0, BLOCK_D], dq_hi.reshape(1, BLOCK_M, BLOCK_D2))
+            else:
+                acc_shift = m0 * HEAD_DIM
+                _atomic_add_chunks(acc_ptrs + acc_shift, acc_ptrs_hi + acc_shift, dq, dq_hi,
+                                   rows, N, HEAD_DIM, BLOCK_D, BLOCK_D2)
 
     _store_rows(DQKV, dk * sm_scale, dk_hi * sm_scale, bh, offs_n, N, H, 3, 1, HEAD_DIM,
                 BLOCK_D, BLOCK_D2)
@@ -853,47 +749,14 @@ def _bwd_dkdv(pid, QKV, DO, LSE, DELTA, DQKV, DQ_ACC, DQ_DESC, DQ_DESC2, Q_DESC,
 
 
 @triton.jit
-def _bwd_dq_tile(dq, dq_hi, s, q, q_hi, k, k_hi, do, do_hi, lse, delta, KV_DESC, KV_DESC2,
-                 k_ptrs, k_ptrs_hi, v_ptrs, v_ptrs_hi, offs_m, offs_n, start_n, qk_scale, seed,
-                 bh, H, N, drop_p, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-                 BLOCK_D2: tl.constexpr, BLOCK_N: tl.constexpr, DROPOUT: tl.constexpr,
-                 TMA: tl.constexpr, DIAG: tl.constexpr, NEXT: tl.constexpr):
-    """The key tile at start_n's share of dQ, from its scores s = Q K^T and its keys k. With
-    NEXT, the next key tile's scores are computed after dS and before the product into dQ,
-    and returned (else s is), as _bwd_dkdv_scores does for dK and dV; the tile's keys are
-    then loaded again here (k is not read), for the same reason as Q in _bwd_dkdv_tile."""
-    cols = start_n + offs_n
-    v, v_hi = _stream_tile(KV_DESC, KV_DESC2, v_ptrs, v_ptrs_hi, bh, start_n, N, H, 3, 2,
-                           BLOCK_N, HEAD_DIM, BLOCK_D, BLOCK_D2, True, TMA)
-    # Padded keys have k = 0, so exp2(-lse) could be anything: zero them explicitly.
-    p = tl.where(cols[None, :] < N, tl.math.exp2(s * qk_scale - lse[:, None]), 0.0)
-    if DIAG:
-        p = tl.where(offs_m[:, None] == cols[None, :], 0.0, p)
-    dp = _dot_t(do, do_hi, v, v_hi, BLOCK_D2)
-    if DROPOUT:
-        dp = tl.where(_keep(seed, bh, offs_m, start_n, N, drop_p, BLOCK_N, False),
-                      dp * _keep_scale(drop_p, DROPOUT), 0.0)
-    ds = p * (dp - delta[:, None])
-    if NEXT:
-        kn, kn_hi = _stream_tile(KV_DESC, KV_DESC2, k_ptrs, k_ptrs_hi, bh, start_n + BLOCK_N, N,
-                                 H, 3, 1, BLOCK_N, HEAD_DIM, BLOCK_D, BLOCK_D2, True, TMA)
-        s = _dot_t(q, q_hi, kn, kn_hi, BLOCK_D2)
-        k, k_hi = _stream_tile(KV_DESC, KV_DESC2, k_ptrs, k_ptrs_hi, bh, start_n, N, H, 3, 1,
-                               BLOCK_N, HEAD_DIM, BLOCK_D, BLOCK_D2, True, TMA)
-    dq, dq_hi = _dot_d(_round(ds, k.dtype), k, k_hi, dq, dq_hi, BLOCK_D2)
-    return dq, dq_hi, s
-
-
-@triton.jit
 def _bwd_dq(pid, QKV, DO, LSE, DELTA, DQKV, Q_DESC, Q_DESC2, DO_DESC, DO_DESC2, KV_DESC,
             KV_DESC2, seed, qk_scale, sm_scale, drop_p, H, N,
             HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_D2: tl.constexpr,
             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DROPOUT: tl.constexpr,
-            TMA: tl.constexpr, DIAG: tl.constexpr, PIPE: tl.constexpr = False):
+            TMA: tl.constexpr, DIAG: tl.constexpr):
     """dQ of one BLOCK_M query tile; K, V stream past in BLOCK_N tiles. With TMA, Q and dO
     come through Q_DESC(2) and DO_DESC(2) (BLOCK_M-row boxes), K and V through KV_DESC(2)
-    (BLOCK_N-row boxes): see _load_tma. With PIPE each key tile's scores are computed one
-    step ahead (_bwd_dq_tile), the last tile's step peeled off the loop."""
+    (BLOCK_N-row boxes): see _load_tma."""
     pid_m, bh = _split_pid(pid, N, BLOCK_M)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
@@ -908,34 +771,23 @@ def _bwd_dq(pid, QKV, DO, LSE, DELTA, DQKV, Q_DESC, Q_DESC2, DO_DESC, DO_DESC2, 
     v_ptrs, v_ptrs_hi = _chunk_ptrs(QKV, bh, offs_n, N, H, 3, 2, HEAD_DIM, BLOCK_D, BLOCK_D2)
 
     dq, dq_hi = _zeros(BLOCK_M, BLOCK_D, BLOCK_D2)
-    if PIPE:
-        k, k_hi = _stream_tile(KV_DESC, KV_DESC2, k_ptrs, k_ptrs_hi, bh, 0, N, H, 3, 1, BLOCK_N,
-                               HEAD_DIM, BLOCK_D, BLOCK_D2, True, TMA)
-        s = _dot_t(q, q_hi, k, k_hi, BLOCK_D2)
-        for start_n in range(0, N - BLOCK_N, BLOCK_N):  # every key tile but the last
-            dq, dq_hi, s = _bwd_dq_tile(dq, dq_hi, s, q, q_hi, k, k_hi, do, do_hi, lse, delta,
-                                        KV_DESC, KV_DESC2, k_ptrs, k_ptrs_hi, v_ptrs, v_ptrs_hi,
-                                        offs_m, offs_n, start_n, qk_scale, seed, bh, H, N, drop_p,
-                                        HEAD_DIM, BLOCK_D, BLOCK_D2, BLOCK_N, DROPOUT, TMA, DIAG,
-                                        True)
-        last = (N - 1) // BLOCK_N * BLOCK_N
-        k, k_hi = _stream_tile(KV_DESC, KV_DESC2, k_ptrs, k_ptrs_hi, bh, last, N, H, 3, 1,
+    for start_n in range(0, N, BLOCK_N):
+        cols = start_n + offs_n
+        k, k_hi = _stream_tile(KV_DESC, KV_DESC2, k_ptrs, k_ptrs_hi, bh, start_n, N, H, 3, 1,
                                BLOCK_N, HEAD_DIM, BLOCK_D, BLOCK_D2, True, TMA)
-        dq, dq_hi, s = _bwd_dq_tile(dq, dq_hi, s, q, q_hi, k, k_hi, do, do_hi, lse, delta,
-                                    KV_DESC, KV_DESC2, k_ptrs, k_ptrs_hi, v_ptrs, v_ptrs_hi,
-                                    offs_m, offs_n, last, qk_scale, seed, bh, H, N, drop_p,
-                                    HEAD_DIM, BLOCK_D, BLOCK_D2, BLOCK_N, DROPOUT, TMA, DIAG,
-                                    False)
-    else:
-        for start_n in range(0, N, BLOCK_N):
-            k, k_hi = _stream_tile(KV_DESC, KV_DESC2, k_ptrs, k_ptrs_hi, bh, start_n, N, H, 3, 1,
-                                   BLOCK_N, HEAD_DIM, BLOCK_D, BLOCK_D2, True, TMA)
-            s = _dot_t(q, q_hi, k, k_hi, BLOCK_D2)
-            dq, dq_hi, s = _bwd_dq_tile(dq, dq_hi, s, q, q_hi, k, k_hi, do, do_hi, lse, delta,
-                                        KV_DESC, KV_DESC2, k_ptrs, k_ptrs_hi, v_ptrs, v_ptrs_hi,
-                                        offs_m, offs_n, start_n, qk_scale, seed, bh, H, N, drop_p,
-                                        HEAD_DIM, BLOCK_D, BLOCK_D2, BLOCK_N, DROPOUT, TMA, DIAG,
-                                        False)
+        v, v_hi = _stream_tile(KV_DESC, KV_DESC2, v_ptrs, v_ptrs_hi, bh, start_n, N, H, 3, 2,
+                               BLOCK_N, HEAD_DIM, BLOCK_D, BLOCK_D2, True, TMA)
+        s = _dot_t(q, q_hi, k, k_hi, BLOCK_D2)
+        # Padded keys have k = 0, so exp2(-lse) could be anything: zero them explicitly.
+        p = tl.where(cols[None, :] < N, tl.math.exp2(s * qk_scale - lse[:, None]), 0.0)
+        if DIAG:
+            p = tl.where(offs_m[:, None] == cols[None, :], 0.0, p)
+        dp = _dot_t(do, do_hi, v, v_hi, BLOCK_D2)
+        if DROPOUT:
+            dp = tl.where(_keep(seed, bh, offs_m, start_n, N, drop_p, BLOCK_N, False),
+                          dp * _keep_scale(drop_p, DROPOUT), 0.0)
+        ds = p * (dp - delta[:, None])
+        dq, dq_hi = _dot_d(_round(ds, k.dtype), k, k_hi, dq, dq_hi, BLOCK_D2)
 
     _store_rows(DQKV, dq * sm_scale, dq_hi * sm_scale, bh, offs_m, N, H, 3, 0, HEAD_DIM,
                 BLOCK_D, BLOCK_D2)
@@ -947,8 +799,7 @@ def bwd_kernel(QKV, DO, LSE, DELTA, DQKV, SEED, QKV_S, QKV_S2, QKV_L, QKV_L2, DO
                HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_D2: tl.constexpr,
                BLOCK_M1: tl.constexpr, BLOCK_N1: tl.constexpr,
                BLOCK_M2: tl.constexpr, BLOCK_N2: tl.constexpr, DROPOUT: tl.constexpr,
-               TMA: tl.constexpr, DIAG: tl.constexpr, PART: tl.constexpr,
-               PIPE: tl.constexpr = False):
+               TMA: tl.constexpr, DIAG: tl.constexpr, PART: tl.constexpr):
     """The backward after bwd_delta_kernel. PART = 0, one launch of both program kinds: the
     first cdiv(N, BLOCK_N1) * B * H programs compute dK, dV (one key tile each), the rest dQ
     (one query tile each); one launch rather than two fills the GPU without a tail between
@@ -971,11 +822,11 @@ def bwd_kernel(QKV, DO, LSE, DELTA, DQKV, SEED, QKV_S, QKV_S2, QKV_L, QKV_L2, DO
     if PART == 1 or (PART == 0 and pid < n_dkdv):
         _bwd_dkdv(pid, QKV, DO, LSE, DELTA, DQKV, DQKV, DQKV, DQKV, QKV_S, QKV_S2, DO_S, DO_S2,
                   QKV_L, QKV_L2, seed, qk_scale, sm_scale, drop_p, H, N, HEAD_DIM, BLOCK_D,
-                  BLOCK_D2, BLOCK_M1, BLOCK_N1, DROPOUT, False, False, TMA, DIAG, PIPE)
+                  BLOCK_D2, BLOCK_M1, BLOCK_N1, DROPOUT, False, False, TMA, DIAG)
     else:
         _bwd_dq(pid - first_dq, QKV, DO, LSE, DELTA, DQKV, QKV_L, QKV_L2, DO_L, DO_L2, QKV_S,
                 QKV_S2, seed, qk_scale, sm_scale, drop_p, H, N, HEAD_DIM, BLOCK_D, BLOCK_D2,
-                BLOCK_M2, BLOCK_N2, DROPOUT, TMA, DIAG, PIPE)
+                BLOCK_M2, BLOCK_N2, DROPOUT, TMA, DIAG)
 
 
 @triton.jit

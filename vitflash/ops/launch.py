@@ -48,7 +48,6 @@ from vitflash.ops import kernels
 
 INTERPRET = bool(kernels.INTERPRET)
 # bump when a kernel or the candidate list changes in a way that can change the best config:
-# 18, the general TMA kernels' PIPE twins (each tile's scores one step ahead);
 # 17, dropout in the key (a cache file may hold a choice made with dropout under the key
 #     without it), and the dropout mask drawn eight keys a Philox call;
 # 16, no short forward past 128 keys at D >= 64 where TMA loads exist (Hopper);
@@ -67,7 +66,7 @@ INTERPRET = bool(kernels.INTERPRET)
 # 6, the forwards' FMA-folded softmax (and the bwd_atomic op);
 # 5, split head dims (4 keyed the reverted TAILS candidates of 067433b, which a GPU
 #    machine's cache file may still hold)
-CACHE_VERSION = 18
+CACHE_VERSION = 17
 
 # the families of bwd_atomic's own kernels: dQ added element by element, or by TMA tiles
 ATOMIC_FAMILIES = ("atomic", "atomic_tma")
@@ -248,8 +247,7 @@ def candidates(op: str, n: int, d: int, bh: int = 1) -> list[Candidate]:
                       (128, 128, 8, 3))
         else:
             out += _c("general", names, (64, 32, 4, 2), (32, 64, 4, 2), (64, 64, 8, 2), (32, 32, 4, 1))
-        tma = _tma_twins(out, d)
-        out += tma + (_pipe_twins(tma, d) if n > 128 else [])  # (shorter: the short kernels)
+        out += _tma_twins(out, d)
         if keys <= SHORT_FWD_MAX and keys * bd <= 256 * 128 and not _short_fwd_cut(n, d):
             # 8 warps only on 128-row tiles: below that they never came within 1.5x of the
             # best at the CIFAR shapes (benchmarks/results/tuning_spread_small_shapes.md), and
@@ -313,7 +311,6 @@ def candidates(op: str, n: int, d: int, bh: int = 1) -> list[Candidate]:
         else:  # longer sequences only: at short ones the split candidates would lengthen the
             out += split_twins(out) + split_pairs(d)  # first call's tuning where the short
             # kernels win anyway
-            out += _pipe_twins([c for c in out if c.family == "general_tma"], d)
     else:
         raise ValueError(f"unknown op {op!r}")
     return out
@@ -383,27 +380,6 @@ def _tma_twins(cands: list[Candidate], d: int) -> list[Candidate]:
         return []
     return [Candidate("general_tma", c.blocks, c.num_warps, c.num_stages)
             for c in cands if tma_fits(c, d)]
-
-
-# shared memory a pipelined forward may take: Hopper's 227 KiB a program, less a margin
-PIPE_SMEM = 220 * 1024
-
-
-def _pipe_twins(cands: list[Candidate], d: int) -> list[Candidate]:
-    """A PIPE = 1 twin of each general_tma candidate (the forward's, and the backward's in
-    every launch form): the same tiles, with each tile's scores computed one step ahead, so
-    that a program's exponentials run while its last products are still on the matrix units
-    (kernels._fwd_update, _bwd_dkdv_scores, _bwd_dq_tile; Hopper's asynchronous wgmma).
-    Its loads of the next tile take shared memory of their own: a forward twin whose Q tile,
-    2 * stages + 1 K and V tiles would pass PIPE_SMEM is left out."""
-    out = []
-    for c in cands:
-        m = c.meta
-        if "BLOCK_M" in m and ((m["BLOCK_M"] + (2 * c.num_stages + 1) * m["BLOCK_N"])
-                               * tile_width(d) * 2 > PIPE_SMEM):
-            continue
-        out.append(Candidate(c.family, c.blocks + (("PIPE", 1),), c.num_warps, c.num_stages))
-    return out
 
 
 def split_twins(cands: list[Candidate]) -> list[Candidate]:
