@@ -41,9 +41,9 @@ import argparse
 import json
 import os
 import platform
-import subprocess
-import statistics
 import re
+import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -370,6 +370,41 @@ def forms_table(results: list[dict]) -> list[str]:
     return lines + [""]
 
 
+def pipe_table(results: list[dict]) -> list[str]:
+    """Markdown lines: per shape and op, the tuner's timings of the PIPE twins
+    (launch._pipe_twins) against the same candidates without PIPE (none where no row
+    holds a PIPE candidate's timing)."""
+    lines = []
+    for r in results:
+        for op, tuning in sorted((r["flash"].get("tuning_ms") or {}).items()):
+            timed = {launch.Candidate.from_json(e["candidate"]): e["ms"] for e in tuning or []}
+            pairs = []
+            for c, ms in timed.items():
+                if c.meta.get("PIPE"):
+                    twin = launch.Candidate(c.family, tuple(kv for kv in c.blocks if kv[0] != "PIPE"),
+                                            c.num_warps, c.num_stages)
+                    if twin in timed:
+                        pairs.append(ms / timed[twin])
+            if not pairs:
+                continue
+            piped = min(ms for c, ms in timed.items() if c.meta.get("PIPE"))
+            rest = min(ms for c, ms in timed.items() if not c.meta.get("PIPE"))
+            chosen = min(timed, key=timed.__getitem__)
+            lines.append(f"| {tuple(r['shape'])} | {op} | {piped:.4f} | {rest:.4f} | "
+                         f"{piped / rest:.3f} | {len(pairs)}: {min(pairs):.3f}-{max(pairs):.3f}"
+                         f" (median {statistics.median(pairs):.3f}) | {chosen.label()} |")
+    if not lines:
+        return []
+    return ["## The autotuner's timings of the PIPE twins", "",
+            "What the tuner measured at each shape (`tuning_ms`: each candidate's better round "
+            "of two, ms): the fastest candidate with PIPE (each tile's scores one step ahead, "
+            "`launch._pipe_twins`) and without; each PIPE candidate against its twin without "
+            "PIPE (same tiles, warps, stages), as a ratio of times: below 1, PIPE is faster.", "",
+            "| (B, H, N, D) | op | fastest PIPE, ms | fastest without, ms | PIPE / without "
+            "| PIPE / its twin: count, range | chosen |",
+            "|---|---|---|---|---|---|---|", *lines, ""]
+
+
 def markdown(results: list[dict], latency: dict, env: dict, command: str) -> str:
     def cell(r, key, fmt):
         if key not in r:
@@ -457,7 +492,7 @@ def markdown(results: list[dict], latency: dict, env: dict, command: str) -> str
                   "| (B, H, N, D) | backward |", "|---|---|"]
         lines += [f"| {tuple(s)} | {_candidate(c['bwd'])} |" for s, c in picked]
         lines.append("")
-    lines += forms_table(results)
+    lines += forms_table(results) + pipe_table(results)
     errors = [(r["shape"], i, r[i]["error"]) for r in results for i in impls if "error" in r[i]]
     if errors:
         lines += ["", "Not run:"] + [f"- {tuple(s)} {i}: {e}" for s, i, e in errors]

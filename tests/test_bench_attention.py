@@ -262,6 +262,25 @@ def test_the_tuners_backward_timings_are_summed_up_by_launch_form():
         f"| (8, 12, 4097, 64) | 2.0000 | n/a | n/a | n/a | n/a | n/a | one launch: {OTHER_ONE.label()} |")
 
 
+def test_the_pipe_twins_timings_are_set_against_their_twins():
+    """gpu_session_60f6e25's table: per op, the fastest PIPE candidate against the fastest
+    without, and each PIPE candidate against its own twin (the same blocks without PIPE);
+    a PIPE candidate whose twin was not timed is left out of the range; no section where
+    no PIPE candidate was timed."""
+    piped = _tuned(dict(ONE.blocks, PIPE=1))
+    piped_other = _tuned(dict(OTHER_ONE.blocks, PIPE=1))
+    lonely = _tuned(dict(BLOCK_M1=16, BLOCK_N1=64, BLOCK_M2=64, BLOCK_N2=16, PIPE=1))
+    row = _forms_row({ONE: 2.0, piped: 3.0, OTHER_ONE: 2.5, piped_other: 2.25, lonely: 1.5})
+    env = {k: "x" for k in ("gpu", "commit", "torch", "triton", "cuda", "cudnn", "python", "date")}
+    lines = bench.markdown([row], {}, env, "cmd").splitlines()
+    at = lines.index("## The autotuner's timings of the PIPE twins")
+    assert lines[at + 6] == ("| (8, 12, 4097, 64) | bwd | 1.5000 | 2.0000 | 0.750 | 2: 0.900-1.500 "
+                             f"(median 1.200) | {lonely.label()} |")
+    assert lines[at + 7] == ""
+    plain = bench.markdown([_forms_row({ONE: 2.0, OTHER_ONE: 2.5})], {}, env, "cmd")
+    assert "PIPE" not in plain
+
+
 def test_render_prints_a_result_files_tables_without_a_gpu(tmp_path, capsys):
     import json
 
