@@ -320,6 +320,12 @@ FORMS = ("one launch", "split twin", "split pair")  # launch.Candidate.form of a
 TWIN_PARENT = "twin's one launch"
 
 
+def _without(c: launch.Candidate, name: str) -> launch.Candidate:
+    """c without its block `name`: the candidate c is a twin of (SPLIT, PIPE)."""
+    return launch.Candidate(c.family, tuple(kv for kv in c.blocks if kv[0] != name), c.num_warps,
+                            c.num_stages)
+
+
 def backward_forms(tuning: list[dict]) -> dict:
     """From the tuner's own timings of the backward candidates at one shape (tuning_ms's
     "bwd" list), {form: (candidate, ms)}: the fastest of each launch form; TWIN_PARENT, the
@@ -332,8 +338,7 @@ def backward_forms(tuning: list[dict]) -> dict:
             best[c.form] = (c, ms)
     if "split twin" in best:
         twin = best["split twin"][0]
-        parent = launch.Candidate(twin.family, tuple(kv for kv in twin.blocks if kv[0] != "SPLIT"),
-                                  twin.num_warps, twin.num_stages)
+        parent = _without(twin, "SPLIT")
         best.update({TWIN_PARENT: (c, ms) for c, ms in timed if c == parent})
     return best
 
@@ -371,20 +376,16 @@ def forms_table(results: list[dict]) -> list[str]:
 
 
 def pipe_table(results: list[dict]) -> list[str]:
-    """Markdown lines: per shape and op, the tuner's timings of the PIPE twins
-    (launch._pipe_twins) against the same candidates without PIPE (none where no row
-    holds a PIPE candidate's timing)."""
+    """Markdown lines: per shape and op, the tuner's timings of the PIPE twins (each tile's
+    scores one step ahead; listed at commit 60f6e25 only, benchmarks/results/
+    gpu_session_60f6e25/) against the same candidates without PIPE (none where no row holds
+    a PIPE candidate's timing)."""
     lines = []
     for r in results:
         for op, tuning in sorted((r["flash"].get("tuning_ms") or {}).items()):
             timed = {launch.Candidate.from_json(e["candidate"]): e["ms"] for e in tuning or []}
-            pairs = []
-            for c, ms in timed.items():
-                if c.meta.get("PIPE"):
-                    twin = launch.Candidate(c.family, tuple(kv for kv in c.blocks if kv[0] != "PIPE"),
-                                            c.num_warps, c.num_stages)
-                    if twin in timed:
-                        pairs.append(ms / timed[twin])
+            pairs = [ms / timed[_without(c, "PIPE")] for c, ms in timed.items()
+                     if c.meta.get("PIPE") and _without(c, "PIPE") in timed]
             if not pairs:
                 continue
             piped = min(ms for c, ms in timed.items() if c.meta.get("PIPE"))
@@ -398,8 +399,9 @@ def pipe_table(results: list[dict]) -> list[str]:
     return ["## The autotuner's timings of the PIPE twins", "",
             "What the tuner measured at each shape (`tuning_ms`: each candidate's better round "
             "of two, ms): the fastest candidate with PIPE (each tile's scores one step ahead, "
-            "`launch._pipe_twins`) and without; each PIPE candidate against its twin without "
-            "PIPE (same tiles, warps, stages), as a ratio of times: below 1, PIPE is faster.", "",
+            "the twins listed at commit 60f6e25) and without; each PIPE candidate against its "
+            "twin without PIPE (same tiles, warps, stages), as a ratio of times: below 1, PIPE "
+            "is faster.", "",
             "| (B, H, N, D) | op | fastest PIPE, ms | fastest without, ms | PIPE / without "
             "| PIPE / its twin: count, range | chosen |",
             "|---|---|---|---|---|---|---|", *lines, ""]
