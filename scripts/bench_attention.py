@@ -321,7 +321,7 @@ TWIN_PARENT = "twin's one launch"
 
 
 def _without(c: launch.Candidate, name: str) -> launch.Candidate:
-    """c without its block `name`: the candidate c is a twin of (SPLIT, PIPE)."""
+    """c without its block `name` (SPLIT, PIPE): the candidate whose twin c is."""
     return launch.Candidate(c.family, tuple(kv for kv in c.blocks if kv[0] != name), c.num_warps,
                             c.num_stages)
 

@@ -14,8 +14,9 @@ where that was measured to pay (split_pairs). The tiles of a partial last block 
 (short kernels) or keys (general forward) are not part of a candidate: `tail_tile` derives
 them from N and the block when the launch is built. The first call at a key (op, dtype, N,
 D, B*H rounded up to a power of two, dropout on or off) compiles every candidate on a pool
-of threads, checks each one's result against `heuristic`'s (a candidate that the compiler got wrong on this GPU is left out, with a
-warning), then times every one that compiles and agrees, and keeps the fastest;
+of threads, checks each one's result against `heuristic`'s (a candidate that the compiler
+got wrong on this GPU is left out, with a warning), then times every one that compiles and
+agrees, and keeps the fastest;
 the choice is written to a JSON file keyed by GPU and versions
 (`$VITFLASH_CACHE_DIR/autotune.json`, default `~/.cache/vitflash`), so later processes start
 at full speed (Triton keeps the compiled binaries in its own cache).
