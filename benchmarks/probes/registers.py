@@ -23,6 +23,15 @@ thread), shared memory (228 KiB, 1 KiB of it reserved per program) and the 64-wa
 
 --dropout traces attention dropout into the short kernels: with and without it, the two
 tables show what the dropout mask costs in registers and in machine instructions.
+
+`--plans B,H,N,D ...` (a GPU only) runs the op at those shapes and reads the registers and
+spills of the binaries the tuner chose back from the driver: the check of the tables above.
+
+Pointer parameters are compiled 16-byte aligned, as the JIT compiles every launch whose
+tensors start at aligned addresses (all of vitflash's: see pointer_attrs). --unaligned drops
+that, which is how this probe compiled before 2026-12-02: its tables from then
+(results/registers_sm90_*.md) overstate the registers, spills and instructions of the
+pointer loads.
 """
 from __future__ import annotations
 
@@ -48,12 +57,28 @@ SIGNATURES = {
 }
 
 
+def pointer_attrs(fn, signature: dict, aligned: bool = True) -> dict:
+    """Triton's attributes for fn's pointer parameters: 16-byte alignment (`tt.divisibility`
+    16), which the JIT specializes on when a launch's tensors start at aligned addresses, as
+    every fresh torch allocation does and as launch.Launch requires of its direct launches.
+    Without it the compiler cannot prove a row's elements contiguous and aligned, and loads
+    them one by one through a pointer each: more registers and instructions than the
+    binaries that run (aligned=False, --unaligned: what this probe compiled before
+    2026-12-02)."""
+    if not aligned:
+        return {}
+    return {(fn.arg_names.index(k),): [["tt.divisibility", 16]]
+            for k, v in signature.items() if v.startswith("*")}
+
+
 def compile_short(op: str, d: int, n: int, block_m: int, warps: int, maxnreg: int = 0,
-                  tma: bool = False, one_key: bool = False, dropout: bool = False):
+                  tma: bool = False, one_key: bool = False, dropout: bool = False,
+                  aligned: bool = True):
     """The short forward or backward at head dim d, length n and a BLOCK_M-row tile, compiled
     for sm_90 (bf16, one head per program; attention dropout traced in if dropout). tma: the
     forward's "short_tma" twin, its tiles loaded through TMA descriptors. one_key: the
-    one-key-tail twin (launch.short_fwd / short_bwd(..., one_key=True))."""
+    one-key-tail twin (launch.short_fwd / short_bwd(..., one_key=True)). aligned: pointer
+    parameters 16-byte aligned, as the JIT compiles them (pointer_attrs)."""
     bd, bd2 = launch.split_d(d)
     head = dict(HEAD_DIM=d, BLOCK_D=bd, BLOCK_D2=bd2, BLOCK_M=block_m,
                 BLOCK_MT=launch.tail_tile(n, block_m), DROPOUT=dropout, DIAG=False)
@@ -85,12 +110,13 @@ def compile_short(op: str, d: int, n: int, block_m: int, warps: int, maxnreg: in
         fn, consts = kernels.bwd_short_kernel, {**head, **tiles}
     signature.update(dict.fromkeys(consts, "constexpr"))
     options = dict(num_warps=warps, num_stages=1, **({"maxnreg": maxnreg} if maxnreg else {}))
-    return triton.compile(ASTSource(fn=fn, signature=signature, constexprs=consts),
-                          target=GPUTarget("cuda", 90, 32), options=options)
+    source = ASTSource(fn=fn, signature=signature, constexprs=consts,
+                       attrs=pointer_attrs(fn, signature, aligned))
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
 
 
 def compile_general_bwd(d: int, block_m1: int, block_n1: int, warps: int, stages: int,
-                        part: int, tma: bool = False):
+                        part: int, tma: bool = False, aligned: bool = True):
     """kernels.bwd_kernel at head dim d with tiles (BLOCK_M1, BLOCK_N1, BLOCK_N1, BLOCK_M1),
     compiled for sm_90 (bf16, no dropout) as launch PART `part`; tma: the general_tma twin,
     its tiles through descriptors in boxes of the two tile heights (flash._backward)."""
@@ -108,8 +134,9 @@ def compile_general_bwd(d: int, block_m1: int, block_n1: int, warps: int, stages
                   BLOCK_M2=block_n1, BLOCK_N2=block_m1, DROPOUT=False, TMA=tma, DIAG=False,
                   PART=part)
     signature.update({k: "constexpr" for k in consts})
-    return triton.compile(ASTSource(fn=kernels.bwd_kernel, signature=signature, constexprs=consts),
-                          target=GPUTarget("cuda", 90, 32),
+    source = ASTSource(fn=kernels.bwd_kernel, signature=signature, constexprs=consts,
+                       attrs=pointer_attrs(kernels.bwd_kernel, signature, aligned))
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32),
                           options=dict(num_warps=warps, num_stages=stages))
 
 
@@ -148,11 +175,18 @@ def main(argv=None):
     p.add_argument("--dropout", action="store_true", help="the short kernels with attention dropout traced in")
     p.add_argument("--configs", default="32x128x4x3,64x64x4x3",
                    help="bwd_general: BLOCK_M1 x BLOCK_N1 x warps x stages, comma-separated")
+    p.add_argument("--unaligned", action="store_true",
+                   help="pointer parameters without their 16-byte alignment (not what the JIT compiles)")
+    p.add_argument("--plans", nargs="+", metavar="B,H,N,D",
+                   help="on a GPU: the registers of the binaries the tuner chose at these shapes")
     args = p.parse_args(argv)
+    if args.plans:
+        return plans_table(args.plans)
+    aligned = not args.unaligned
     if args.op == "bwd_general":
-        return general_bwd_table(args.d, args.configs, args.tma)
+        return general_bwd_table(args.d, args.configs, args.tma, aligned)
     twin = "".join(f" ({name})" for name, on in (("short_tma", args.tma), ("one-key tail", args.one_key),
-                                                  ("dropout", args.dropout)) if on)
+                                                  ("dropout", args.dropout), ("unaligned", args.unaligned)) if on)
     print(f"triton {triton.__version__}, sm_90; {args.op}{twin}, D = {args.d}")
     print("| N | BLOCK_M | warps | cap | registers | spill bytes | shared KiB | programs / SM | SASS instructions |")
     print("|---|---|---|---|---|---|---|---|---|")
@@ -161,20 +195,52 @@ def main(argv=None):
             block_m, warps = map(int, tile.split("x"))
             for cap in map(int, args.maxnreg.split(",")):
                 u = usage(compile_short(args.op, args.d, n, block_m, warps, cap, args.tma, args.one_key,
-                                        args.dropout), warps)
+                                        args.dropout, aligned), warps)
                 print(f"| {n} | {block_m} | {warps} | {cap or '-'} | {u['registers']} | {u['spill_bytes']} "
                       f"| {u['smem_kib']:.0f} | {u['programs_per_sm']} | {u['instructions']} |", flush=True)
 
 
-def general_bwd_table(d: int, configs: str, tma: bool) -> None:
+def plans_table(shapes: list[str]) -> None:
+    """Run the flash op forward and backward at each B,H,N,D (bf16, on the GPU) and list the
+    launches of the plans the tuner chose, with the registers and spills (local memory per
+    thread) of each binary as the JIT compiled it: what the tables above predict, read back
+    from the driver."""
+    import torch
+
+    from vitflash.ops import flash, flash_attention_qkvpacked
+
+    if not torch.cuda.is_available():
+        raise SystemExit("--plans runs the op on a CUDA GPU; none is available here.")
+    print(f"triton {triton.__version__}, {torch.cuda.get_device_name()}: the tuner's plans as compiled by the JIT")
+    print("| (B, H, N, D) | op | kernel | constexprs | warps | stages | registers | spill bytes |")
+    print("|---|---|---|---|---|---|---|---|")
+    for text in shapes:
+        B, H, N, D = (int(x) for x in text.split(","))
+        qkv = torch.randn((B, N, 3, H, D), device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        flash_attention_qkvpacked(qkv).float().square().sum().backward()
+        torch.cuda.synchronize()
+        for key, plan in flash._plans.items():
+            if key[3:7] != (B, N, H, D):
+                continue
+            for launch_ in plan:
+                ck = launch_.compiled
+                consts = " ".join(f"{k}={v}" for k, v in launch_.consts.items()
+                                  if k.startswith(("BLOCK_M", "BLOCK_N", "PART", "TMA")) and v is not None)
+                print(f"| {(B, H, N, D)} | {key[0]} | {launch_.kernel.__name__} | {consts} | {launch_.num_warps} "
+                      f"| {launch_.num_stages} | {getattr(ck, 'n_regs', '?')} | {getattr(ck, 'n_spills', '?')} |",
+                      flush=True)
+
+
+def general_bwd_table(d: int, configs: str, tma: bool, aligned: bool = True) -> None:
     loads = "TMA (general_tma)" if tma else "pointers (general)"
-    print(f"triton {triton.__version__}, sm_90; the general backward, D = {d}, tiles loaded by {loads}")
+    pointers = "" if aligned else ", pointers unaligned"
+    print(f"triton {triton.__version__}, sm_90; the general backward, D = {d}, tiles loaded by {loads}{pointers}")
     print("| BLOCK_M1 x BLOCK_N1 | warps | stages | launch | registers | spill bytes | shared KiB | programs / SM |")
     print("|---|---|---|---|---|---|---|---|")
     for config in configs.split(","):
         m1, n1, warps, stages = map(int, config.split("x"))
         for part, name in ((0, "one (PART 0)"), (1, "dK/dV (PART 1)"), (2, "dQ (PART 2)")):
-            u = usage(compile_general_bwd(d, m1, n1, warps, stages, part, tma), warps)
+            u = usage(compile_general_bwd(d, m1, n1, warps, stages, part, tma, aligned), warps)
             print(f"| {m1} x {n1} | {warps} | {stages} | {name} | {u['registers']} | {u['spill_bytes']} "
                   f"| {u['smem_kib']:.0f} | {u['programs_per_sm']} |", flush=True)
 
