@@ -913,12 +913,12 @@ def _row_sum(w, a, a_hi, acc, acc_hi, BLOCK_D2: tl.constexpr):
 
 
 @triton.jit
-def _bwd_one_key(dk1, dk1_hi, dv1, dv1_hi, dq, dq_hi, k1, k1_hi, v1, v1_hi, q, q_hi, do,
-                 do_hi, lse, delta, qk_scale, seed, bh, rows, key, N, drop_p,
+def _bwd_one_key(dk1, dk1_hi, dv1, dv1_hi, k1, k1_hi, v1, v1_hi, q, q_hi, do, do_hi, lse,
+                 delta, qk_scale, seed, bh, rows, key, N, drop_p,
                  BLOCK_D2: tl.constexpr, DROPOUT: tl.constexpr, DIAG: tl.constexpr):
-    """A query chunk's share of the gradients through a single key, row `key` (< N): dK and
-    dV of that key (k1, v1, dk1, dv1 are (1, head dim) rows) and its term of the chunk's
-    dQ, in vector arithmetic. That is the tail of N = 2^k + 1, a class token and a
+    """A query chunk's share of the gradients through a single key, row `key` (< N), in
+    vector arithmetic: dK and dV of that key (k1, v1, dk1, dv1 are (1, head dim) rows), and
+    the chunk's column of dS, whose dQ term ds k1 the caller adds (_bwd_short_chunk). That is the tail of N = 2^k + 1, a class token and a
     power-of-two grid of patches (65 = 64 + 1): the matrix units take at least 16 rows, so
     as a tail tile of products the one key costs the work of 16. P and dS stay in fp32
     here (the products round them to the inputs' dtype). Padded query rows have
@@ -937,10 +937,7 @@ def _bwd_one_key(dk1, dk1_hi, dv1, dv1_hi, dq, dq_hi, k1, k1_hi, v1, v1_hi, q, q
     ds = p * (dp - delta)
     dv1, dv1_hi = _row_sum(p_kept, do, do_hi, dv1, dv1_hi, BLOCK_D2)
     dk1, dk1_hi = _row_sum(ds, q, q_hi, dk1, dk1_hi, BLOCK_D2)
-    dq += ds[:, None] * k1.to(tl.float32)
-    if BLOCK_D2 > 0:
-        dq_hi += ds[:, None] * k1_hi.to(tl.float32)
-    return dk1, dk1_hi, dv1, dv1_hi, dq, dq_hi
+    return dk1, dk1_hi, dv1, dv1_hi, ds
 
 
 @triton.jit
@@ -966,6 +963,14 @@ def _bwd_short_chunk(dk, dk_hi, dv, dv_hi, dk_t, dk_t_hi, dv_t, dv_t_hi,
         lse = tl.load(LSE + bh.to(tl.int64) * N + rows, mask=rows < N, other=float("inf"))
     else:
         lse = tl.load(LSE + bh.to(tl.int64) * N + rows)
+    ONE_KEY: tl.constexpr = HAS_TAIL and BLOCK_T == 1
+    if ONE_KEY:  # one key past the tile: vector arithmetic, done first (see below)
+        key_row = BLOCK_N + tl.arange(0, 1)
+        k_t, k_t_hi = _load_rows(QKV, bh, key_row, N, H, 3, 1, HEAD_DIM, BLOCK_D, BLOCK_D2, False)
+        v_t, v_t_hi = _load_rows(QKV, bh, key_row, N, H, 3, 2, HEAD_DIM, BLOCK_D, BLOCK_D2, False)
+        dk_t, dk_t_hi, dv_t, dv_t_hi, ds1 = _bwd_one_key(
+            dk_t, dk_t_hi, dv_t, dv_t_hi, k_t, k_t_hi, v_t, v_t_hi, q, q_hi, do, do_hi, lse,
+            delta, qk_scale, seed, bh, rows, BLOCK_N, N, drop_p, BLOCK_D2, DROPOUT, DIAG)
     dk, dk_hi, dv, dv_hi, ds_t = _bwd_dkdv_step(dk, dk_hi, dv, dv_hi, k, k_hi, v, v_hi, q, q_hi,
                                                 do, do_hi, lse, delta, qk_scale, seed, bh, rows,
                                                 0, N, drop_p, BLOCK_D2, DROPOUT, DIAG)
@@ -975,11 +980,10 @@ def _bwd_short_chunk(dk, dk_hi, dv, dv_hi, dk_t, dk_t_hi, dv_t, dv_t_hi,
     dq, dq_hi = _zeros(ROWS, BLOCK_D, BLOCK_D2)
     dq, dq_hi = _dot_d(tl.trans(_round(ds_t, k.dtype)), k, k_hi, dq, dq_hi, BLOCK_D2)
     if HAS_TAIL:
-        if BLOCK_T == 1:  # one key past the tile: vector arithmetic (_bwd_one_key)
-            dk_t, dk_t_hi, dv_t, dv_t_hi, dq, dq_hi = _bwd_one_key(
-                dk_t, dk_t_hi, dv_t, dv_t_hi, dq, dq_hi, k_t, k_t_hi, v_t, v_t_hi, q, q_hi, do,
-                do_hi, lse, delta, qk_scale, seed, bh, rows, BLOCK_N, N, drop_p, BLOCK_D2,
-                DROPOUT, DIAG)
+        if ONE_KEY:  # its dQ term after dS K's, in the order of the additions of a tail tile
+            dq += ds1[:, None] * k_t.to(tl.float32)
+            if BLOCK_D2 > 0:
+                dq_hi += ds1[:, None] * k_t_hi.to(tl.float32)
         else:
             dk_t, dk_t_hi, dv_t, dv_t_hi, ds_tt = _bwd_dkdv_step(
                 dk_t, dk_t_hi, dv_t, dv_t_hi, k_t, k_t_hi, v_t, v_t_hi, q, q_hi, do, do_hi, lse,
