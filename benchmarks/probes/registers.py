@@ -73,12 +73,13 @@ def pointer_attrs(fn, signature: dict, aligned: bool = True) -> dict:
 
 def compile_short(op: str, d: int, n: int, block_m: int, warps: int, maxnreg: int = 0,
                   tma: bool = False, one_key: bool = False, dropout: bool = False,
-                  aligned: bool = True):
+                  aligned: bool = True, key_per_chunk: bool = False):
     """The short forward or backward at head dim d, length n and a BLOCK_M-row tile, compiled
     for sm_90 (bf16, one head per program; attention dropout traced in if dropout). tma: the
     forward's "short_tma" twin, its tiles loaded through TMA descriptors. one_key: the
     one-key-tail twin (launch.short_fwd / short_bwd(..., one_key=True)). aligned: pointer
-    parameters 16-byte aligned, as the JIT compiles them (pointer_attrs)."""
+    parameters 16-byte aligned, as the JIT compiles them (pointer_attrs). key_per_chunk: the
+    backward's KEY_PER_CHUNK form (its register-capped twin's)."""
     bd, bd2 = launch.split_d(d)
     head = dict(HEAD_DIM=d, BLOCK_D=bd, BLOCK_D2=bd2, BLOCK_M=block_m,
                 BLOCK_MT=launch.tail_tile(n, block_m), DROPOUT=dropout, DIAG=False)
@@ -105,7 +106,8 @@ def compile_short(op: str, d: int, n: int, block_m: int, warps: int, maxnreg: in
     else:
         if tma:
             raise ValueError("only the forward has a TMA twin")
-        tiles = launch.short_bwd(n, block_m, warps, one_key=one_key).meta
+        tiles = {"KEY_PER_CHUNK": int(key_per_chunk),
+                 **launch.short_bwd(n, block_m, warps, one_key=one_key).meta}
         tiles.pop("BLOCK_M")
         fn, consts = kernels.bwd_short_kernel, {**head, **tiles}
     signature.update(dict.fromkeys(consts, "constexpr"))
@@ -175,6 +177,8 @@ def main(argv=None):
     p.add_argument("--dropout", action="store_true", help="the short kernels with attention dropout traced in")
     p.add_argument("--configs", default="32x128x4x3,64x64x4x3",
                    help="bwd_general: BLOCK_M1 x BLOCK_N1 x warps x stages, comma-separated")
+    p.add_argument("--key-per-chunk", action="store_true",
+                   help="bwd with --one-key: the KEY_PER_CHUNK form (the register-capped twin's)")
     p.add_argument("--unaligned", action="store_true",
                    help="pointer parameters without their 16-byte alignment (not what the JIT compiles)")
     p.add_argument("--plans", nargs="+", metavar="B,H,N,D",
@@ -186,7 +190,8 @@ def main(argv=None):
     if args.op == "bwd_general":
         return general_bwd_table(args.d, args.configs, args.tma, aligned)
     twin = "".join(f" ({name})" for name, on in (("short_tma", args.tma), ("one-key tail", args.one_key),
-                                                  ("dropout", args.dropout), ("unaligned", args.unaligned)) if on)
+                                                  ("dropout", args.dropout), ("KEY_PER_CHUNK", args.key_per_chunk),
+                                                  ("unaligned", args.unaligned)) if on)
     print(f"triton {triton.__version__}, sm_90; {args.op}{twin}, D = {args.d}")
     print("| N | BLOCK_M | warps | cap | registers | spill bytes | shared KiB | programs / SM | SASS instructions |")
     print("|---|---|---|---|---|---|---|---|---|")
@@ -195,7 +200,7 @@ def main(argv=None):
             block_m, warps = map(int, tile.split("x"))
             for cap in map(int, args.maxnreg.split(",")):
                 u = usage(compile_short(args.op, args.d, n, block_m, warps, cap, args.tma, args.one_key,
-                                        args.dropout, aligned), warps)
+                                        args.dropout, aligned, args.key_per_chunk), warps)
                 print(f"| {n} | {block_m} | {warps} | {cap or '-'} | {u['registers']} | {u['spill_bytes']} "
                       f"| {u['smem_kib']:.0f} | {u['programs_per_sm']} | {u['instructions']} |", flush=True)
 
@@ -203,8 +208,8 @@ def main(argv=None):
 def plans_table(shapes: list[str]) -> None:
     """Run the flash op forward and backward at each B,H,N,D (bf16, on the GPU) and list the
     launches of the plans the tuner chose, with the registers and spills (local memory per
-    thread) of each binary as the JIT compiled it: what the tables above predict, read back
-    from the driver."""
+    thread: Triton's n_spills, which counts 4-byte words) of each binary as the JIT compiled
+    it: what the tables above predict, read back from the driver."""
     import torch
 
     from vitflash.ops import flash, flash_attention_qkvpacked
@@ -212,8 +217,8 @@ def plans_table(shapes: list[str]) -> None:
     if not torch.cuda.is_available():
         raise SystemExit("--plans runs the op on a CUDA GPU; none is available here.")
     print(f"triton {triton.__version__}, {torch.cuda.get_device_name()}: the tuner's plans as compiled by the JIT")
-    print("| (B, H, N, D) | op | kernel | constexprs | warps | stages | registers | spill bytes |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| (B, H, N, D) | op | kernel | constexprs | warps | stages | cap | registers | local bytes |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for text in shapes:
         B, H, N, D = (int(x) for x in text.split(","))
         qkv = torch.randn((B, N, 3, H, D), device="cuda", dtype=torch.bfloat16, requires_grad=True)
@@ -225,9 +230,12 @@ def plans_table(shapes: list[str]) -> None:
             for launch_ in plan:
                 ck = launch_.compiled
                 consts = " ".join(f"{k}={v}" for k, v in launch_.consts.items()
-                                  if k.startswith(("BLOCK_M", "BLOCK_N", "PART", "TMA")) and v is not None)
+                                  if k.startswith(("BLOCK_M", "BLOCK_N", "PART", "TMA", "KEY_PER"))
+                                  and v is not None)
+                local = getattr(ck, "n_spills", None)
                 print(f"| {(B, H, N, D)} | {key[0]} | {launch_.kernel.__name__} | {consts} | {launch_.num_warps} "
-                      f"| {launch_.num_stages} | {getattr(ck, 'n_regs', '?')} | {getattr(ck, 'n_spills', '?')} |",
+                      f"| {launch_.num_stages} | {launch_.options.get('maxnreg', '-')} | {getattr(ck, 'n_regs', '?')} "
+                      f"| {'?' if local is None else 4 * local} |",
                       flush=True)
 
 

@@ -7,7 +7,9 @@ allotted them.
     python benchmarks/probes/short_bwd.py --baseline <kernels.py of another commit>
 
 --configs lists BLOCK_M x warps, with an optional register cap per thread (Triton's `maxnreg`
-option): "16x4", "16x4x168". Each configuration runs on the same inputs as the tuner's own
+option): "16x4", "16x4x168". A capped configuration runs in the kernel's KEY_PER_CHUNK form, as
+launch.short_bwd lists it; --key-per-chunk runs every configuration of this tree's kernel in
+that form (a baseline kernel that lacks the parameter runs without it). Each configuration runs on the same inputs as the tuner's own
 backward at that shape, and its dqkv is checked against that backward's (launch._disagreement:
 rounding alone); the baseline's and this tree's results are also compared bit for bit. Times
 are launch._time_ms (CUDA events, a sleeping kernel ahead of each window: GPU time), `--repeats`
@@ -52,7 +54,8 @@ def parse_config(text: str) -> tuple[int, int, int]:
     return parts[0], parts[1], parts[2] if len(parts) > 2 else 0
 
 
-def measure(shape: tuple[int, int, int, int], configs: list[str], modules: dict, repeats: int) -> dict:
+def measure(shape: tuple[int, int, int, int], configs: list[str], modules: dict, repeats: int,
+            key_per_chunk: bool = False) -> dict:
     B, H, N, D = shape
     gen = torch.Generator(device=DEVICE).manual_seed(0)
     qkv = torch.randn((B, N, 3, H, D), generator=gen, device=DEVICE, dtype=torch.bfloat16)
@@ -68,23 +71,29 @@ def measure(shape: tuple[int, int, int, int], configs: list[str], modules: dict,
     results = {}
     for text in configs:
         block_m, warps, cap = parse_config(text)
-        cand = launch.short_bwd(N, block_m, warps, one_key=one_key)
+        cand = launch.short_bwd(N, block_m, warps, one_key=one_key, maxnreg=cap if one_key else 0)
         (plan,) = flash_mod._bwd_launches(cand, B, N, H, D)
         options = dict(num_warps=warps, num_stages=1, **({"maxnreg": cap} if cap else {}))
         for name, module in modules.items():
             dqkv = torch.empty_like(qkv)
+            kernel = module.bwd_short_kernel
+            consts = {k: v for k, v in plan.consts.items() if k in kernel.arg_names}
+            if key_per_chunk and "KEY_PER_CHUNK" in consts:
+                consts["KEY_PER_CHUNK"] = 1
 
-            def run(k=module.bwd_short_kernel, out=dqkv):
+            def run(k=kernel, out=dqkv, consts=consts):
                 return k[(B * H,)](qkv, o, do, lse, out, lse, scale * flash_mod.LOG2E, scale, 0.0,
-                                   H, N, **plan.consts, **options)
+                                   H, N, **consts, **options)
 
             compiled = run()
             if DEVICE == "cuda":
                 torch.cuda.synchronize()
             results[name, text] = dqkv.clone()
-            rows.append({"kernel": name, "config": text + (" (one-key tail)" if one_key else ""),
+            local = getattr(compiled, "n_spills", None)  # Triton counts 4-byte words
+            rows.append({"kernel": name, "config": text + (" (one-key tail)" if one_key else "")
+                         + (" KEY_PER_CHUNK" if consts.get("KEY_PER_CHUNK") else ""),
                          "registers": getattr(compiled, "n_regs", None),
-                         "spill_bytes": getattr(compiled, "n_spills", None),
+                         "local_bytes": None if local is None else 4 * local,
                          "disagreement": launch._disagreement((dqkv,), (ref,)),
                          "us": spread([1e3 * launch._time_ms(run) for _ in range(repeats)])})
         if len(modules) == 2:
@@ -100,18 +109,18 @@ def render(out: dict) -> str:
              f"Commit {env['commit']}; torch {env['torch']}, triton {env['triton']}, CUDA {env['cuda']}; "
              f"{env['date']}. Baseline kernels: {out['baseline'] or 'none'}. GPU time per call, "
              f"median (min-max) of {out['repeats']} windows (launch._time_ms); registers and spill "
-             "bytes per thread of the binary as compiled here; disagreement with the tuner's "
+             "bytes of local memory per thread of the binary as compiled here; disagreement with the tuner's "
              "backward (launch._disagreement, rounding alone); same bits: this tree's result "
              "against the baseline's at the same configuration.", ""]
     for res in out["results"]:
         lines += [f"## (B, H, N, D) = {tuple(res['shape'])}", "",
-                  "| kernel | config | us | registers | spill bytes | disagreement | same bits |",
+                  "| kernel | config | us | registers | local bytes | disagreement | same bits |",
                   "|---|---|---|---|---|---|---|"]
         for r in res["rows"]:
             us = r["us"]
             dis = r.get("disagreement")
             lines.append(f"| {r['kernel']} | {r['config']} | {us['median']:.1f} ({us['min']:.1f}-{us['max']:.1f}) "
-                         f"| {r.get('registers', '')} | {r.get('spill_bytes', '')} "
+                         f"| {r.get('registers', '')} | {r.get('local_bytes', '')} "
                          f"| {'' if dis is None else f'{dis:.3g}'} | {r.get('same_bits_as_baseline', '')} |")
         lines.append("")
     return "\n".join(lines)
@@ -122,6 +131,8 @@ def main(argv=None) -> None:
     p.add_argument("--shapes", nargs="+", default=SHAPES, help="B,H,N,D each (N <= 160)")
     p.add_argument("--configs", nargs="+", default=CONFIGS, help="BLOCK_M x warps [x register cap]")
     p.add_argument("--baseline", type=Path, help="a kernels.py to time beside this tree's")
+    p.add_argument("--key-per-chunk", action="store_true",
+                   help="this tree's kernel in its KEY_PER_CHUNK form at every configuration")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     args = p.parse_args(argv)
@@ -137,7 +148,7 @@ def main(argv=None) -> None:
     stem = args.out / result_stem("short_bwd", env)
     for text in args.shapes:
         shape = tuple(int(x) for x in text.split(","))
-        out["results"].append(measure(shape, args.configs, modules, args.repeats))
+        out["results"].append(measure(shape, args.configs, modules, args.repeats, args.key_per_chunk))
         stem.with_suffix(".json").write_text(json.dumps(out, indent=1))
         stem.with_suffix(".md").write_text(render(out))
         print(render({**out, "results": out["results"][-1:]}), flush=True)

@@ -32,7 +32,8 @@ def name(cand: dict) -> str:
     blocks = cand["blocks"]
     one_key = " one-key" if blocks.get("BLOCK_T") == 1 and blocks.get("HAS_TAIL") else ""
     kept = tuple((k, blocks[k]) for k in KEYS if k in blocks)
-    return launch.Candidate(cand["family"], kept, cand["num_warps"], cand["num_stages"]).label() + one_key
+    return launch.Candidate(cand["family"], kept, cand["num_warps"], cand["num_stages"],
+                            cand.get("maxnreg", 0)).label() + one_key
 
 
 def spread(files: list[Path], by_head_dim: bool = False) -> dict[str, dict[str, tuple[float, int]]]:

@@ -75,8 +75,9 @@ def _bwd_launches(c: Candidate, B: int, N: int, H: int, D: int, dropout: bool = 
     flags = {"DROPOUT": dropout, "DIAG": diag}
     if c.family == "short":  # one program per (batch, head), delta computed inside
         tail = {"BLOCK_MT": tail_tile(N, c.meta["BLOCK_M"])}  # the rows past the last BLOCK_M
-        return [Launch(kernels.bwd_short_kernel, B * H, {**head, **c.meta, **tail, **flags},
-                       c.num_warps, c.num_stages, n_tensors=6)]
+        form = {"KEY_PER_CHUNK": 0, **c.meta}  # listed only in the capped twins' blocks
+        return [Launch(kernels.bwd_short_kernel, B * H, {**head, **form, **tail, **flags},
+                       c.num_warps, c.num_stages, n_tensors=6, maxnreg=c.maxnreg)]
     m = c.meta
     delta = Launch(kernels.bwd_delta_kernel, _cdiv(N, DELTA_BLOCK) * B * H,
                    {**head, "BLOCK_M": DELTA_BLOCK}, 4, 1, n_tensors=3)

@@ -49,6 +49,7 @@ from vitflash.ops import kernels
 
 INTERPRET = bool(kernels.INTERPRET)
 # bump when a kernel or the candidate list changes in a way that can change the best config:
+# 18, the short backward's register-capped twin at N = 65 (KEY_PER_CHUNK, maxnreg 168);
 # 17, dropout in the key (a cache file may hold a choice made with dropout under the key
 #     without it), and the dropout mask drawn eight keys a Philox call;
 # 16, no short forward past 128 keys at D >= 64 where TMA loads exist (Hopper);
@@ -67,7 +68,7 @@ INTERPRET = bool(kernels.INTERPRET)
 # 6, the forwards' FMA-folded softmax (and the bwd_atomic op);
 # 5, split head dims (4 keyed the reverted TAILS candidates of 067433b, which a GPU
 #    machine's cache file may still hold)
-CACHE_VERSION = 17
+CACHE_VERSION = 18
 
 # the families of bwd_atomic's own kernels: dQ added element by element, or by TMA tiles
 ATOMIC_FAMILIES = ("atomic", "atomic_tma")
@@ -80,12 +81,14 @@ SHORT_FWD_FAMILIES = ("short", "short_tma")
 
 @dataclass(frozen=True)
 class Candidate:
-    """One way to run an op: kernel family, block sizes, warps and pipeline stages."""
+    """One way to run an op: kernel family, block sizes, warps, pipeline stages and a cap on
+    registers per thread (Triton's maxnreg option; 0: the compiler's choice)."""
 
     family: str  # "general", "general_tma", "short", "short_tma", "atomic" or "atomic_tma"
     blocks: tuple[tuple[str, int], ...]
     num_warps: int = 4
     num_stages: int = 1
+    maxnreg: int = 0
 
     @property
     def meta(self) -> dict:
@@ -96,7 +99,8 @@ class Candidate:
 
     @classmethod
     def from_json(cls, d: dict) -> "Candidate":
-        return cls(d["family"], tuple(d["blocks"].items()), d["num_warps"], d["num_stages"])
+        return cls(d["family"], tuple(d["blocks"].items()), d["num_warps"], d["num_stages"],
+                   d.get("maxnreg", 0))
 
     def label(self) -> str:
         """One line for tables: the family unless "general", the blocks (BLOCK_ dropped from
@@ -104,7 +108,7 @@ class Candidate:
         SPLIT=1, 4w 3s"."""
         family = "" if self.family == "general" else self.family + ": "
         return family + " ".join(f"{k.removeprefix('BLOCK_')}={v}" for k, v in self.blocks) \
-            + f", {self.num_warps}w {self.num_stages}s"
+            + f", {self.num_warps}w {self.num_stages}s" + (f" cap {self.maxnreg}" if self.maxnreg else "")
 
     @property
     def form(self) -> str:
@@ -204,12 +208,29 @@ def one_key_tail(n: int) -> bool:
     return n > 16 and (n - 1) & (n - 2) == 0
 
 
-def short_bwd(n: int, block_m: int, num_warps: int = 4, one_key: bool = False) -> Candidate:
+def short_bwd(n: int, block_m: int, num_warps: int = 4, one_key: bool = False,
+              maxnreg: int = 0) -> Candidate:
     """A short-backward candidate at sequence length n: query rows in chunks of `block_m`,
     the rest in one chunk of `tail_tile(n, block_m)` rows (set when the launch is built).
     one_key (where one_key_tail(n)): the key past the tile in vector arithmetic, a tail of
-    BLOCK_T = 1, rather than a 16-key tile of products."""
-    return Candidate("short", (("BLOCK_M", block_m),) + _tail_tiles(n, 1, one_key), num_warps, 1)
+    BLOCK_T = 1, rather than a 16-key tile of products. maxnreg (with one_key): registers
+    capped at that many a thread, the kernel's KEY_PER_CHUNK form, which needs fewer
+    (kernels.bwd_short_kernel)."""
+    if maxnreg and not one_key:
+        raise ValueError("a register cap is listed only for the one-key twin (KEY_PER_CHUNK)")
+    capped = (("KEY_PER_CHUNK", 1),) if maxnreg else ()
+    return Candidate("short", (("BLOCK_M", block_m),) + _tail_tiles(n, 1, one_key) + capped,
+                     num_warps, 1, maxnreg)
+
+
+# The short backward's register-capped twins, (BLOCK_M, warps, cap), at N = 65 and 33-64
+# columns: a 4-warp program of 32-row chunks takes 248-252 registers a thread, so 2 fit an
+# SM; capped at 168, 3 fit, for 160 bytes of local memory a thread in its KEY_PER_CHUNK form
+# (256 without it). On an H200 it ran 2-6% faster than the fastest candidate without the
+# cap at the four N = 65, D = 64 shapes, and the uncapped KEY_PER_CHUNK forms were no
+# faster than their twins (benchmarks/results/gpu_session_213ff04/short_bwd/). At D = 16
+# the kernel takes 128 registers anyway.
+SHORT_BWD_CAPPED = ((32, 4, 168),)
 
 
 def _tail_tiles(n: int, tails: int, one_key: bool) -> tuple[tuple[str, int], ...]:
@@ -309,6 +330,8 @@ def candidates(op: str, n: int, d: int, bh: int = 1) -> list[Candidate]:
             if one_key_tail(n):  # each again with the one key past the tile as vectors
                 out += [short_bwd(n, c.meta["BLOCK_M"], c.num_warps, one_key=True)
                         for c in out if c.family == "short"]
+                if n == 65 and 32 < bd <= 64:
+                    out += [short_bwd(n, m, w, one_key=True, maxnreg=r) for m, w, r in SHORT_BWD_CAPPED]
         else:  # longer sequences only: at short ones the split candidates would lengthen the
             out += split_twins(out) + split_pairs(d)  # first call's tuning where the short
             # kernels win anyway
@@ -499,19 +522,30 @@ class Launch:
     launcher. The plan that holds a Launch is keyed by everything Triton specializes on
     except pointer alignment, which is checked per call."""
 
-    __slots__ = ("kernel", "grid", "consts", "values", "num_warps", "num_stages", "n_tensors",
-                 "compiled")
+    __slots__ = ("kernel", "grid", "consts", "values", "options", "n_tensors", "compiled")
 
     def __init__(self, kernel, grid: int, consts: dict, num_warps: int, num_stages: int,
-                 n_tensors: int):
+                 n_tensors: int, maxnreg: int = 0):
         # in the kernel's parameter order, which the direct launch relies on (a candidate
         # read back from the cache file may list its blocks in another order)
         names = list(getattr(kernel, "arg_names", consts))
         consts = dict(sorted(consts.items(), key=lambda kv: names.index(kv[0])))
         self.kernel, self.grid, self.consts = kernel, grid, consts
         self.values = tuple(consts.values())
-        self.num_warps, self.num_stages, self.n_tensors = num_warps, num_stages, n_tensors
+        # Triton's compile options; maxnreg only where set (0: the compiler's choice)
+        self.options = dict(num_warps=num_warps, num_stages=num_stages)
+        if maxnreg:
+            self.options["maxnreg"] = maxnreg
+        self.n_tensors = n_tensors
         self.compiled = None
+
+    @property
+    def num_warps(self) -> int:
+        return self.options["num_warps"]
+
+    @property
+    def num_stages(self) -> int:
+        return self.options["num_stages"]
 
     def __call__(self, *args) -> None:
         """Launch on `args`: the runtime arguments in the kernel's order, tensors first."""
@@ -527,11 +561,9 @@ class Launch:
             self.kernel[(self.grid,)](*args, **self.consts)
             return
         if getattr(_compiling, "only", False):  # in _compile_all: compile, launch nothing
-            self.kernel.warmup(*args, grid=(self.grid,), **self.consts, num_warps=self.num_warps,
-                               num_stages=self.num_stages)
+            self.kernel.warmup(*args, grid=(self.grid,), **self.consts, **self.options)
             return
-        ck = self.kernel[(self.grid,)](*args, **self.consts, num_warps=self.num_warps,
-                                       num_stages=self.num_stages)
+        ck = self.kernel[(self.grid,)](*args, **self.consts, **self.options)
         if self.compiled is None and _fast_launch_ok(self, ck, args):
             global _fast_count
             self.compiled = ck
