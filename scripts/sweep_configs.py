@@ -75,7 +75,7 @@ def grid(op: str, d: int) -> list[launch.Candidate]:
 def _forced(op: str, cand: launch.Candidate):
     """Make the flash op run `cand` for op, the autotuner's choice for the other op."""
     real = launch.choose
-    flash_mod.choose = lambda o, *args: cand if o == op else real(o, *args)
+    flash_mod.choose = lambda o, *args, **kwargs: cand if o == op else real(o, *args, **kwargs)
     flash_mod._plans.clear()
 
 
