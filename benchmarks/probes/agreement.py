@@ -65,7 +65,7 @@ def candidate_rows() -> list[str]:
             cands = [c for c in launch.candidates(op, n, d, bh=4) if "tma" not in c.family][:6]
             for cand in [launch.heuristic(op, n, d)] + cands:
                 fixed = {"fwd": launch.heuristic("fwd", n, d), "bwd": launch.heuristic("bwd", n, d), op: cand}
-                flash.choose = lambda o, *args, fixed=fixed: fixed["bwd" if o != "fwd" else "fwd"]
+                flash.choose = lambda o, *args, fixed=fixed, **kwargs: fixed["bwd" if o != "fwd" else "fwd"]
                 flash._plans.clear()
                 o, dqkv = out_and_grad(flash_attention_qkvpacked, qkv, do)
                 got = (o,) if op == "fwd" else (dqkv,)
