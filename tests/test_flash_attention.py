@@ -188,9 +188,8 @@ def test_split_backward_parts_take_their_own_tiles(monkeypatch, tma, N, D):
 
 def test_split_twins_of_the_four_warp_general_backwards(monkeypatch):
     """Where the short backward does not apply, every listed 4-warp general backward
-    candidate, pointer or TMA loads, has one split twin listed, and nothing else has: 8-warp
-    tiles spill little in one launch, and the short and atomic kernels have no two kinds of
-    program. Where the short backward applies (N = 65, 128 at D = 64) none is listed: the
+    candidate, pointer or TMA loads, has one split twin listed, and nothing else has: the
+    short and atomic kernels have no two kinds of program. Where the short backward applies (N = 65, 128 at D = 64) none is listed: the
     short kernels win there, and the twins would only lengthen the first call's tuning."""
     monkeypatch.setattr(launch, "_TMA_LOADS", True)
     monkeypatch.setattr(launch, "_TMA", True)  # (else the first call caches it for later tests)
@@ -1453,7 +1452,9 @@ else:
 if not bd2:  # an unsplit head dim's second-chunk descriptors are None, as the launcher passes them
     consts.update(dict.fromkeys([k for k in sig if k.endswith("2") and sig[k].startswith("tensordesc")], None))
 sig.update(dict.fromkeys(consts, "constexpr"))
-ck = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts),
+# pointers 16-byte aligned, as the JIT compiles the launches (registers.py's pointer_attrs)
+attrs = {{(fn.arg_names.index(k),): [["tt.divisibility", 16]] for k, v in sig.items() if v.startswith("*")}}
+ck = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs),
                     target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps, num_stages=stages))
 ptx = ck.asm["ptx"]
 ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
@@ -1470,10 +1471,10 @@ print(sum("cp.async.bulk.tensor" in line for line in ptx.splitlines()),
                                         ("bwd", 64, (64, 64, 4, 3)), ("bwd", 64, (32, 64, 4, 3))])
 def test_tma_twins_compile_for_hopper_without_spills(monkeypatch, op, D, cfg):
     """What the GPU runs of the general_tma twins (listed configurations), compiled for sm_90
-    without a GPU (in a process without the interpreter), and assembled by Triton's ptxas:
-    the tiles are bulk tensor copies, and no register spills to local memory. (The
-    pointer-load versions of these kernels use all 255 registers and spill 0.1-3 KB per thread
-    at every listed configuration; the copy engine's tiles go to shared memory instead.)"""
+    without a GPU (in a process without the interpreter, pointers aligned as the JIT compiles
+    them), and assembled by Triton's ptxas: the tiles are bulk tensor copies, and no register
+    spills to local memory. (The pointer-load backwards use all 255 registers and spill
+    12-180 bytes a thread; benchmarks/results/registers_sm90_aligned.md.)"""
     import os
     import subprocess
     import sys

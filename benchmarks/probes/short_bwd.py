@@ -108,8 +108,9 @@ def render(out: dict) -> str:
              f"`{out['command']}`", "",
              f"Commit {env['commit']}; torch {env['torch']}, triton {env['triton']}, CUDA {env['cuda']}; "
              f"{env['date']}. Baseline kernels: {out['baseline'] or 'none'}. GPU time per call, "
-             f"median (min-max) of {out['repeats']} windows (launch._time_ms); registers and spill "
-             "bytes of local memory per thread of the binary as compiled here; disagreement with the tuner's "
+             f"median (min-max) of {out['repeats']} windows (launch._time_ms); registers and "
+             "bytes of local memory (spills) per thread of the binary as compiled here (Triton's n_spills "
+             "times 4); disagreement with the tuner's "
              "backward (launch._disagreement, rounding alone); same bits: this tree's result "
              "against the baseline's at the same configuration.", ""]
     for res in out["results"]:

@@ -21,12 +21,14 @@ Algorithm (Dao et al., "FlashAttention", 2022, and "FlashAttention-2", 2023):
   the order of the adds. Only on request; the short backward below needs neither.
 * Tile loads by the copy engine (TMA, a constexpr of the general forward and of both
   general backwards; candidates of family "general_tma" and "atomic_tma", Hopper only).
-  Compiled for sm_90, the pointer-tile versions of these kernels run out of registers at
-  every listed configuration (255 per thread and 0.1-3 KB of spills, some inside the main
-  loop): the pointer tiles that feed the asynchronous copies, and K, V or Q held in
-  registers as operands, take what the fp32 accumulators need. Through TMA descriptors
-  (`_load_tma`) the tiles go from memory straight into shared memory, where the matrix
-  units read them.
+  Compiled for sm_90 (triton 3.8, pointers 16-byte aligned as the JIT compiles them), the
+  pointer-tile backwards use all 255 registers a thread at the listed tiles and spill
+  12-56 bytes a thread at D = 64, 180 at D = 128: the pointer tiles that feed the
+  asynchronous copies, and K, V or Q held in registers as operands, take what the fp32
+  accumulators need. Through TMA descriptors (`_load_tma`) the tiles go from memory
+  straight into shared memory, where the matrix units read them: the TMA backwards spill
+  0-24 bytes, and the TMA forwards take 16-46 registers fewer than the pointer ones (which
+  spill nothing either; benchmarks/results/registers_sm90_aligned.md).
 * Short sequences (all keys of a head fit on chip, e.g. the 65 tokens of a CIFAR ViT, as
   a 64-key tile and a 16-key tail tile; the forward takes a second tail tile where that
   saves work, 197 keys = 128 + 64 + 16).
@@ -805,7 +807,7 @@ def bwd_kernel(QKV, DO, LSE, DELTA, DQKV, SEED, QKV_S, QKV_S2, QKV_L, QKV_L2, DO
     (one query tile each); one launch rather than two fills the GPU without a tail between
     them. PART = 1: a launch of the dK/dV programs only; PART = 2: of the dQ programs only.
     Compiled apart, each kind gets the registers it needs rather than the larger kind's
-    count, and spills less (launch.split_twins).
+    count (launch.split_twins).
 
     With TMA every tile comes through descriptors (_load_tma) of qkv and dO, in boxes of the
     two tile heights that the FA2 shapes use, BLOCK_M1 = BLOCK_N2 rows (QKV_S, DO_S: "short")
@@ -1020,8 +1022,8 @@ def bwd_short_kernel(QKV, O, DO, LSE, DQKV, SEED, qk_scale, sm_scale, drop_p, H,
     live at once. On an H200 (triton 3.6) at N = 65, D = 64 in 32-row chunks, 4 warps, that
     is 248 registers a thread instead of 252, and under a cap of 168 (3 programs an SM
     instead of 2) 160 bytes of local memory a thread instead of 256. That capped twin ran
-    2-6% faster than the fastest candidate without it at the four N = 65, D = 64 shapes;
-    without the cap the reread made most tiles slower (launch.short_bwd)."""
+    2-7% faster than the fastest candidate without it at the four N = 65, D = 64 shapes;
+    without the cap the reread made most tiles slower (launch.SHORT_BWD_CAPPED)."""
     bh = tl.program_id(0)
     offs_n = tl.arange(0, BLOCK_N)
     offs_t = BLOCK_N + tl.arange(0, BLOCK_T)

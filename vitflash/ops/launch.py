@@ -226,10 +226,12 @@ def short_bwd(n: int, block_m: int, num_warps: int = 4, one_key: bool = False,
 # The short backward's register-capped twins, (BLOCK_M, warps, cap), at N = 65 and 33-64
 # columns: a 4-warp program of 32-row chunks takes 248-252 registers a thread, so 2 fit an
 # SM; capped at 168, 3 fit, for 160 bytes of local memory a thread in its KEY_PER_CHUNK form
-# (256 without it). On an H200 it ran 2-6% faster than the fastest candidate without the
-# cap at the four N = 65, D = 64 shapes, and the uncapped KEY_PER_CHUNK forms were no
-# faster than their twins (benchmarks/results/gpu_session_213ff04/short_bwd/). At D = 16
-# the kernel takes 128 registers anyway.
+# (256 without it). On an H200 it ran 2-7% faster than the fastest candidate without the
+# cap at the four N = 65, D = 64 shapes, in two runs. Without the cap the KEY_PER_CHUNK form
+# was slower than the plain one: 1-5% at 32-row chunks in 4 warps (18% at D = 16), 2-12% at
+# 16-row ones; only the 8-warp tile, far from the best, gained 1-5%
+# (benchmarks/results/gpu_session_d2d37d3/run1/ and run2/). At D = 16 the kernel takes 128
+# registers anyway.
 SHORT_BWD_CAPPED = ((32, 4, 168),)
 
 
@@ -410,13 +412,13 @@ def split_twins(cands: list[Candidate]) -> list[Candidate]:
     """A split twin (SPLIT = 1) of each 4-warp candidate of the general backward, pointer or
     TMA loads: the same tiles and warps, with the dK/dV programs and the dQ programs in two
     launches (kernels.bwd_kernel's PART) rather than one. One launch holds the registers of
-    its larger kind for both, and spills more: compiled for sm_90 with triton 3.6, the TMA
-    (64, 64) tile at D = 128 (2 stages) spills 588 bytes a thread in one launch, against 420
-    for its dK/dV launch alone and none for its dQ one (182 registers); the TMA (32, 128) at
-    D = 64, 256 against 208 and none (154 registers). Every 4-warp tile's dQ launch alone
-    with TMA loads spills nothing (benchmarks/results/registers_sm90_bwd_split.md). The
-    split costs a launch more and the tail between the two. 8-warp tiles spill little or
-    nothing in one launch."""
+    its larger kind for both: compiled for sm_90 (triton 3.8, pointers aligned as the JIT
+    compiles them), the TMA (32, 128) tile at D = 64 takes 255 registers a thread in one
+    launch and in its dK/dV launch alone, and 154 in its dQ launch alone (3 programs an SM
+    instead of 2); the TMA (64, 64) tile at D = 128 (2 stages), 255 and 154
+    (benchmarks/results/registers_sm90_aligned.md; on an H200 the dK/dV launches of both
+    took 255, as the driver reports them, benchmarks/results/gpu_session_d2d37d3/run1/). The
+    split costs a launch more and the tail between the two."""
     return [Candidate(c.family, c.blocks + (("SPLIT", 1),), c.num_warps, c.num_stages)
             for c in cands if c.family in ("general", "general_tma") and c.num_warps == 4
             and "BLOCK_M1" in c.meta]
@@ -457,8 +459,10 @@ def split_pairs(d: int) -> list[Candidate]:
 def _short_tma_twins(cands: list[Candidate], d: int) -> list[Candidate]:
     """Where TMA loads exist and head dim d's chunks cover it exactly, a "short_tma" twin of
     each short forward candidate: the same tiles, warps and pipeline, its Q, K and V tiles
-    loaded by the copy engine into shared memory rather than through pointer tiles, which
-    take the registers of the short forward (204-219 a thread at N = 65, D = 64)."""
+    loaded by the copy engine into shared memory rather than through pointer tiles.
+    Compiled for sm_90 with aligned pointers the two take about as many registers at N = 65,
+    D = 64 (75 and 96 a thread at the 64- and 32-row tiles with TMA, 96 and 80 by pointers,
+    benchmarks/results/registers_sm90_aligned.md); the tuner times both."""
     if not (tma_loads() and tma_width(d)):
         return []
     return [Candidate("short_tma", c.blocks, c.num_warps, c.num_stages) for c in cands]
