@@ -9,11 +9,11 @@ allotted them.
 --configs lists BLOCK_M x warps, with an optional register cap per thread (Triton's `maxnreg`
 option): "16x4", "16x4x168". A capped configuration runs in the kernel's KEY_PER_CHUNK form, as
 launch.short_bwd lists it; --key-per-chunk runs every configuration of this tree's kernel in
-that form (a baseline kernel that lacks the parameter runs without it). Each configuration runs on the same inputs as the tuner's own
-backward at that shape, and its dqkv is checked against that backward's (launch._disagreement:
-rounding alone); the baseline's and this tree's results are also compared bit for bit. Times
-are launch._time_ms (CUDA events, a sleeping kernel ahead of each window: GPU time), `--repeats`
-times: median (min-max) us. The tuner's whole backward at the shape (its choice, whatever the
+that form (a baseline kernel that lacks the parameter runs without it). Each configuration
+runs on the same inputs as the tuner's own backward at that shape, and its dqkv is checked
+against that backward's (launch._disagreement: rounding alone); the baseline's and this
+tree's results are also compared bit for bit. Times are launch._time_ms (CUDA events, a
+sleeping kernel ahead of each window: GPU time), `--repeats` times: median (min-max) us. The tuner's whole backward at the shape (its choice, whatever the
 family) is timed the same way beside them. Needs a CUDA GPU. Writes <out>/short_bwd_<gpu>.json
 and .md after every shape.
 """

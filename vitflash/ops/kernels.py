@@ -921,9 +921,10 @@ def _bwd_one_key(dk1, dk1_hi, dv1, dv1_hi, k1, k1_hi, v1, v1_hi, q, q_hi, do, do
     """A query chunk's share of the gradients through a single key, row `key` (< N), in
     vector arithmetic: dK and dV of that key (k1, v1, dk1, dv1 are (1, head dim) rows), and
     the chunk's column of dS, whose dQ term ds k1 the caller adds (_bwd_short_chunk). That
-    is the tail of N = 2^k + 1, a class token and a power-of-two grid of patches (65 = 64 + 1): the matrix units take at least 16 rows, so
-    as a tail tile of products the one key costs the work of 16. P and dS stay in fp32
-    here (the products round them to the inputs' dtype). Padded query rows have
+    is the tail of N = 2^k + 1, a class token and a power-of-two grid of patches
+    (65 = 64 + 1): the matrix units take at least 16 rows, so as a tail tile of products
+    the one key costs the work of 16. P and dS stay in fp32 here (the products round them
+    to the inputs' dtype). Padded query rows have
     q = dO = 0 and LSE = +inf, so p = 0 and they add nothing."""
     s = _rowdot(q, q_hi, k1, k1_hi, BLOCK_D2)  # (ROWS,): q k1^T
     p = tl.math.exp2(s * qk_scale - lse)
@@ -966,7 +967,7 @@ def _bwd_short_chunk(dk, dk_hi, dv, dv_hi, dk_t, dk_t_hi, dv_t, dv_t_hi,
     else:
         lse = tl.load(LSE + bh.to(tl.int64) * N + rows)
     ONE_KEY: tl.constexpr = HAS_TAIL and BLOCK_T == 1
-    if ONE_KEY and KEY_PER_CHUNK:  # the one key read again, its vector work first (see bwd_short_kernel)
+    if ONE_KEY and KEY_PER_CHUNK:  # the key read again, its vector work first (bwd_short_kernel)
         key_row = BLOCK_N + tl.arange(0, 1)
         k_t, k_t_hi = _load_rows(QKV, bh, key_row, N, H, 3, 1, HEAD_DIM, BLOCK_D, BLOCK_D2, False)
         v_t, v_t_hi = _load_rows(QKV, bh, key_row, N, H, 3, 2, HEAD_DIM, BLOCK_D, BLOCK_D2, False)

@@ -104,11 +104,12 @@ class Candidate:
 
     def label(self) -> str:
         """One line for tables: the family unless "general", the blocks (BLOCK_ dropped from
-        their names), warps and stages, e.g. "general_tma: M1=32 N1=128 M2=128 N2=32
-        SPLIT=1, 4w 3s"."""
+        their names), warps and stages, and a register cap if set, e.g. "general_tma:
+        M1=32 N1=128 M2=128 N2=32 SPLIT=1, 4w 3s", "short: ... KEY_PER_CHUNK=1, 4w 1s cap 168"."""
         family = "" if self.family == "general" else self.family + ": "
         return family + " ".join(f"{k.removeprefix('BLOCK_')}={v}" for k, v in self.blocks) \
-            + f", {self.num_warps}w {self.num_stages}s" + (f" cap {self.maxnreg}" if self.maxnreg else "")
+            + f", {self.num_warps}w {self.num_stages}s" \
+            + (f" cap {self.maxnreg}" if self.maxnreg else "")
 
     @property
     def form(self) -> str:
