@@ -133,6 +133,24 @@ def test_registers_probe_split_backward_frees_the_dq_launch():
     assert dkdv["registers"] == one["registers"]
 
 
+def test_registers_probe_general_forward_by_tma_takes_fewer_registers():
+    """--op fwd_general: the general forward at a listed tile, (64, 64) in 4 warps and 3
+    stages at D = 64, compiled for sm_90 with aligned pointers: neither load family spills,
+    and the TMA twin takes fewer registers than the pointer loads (triton 3.8 here: 108
+    against 136; benchmarks/results/registers_sm90_aligned.md)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    rows = []
+    for flags in ([], ["--tma"]):
+        out = subprocess.run([sys.executable, str(PROBES / "registers.py"), "--op", "fwd_general", "--d", "64",
+                              "--configs", "64x64x4x3", *flags], capture_output=True, text=True, env=env,
+                             check=True).stdout
+        (row,) = [line.strip("|").split("|") for line in out.splitlines() if line.startswith("| 64 x 64 ")]
+        rows.append(dict(registers=int(row[3]), spills=int(row[4])))
+    pointer, tma = rows
+    assert pointer["spills"] == tma["spills"] == 0
+    assert 0 < tma["registers"] < pointer["registers"]
+
+
 def test_op_dispatch_probe_times_each_way_of_calling_the_ops():
     """The dispatch probe, as its command in a process of its own (it stubs out the launches
     and registers custom_op twins): a row for each op called directly, through the Library

@@ -10,6 +10,9 @@ candidate (launch.split_twins); --tma for the general_tma twins:
 
     python benchmarks/probes/registers.py --op bwd_general --d 64 --configs 32x128x4x3,64x64x4x3 --tma
 
+`--op fwd_general` does the same for the general forward (kernels.fwd_kernel; --configs as
+BLOCK_M x BLOCK_N x warps x stages).
+
     python benchmarks/probes/registers.py --op fwd --d 64 --n 65 --tiles 64x4,32x4 --maxnreg 0,128,160
 
 --tiles lists BLOCK_M x warps; --maxnreg lists register caps per thread (0: the compiler's
@@ -142,6 +145,30 @@ def compile_general_bwd(d: int, block_m1: int, block_n1: int, warps: int, stages
                           options=dict(num_warps=warps, num_stages=stages))
 
 
+def compile_general_fwd(d: int, block_m: int, block_n: int, warps: int, stages: int,
+                        tma: bool = False, aligned: bool = True):
+    """kernels.fwd_kernel at head dim d with (BLOCK_M, BLOCK_N) tiles and a 16-key tail tile,
+    compiled for sm_90 (bf16, no dropout); tma: the general_tma twin, Q in BLOCK_M-row and K,
+    V in BLOCK_N-row descriptor boxes (flash._fwd_descriptors)."""
+    bd, bd2 = launch.split_d(d)
+    signature = dict(QKV="*bf16", O="*bf16", LSE="*fp32", SEED="*i64")
+    consts = {}
+    for name, rows in (("Q_DESC", block_m), ("KV_DESC", block_n)):
+        for desc, width in ((name, bd), (name + "2", bd2)):
+            if tma and width:
+                signature[desc] = f"tensordesc<bf16[1,{rows},{width}]>"
+            else:  # no descriptor: None, as the launcher passes it
+                signature[desc], consts[desc] = "constexpr", None
+    signature.update(qk_scale="fp32", drop_p="fp32", H="i32", N="i32")
+    consts.update(HEAD_DIM=d, BLOCK_D=bd, BLOCK_D2=bd2, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_T=16,
+                  DROPOUT=False, TMA=tma, DIAG=False)
+    signature.update({k: "constexpr" for k in consts})
+    source = ASTSource(fn=kernels.fwd_kernel, signature=signature, constexprs=consts,
+                       attrs=pointer_attrs(kernels.fwd_kernel, signature, aligned))
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32),
+                          options=dict(num_warps=warps, num_stages=stages))
+
+
 def usage(compiled, warps: int) -> dict:
     """ptxas's registers and spill bytes for the compiled kernel, its shared memory, the
     programs per SM these allow, and its length in machine instructions (SASS, as cuobjdump
@@ -166,7 +193,7 @@ def usage(compiled, warps: int) -> dict:
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--op", choices=("fwd", "bwd", "bwd_general"), default="fwd")
+    p.add_argument("--op", choices=("fwd", "bwd", "bwd_general", "fwd_general"), default="fwd")
     p.add_argument("--d", type=int, default=64)
     p.add_argument("--n", type=lambda s: [int(x) for x in s.split(",")], default=[65])
     p.add_argument("--tiles", default="64x4,32x4", help="BLOCK_M x warps, comma-separated")
@@ -176,7 +203,8 @@ def main(argv=None):
                    help="the twin whose one key past the tile is vector arithmetic (N = 2^k + 1)")
     p.add_argument("--dropout", action="store_true", help="the short kernels with attention dropout traced in")
     p.add_argument("--configs", default="32x128x4x3,64x64x4x3",
-                   help="bwd_general: BLOCK_M1 x BLOCK_N1 x warps x stages, comma-separated")
+                   help="bwd_general: BLOCK_M1 x BLOCK_N1 x warps x stages; fwd_general: "
+                        "BLOCK_M x BLOCK_N x warps x stages; comma-separated")
     p.add_argument("--key-per-chunk", action="store_true",
                    help="bwd with --one-key: the KEY_PER_CHUNK form (the register-capped twin's)")
     p.add_argument("--unaligned", action="store_true",
@@ -189,6 +217,8 @@ def main(argv=None):
     aligned = not args.unaligned
     if args.op == "bwd_general":
         return general_bwd_table(args.d, args.configs, args.tma, aligned)
+    if args.op == "fwd_general":
+        return general_fwd_table(args.d, args.configs, args.tma, aligned)
     twin = "".join(f" ({name})" for name, on in (("short_tma", args.tma), ("one-key tail", args.one_key),
                                                   ("dropout", args.dropout), ("KEY_PER_CHUNK", args.key_per_chunk),
                                                   ("unaligned", args.unaligned)) if on)
@@ -251,6 +281,19 @@ def general_bwd_table(d: int, configs: str, tma: bool, aligned: bool = True) -> 
             u = usage(compile_general_bwd(d, m1, n1, warps, stages, part, tma, aligned), warps)
             print(f"| {m1} x {n1} | {warps} | {stages} | {name} | {u['registers']} | {u['spill_bytes']} "
                   f"| {u['smem_kib']:.0f} | {u['programs_per_sm']} |", flush=True)
+
+
+def general_fwd_table(d: int, configs: str, tma: bool, aligned: bool = True) -> None:
+    loads = "TMA (general_tma)" if tma else "pointers (general)"
+    pointers = "" if aligned else ", pointers unaligned"
+    print(f"triton {triton.__version__}, sm_90; the general forward, D = {d}, tiles loaded by {loads}{pointers}")
+    print("| BLOCK_M x BLOCK_N | warps | stages | registers | spill bytes | shared KiB | programs / SM |")
+    print("|---|---|---|---|---|---|---|")
+    for config in configs.split(","):
+        m, n, warps, stages = map(int, config.split("x"))
+        u = usage(compile_general_fwd(d, m, n, warps, stages, tma, aligned), warps)
+        print(f"| {m} x {n} | {warps} | {stages} | {u['registers']} | {u['spill_bytes']} "
+              f"| {u['smem_kib']:.0f} | {u['programs_per_sm']} |", flush=True)
 
 
 if __name__ == "__main__":
