@@ -120,6 +120,21 @@ def compile_short(op: str, d: int, n: int, block_m: int, warps: int, maxnreg: in
     return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
 
 
+def _descriptors(signature: dict, boxes, bd: int, bd2: int, tma: bool) -> dict:
+    """Add each descriptor parameter of `boxes` ((name, rows) pairs) and its second-chunk
+    twin (name + "2") to signature: with tma, a bf16 descriptor of (1, rows, chunk width);
+    else, and for a missing second chunk, a None constexpr, as the launcher passes it.
+    Returns those constexprs."""
+    consts = {}
+    for name, rows in boxes:
+        for desc, width in ((name, bd), (name + "2", bd2)):
+            if tma and width:
+                signature[desc] = f"tensordesc<bf16[1,{rows},{width}]>"
+            else:
+                signature[desc], consts[desc] = "constexpr", None
+    return consts
+
+
 def compile_general_bwd(d: int, block_m1: int, block_n1: int, warps: int, stages: int,
                         part: int, tma: bool = False, aligned: bool = True):
     """kernels.bwd_kernel at head dim d with tiles (BLOCK_M1, BLOCK_N1, BLOCK_N1, BLOCK_M1),
@@ -127,13 +142,8 @@ def compile_general_bwd(d: int, block_m1: int, block_n1: int, warps: int, stages
     its tiles through descriptors in boxes of the two tile heights (flash._backward)."""
     bd, bd2 = launch.split_d(d)
     signature = dict(QKV="*bf16", DO="*bf16", LSE="*fp32", DELTA="*fp32", DQKV="*bf16", SEED="*i64")
-    consts = {}
-    for name, rows in (("QKV_S", block_m1), ("QKV_L", block_n1), ("DO_S", block_m1), ("DO_L", block_n1)):
-        for desc, width in ((name, bd), (name + "2", bd2)):
-            if tma and width:
-                signature[desc] = f"tensordesc<bf16[1,{rows},{width}]>"
-            else:  # no descriptor: None, as the launcher passes it
-                signature[desc], consts[desc] = "constexpr", None
+    consts = _descriptors(signature, (("QKV_S", block_m1), ("QKV_L", block_n1), ("DO_S", block_m1),
+                                      ("DO_L", block_n1)), bd, bd2, tma)
     signature.update(qk_scale="fp32", sm_scale="fp32", drop_p="fp32", BH="i32", H="i32", N="i32")
     consts.update(HEAD_DIM=d, BLOCK_D=bd, BLOCK_D2=bd2, BLOCK_M1=block_m1, BLOCK_N1=block_n1,
                   BLOCK_M2=block_n1, BLOCK_N2=block_m1, DROPOUT=False, TMA=tma, DIAG=False,
@@ -152,13 +162,7 @@ def compile_general_fwd(d: int, block_m: int, block_n: int, warps: int, stages: 
     V in BLOCK_N-row descriptor boxes (flash._fwd_descriptors)."""
     bd, bd2 = launch.split_d(d)
     signature = dict(QKV="*bf16", O="*bf16", LSE="*fp32", SEED="*i64")
-    consts = {}
-    for name, rows in (("Q_DESC", block_m), ("KV_DESC", block_n)):
-        for desc, width in ((name, bd), (name + "2", bd2)):
-            if tma and width:
-                signature[desc] = f"tensordesc<bf16[1,{rows},{width}]>"
-            else:  # no descriptor: None, as the launcher passes it
-                signature[desc], consts[desc] = "constexpr", None
+    consts = _descriptors(signature, (("Q_DESC", block_m), ("KV_DESC", block_n)), bd, bd2, tma)
     signature.update(qk_scale="fp32", drop_p="fp32", H="i32", N="i32")
     consts.update(HEAD_DIM=d, BLOCK_D=bd, BLOCK_D2=bd2, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_T=16,
                   DROPOUT=False, TMA=tma, DIAG=False)
