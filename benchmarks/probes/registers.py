@@ -219,10 +219,8 @@ def main(argv=None):
     if args.plans:
         return plans_table(args.plans)
     aligned = not args.unaligned
-    if args.op == "bwd_general":
-        return general_bwd_table(args.d, args.configs, args.tma, aligned)
-    if args.op == "fwd_general":
-        return general_fwd_table(args.d, args.configs, args.tma, aligned)
+    if args.op in ("bwd_general", "fwd_general"):
+        return general_table(args.op, args.d, args.configs, args.tma, aligned)
     twin = "".join(f" ({name})" for name, on in (("short_tma", args.tma), ("one-key tail", args.one_key),
                                                   ("dropout", args.dropout), ("KEY_PER_CHUNK", args.key_per_chunk),
                                                   ("unaligned", args.unaligned)) if on)
@@ -273,32 +271,26 @@ def plans_table(shapes: list[str]) -> None:
                       flush=True)
 
 
-def general_bwd_table(d: int, configs: str, tma: bool, aligned: bool = True) -> None:
+def general_table(op: str, d: int, configs: str, tma: bool, aligned: bool = True) -> None:
+    """The table of --op bwd_general (each configuration in its three launch forms) or
+    fwd_general."""
+    fwd = op == "fwd_general"
     loads = "TMA (general_tma)" if tma else "pointers (general)"
     pointers = "" if aligned else ", pointers unaligned"
-    print(f"triton {triton.__version__}, sm_90; the general backward, D = {d}, tiles loaded by {loads}{pointers}")
-    print("| BLOCK_M1 x BLOCK_N1 | warps | stages | launch | registers | spill bytes | shared KiB | programs / SM |")
-    print("|---|---|---|---|---|---|---|---|")
-    for config in configs.split(","):
-        m1, n1, warps, stages = map(int, config.split("x"))
-        for part, name in ((0, "one (PART 0)"), (1, "dK/dV (PART 1)"), (2, "dQ (PART 2)")):
-            u = usage(compile_general_bwd(d, m1, n1, warps, stages, part, tma, aligned), warps)
-            print(f"| {m1} x {n1} | {warps} | {stages} | {name} | {u['registers']} | {u['spill_bytes']} "
-                  f"| {u['smem_kib']:.0f} | {u['programs_per_sm']} |", flush=True)
-
-
-def general_fwd_table(d: int, configs: str, tma: bool, aligned: bool = True) -> None:
-    loads = "TMA (general_tma)" if tma else "pointers (general)"
-    pointers = "" if aligned else ", pointers unaligned"
-    print(f"triton {triton.__version__}, sm_90; the general forward, D = {d}, tiles loaded by {loads}{pointers}")
-    print("| BLOCK_M x BLOCK_N | warps | stages | registers | spill bytes | shared KiB | programs / SM |")
-    print("|---|---|---|---|---|---|---|")
+    print(f"triton {triton.__version__}, sm_90; the general {'forward' if fwd else 'backward'}, D = {d}, "
+          f"tiles loaded by {loads}{pointers}")
+    tiles, launch_col = ("BLOCK_M x BLOCK_N", "") if fwd else ("BLOCK_M1 x BLOCK_N1", " launch |")
+    print(f"| {tiles} | warps | stages |{launch_col} registers | spill bytes | shared KiB | programs / SM |")
+    print("|---|---|---|" + "---|" * (4 if fwd else 5))
+    parts = ((None, ""),) if fwd else ((0, " one (PART 0) |"), (1, " dK/dV (PART 1) |"), (2, " dQ (PART 2) |"))
     for config in configs.split(","):
         m, n, warps, stages = map(int, config.split("x"))
-        u = usage(compile_general_fwd(d, m, n, warps, stages, tma, aligned), warps)
-        print(f"| {m} x {n} | {warps} | {stages} | {u['registers']} | {u['spill_bytes']} "
-              f"| {u['smem_kib']:.0f} | {u['programs_per_sm']} |", flush=True)
-
+        for part, name in parts:
+            compiled = (compile_general_fwd(d, m, n, warps, stages, tma, aligned) if fwd
+                        else compile_general_bwd(d, m, n, warps, stages, part, tma, aligned))
+            u = usage(compiled, warps)
+            print(f"| {m} x {n} | {warps} | {stages} |{name} {u['registers']} | {u['spill_bytes']} "
+                  f"| {u['smem_kib']:.0f} | {u['programs_per_sm']} |", flush=True)
 
 if __name__ == "__main__":
     main()
