@@ -189,8 +189,9 @@ def test_split_backward_parts_take_their_own_tiles(monkeypatch, tma, N, D):
 def test_split_twins_of_the_four_warp_general_backwards(monkeypatch):
     """Where the short backward does not apply, every listed 4-warp general backward
     candidate, pointer or TMA loads, has one split twin listed, and nothing else has: the
-    short and atomic kernels have no two kinds of program. Where the short backward applies (N = 65, 128 at D = 64) none is listed: the
-    short kernels win there, and the twins would only lengthen the first call's tuning."""
+    short and atomic kernels have no two kinds of program. Where the short backward applies
+    (N = 65, 128 at D = 64) none is listed: the short kernels win there, and the twins would
+    only lengthen the first call's tuning."""
     monkeypatch.setattr(launch, "_TMA_LOADS", True)
     monkeypatch.setattr(launch, "_TMA", True)  # (else the first call caches it for later tests)
     for op, n, d, twins in (("bwd", 577, 64, 6), ("bwd", 197, 128, 6), ("bwd_atomic", 577, 80, 6),
