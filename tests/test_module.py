@@ -1,8 +1,11 @@
 """ViTModule: attention choice, weight-decay and layer-decay groups, warmup + cosine, mixup, the\nlean step (no host reads), torch.compile and fused AdamW."""
 from __future__ import annotations
 
+import gc
 import json
 import logging
+import os
+import sys
 from contextlib import nullcontext
 from functools import partial
 from pathlib import Path
@@ -67,27 +70,42 @@ def named_groups(module: ViTModule, optimizer) -> list[tuple[float, list[str]]]:
     return [(g["weight_decay"], sorted(names[id(p)] for p in g["params"])) for g in optimizer.param_groups]
 
 
+def _write_groups_under_fsdp(rank: int, out: Path, kwargs: dict) -> None:
+    """The module wrapped as trainer=fsdp wraps it (torch's FSDP with configs/trainer/fsdp.yaml's
+    settings; Lightning's strategy refuses the CPU, torch's FSDP does not), then its optimizer's
+    groups by parameter name, written by rank 0."""
+    module = make(**kwargs)
+    strategy = instantiate(compose_cfg(out.parent, ["trainer=fsdp"]).trainer.strategy, _convert_="all")
+    wrapped = FullyShardedDataParallel(module, device_id=torch.device("cpu"), sharding_strategy=strategy.sharding_strategy,
+                                       mixed_precision=strategy.mixed_precision, **strategy.kwargs)
+    assert all(p.ndim == 1 for p in module.model.parameters())  # flat shards, as configure_optimizers sees them
+    optimizer, _ = optimizer_of(module, precision="32-true", model=wrapped)
+    if rank == 0:
+        out.write_text(json.dumps(named_groups(module, optimizer)))
+
+
 def _groups_under_fsdp(rank: int, out: Path, kwargs: dict) -> None:
-    """Rank `rank` of 2 on the CPU: the module wrapped as trainer=fsdp wraps it (torch's FSDP with
-    configs/trainer/fsdp.yaml's settings; Lightning's strategy refuses the CPU, torch's FSDP does
-    not), then its optimizer's groups by parameter name, written by rank 0. The ranks meet
-    through a file beside `out`, not a TCP port that another process could take first."""
+    """Rank `rank` of 2 on the CPU. The ranks meet through a file beside `out`, not a TCP port
+    that another process could take first.
+
+    Teardown, in this order, because each step once aborted a rank (SIGABRT, "terminate called
+    without an active exception") now and then: the wrapped module dropped and collected while
+    the group lives (FSDP's hooks hold it in reference cycles, which kept the gloo group alive
+    until interpreter exit); a barrier, so neither rank tears the group down under the other's
+    feet; the group destroyed; and then an exit without interpreter finalization, where gloo's
+    threads were still being torn down. The result is on disk and the parent checks it; an
+    exception before that still reaches the parent as a failure."""
     torch.distributed.init_process_group("gloo", init_method=f"file://{out.parent / 'rendezvous'}", rank=rank,
                                          world_size=2)
     try:
-        module = make(**kwargs)
-        strategy = instantiate(compose_cfg(out.parent, ["trainer=fsdp"]).trainer.strategy, _convert_="all")
-        wrapped = FullyShardedDataParallel(module, device_id=torch.device("cpu"), sharding_strategy=strategy.sharding_strategy,
-                                           mixed_precision=strategy.mixed_precision, **strategy.kwargs)
-        assert all(p.ndim == 1 for p in module.model.parameters())  # flat shards, as configure_optimizers sees them
-        optimizer, _ = optimizer_of(module, precision="32-true", model=wrapped)
-        if rank == 0:
-            out.write_text(json.dumps(named_groups(module, optimizer)))
-        # neither rank leaves while the other may still be in a collective: one that tore its
-        # process group down under the other's feet aborted that process now and then
+        _write_groups_under_fsdp(rank, out, kwargs)
+        gc.collect()
         torch.distributed.barrier()
     finally:
         torch.distributed.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 @pytest.mark.parametrize("kwargs", [{}, {"shifted_patches": True, "locality_attention": True}],
