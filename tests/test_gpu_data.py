@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import threading
 
 import numpy as np
 
@@ -471,17 +472,20 @@ def test_ranks_come_from_the_trainer():
 
 
 @pytest.mark.gpu
-def test_on_cuda_resident_and_streamed_batches_agree():
+def test_on_cuda_resident_and_streamed_batches_agree(caplog):
     aug = GPUAugment(Augment(train_crop="rrc", auto_augment="rand-m9-mstd0.5-inc1", re_prob=0.25), 24)
     images = torch.randint(0, 256, (200, 32, 32, 3), dtype=torch.uint8, generator=gen(7))
     kw = dict(transform=aug.train, batch_size=16, device="cuda", train=True, seed=1)
     resident = GPULoader(images.cuda(), torch.arange(200), **kw)
     streamed = GPULoader(images, torch.arange(200), **kw)  # host images: pinned staging + copy
     assert streamed.streamed and not resident.streamed
-    for epoch in range(2):
-        for (xa, ya), (xb, yb) in zip(resident, streamed, strict=True):
-            assert xa.is_cuda and ya.is_cuda and xa.dtype == torch.float32 and xa.shape == (16, 3, 24, 24)
-            assert torch.equal(ya, yb) and torch.equal(xa, xb)
+    with caplog.at_level(logging.INFO, logger="vitflash.gpu_data"):
+        for epoch in range(2):
+            for (xa, ya), (xb, yb) in zip(resident, streamed, strict=True):
+                assert xa.is_cuda and ya.is_cuda and xa.dtype == torch.float32 and xa.shape == (16, 3, 24, 24)
+                assert torch.equal(ya, yb) and torch.equal(xa, xb)
+    # both captured (the streamed one while its staging thread waits on copy events)
+    assert caplog.text.count("captured into a CUDA graph") == 2 and "could not be captured" not in caplog.text
     again = GPULoader(images.cuda(), torch.arange(200), **kw)
     assert torch.equal(next(iter(again))[0], next(iter(GPULoader(images.cuda(), torch.arange(200), **kw)))[0])
 
@@ -504,6 +508,49 @@ def test_on_cuda_graph_replay_makes_the_eager_batches(crop, policy, caplog):
                 torch.testing.assert_close(xg, xe, rtol=0, atol=1e-5)
     assert "captured into a CUDA graph" in caplog.text and "could not be captured" not in caplog.text
     assert graphed._augment._graphs and all(entry is not None for entry in graphed._augment._graphs.values())
+
+
+@pytest.mark.gpu
+def test_on_cuda_capture_holds_while_another_thread_waits_on_the_device(caplog):
+    """Another thread that waits on and queries a CUDA event in the middle of the augmentation's
+    capture, as the streaming loader's staging thread and DDP's NCCL watchdog may, neither fails
+    the capture (which would fall back to eager) nor changes the batch. The capture itself waits
+    until the other thread has made its calls, so the two meet on every run."""
+    from vitflash.gpu_data import SeededTransform
+
+    aug = GPUAugment(Augment(train_crop="rrc", auto_augment="rand-m9-mstd0.5-inc1", re_prob=0.25), 24)
+    images = torch.randint(0, 256, (64, 32, 32, 3), dtype=torch.uint8, generator=gen(5)).cuda()
+    expected = SeededTransform(aug.train, "cuda", graph=False)(images, 11)
+    event, capturing, done, errors = torch.cuda.Event(), threading.Event(), threading.Event(), []
+    event.record()
+    torch.cuda.synchronize()
+
+    def augment_meeting_the_other_thread(x, generator):
+        if torch.cuda.is_current_stream_capturing():
+            capturing.set()
+            assert done.wait(timeout=60)
+        return aug.train(x, generator)
+
+    def wait_on_the_device():
+        assert capturing.wait(timeout=60)
+        try:
+            for _ in range(3):
+                event.synchronize()
+                event.query()
+        except RuntimeError as err:  # what global capture mode gives a thread other than the capturing one
+            errors.append(err)
+        done.set()
+
+    waiter = threading.Thread(target=wait_on_the_device)
+    waiter.start()
+    graphed = SeededTransform(augment_meeting_the_other_thread, "cuda")
+    with caplog.at_level(logging.INFO, logger="vitflash.gpu_data"):
+        out = graphed(images, 11)
+    waiter.join(timeout=60)
+    assert done.is_set() and not errors
+    assert "captured into a CUDA graph" in caplog.text and "could not be captured" not in caplog.text
+    torch.testing.assert_close(out, expected, rtol=0, atol=1e-5)
+    torch.testing.assert_close(graphed(images, 11), expected, rtol=0, atol=1e-5)  # a replay too
 
 
 def test_datamodule_state_restores_the_train_loader_mid_epoch():

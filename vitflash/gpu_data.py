@@ -221,7 +221,10 @@ class SeededTransform:
     def __init__(self, fn: Callable, device: torch.device, graph: bool = True):
         self.fn, self.device = fn, torch.device(device)
         self.graph = graph and self.device.type == "cuda" and hasattr(torch.cuda.CUDAGraph, "register_generator_state")
-        self.generator = torch.Generator(self.device)
+        self.generator = torch.Generator(self.device)  # registered with every captured graph
+        # eager calls draw from one of their own: one registered with a graph whose capture
+        # failed halfway is no longer a plain generator
+        self.eager_generator = torch.Generator(self.device)
         self._graphs: dict[tuple, tuple | None] = {}
 
     def __call__(self, images: torch.Tensor, seed: int) -> torch.Tensor:
@@ -230,8 +233,8 @@ class SeededTransform:
             self._graphs[key] = self._capture(images)
         entry = self._graphs.get(key)
         if entry is None:
-            self.generator.manual_seed(seed)
-            return self.fn(images, self.generator)
+            self.eager_generator.manual_seed(seed)
+            return self.fn(images, self.eager_generator)
         graph, static_in, static_out = entry
         static_in.copy_(images)
         self.generator.manual_seed(seed)
@@ -250,7 +253,11 @@ class SeededTransform:
             torch.cuda.current_stream(self.device).wait_stream(warm)
             graph = torch.cuda.CUDAGraph()
             graph.register_generator_state(self.generator)
-            with torch.cuda.graph(graph):
+            # thread_local: other threads of the process touch the device while this one captures
+            # (the streaming loader's staging thread waits on its copy events, DDP's NCCL watchdog
+            # queries its work): in global mode a call of theirs that lands inside the capture
+            # fails it, now and then, as timing falls
+            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
                 static_out = self.fn(static_in, self.generator)
         except Exception as e:  # noqa: BLE001 (whatever the op raised: said, then eager)
             log.warning("the augmentation of %s batches could not be captured into a CUDA graph (%s); "
