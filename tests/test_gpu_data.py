@@ -3,8 +3,6 @@ augmentation, order, resume, DDP sharding over gloo, a Lightning fit, the ImageF
 from __future__ import annotations
 
 import logging
-import os
-import socket
 import threading
 
 import numpy as np
@@ -320,10 +318,9 @@ def test_streamed_batches_equal_resident_ones():
         assert torch.equal(xa, xb) and torch.equal(ya, yb)
 
 
-def _shard_worker(rank: int, world: int, port: int, out: dict):
+def _shard_worker(rank: int, world: int, rendezvous: str, out: dict):
     torch.set_num_threads(1)  # a forked child must not enter the parent's OpenMP pool
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=world)
     try:
         loader = make_loader(n=96, batch=8, rank=rank, world_size=world)
         mine = torch.tensor([sum(rows(loader), []), sum(rows(loader), [])])  # (epochs, samples)
@@ -336,14 +333,12 @@ def _shard_worker(rank: int, world: int, port: int, out: dict):
         dist.destroy_process_group()
 
 
-def test_ddp_shards_are_disjoint_and_complete():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    # forked, not spawned: the processes start at once instead of importing torch and the package again
+def test_ddp_shards_are_disjoint_and_complete(tmp_path):
+    # forked, not spawned: the processes start at once instead of importing torch and the package
+    # again. They meet through a file, not a TCP port that another process could take first.
     ctx = mp.get_context("fork")
     out = ctx.Manager().dict()
-    mp.start_processes(_shard_worker, args=(2, port, out), nprocs=2, start_method="fork")
+    mp.start_processes(_shard_worker, args=(2, str(tmp_path / "rendezvous"), out), nprocs=2, start_method="fork")
     train = np.array(out["train"])  # (rank, epoch, samples)
     for epoch in range(2):
         r0, r1 = set(train[0, epoch]), set(train[1, epoch])
