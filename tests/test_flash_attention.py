@@ -493,6 +493,27 @@ def test_register_capped_short_backward_listed_at_65_keys_and_33_to_64_columns()
         launch.short_bwd(65, 32, 4, maxnreg=168)
 
 
+def test_a_general_candidates_register_cap_reaches_every_launch_of_it():
+    """A cap on a general or atomic candidate (none listed; the backward-parts probe makes
+    them) goes to each of its kernel launches, as it does for the short backward's twin; the
+    delta and dQ-scaling launches of the plan stay uncapped."""
+    blocks = (("BLOCK_M1", 32), ("BLOCK_N1", 128), ("BLOCK_M2", 128), ("BLOCK_N2", 32))
+    one = launch.Candidate("general", blocks, 4, 3, 168)
+    split = launch.Candidate("general", (*blocks, ("SPLIT", 1)), 4, 3, 168)
+    atomic = launch.Candidate("atomic", (("BLOCK_M", 32), ("BLOCK_N", 64)), 4, 2, 168)
+    for c, kernels_capped in ((one, 1), (split, 2), (atomic, 1)):
+        plan = flash_mod._bwd_launches(c, 2, 577, 3, 64)
+        capped = [p for p in plan if p.options.get("maxnreg") == 168]
+        assert len(capped) == kernels_capped and all(p.kernel.__name__ != "bwd_delta_kernel" for p in capped)
+        assert len(plan) - kernels_capped == sum(p.kernel.__name__ in ("bwd_delta_kernel", "bwd_dq_kernel")
+                                                 for p in plan)
+    (fwd,) = flash_mod._fwd_launches(launch.Candidate("general", (("BLOCK_M", 128), ("BLOCK_N", 64)), 8, 3, 200),
+                                     2, 577, 3, 64)
+    assert fwd.options == {"num_warps": 8, "num_stages": 3, "maxnreg": 200}
+    uncapped = flash_mod._bwd_launches(launch.Candidate("general", blocks, 4, 3), 2, 577, 3, 64)
+    assert all("maxnreg" not in p.options for p in uncapped)
+
+
 @pytest.mark.parametrize("D, dtype, dropout_p, diag", [(64, torch.bfloat16, 0.0, False),
                                                        (48, torch.float16, 0.2, True)])
 def test_key_per_chunk_backward_gives_the_same_bits(monkeypatch, D, dtype, dropout_p, diag):

@@ -239,6 +239,12 @@ def test_bwd_parts_probe_pairs_the_best_part_of_each_kind():
     deep = probe.grid(2, ("general_tma",), warps=(4,), stages=(3, 4, 5))
     assert len(deep) == len(probe.DQ_TILES) * 3
     assert {(c.num_warps, c.num_stages) for c in deep} == {(4, 3), (4, 4), (4, 5)}
+    # register caps: on the dK/dV grid only, carried by the pair and shown in the labels
+    assert len(probe.grid(1, ("general_tma",), caps=(0, 168))) == 2 * len(probe.DKDV_TILES) * 4
+    assert {c.maxnreg for c in probe.grid(2, ("general_tma",), caps=(0, 168))} == {0}
+    capped = probe.part_candidate(1, (32, 128), 4, 3, maxnreg=168)
+    assert probe.pair_candidate(capped, dq_other).maxnreg == 168
+    assert probe.label(capped, 1) == "general_tma: M1=32 N1=128, 4w 3s cap 168"
     timed = lambda c, part, ms: {"label": probe.label(c, part), "candidate": c.to_json(),  # noqa: E731
                                  "ms": {"median": ms, "min": ms, "max": ms}}
     row = {"shape": [8, 12, 4097, 64], "delta_ms": {"median": 0.02},
@@ -250,7 +256,7 @@ def test_bwd_parts_probe_pairs_the_best_part_of_each_kind():
     env = {"gpu": "H200", "commit": "abc", "torch": "2", "triton": "3", "cuda": "13", "date": "d", "repeats": 3,
            "warps": [4], "stages": [3, 4, 5]}
     lines = probe.markdown([row], env, "cmd").splitlines()
-    assert "warps [4], stages [3, 4, 5]." in lines[4]
+    assert "warps [4], stages [3, 4, 5], dK/dV register caps [0] (0: none)." in lines[4]
     dkdv_rows = [line for line in lines if line.startswith("| general_tma: M1=")]
     assert dkdv_rows[0].startswith("| general_tma: M1=32 N1=128, 4w 3s | 1.500")
     assert "- failed: M1=64 N1=128, 8w 3s: OutOfResources: shared memory" in lines

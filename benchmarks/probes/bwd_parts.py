@@ -14,7 +14,11 @@ choice among the listed candidates, and the best pair as one split candidate.
     python benchmarks/probes/bwd_parts.py --shapes 256,12,197,64 8,12,4097,64 4,16,4097,128
 
 --warps and --stages set the grid's warps and pipeline stages (default 4 and 8 warps, 2 and 3
-stages), e.g. `--warps 4 --stages 3 4 5` for deeper pipelines of the streamed tiles.
+stages), e.g. `--warps 4 --stages 3 4 5` for deeper pipelines of the streamed tiles. --maxnreg
+adds register caps per thread to the dK/dV grid (0: the compiler's choice, the default alone),
+e.g. `--maxnreg 0 168`: 3 programs of 4 warps an SM instead of 2, for the spills that
+`benchmarks/probes/registers.py --op bwd_general --maxnreg 0,168` lists; a pair whose dK/dV
+part is capped carries the cap to both of its launches.
 
 Times are launch._time_ms (CUDA events, a sleeping kernel ahead of each window so that the
 GPU time is measured, not the host's), `--repeats` times: median (min-max) ms. Needs a CUDA
@@ -44,12 +48,12 @@ DQ_TILES = ((64, 16), (64, 32), (64, 64), (128, 16), (128, 32), (128, 64))
 
 
 def part_candidate(part: int, tile: tuple[int, int], warps: int, stages: int,
-                   family: str = "general_tma") -> launch.Candidate:
-    """A split candidate whose `part` (1: dK/dV, 2: dQ) has this tile, warps and stages; the
-    other part mirrors it, as a one-launch candidate's would."""
+                   family: str = "general_tma", maxnreg: int = 0) -> launch.Candidate:
+    """A split candidate whose `part` (1: dK/dV, 2: dQ) has this tile, warps, stages and
+    register cap; the other part mirrors it, as a one-launch candidate's would."""
     a, b = tile
     tiles = (a, b, b, a) if part == 1 else (b, a, a, b)
-    return launch.Candidate(family, (*zip(NAMES, tiles), ("SPLIT", 1)), warps, stages)
+    return launch.Candidate(family, (*zip(NAMES, tiles), ("SPLIT", 1)), warps, stages, maxnreg)
 
 
 def pair_candidate(dkdv: launch.Candidate, dq: launch.Candidate) -> launch.Candidate:
@@ -59,13 +63,17 @@ def pair_candidate(dkdv: launch.Candidate, dq: launch.Candidate) -> launch.Candi
     blocks = (*zip(NAMES, (m1, n1, m2, n2)), ("SPLIT", 1))
     if (dq.num_warps, dq.num_stages) != (dkdv.num_warps, dkdv.num_stages):
         blocks += (("WARPS2", dq.num_warps), ("STAGES2", dq.num_stages))
-    return launch.Candidate(dkdv.family, blocks, dkdv.num_warps, dkdv.num_stages)
+    return launch.Candidate(dkdv.family, blocks, dkdv.num_warps, dkdv.num_stages, dkdv.maxnreg)
 
 
-def grid(part: int, families: tuple[str, ...], warps=(4, 8), stages=(2, 3)) -> list[launch.Candidate]:
+def grid(part: int, families: tuple[str, ...], warps=(4, 8), stages=(2, 3),
+         caps=(0,)) -> list[launch.Candidate]:
+    """Part `part`'s configurations; the register caps `caps` for the dK/dV part only (the dQ
+    programs take 90-160 registers uncapped)."""
     tiles = DKDV_TILES if part == 1 else DQ_TILES
-    return [part_candidate(part, t, w, s, f)
-            for f, t, w, s in itertools.product(families, tiles, warps, stages)]
+    caps = caps if part == 1 else (0,)
+    return [part_candidate(part, t, w, s, f, r)
+            for f, t, w, s, r in itertools.product(families, tiles, warps, stages, caps)]
 
 
 def label(c: launch.Candidate, part: int | None = None) -> str:
@@ -75,7 +83,7 @@ def label(c: launch.Candidate, part: int | None = None) -> str:
         return c.label()
     names = NAMES[:2] if part == 1 else NAMES[2:]
     own = tuple((k, c.meta[k]) for k in names)
-    return launch.Candidate(c.family, own, c.num_warps, c.num_stages).label()
+    return launch.Candidate(c.family, own, c.num_warps, c.num_stages, c.maxnreg).label()
 
 
 class Shape:
@@ -112,7 +120,8 @@ def time_spread(fn, repeats: int) -> dict:
 
 
 def probe_shape(shape: tuple[int, int, int, int], families: tuple[str, ...], repeats: int,
-                warps: tuple[int, ...] = (4, 8), stages: tuple[int, ...] = (2, 3)) -> dict:
+                warps: tuple[int, ...] = (4, 8), stages: tuple[int, ...] = (2, 3),
+                caps: tuple[int, ...] = (0,)) -> dict:
     B, H, N, D = shape
     # the listed general candidates (the short backward, one launch of another kernel, is
     # not listed at the lengths this probe is for); the reference: the first one-launch one
@@ -123,7 +132,7 @@ def probe_shape(shape: tuple[int, int, int, int], families: tuple[str, ...], rep
     ref = s.dqkv.clone()
     row = {"shape": list(shape), "parts": {1: [], 2: []}}
     for part in (1, 2):
-        cands = grid(part, families, warps, stages)
+        cands = grid(part, families, warps, stages, caps)
         runs = {c: s.launches(c)[part] for c in cands}
         launch._compile_all(cands, lambda c: s.run_part(runs[c]))
         sl = slice(1, 3) if part == 1 else slice(0, 1)  # dK, dV or dQ of dqkv
@@ -170,7 +179,8 @@ def markdown(rows: list[dict], env: dict, command: str, top: int = 6) -> str:
              f"(CUDA events, GPU time) {env['repeats']} times, median (min-max) ms. A part's time "
              "is its launch alone; whole times are delta + both parts (or one launch). Each part's "
              f"grid: tiles {', '.join(f'{a}x{b}' for a, b in DKDV_TILES)} (dK/dV; dQ's mirrored), "
-             f"warps {env.get('warps', [4, 8])}, stages {env.get('stages', [2, 3])}.", ""]
+             f"warps {env.get('warps', [4, 8])}, stages {env.get('stages', [2, 3])}, dK/dV register "
+             f"caps {env.get('maxnreg', [0])} (0: none).", ""]
     for r in rows:
         lines += [f"## {tuple(r['shape'])}", ""]
         for name, w in r["whole"].items():
@@ -210,6 +220,8 @@ def main(argv=None) -> None:
     p.add_argument("--families", nargs="+", default=["general_tma"], choices=["general", "general_tma"])
     p.add_argument("--warps", nargs="+", type=int, default=[4, 8], help="the grid's warps")
     p.add_argument("--stages", nargs="+", type=int, default=[2, 3], help="the grid's pipeline stages")
+    p.add_argument("--maxnreg", nargs="+", type=int, default=[0],
+                   help="register caps per thread for the dK/dV grid (0: none)")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--out", type=Path, default=Path("."))
     args = p.parse_args(argv)
@@ -218,14 +230,15 @@ def main(argv=None) -> None:
     if "general_tma" in args.families and not launch.tma_loads():
         raise SystemExit("--families general_tma needs TMA loads (a Hopper GPU or newer); "
                          "pass --families general")
-    env = {**environment(), "repeats": args.repeats, "warps": args.warps, "stages": args.stages}
+    env = {**environment(), "repeats": args.repeats, "warps": args.warps, "stages": args.stages,
+           "maxnreg": args.maxnreg}
     command = command_line()
     stem = args.out / result_stem("bwd_parts", env)
     args.out.mkdir(parents=True, exist_ok=True)
     rows = []
     for shape in args.shapes:
         rows.append(probe_shape(shape, tuple(args.families), args.repeats, tuple(args.warps),
-                                tuple(args.stages)))
+                                tuple(args.stages), tuple(args.maxnreg)))
         stem.with_suffix(".json").write_text(json.dumps(
             {"command": command, "environment": env, "results": rows}, indent=1, default=str))
         stem.with_suffix(".md").write_text(markdown(rows, env, command))

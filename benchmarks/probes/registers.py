@@ -6,7 +6,7 @@ and its bundled ptxas reports what it allocated.
 configurations of --configs (BLOCK_M1 x BLOCK_N1 x warps x stages; BLOCK_M2 = BLOCK_N1 and
 BLOCK_N2 = BLOCK_M1, as listed), each in its three forms: both program kinds in one launch
 (PART = 0) and each kind alone (PART = 1, dK/dV; PART = 2, dQ), the two launches of a split
-candidate (launch.split_twins); --tma for the general_tma twins:
+candidate (launch.split_twins); --tma for the general_tma twins; --maxnreg applies here too:
 
     python benchmarks/probes/registers.py --op bwd_general --d 64 --configs 32x128x4x3,64x64x4x3 --tma
 
@@ -39,6 +39,7 @@ pointer loads.
 from __future__ import annotations
 
 import argparse
+import itertools
 import re
 import subprocess
 import tempfile
@@ -114,7 +115,7 @@ def compile_short(op: str, d: int, n: int, block_m: int, warps: int, maxnreg: in
         tiles.pop("BLOCK_M")
         fn, consts = kernels.bwd_short_kernel, {**head, **tiles}
     signature.update(dict.fromkeys(consts, "constexpr"))
-    options = dict(num_warps=warps, num_stages=1, **({"maxnreg": maxnreg} if maxnreg else {}))
+    options = _options(warps, 1, maxnreg)
     source = ASTSource(fn=fn, signature=signature, constexprs=consts,
                        attrs=pointer_attrs(fn, signature, aligned))
     return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
@@ -136,7 +137,7 @@ def _descriptors(signature: dict, boxes, bd: int, bd2: int, tma: bool) -> dict:
 
 
 def compile_general_bwd(d: int, block_m1: int, block_n1: int, warps: int, stages: int,
-                        part: int, tma: bool = False, aligned: bool = True):
+                        part: int, tma: bool = False, aligned: bool = True, maxnreg: int = 0):
     """kernels.bwd_kernel at head dim d with tiles (BLOCK_M1, BLOCK_N1, BLOCK_N1, BLOCK_M1),
     compiled for sm_90 (bf16, no dropout) as launch PART `part`; tma: the general_tma twin,
     its tiles through descriptors in boxes of the two tile heights (flash._backward)."""
@@ -151,12 +152,11 @@ def compile_general_bwd(d: int, block_m1: int, block_n1: int, warps: int, stages
     signature.update({k: "constexpr" for k in consts})
     source = ASTSource(fn=kernels.bwd_kernel, signature=signature, constexprs=consts,
                        attrs=pointer_attrs(kernels.bwd_kernel, signature, aligned))
-    return triton.compile(source, target=GPUTarget("cuda", 90, 32),
-                          options=dict(num_warps=warps, num_stages=stages))
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=_options(warps, stages, maxnreg))
 
 
 def compile_general_fwd(d: int, block_m: int, block_n: int, warps: int, stages: int,
-                        tma: bool = False, aligned: bool = True):
+                        tma: bool = False, aligned: bool = True, maxnreg: int = 0):
     """kernels.fwd_kernel at head dim d with (BLOCK_M, BLOCK_N) tiles and a 16-key tail tile,
     compiled for sm_90 (bf16, no dropout); tma: the general_tma twin, Q in BLOCK_M-row and K,
     V in BLOCK_N-row descriptor boxes (flash._fwd_descriptors)."""
@@ -169,8 +169,12 @@ def compile_general_fwd(d: int, block_m: int, block_n: int, warps: int, stages: 
     signature.update({k: "constexpr" for k in consts})
     source = ASTSource(fn=kernels.fwd_kernel, signature=signature, constexprs=consts,
                        attrs=pointer_attrs(kernels.fwd_kernel, signature, aligned))
-    return triton.compile(source, target=GPUTarget("cuda", 90, 32),
-                          options=dict(num_warps=warps, num_stages=stages))
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=_options(warps, stages, maxnreg))
+
+
+def _options(warps: int, stages: int, maxnreg: int) -> dict:
+    """Triton's compile options; maxnreg only where set (0: the compiler's choice)."""
+    return dict(num_warps=warps, num_stages=stages, **({"maxnreg": maxnreg} if maxnreg else {}))
 
 
 def usage(compiled, warps: int) -> dict:
@@ -220,7 +224,8 @@ def main(argv=None):
         return plans_table(args.plans)
     aligned = not args.unaligned
     if args.op in ("bwd_general", "fwd_general"):
-        return general_table(args.op, args.d, args.configs, args.tma, aligned)
+        return general_table(args.op, args.d, args.configs, args.tma, aligned,
+                             [int(c) for c in args.maxnreg.split(",")])
     twin = "".join(f" ({name})" for name, on in (("short_tma", args.tma), ("one-key tail", args.one_key),
                                                   ("dropout", args.dropout), ("KEY_PER_CHUNK", args.key_per_chunk),
                                                   ("unaligned", args.unaligned)) if on)
@@ -271,25 +276,26 @@ def plans_table(shapes: list[str]) -> None:
                       flush=True)
 
 
-def general_table(op: str, d: int, configs: str, tma: bool, aligned: bool = True) -> None:
+def general_table(op: str, d: int, configs: str, tma: bool, aligned: bool = True,
+                  caps: list[int] = (0,)) -> None:
     """The table of --op bwd_general (each configuration in its three launch forms) or
-    fwd_general."""
+    fwd_general, at each register cap of `caps` (0: none)."""
     fwd = op == "fwd_general"
     loads = "TMA (general_tma)" if tma else "pointers (general)"
     pointers = "" if aligned else ", pointers unaligned"
     print(f"triton {triton.__version__}, sm_90; the general {'forward' if fwd else 'backward'}, D = {d}, "
           f"tiles loaded by {loads}{pointers}")
     tiles, launch_col = ("BLOCK_M x BLOCK_N", "") if fwd else ("BLOCK_M1 x BLOCK_N1", " launch |")
-    print(f"| {tiles} | warps | stages |{launch_col} registers | spill bytes | shared KiB | programs / SM |")
-    print("|---|---|---|" + "---|" * (4 if fwd else 5))
+    print(f"| {tiles} | warps | stages |{launch_col} cap | registers | spill bytes | shared KiB | programs / SM |")
+    print("|---|---|---|" + "---|" * (5 if fwd else 6))
     parts = ((None, ""),) if fwd else ((0, " one (PART 0) |"), (1, " dK/dV (PART 1) |"), (2, " dQ (PART 2) |"))
     for config in configs.split(","):
         m, n, warps, stages = map(int, config.split("x"))
-        for part, name in parts:
-            compiled = (compile_general_fwd(d, m, n, warps, stages, tma, aligned) if fwd
-                        else compile_general_bwd(d, m, n, warps, stages, part, tma, aligned))
+        for (part, name), cap in itertools.product(parts, caps):
+            compiled = (compile_general_fwd(d, m, n, warps, stages, tma, aligned, cap) if fwd
+                        else compile_general_bwd(d, m, n, warps, stages, part, tma, aligned, cap))
             u = usage(compiled, warps)
-            print(f"| {m} x {n} | {warps} | {stages} |{name} {u['registers']} | {u['spill_bytes']} "
+            print(f"| {m} x {n} | {warps} | {stages} |{name} {cap or '-'} | {u['registers']} | {u['spill_bytes']} "
                   f"| {u['smem_kib']:.0f} | {u['programs_per_sm']} |", flush=True)
 
 if __name__ == "__main__":

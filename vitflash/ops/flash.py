@@ -65,7 +65,7 @@ def _fwd_launches(c: Candidate, B: int, N: int, H: int, D: int, dropout: bool = 
     block_d1, block_d2 = split_d(D)  # (64, 16) at D = 80: two column chunks, no padding
     consts = {"HEAD_DIM": D, "BLOCK_D": block_d1, "BLOCK_D2": block_d2, **meta}
     grid = _cdiv(N, meta["BLOCK_M"]) * (B * H // meta.get("HEADS", 1))
-    return [Launch(kernel, grid, consts, c.num_warps, c.num_stages, n_tensors=4)]
+    return [Launch(kernel, grid, consts, c.num_warps, c.num_stages, n_tensors=4, maxnreg=c.maxnreg)]
 
 
 def _bwd_launches(c: Candidate, B: int, N: int, H: int, D: int, dropout: bool = False,
@@ -85,14 +85,14 @@ def _bwd_launches(c: Candidate, B: int, N: int, H: int, D: int, dropout: bool = 
         return [delta,
                 Launch(kernels.bwd_atomic_kernel, _cdiv(N, m["BLOCK_N"]) * B * H,
                        {**head, **m, **flags, "TMA_DQ": c.family == "atomic_tma"},
-                       c.num_warps, c.num_stages, n_tensors=7),
+                       c.num_warps, c.num_stages, n_tensors=7, maxnreg=c.maxnreg),
                 Launch(kernels.bwd_dq_kernel, _cdiv(N, DELTA_BLOCK) * B * H,
                        {**head, "BLOCK_M": DELTA_BLOCK}, 4, 1, n_tensors=2)]
     consts = {**head, **m, **flags, "TMA": c.family == "general_tma"}
     if not consts.pop("SPLIT", 0):  # PART 0: both kinds of program in one launch
         return [delta, Launch(kernels.bwd_kernel, _cdiv(N, m["BLOCK_N1"]) * B * H
                               + _cdiv(N, m["BLOCK_M2"]) * B * H, {**consts, "PART": 0},
-                              c.num_warps, c.num_stages, n_tensors=6)]
+                              c.num_warps, c.num_stages, n_tensors=6, maxnreg=c.maxnreg)]
     # a split candidate: dK/dV's launch, then dQ's, each with its own tiles, warps and stages
     # (the dQ launch's: WARPS2 and STAGES2, else the candidate's). A launch's unused pair of
     # tiles mirrors its own (what PART 0 requires of them), so that one part's kernel is the
@@ -102,10 +102,10 @@ def _bwd_launches(c: Candidate, B: int, N: int, H: int, D: int, dropout: bool = 
     return [delta,
             Launch(kernels.bwd_kernel, _cdiv(N, n1) * B * H,
                    {**consts, "BLOCK_M2": n1, "BLOCK_N2": m1, "PART": 1}, c.num_warps,
-                   c.num_stages, n_tensors=6),
+                   c.num_stages, n_tensors=6, maxnreg=c.maxnreg),
             Launch(kernels.bwd_kernel, _cdiv(N, m2) * B * H,
                    {**consts, "BLOCK_M1": n2, "BLOCK_N1": m2, "PART": 2}, warps2, stages2,
-                   n_tensors=6)]
+                   n_tensors=6, maxnreg=c.maxnreg)]
 
 
 def _bwd_descriptors(launch: Launch, qkv: torch.Tensor, do: torch.Tensor,
