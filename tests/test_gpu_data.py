@@ -463,6 +463,31 @@ def test_ranks_come_from_the_trainer():
     assert not rows[0] & rows[1] and rows[0] | rows[1] == set(range(64))
 
 
+def test_a_capture_that_fails_falls_back_to_the_eager_batches(monkeypatch, caplog):
+    """Where the augmentation cannot be captured (here: the capture's first CUDA call raises),
+    the transform says so once and runs eagerly, from a generator of its own seeded per call:
+    the batches of a transform that never tried."""
+    from vitflash.gpu_data import SeededTransform
+
+    aug = GPUAugment(Augment(train_crop="rrc", auto_augment="rand-m9-mstd0.5-inc1", re_prob=0.25), 24)
+    images = torch.randint(0, 256, (16, 32, 32, 3), dtype=torch.uint8, generator=gen(5))
+    eager = SeededTransform(aug.train, "cpu", graph=False)
+    tried = SeededTransform(aug.train, "cpu")
+    tried.graph = True  # as on a GPU
+
+    def no_stream(*args, **kwargs):
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(torch.cuda, "Stream", no_stream)
+    with caplog.at_level(logging.INFO, logger="vitflash.gpu_data"):
+        batches = [tried(images, seed) for seed in (11, 12, 11)]
+    assert caplog.text.count("could not be captured") == 1 and "operation not permitted" in caplog.text
+    assert tried._graphs == {((16, 32, 32, 3), torch.uint8): None}
+    for got, seed in zip(batches, (11, 12, 11)):
+        assert torch.equal(got, eager(images, seed))
+    assert not torch.equal(batches[0], batches[1]) and torch.equal(batches[0], batches[2])
+
+
 # ---- on a CUDA GPU: the same loader, resident and streamed through pinned memory ----
 
 
