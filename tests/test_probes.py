@@ -116,21 +116,34 @@ def test_registers_probe_one_key_twin_spills_less():
     assert 0 < twin["smem"] < tile["smem"]
 
 
+def _table(out: str) -> list[dict]:
+    """The rows of the general tables of the register probe's output, by column: registers,
+    spills, programs (ints), launch and cap (text)."""
+    lines = [line.strip().strip("|").split("|") for line in out.splitlines() if line.startswith("|")]
+    header = [h.strip() for h in lines[0]]
+    names = {"registers": "registers", "spill bytes": "spills", "programs / SM": "programs", "launch": "launch",
+             "cap": "cap"}
+    return [{names[h]: (int(v) if names[h] in ("registers", "spills", "programs") else v.strip())
+             for h, v in zip(header, row) if h in names} for row in lines[2:]]
+
+
 def test_registers_probe_split_backward_frees_the_dq_launch():
     """The premise of the backward's split twins (launch.split_twins): compiled for sm_90 as
     its own launch, the dQ part of the TMA (32, 128) tile at D = 64 takes fewer registers than
     the one launch of both parts, spills nothing and fits more programs an SM; the dK/dV
     part keeps the one launch's registers (triton 3.8: 154 registers, against 255;
-    benchmarks/results/registers_sm90_aligned.md)."""
+    benchmarks/results/registers_sm90_aligned.md). Under a cap of 168 (--maxnreg) the dK/dV
+    part fits a third program an SM, for spills (benchmarks/results/registers_sm90_capped_bwd.md)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     out = subprocess.run([sys.executable, str(PROBES / "registers.py"), "--op", "bwd_general", "--d", "64",
-                          "--configs", "32x128x4x3", "--tma"], capture_output=True, text=True, env=env,
-                         check=True).stdout
-    rows = {r[3].strip(): dict(registers=int(r[4]), spills=int(r[5]), programs=int(r[7]))
-            for r in (line.strip("|").split("|") for line in out.splitlines() if "PART" in line)}
-    one, dkdv, dq = rows["one (PART 0)"], rows["dK/dV (PART 1)"], rows["dQ (PART 2)"]
+                          "--configs", "32x128x4x3", "--tma", "--maxnreg", "0,168"], capture_output=True,
+                         text=True, env=env, check=True).stdout
+    rows = {(r["launch"], r["cap"]): r for r in _table(out)}
+    one, dkdv, dq = rows["one (PART 0)", "-"], rows["dK/dV (PART 1)", "-"], rows["dQ (PART 2)", "-"]
     assert dq["spills"] == 0 and dq["registers"] < one["registers"] and dq["programs"] > one["programs"]
     assert dkdv["registers"] == one["registers"]
+    capped = rows["dK/dV (PART 1)", "168"]
+    assert capped["registers"] <= 168 and capped["programs"] == dkdv["programs"] + 1 and capped["spills"] > 0
 
 
 def test_registers_probe_general_forward_by_tma_takes_fewer_registers():
@@ -144,8 +157,8 @@ def test_registers_probe_general_forward_by_tma_takes_fewer_registers():
         out = subprocess.run([sys.executable, str(PROBES / "registers.py"), "--op", "fwd_general", "--d", "64",
                               "--configs", "64x64x4x3", *flags], capture_output=True, text=True, env=env,
                              check=True).stdout
-        (row,) = [line.strip("|").split("|") for line in out.splitlines() if line.startswith("| 64 x 64 ")]
-        rows.append(dict(registers=int(row[3]), spills=int(row[4])))
+        (row,) = _table(out)
+        rows.append(row)
     pointer, tma = rows
     assert pointer["spills"] == tma["spills"] == 0
     assert 0 < tma["registers"] < pointer["registers"]
