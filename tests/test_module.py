@@ -88,12 +88,12 @@ def _groups_under_fsdp(rank: int, out: Path, kwargs: dict) -> None:
     """Rank `rank` of 2 on the CPU. The ranks meet through a file beside `out`, not a TCP port
     that another process could take first.
 
-    Teardown, in this order, because each step once aborted a rank (SIGABRT, "terminate called
-    without an active exception") now and then: the wrapped module dropped and collected while
-    the group lives (FSDP's hooks hold it in reference cycles, which kept the gloo group alive
-    until interpreter exit); a barrier, so neither rank tears the group down under the other's
-    feet; the group destroyed; and then an exit without interpreter finalization, where gloo's
-    threads were still being torn down. The result is on disk and the parent checks it; an
+    Teardown, in this order, because a rank aborted now and then (SIGABRT, "terminate called
+    without an active exception"): first when the other rank tore the group down under its
+    feet (hence the barrier), later at exit, after the work was done. For the second: the
+    wrapped module is dropped and collected while the group lives (FSDP's hooks hold it in
+    reference cycles, which kept the gloo group alive into interpreter finalization), and the
+    rank leaves without finalization. The result is on disk and the parent checks it; an
     exception before that still reaches the parent as a failure."""
     torch.distributed.init_process_group("gloo", init_method=f"file://{out.parent / 'rendezvous'}", rank=rank,
                                          world_size=2)
