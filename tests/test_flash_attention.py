@@ -501,12 +501,11 @@ def test_a_general_candidates_register_cap_reaches_every_launch_of_it():
     one = launch.Candidate("general", blocks, 4, 3, 168)
     split = launch.Candidate("general", (*blocks, ("SPLIT", 1)), 4, 3, 168)
     atomic = launch.Candidate("atomic", (("BLOCK_M", 32), ("BLOCK_N", 64)), 4, 2, 168)
-    for c, kernels_capped in ((one, 1), (split, 2), (atomic, 1)):
+    delta, bwd = ("bwd_delta_kernel", None), ("bwd_kernel", 168)
+    for c, expected in ((one, [delta, bwd]), (split, [delta, bwd, bwd]),
+                        (atomic, [delta, ("bwd_atomic_kernel", 168), ("bwd_dq_kernel", None)])):
         plan = flash_mod._bwd_launches(c, 2, 577, 3, 64)
-        capped = [p for p in plan if p.options.get("maxnreg") == 168]
-        assert len(capped) == kernels_capped and all(p.kernel.__name__ != "bwd_delta_kernel" for p in capped)
-        assert len(plan) - kernels_capped == sum(p.kernel.__name__ in ("bwd_delta_kernel", "bwd_dq_kernel")
-                                                 for p in plan)
+        assert [(p.kernel.__name__, p.options.get("maxnreg")) for p in plan] == expected
     (fwd,) = flash_mod._fwd_launches(launch.Candidate("general", (("BLOCK_M", 128), ("BLOCK_N", 64)), 8, 3, 200),
                                      2, 577, 3, 64)
     assert fwd.options == {"num_warps": 8, "num_stages": 3, "maxnreg": 200}
