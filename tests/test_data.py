@@ -58,6 +58,29 @@ def test_synthetic_batches():
     assert len(dm.val_set) == len(dm.test_set) == 32
 
 
+def test_the_cpu_sampler_repeats_each_drawn_index_with_its_own_augmentation_seed():
+    from vitflash.data import ResumableSampler
+
+    data = list(range(30))
+    plain, repeated = ResumableSampler(data, seed=4), ResumableSampler(data, seed=4, aug_repeats=3)
+    once, thrice = list(plain), list(repeated)
+    assert len(thrice) == len(once) == 30  # the epoch keeps its length
+    idx = [i for i, _ in thrice]
+    assert idx == [i for i, _ in once[:10] for _ in range(3)]  # the same draw, each index three times
+    assert all(len({s for i, s in thrice[k : k + 3]}) == 3 for k in range(0, 30, 3))
+    # without repeats, the seeds of runs made before the option
+    assert [s for _, s in once] == [int(np.random.SeedSequence((4, 0, i)).generate_state(1)[0]) for i, _ in once]
+    repeated.set_epoch(1)
+    assert [i for i, _ in repeated][::3] != idx[::3]
+    # a resume mid-epoch continues the same copies
+    repeated.load_state_dict({"seed": 4, "epoch": 0, "start": 7})
+    assert list(repeated) == thrice[7:]
+    dm = SyntheticDataModule(**kwargs(aug_repeats=3), train_size=48, test_size=8)
+    dm.setup("fit")
+    labels = torch.cat([y for _, y in dm.train_dataloader()])
+    assert len(labels) == 48 and dm._train_sampler.aug_repeats == 3
+
+
 def test_decoded_arrays_are_cached(tmp_path):
     images = write_tree(tmp_path / "train", per_class=4)
     x, y, classes = load_image_folder(tmp_path / "train")

@@ -129,6 +129,7 @@ BAD_VALUES = [
     (["data.batch_size=0"], "data.batch_size=0 is not a whole number >= 1"),
     (["++data.val_size=-5"], "data.val_size=-5 is not a whole number >= 0"),
     (["data.num_workers=-1"], "data.num_workers=-1 is not a whole number >= 0"),
+    (["data.aug_repeats=0"], "data.aug_repeats=0 is not a whole number >= 1"),
     (["model.num_classes=-1"], r"num_classes=-1 is not a whole number >= 0 \(0 leaves the head out\)"),
     (["model.img_size=0"], "img_size=0 is not a whole number >= 1"),
     (["model.img_size=-4"], "img_size=-4 is not a whole number >= 1"),

@@ -311,6 +311,38 @@ def test_resume_from_position_is_exact(stop):
         assert torch.equal(ye, yg) and torch.equal(xe, xg)
 
 
+def test_repeated_augmentation_gives_each_drawn_image_in_copies_augmented_apart():
+    plain, loader = make_loader(), make_loader(aug_repeats=3)
+    assert len(loader) == len(plain) == 12  # the epoch keeps its length
+    batches = list(loader)
+    seen = sum((y.tolist() for _, y in batches), [])
+    assert len(seen) == 96 and len(set(seen)) == 32  # 96 places, each drawn image three times in a row
+    assert all(seen[i] == seen[i - i % 3] for i in range(96))
+    assert seen[::3] == [i for i in sum(rows(make_loader()), [])[:32]]  # the plain loader's draw, repeated
+    images = torch.cat([x for x, _ in batches])
+    for i in range(0, 96, 3):  # no two copies augmented alike
+        a, b, c = images[i], images[i + 1], images[i + 2]
+        assert not (torch.equal(a, b) or torch.equal(b, c) or torch.equal(a, c))
+    assert rows(loader) != [seen[k * 8 : (k + 1) * 8] for k in range(12)]  # the next epoch draws anew
+    # under DDP the copies go to different processes, and the two ranks hold every copy
+    ranks = [sum(rows(make_loader(aug_repeats=3, rank=r, world_size=2)), []) for r in (0, 1)]
+    assert sorted(ranks[0] + ranks[1]) == sorted(sum(rows(make_loader(aug_repeats=3, batch=16)), []))
+    with pytest.raises(ValueError, match="aug_repeats=0"):
+        make_loader(aug_repeats=0)
+
+
+def test_resume_with_repeated_augmentation_is_exact():
+    a = make_loader(aug_repeats=3)
+    it = iter(a)
+    for _ in range(5):
+        next(it)
+    expected = take(a, 10, it)
+    b = make_loader(aug_repeats=3)
+    b.seek(a.position() | {"epoch": 0, "batches": 5})
+    for (xe, ye), (xg, yg) in zip(expected, take(b, 10), strict=True):
+        assert torch.equal(ye, yg) and torch.equal(xe, xg)
+
+
 def test_streamed_batches_equal_resident_ones():
     a, b = make_loader(), make_loader(stream=True)
     assert b.streamed

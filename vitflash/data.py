@@ -249,6 +249,10 @@ class ImageDataModule(L.LightningDataModule):
             half of the free device memory).
         gpu_graph: on a GPU, the training augmentation is replayed as a CUDA graph (one launch per
             batch instead of hundreds; vitflash.gpu_data.SeededTransform); false: eagerly.
+        aug_repeats: repeated augmentation (DeiT's; timm's --aug-repeats): each training image
+            drawn into an epoch comes this many times in a row, each copy augmented apart, and
+            the epoch keeps its length, so it sees 1/aug_repeats of the images. 1: off. Either
+            pipeline.
         expected_sizes: (train, test) image counts the data must have (e.g. CIFAR's
             (50000, 10000)), so an incomplete copy is caught before training; None skips it.
     """
@@ -268,6 +272,7 @@ class ImageDataModule(L.LightningDataModule):
         gpu_storage: str = "auto",
         expected_sizes: Sequence[int] | None = None,
         gpu_graph: bool = True,
+        aug_repeats: int = 1,
     ):
         super().__init__()
         if pipeline not in PIPELINES:
@@ -276,7 +281,7 @@ class ImageDataModule(L.LightningDataModule):
             raise ValueError(f"data.gpu_storage={gpu_storage!r}: choose one of {', '.join(STORAGES)}")
         for name, value, least in (("num_classes", num_classes, 1), ("img_size", img_size, 1),
                                    ("batch_size", batch_size, 1), ("num_workers", num_workers, 0),
-                                   ("val_size", val_size, 0)):
+                                   ("val_size", val_size, 0), ("aug_repeats", aug_repeats, 1)):
             if not isinstance(value, int) or isinstance(value, bool) or value < least:
                 raise ValueError(f"data.{name}={value!r} is not a whole number >= {least}: set it to one "
                                  f"(the dataset's config in configs/data/ shows the usual value)")
@@ -287,7 +292,7 @@ class ImageDataModule(L.LightningDataModule):
         self.batch_size, self.eval_batch_size = batch_size, eval_batch_size or batch_size
         self.num_workers, self.val_size, self.split_seed = num_workers, val_size, split_seed
         self.pipeline, self.shuffle_seed, self.gpu_storage = pipeline, shuffle_seed or 0, gpu_storage
-        self.gpu_graph = bool(gpu_graph)
+        self.gpu_graph, self.aug_repeats = bool(gpu_graph), aug_repeats
         augment = augment or Augment()
         self.train_transform = augment.train_transform(img_size)
         self.eval_transform = augment.eval_transform(img_size)
@@ -399,7 +404,7 @@ class ImageDataModule(L.LightningDataModule):
                            self.batch_size if train else self.eval_batch_size, device=a.device, indices=rows,
                            train=train, seed=self.shuffle_seed, rank=a.rank, world_size=a.world_size,
                            epoch=self.trainer.current_epoch if self.trainer is not None and train else 0,
-                           graph=self.gpu_graph)
+                           graph=self.gpu_graph, aug_repeats=self.aug_repeats)
         if train:
             if self._train_state is not None:
                 loader.seek(self._train_state)
@@ -443,7 +448,8 @@ class ImageDataModule(L.LightningDataModule):
         if train:
             # Shuffling and augmentation drawn from (seed, epoch, index) alone, so a resumed run
             # sees the same batches, augmented alike (see ResumableSampler).
-            sampler = self._train_sampler = ResumableSampler(dataset, seed=self.shuffle_seed)
+            sampler = self._train_sampler = ResumableSampler(dataset, seed=self.shuffle_seed,
+                                                             aug_repeats=self.aug_repeats)
             if self._resume:
                 sampler.load_state_dict(self._resume)
                 self._resume = None
@@ -672,13 +678,18 @@ class ResumableSampler(DistributedSampler):
 
     torch's samplers draw their order from the global generator when an iterator is made, and
     DataLoader workers seed from it too: a run resumed mid-epoch would see other batches.
+
+    aug_repeats=r > 1: each index of the shuffle stands r times in a row, the order cut back to
+    the dataset's length (repeated augmentation, as vitflash.gpu_data.GPULoader does it); the
+    copy's number joins the seed of its augmentation, so no two copies are augmented alike.
     """
 
-    def __init__(self, dataset: Dataset, seed: int = 0):
+    def __init__(self, dataset: Dataset, seed: int = 0, aug_repeats: int = 1):
         distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
         super().__init__(dataset, num_replicas=None if distributed else 1, rank=None if distributed else 0,
                          shuffle=True, seed=seed, drop_last=False)
         self.start = 0  # samples of this process to skip in the current epoch (resume)
+        self.aug_repeats = aug_repeats
 
     def set_epoch(self, epoch: int) -> None:
         if epoch != self.epoch:
@@ -687,13 +698,17 @@ class ResumableSampler(DistributedSampler):
 
     def __iter__(self):
         g = torch.Generator().manual_seed(self.seed + self.epoch)
-        order = torch.randperm(len(self.dataset), generator=g).tolist()
+        drawn = torch.randperm(len(self.dataset), generator=g).tolist()
+        r = self.aug_repeats
+        # (index, the seed's entropy); without repeats the entropy keeps its old form, so that
+        # runs and their checkpoints from before the option see the same augmentation
+        order = [(i, (self.seed, self.epoch, i) if r == 1 else (self.seed, self.epoch, i, c))
+                 for i in drawn for c in range(r)][: len(drawn)]
         order += order[: self.total_size - len(order)]  # pad to a multiple of the world size
         mine = order[self.rank : self.total_size : self.num_replicas]
         start, self.start = self.start, 0
-        for index in mine[start:]:
-            seed = np.random.SeedSequence((self.seed, self.epoch, index)).generate_state(1)[0]
-            yield index, int(seed)
+        for index, entropy in mine[start:]:
+            yield index, int(np.random.SeedSequence(entropy).generate_state(1)[0])
 
     def state_dict(self, batches_done: int, batches_per_epoch: int | float, batch_size: int) -> dict:
         """The position after `batches_done` batches of `batch_size` in an epoch of `batches_per_epoch`."""

@@ -8,7 +8,9 @@ batch, where decoding and transforming PIL images costs milliseconds per image.
 
 Order and randomness: every epoch one permutation from a generator seeded with (seed, epoch),
 the same on every DDP rank; rank r takes every world_size-th index of it, as DistributedSampler
-does. The augmentation generator of batch k is seeded with (seed, epoch, rank, k). The whole
+does. With aug_repeats=r > 1 (repeated augmentation, as DeiT trains) each index of the
+permutation stands r times in a row and the order is cut back to the epoch's length: an epoch
+sees a 1/r share of the images, r differently augmented copies of each (on r ranks under DDP). The augmentation generator of batch k is seeded with (seed, epoch, rank, k). The whole
 state of a loader is therefore (epoch, batches yielded, seed): `position()` holds them, and a
 loader given it by `seek()` yields the same batches the saved one would have next. The
 DataModule carries that position in Lightning's checkpoints (vitflash.data says why there).
@@ -91,16 +93,20 @@ class GPULoader:
         epoch: the epoch the first iteration belongs to.
         stream: gather batches on the host and copy them in (default: when images are not on device).
         graph: on a CUDA device, replay the training augmentation as a CUDA graph (SeededTransform).
+        aug_repeats: training copies of each drawn image per epoch (repeated augmentation; 1: off).
     """
 
     def __init__(self, images: torch.Tensor, labels: torch.Tensor, transform: Callable, batch_size: int,
                  device: torch.device | str = "cpu", indices: torch.Tensor | None = None, train: bool = False,
                  seed: int = 0, rank: int = 0, world_size: int = 1, epoch: int = 0, stream: bool | None = None,
-                 graph: bool = True):
+                 graph: bool = True, aug_repeats: int = 1):
         if images.dtype != torch.uint8 or images.ndim != 4 or images.shape[-1] != 3:
             raise ValueError(f"images must be (N, H, W, 3) uint8, got {tuple(images.shape)} {images.dtype}")
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} of world size {world_size}")
+        if isinstance(aug_repeats, bool) or not isinstance(aug_repeats, int) or aug_repeats < 1:
+            raise ValueError(f"aug_repeats={aug_repeats!r}: a whole number >= 1 (1: no repeated augmentation)")
+        self.aug_repeats = aug_repeats
         self.device = torch.device(device)
         if self.device.type == "cuda" and self.device.index is None:  # "cuda": the current GPU, as its tensors say
             self.device = torch.device("cuda", torch.cuda.current_device())
@@ -142,7 +148,7 @@ class GPULoader:
         order = self.indices
         if self.train:
             perm = torch.randperm(len(order), generator=torch.Generator().manual_seed(_seed(self.seed, epoch)))
-            order = order[perm][: self.per_rank * self.world_size]
+            order = order[perm].repeat_interleave(self.aug_repeats)[: self.per_rank * self.world_size]
         elif self.world_size > 1:  # pad by wrapping around, as DistributedSampler does
             order = order[torch.arange(self.per_rank * self.world_size) % len(order)]
         return order[self.rank :: self.world_size]
