@@ -10,9 +10,10 @@ Order and randomness: every epoch one permutation from a generator seeded with (
 the same on every DDP rank; rank r takes every world_size-th index of it, as DistributedSampler
 does. With aug_repeats=r > 1 (repeated augmentation, as DeiT trains) each index of the
 permutation stands r times in a row and the order is cut back to the epoch's length: an epoch
-sees a 1/r share of the images, r differently augmented copies of each (on r ranks under DDP). The augmentation generator of batch k is seeded with (seed, epoch, rank, k). The whole
-state of a loader is therefore (epoch, batches yielded, seed): `position()` holds them, and a
-loader given it by `seek()` yields the same batches the saved one would have next. The
+sees a 1/r share of the images, r differently augmented copies of each (spread over the ranks
+under DDP). The augmentation generator of batch k is seeded with (seed, epoch, rank, k). The
+whole state of a loader is therefore (epoch, batches yielded, seed): `position()` holds them,
+and a loader given it by `seek()` yields the same batches the saved one would have next. The
 DataModule carries that position in Lightning's checkpoints (vitflash.data says why there).
 """
 from __future__ import annotations
