@@ -133,7 +133,8 @@ def test_registers_probe_split_backward_frees_the_dq_launch():
     the one launch of both parts, spills nothing and fits more programs an SM; the dK/dV
     part keeps the one launch's registers (triton 3.8: 154 registers, against 255;
     benchmarks/results/registers_sm90_aligned.md). Under a cap of 168 (--maxnreg) the dK/dV
-    part fits a third program an SM (for spills: benchmarks/results/registers_sm90_capped_bwd.md)."""
+    part fits a third program an SM (for spills: benchmarks/results/registers_sm90_capped_bwd.md;
+    on the H200 that made it 1.9-2.2x slower, benchmarks/results/gpu_session_b8506ec/)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     out = subprocess.run([sys.executable, str(PROBES / "registers.py"), "--op", "bwd_general", "--d", "64",
                           "--configs", "32x128x4x3", "--tma", "--maxnreg", "0,168"], capture_output=True,
