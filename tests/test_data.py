@@ -67,7 +67,7 @@ def test_the_cpu_sampler_repeats_each_drawn_index_with_its_own_augmentation_seed
     assert len(thrice) == len(once) == 30  # the epoch keeps its length
     idx = [i for i, _ in thrice]
     assert idx == [i for i, _ in once[:10] for _ in range(3)]  # the same draw, each index three times
-    assert all(len({s for i, s in thrice[k : k + 3]}) == 3 for k in range(0, 30, 3))
+    assert all(len({s for _, s in thrice[k : k + 3]}) == 3 for k in range(0, 30, 3))  # copies seeded apart
     # without repeats, the seeds of runs made before the option
     assert [s for _, s in once] == [int(np.random.SeedSequence((4, 0, i)).generate_state(1)[0]) for i, _ in once]
     repeated.set_epoch(1)

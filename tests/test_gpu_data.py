@@ -318,7 +318,7 @@ def test_repeated_augmentation_gives_each_drawn_image_in_copies_augmented_apart(
     seen = sum((y.tolist() for _, y in batches), [])
     assert len(seen) == 96 and len(set(seen)) == 32  # 96 places, each drawn image three times in a row
     assert all(seen[i] == seen[i - i % 3] for i in range(96))
-    assert seen[::3] == [i for i in sum(rows(make_loader()), [])[:32]]  # the plain loader's draw, repeated
+    assert seen[::3] == sum(rows(make_loader()), [])[:32]  # the plain loader's draw, repeated
     images = torch.cat([x for x, _ in batches])
     for i in range(0, 96, 3):  # no two copies augmented alike
         a, b, c = images[i], images[i + 1], images[i + 2]
@@ -326,6 +326,7 @@ def test_repeated_augmentation_gives_each_drawn_image_in_copies_augmented_apart(
     assert rows(loader) != [seen[k * 8 : (k + 1) * 8] for k in range(12)]  # the next epoch draws anew
     # under DDP the copies go to different processes, and the two ranks hold every copy
     ranks = [sum(rows(make_loader(aug_repeats=3, rank=r, world_size=2)), []) for r in (0, 1)]
+    assert ranks[0][:2] == [seen[0], seen[0]] and ranks[1][0] == seen[0]  # copies 0, 2 and copy 1
     assert sorted(ranks[0] + ranks[1]) == sorted(sum(rows(make_loader(aug_repeats=3, batch=16)), []))
     with pytest.raises(ValueError, match="aug_repeats=0"):
         make_loader(aug_repeats=0)
@@ -336,9 +337,11 @@ def test_resume_with_repeated_augmentation_is_exact():
     it = iter(a)
     for _ in range(5):
         next(it)
-    expected = take(a, 10, it)
+    state = a.position()
+    assert state == {"epoch": 0, "batches": 5, "seed": 0}
+    expected = take(a, 10, it)  # into the next epoch
     b = make_loader(aug_repeats=3)
-    b.seek(a.position() | {"epoch": 0, "batches": 5})
+    b.seek(state)
     for (xe, ye), (xg, yg) in zip(expected, take(b, 10), strict=True):
         assert torch.equal(ye, yg) and torch.equal(xe, xg)
 
