@@ -299,3 +299,70 @@ def test_locality_attention_model_refuses_timm_export_and_bad_values():
         timm_args(model)
     with pytest.raises(ValueError, match="locality_attention='yes' is not True or False"):
         build_model("vit_micro_patch4_32", locality_attention="yes")
+
+
+def _qk_vo(model: VisionTransformer, block: int) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """Per head W_q^h W_k^h^T, and the layer's W_v W_o, in the x @ W convention (float64)."""
+    attn = model.blocks[block].attn
+    C, D = attn.qkv.in_features, attn.head_dim
+    w = attn.qkv.weight.double()
+    wq, wk, wv = w[:C].T, w[C:2 * C].T, w[2 * C:].T
+    qk = [wq[:, h * D:(h + 1) * D] @ wk[:, h * D:(h + 1) * D].T for h in range(attn.num_heads)]
+    return qk, wv @ attn.proj.weight.double().T
+
+
+def test_mimetic_init_draws_near_identity_query_key_and_negative_value_projection():
+    """Trockman and Kolter's structure: each head's W_q W_k^T is a rank-head_dim matrix whose
+    diagonal stands out (a token scores tokens like itself highest), the layer's W_v W_o is
+    -0.4 I plus N(0, 0.4^2/d) noise; timm's default init has neither."""
+    torch.manual_seed(0)
+    mimetic = build_model("vit_tiny_h12_patch4_32", attn_init="mimetic", num_classes=10)
+    torch.manual_seed(0)
+    default = build_model("vit_tiny_h12_patch4_32", num_classes=10)
+    C = 192
+    for block in (0, 8):
+        qk, vo = _qk_vo(mimetic, block)
+        for p in qk:
+            assert torch.linalg.matrix_rank(p).item() == 16
+            off = p - torch.diag(p.diag())
+            assert p.diag().mean() > 3 * off.abs().mean()
+        noise = vo + 0.4 * torch.eye(C, dtype=torch.float64)
+        assert abs(vo.diag().mean().item() + 0.4) < 0.02
+        assert abs(noise.std().item() / (0.4 / C**0.5) - 1) < 0.1
+        qk0, vo0 = _qk_vo(default, block)
+        assert abs(qk0[0].diag().mean().item()) < 3 * (qk0[0] - torch.diag(qk0[0].diag())).abs().mean()
+        assert abs(vo0.diag().mean().item()) < 0.01
+    # biases, norms and everything outside attention keep the default init
+    assert torch.equal(mimetic.blocks[0].attn.qkv.bias, torch.zeros(3 * C))
+    assert mimetic.blocks[0].mlp.fc1.weight.std().item() == pytest.approx(0.02, rel=0.1)
+
+
+def test_mimetic_init_makes_tokens_attend_to_tokens_like_themselves():
+    """What the structure is for: for 65 random layer-normed tokens, each token's own score is
+    its row's largest in most rows (about 88% over three seeds), where the default init is at
+    chance (1 in 65). The same seed draws the same weights."""
+    def self_is_top(model: VisionTransformer) -> float:
+        attn = model.blocks[0].attn
+        x = model.blocks[0].norm1(torch.randn(1, 65, 192))
+        q, k, _ = attn.qkv(x).view(1, 65, 3, 12, 16).unbind(2)
+        scores = torch.einsum("bnhd,bmhd->bhnm", q, k)
+        return (scores.argmax(-1) == torch.arange(65)).float().mean().item()
+
+    torch.manual_seed(1)
+    mimetic = build_model("vit_tiny_h12_patch4_32", attn_init="mimetic", num_classes=10)
+    torch.manual_seed(1)
+    again = build_model("vit_tiny_h12_patch4_32", attn_init="mimetic", num_classes=10)
+    torch.manual_seed(1)
+    default = build_model("vit_tiny_h12_patch4_32", num_classes=10)
+    with torch.no_grad():
+        assert self_is_top(mimetic) > 0.5
+        assert self_is_top(default) < 0.2
+    assert all(torch.equal(a, b) for a, b in zip(mimetic.state_dict().values(), again.state_dict().values()))
+
+
+def test_mimetic_init_with_locality_attention_trains_and_bad_values():
+    model = build_model("vit_micro_patch4_32", attn_init="mimetic", locality_attention=True, num_classes=10)
+    model(torch.randn(2, 3, 32, 32)).sum().backward()
+    assert all(p.grad is not None for p in model.parameters())
+    with pytest.raises(ValueError, match="attn_init='xavier': choose one of default, mimetic"):
+        build_model("vit_micro_patch4_32", attn_init="xavier")

@@ -243,6 +243,11 @@ def test_eval_flip_scores_each_image_and_its_mirror_image():
     (dict(label_smoothing=1.0), r"model.label_smoothing=1.0 is not a number in \[0, 1\)"),
     (dict(mixup_prob=2), r"model.mixup_prob=2 is not a number in \[0, 1\]"),
     (dict(cutmix_alpha=True), r"model.cutmix_alpha=True is not a number >= 0"),
+    (dict(global_pool="mean"), r"model.global_pool='mean': choose token \(the class token\), avg"),
+    (dict(attn_init="xavier"), r"model.attn_init='xavier': choose one of default, mimetic"),
+    (dict(attn_init="mimetic", pretrained="augreg_in21k"),
+     r"model.attn_init=mimetic draws the weights of a model trained from scratch, but "
+     r"model.pretrained='augreg_in21k' loads them: set model.attn_init=default to fine-tune"),
 ])
 def test_bad_hyperparameters_are_refused_before_building(kwargs, message):
     """Values that the optimizer, scheduler or Mixup would refuse only once the data is set up
@@ -252,6 +257,30 @@ def test_bad_hyperparameters_are_refused_before_building(kwargs, message):
     with mock.patch("vitflash.create_model") as create:
         with pytest.raises(ValueError, match=message):
             ViTModule("vit_micro_patch4_32", num_classes=10, attention="sdpa", **kwargs)
+    create.assert_not_called()
+
+
+def test_global_pool_and_attn_init_reach_the_model(tmp_path):
+    """global_pool=avg builds no class token (64 tokens for a 32 px image) and pools the mean;
+    weights saved from it load back with their pooling, and global_pool is refused beside
+    pretrained weights. attn_init=mimetic gives the value-projection product its negative
+    diagonal."""
+    module = make(global_pool="avg", attn_init="mimetic")
+    model = module.model
+    assert model.cls_token is None and model.global_pool == "avg" and model.pos_embed.shape[1] == 64
+    attn = model.blocks[0].attn
+    vo = attn.qkv.weight[2 * 128:].T @ attn.proj.weight.T
+    assert vo.diag().mean().item() == pytest.approx(-0.4, abs=0.03)
+    assert module(torch.randn(2, 3, 32, 32)).shape == (2, 10)
+    assert make(global_pool=None).model.cls_token is not None
+    path = tmp_path / "w.pth"
+    torch.save(module.model.state_dict(), path)
+    tuned = make(pretrained=str(path)).model  # the file's pooling: no class token, the mean
+    assert tuned.cls_token is None and tuned.global_pool == "avg"
+    with mock.patch("vitflash.create_model") as create:
+        with pytest.raises(ValueError, match=r"model.global_pool=token builds a model from scratch, but "
+                                             r"model.pretrained='.*w.pth' brings its own pooling"):
+            make(global_pool="token", pretrained=str(path))
     create.assert_not_called()
 
 

@@ -254,6 +254,10 @@ class VisionTransformer(nn.Module):
             attends to itself, and each layer learns its softmax scale. Together with
             shifted_patches this is Lee et al.'s recipe for ViTs on small datasets. No timm
             equivalent either.
+        attn_init: "default" (timm's truncated normal, as every other linear layer) or
+            "mimetic": each attention layer's weights drawn so that the query-key product
+            starts near the identity and the value-projection product near minus the identity
+            (`mimetic_init_`).
     """
 
     def __init__(
@@ -279,6 +283,7 @@ class VisionTransformer(nn.Module):
         attention: str = "sdpa",
         shifted_patches: bool = False,
         locality_attention: bool = False,
+        attn_init: str = "default",
     ):
         super().__init__()
         _check_sizes(img_size=img_size, patch_size=patch_size, in_chans=in_chans, embed_dim=embed_dim,
@@ -290,6 +295,8 @@ class VisionTransformer(nn.Module):
                 raise ValueError(f"{name}={flag!r} is not True or False")
         if global_pool not in ("token", "avg"):
             raise ValueError(f"global_pool must be 'token' or 'avg', got {global_pool!r}")
+        if attn_init not in ATTN_INITS:
+            raise ValueError(f"attn_init={attn_init!r}: choose one of {', '.join(ATTN_INITS)}")
         if global_pool == "token" and not class_token:
             raise ValueError("global_pool='token' needs class_token=True; use global_pool='avg'")
         check_attention_impl(attention, embed_dim // num_heads)
@@ -329,6 +336,8 @@ class VisionTransformer(nn.Module):
         self.head_drop = nn.Dropout(drop_rate)
         self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
         self.init_weights()
+        if attn_init == "mimetic":
+            mimetic_init_(self)
 
     @torch.no_grad()
     def init_weights(self) -> None:
@@ -387,6 +396,50 @@ class VisionTransformer(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.forward_head(self.forward_features(x))
+
+
+ATTN_INITS = ("default", "mimetic")
+
+
+@torch.no_grad()
+def mimetic_init_(model: VisionTransformer, qk: tuple[float, float] = (0.7, 0.7),
+                  vo: tuple[float, float] = (0.4, 0.4)) -> VisionTransformer:
+    """Mimetic initialization (Trockman and Kolter, "Mimetic Initialization of Self-Attention
+    Layers", arXiv 2305.09828), in place; returns the model.
+
+    Trained ViTs have query-key products W_q W_k^T near a positive multiple of the identity
+    (a token attends to tokens like itself, which the position embedding makes its
+    neighbours) and value-projection products W_v W_o near a negative multiple. Drawing the
+    weights that way lets a ViT trained from scratch on a small dataset start from that
+    structure instead of learning it. With d the width, k the head dim and Z a d x d matrix
+    of N(0, 1/d) entries:
+
+    - each head h: W_q^h W_k^h^T is the best rank-k approximation of a qk[0] Z_h + qk[1] I
+      (its own Z_h), split by its SVD U S V^T as W_q^h = U_k S_k^1/2, W_k^h = V_k S_k^1/2;
+    - each layer: W_v W_o, summed over the heads, is vo[0] Z - vo[1] I exactly, split the
+      same way with the heads taking consecutive blocks of the singular vectors.
+
+    Here x W means x @ W: the weights of `qkv` and `proj` (out x in) hold the transposes.
+    Biases keep their zeros. Draws from torch's default generator, so a seeded run draws the
+    same weights. The learned softmax scale of locality attention multiplies the query as
+    before."""
+    for blk in model.blocks:
+        attn = blk.attn
+        C, H, D = attn.qkv.in_features, attn.num_heads, attn.head_dim
+        w = attn.qkv.weight  # (3C, C): rows q, k, v, each head's rows a block of D
+        eye = torch.eye(C, dtype=torch.float64)
+        for h in range(H):
+            a = qk[0] * torch.randn(C, C, dtype=torch.float64) / math.sqrt(C) + qk[1] * eye
+            u, s, vt = torch.linalg.svd(a)
+            root = s[:D].sqrt()
+            w[h * D:(h + 1) * D].copy_((u[:, :D] * root).T)  # W_q^h^T: (D, C)
+            w[C + h * D:C + (h + 1) * D].copy_(vt[:D] * root[:, None])  # W_k^h^T
+        a = vo[0] * torch.randn(C, C, dtype=torch.float64) / math.sqrt(C) - vo[1] * eye
+        u, s, vt = torch.linalg.svd(a)
+        root = s.sqrt()
+        w[2 * C:].copy_((u * root).T)  # W_v^T (C, C): head h's rows pair with W_o's columns h
+        attn.proj.weight.copy_((vt * root[:, None]).T)  # W_o^T: (C out, C in)
+    return model
 
 
 # Presets: VisionTransformer keyword arguments under timm's names where timm has the model.

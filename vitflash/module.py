@@ -31,6 +31,7 @@ from torchmetrics.classification import MulticlassAccuracy
 
 import vitflash
 from vitflash.graph_step import AUTOCAST, WholeStepGraph
+from vitflash.model import ATTN_INITS
 from vitflash.ops import ATTENTION_IMPLS, check_attention_impl
 from vitflash.pretrained import EMA_PREFIX, read_checkpoint
 
@@ -194,6 +195,27 @@ def check_ema(decay: float | None, warmup: bool = False, sharded: bool = False) 
             "Set model.ema_decay=null, or train with trainer=ddp")
 
 
+def check_head_and_init(global_pool: str | None, attn_init: str, pretrained: str | None) -> dict:
+    """Check model.global_pool and model.attn_init before anything is built; returns the
+    pooling keywords for create_model (none where the preset or the weights decide)."""
+    if global_pool not in (None, "token", "avg"):
+        raise ValueError(f"model.global_pool={global_pool!r}: choose token (the class token), avg (the mean of "
+                         "the patch tokens) or null (the preset's, or the pretrained weights')")
+    if attn_init not in ATTN_INITS:
+        raise ValueError(f"model.attn_init={attn_init!r}: choose one of {', '.join(ATTN_INITS)}")
+    if attn_init != "default" and pretrained is not None:
+        raise ValueError(f"model.attn_init={attn_init} draws the weights of a model trained from scratch, but "
+                         f"model.pretrained={pretrained!r} loads them: set model.attn_init=default to fine-tune, "
+                         "or model.pretrained=null to train from scratch")
+    if global_pool is None:
+        return {}
+    if pretrained is not None:
+        raise ValueError(f"model.global_pool={global_pool} builds a model from scratch, but model.pretrained="
+                         f"{pretrained!r} brings its own pooling (class token or mean, and its norms): set "
+                         "model.global_pool=null to fine-tune, or model.pretrained=null to train from scratch")
+    return {"global_pool": global_pool, "class_token": global_pool == "token"}
+
+
 class ViTModule(L.LightningModule):
     """Image classification with a vitflash VisionTransformer, stored as `self.model`.
 
@@ -210,6 +232,15 @@ class ViTModule(L.LightningModule):
         locality_attention: locality self-attention (`vitflash.model.Attention`, Lee et al.):
             no token attends to itself, each layer learns its softmax scale; likewise no
             timm export.
+        global_pool: what the head reads, for a model trained from scratch. None: the
+            preset's (the class token), or the pretrained weights'. "token": the class token.
+            "avg": the mean of the patch tokens, then a LayerNorm (timm's fc_norm), and no
+            class token at all (64 tokens for a 32 px image in 4 px patches, not 65), as in
+            Beyer et al.'s plain ViT baseline. Pretrained weights bring their own pooling.
+        attn_init: "default" (timm's truncated normal) or "mimetic": attention weights drawn
+            so that the query-key product starts near the identity and the value-projection
+            product near minus the identity (`vitflash.model.mimetic_init_`). From scratch
+            only: pretrained weights would replace it.
         optimizer: a partial optimizer taking the parameter groups, e.g.
             `partial(torch.optim.AdamW, lr=1e-3, weight_decay=0.05)`; its weight_decay goes to
             every parameter except norms, biases, position embedding and class token.
@@ -261,6 +292,8 @@ class ViTModule(L.LightningModule):
         attn_drop_rate: float = 0.0,
         shifted_patches: bool = False,
         locality_attention: bool = False,
+        global_pool: str | None = None,
+        attn_init: str = "default",
         optimizer: Callable[..., torch.optim.Optimizer] = partial(torch.optim.AdamW, lr=1e-3, weight_decay=0.05),
         warmup_epochs: float = 0.0,
         cooldown_epochs: float = 0.0,
@@ -287,6 +320,7 @@ class ViTModule(L.LightningModule):
                               layer_decay=layer_decay, label_smoothing=label_smoothing,
                               mixup_alpha=mixup_alpha, cutmix_alpha=cutmix_alpha, mixup_prob=mixup_prob,
                               mixup_switch_prob=mixup_switch_prob)
+        head = check_head_and_init(global_pool, attn_init, pretrained)
         # plain values only, so `torch.load(weights_only=True)` reads the checkpoints
         self.save_hyperparameters(ignore=["optimizer"])
         self.optimizer_factory = optimizer
@@ -295,7 +329,7 @@ class ViTModule(L.LightningModule):
             model_name, attention=impl, num_classes=num_classes, img_size=img_size,
             pretrained=pretrained, drop_path_rate=drop_path_rate, drop_rate=drop_rate,
             attn_drop_rate=attn_drop_rate, shifted_patches=shifted_patches,
-            locality_attention=locality_attention,
+            locality_attention=locality_attention, attn_init=attn_init, **head,
         )
         # The EMA: a copy of the network, made before setup compiles self.model in place, so it
         # stays eager; no gradients, and not in the optimizer's groups (configure_optimizers
