@@ -11,6 +11,7 @@ from hydra import compose, initialize_config_dir
 from hydra.errors import MissingConfigException
 from hydra.utils import instantiate
 from lightning.pytorch.strategies import FSDPStrategy
+from omegaconf import OmegaConf
 from torch.distributed.fsdp import ShardingStrategy
 from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
@@ -137,6 +138,23 @@ def test_experiments_build(tmp_path, option):
     data, module, trainer = build(cfg)
     assert module.model.num_classes == data.num_classes
     assert module.model.config["img_size"] == data.img_size
+
+
+def test_best_cifar_recipe_is_its_measured_command(tmp_path):
+    """experiment=cifar10_vit_h12_gap_mimetic_10min composes to the command its README figure
+    came from (the shifted-patch recipe with mean pooling, mimetic init and 600 epochs), but for
+    its task name and the time limit that run passed and did not reach; its model has no class
+    token, so the attention runs at 64 tokens."""
+    best = compose_cfg(tmp_path, ["experiment=cifar10_vit_h12_gap_mimetic_10min"])
+    run = compose_cfg(tmp_path, ["experiment=cifar10_vit_h12_spt_lsa_10min", "model.global_pool=avg",
+                                 "model.attn_init=mimetic", "trainer.max_epochs=600"])
+    best, run = (OmegaConf.to_container(c) for c in (best, run))
+    assert best.pop("task_name") == "cifar10_vit_h12_gap_mimetic_10min"
+    assert run.pop("task_name") == "cifar10_vit_h12_spt_lsa_10min"
+    assert best == run
+    model = instantiate(compose_cfg(tmp_path, ["experiment=cifar10_vit_h12_gap_mimetic_10min"]).model,
+                        _convert_="all").model
+    assert model.cls_token is None and model.pos_embed.shape[1] == 64
 
 
 def test_eval_config_composes(tmp_path):
