@@ -314,7 +314,8 @@ def _qk_vo(model: VisionTransformer, block: int) -> tuple[list[torch.Tensor], to
 def test_mimetic_init_draws_near_identity_query_key_and_negative_value_projection():
     """Trockman and Kolter's structure: each head's W_q W_k^T is a rank-head_dim matrix whose
     diagonal stands out (a token scores tokens like itself highest), the layer's W_v W_o is
-    -0.4 I plus N(0, 0.4^2/d) noise; timm's default init has neither."""
+    -0.4 I plus N(0, 0.4^2/d) noise, its singular directions handed to the heads largest
+    first; timm's default init has neither."""
     torch.manual_seed(0)
     mimetic = build_model("vit_tiny_h12_patch4_32", attn_init="mimetic", num_classes=10)
     torch.manual_seed(0)
@@ -332,9 +333,27 @@ def test_mimetic_init_draws_near_identity_query_key_and_negative_value_projectio
         qk0, vo0 = _qk_vo(default, block)
         assert abs(qk0[0].diag().mean().item()) < 3 * (qk0[0] - torch.diag(qk0[0].diag())).abs().mean()
         assert abs(vo0.diag().mean().item()) < 0.01
+    # the value-projection directions go to the heads largest first, as an SVD lists them
+    attn = mimetic.blocks[0].attn
+    wv, wo = attn.qkv.weight[2 * C:].T, attn.proj.weight.T
+    norms = [torch.linalg.matrix_norm(wv[:, h * 16:(h + 1) * 16] @ wo[h * 16:(h + 1) * 16]).item() for h in range(12)]
+    assert norms == sorted(norms, reverse=True)
     # biases, norms and everything outside attention keep the default init
     assert torch.equal(mimetic.blocks[0].attn.qkv.bias, torch.zeros(3 * C))
     assert mimetic.blocks[0].mlp.fc1.weight.std().item() == pytest.approx(0.02, rel=0.1)
+
+
+@pytest.mark.parametrize("k", [16, 64])
+def test_mimetic_split_is_the_best_rank_k_approximation(k):
+    """The factors mimetic init writes multiply to the truncated SVD of the drawn matrix (the
+    best rank-k approximation), and for k = the width to the matrix itself."""
+    torch.manual_seed(0)
+    a = 0.4 * torch.randn(64, 64, dtype=torch.float64) / 8 - 0.4 * torch.eye(64, dtype=torch.float64)
+    left, right = vm._split_top(a, k)
+    u, s, vt = torch.linalg.svd(a)
+    best = (u[:, :k] * s[:k]) @ vt[:k]
+    torch.testing.assert_close((left @ right.T).double(), best, atol=2e-5, rtol=0)
+    assert left.shape == right.shape == (64, k)
 
 
 def test_mimetic_init_makes_tokens_attend_to_tokens_like_themselves():

@@ -401,6 +401,18 @@ class VisionTransformer(nn.Module):
 ATTN_INITS = ("default", "mimetic")
 
 
+def _split_top(a: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """U_k S_k^1/2 and V_k S_k^1/2 of the top k singular triplets of square `a`, largest first,
+    whose product U_k S_k V_k^T is a's best rank-k approximation (all of a for k = its size).
+    Found as the top eigenvectors of a^T a in float32: several times faster than a full SVD,
+    and exact to float32's rounding, ample for an init. The order matters: in W_v W_o head h
+    takes the h-th block of D singular directions."""
+    a = a.float()
+    s2, v = torch.linalg.eigh(a.T @ a)  # ascending: take the last k, largest first as an SVD lists them
+    v, root = v[:, -k:].flip(-1), s2[-k:].flip(-1).clamp_min(0).sqrt().sqrt()  # (C, k), S_k^1/2
+    return a @ v / root, v * root
+
+
 @torch.no_grad()
 def mimetic_init_(model: VisionTransformer, qk: tuple[float, float] = (0.7, 0.7),
                   vo: tuple[float, float] = (0.4, 0.4)) -> VisionTransformer:
@@ -415,7 +427,8 @@ def mimetic_init_(model: VisionTransformer, qk: tuple[float, float] = (0.7, 0.7)
     of N(0, 1/d) entries:
 
     - each head h: W_q^h W_k^h^T is the best rank-k approximation of a qk[0] Z_h + qk[1] I
-      (its own Z_h), split by its SVD U S V^T as W_q^h = U_k S_k^1/2, W_k^h = V_k S_k^1/2;
+      (its own Z_h), split by its top k singular triplets U_k S_k V_k^T as
+      W_q^h = U_k S_k^1/2, W_k^h = V_k S_k^1/2;
     - each layer: W_v W_o, summed over the heads, is vo[0] Z - vo[1] I exactly, split the
       same way with the heads taking consecutive blocks of the singular vectors.
 
@@ -430,15 +443,13 @@ def mimetic_init_(model: VisionTransformer, qk: tuple[float, float] = (0.7, 0.7)
         eye = torch.eye(C, dtype=torch.float64)
         for h in range(H):
             a = qk[0] * torch.randn(C, C, dtype=torch.float64) / math.sqrt(C) + qk[1] * eye
-            u, s, vt = torch.linalg.svd(a)
-            root = s[:D].sqrt()
-            w[h * D:(h + 1) * D].copy_((u[:, :D] * root).T)  # W_q^h^T: (D, C)
-            w[C + h * D:C + (h + 1) * D].copy_(vt[:D] * root[:, None])  # W_k^h^T
+            u_root, v_root = _split_top(a, D)
+            w[h * D:(h + 1) * D].copy_(u_root.T)  # W_q^h^T: (D, C)
+            w[C + h * D:C + (h + 1) * D].copy_(v_root.T)  # W_k^h^T
         a = vo[0] * torch.randn(C, C, dtype=torch.float64) / math.sqrt(C) - vo[1] * eye
-        u, s, vt = torch.linalg.svd(a)
-        root = s.sqrt()
-        w[2 * C:].copy_((u * root).T)  # W_v^T (C, C): head h's rows pair with W_o's columns h
-        attn.proj.weight.copy_((vt * root[:, None]).T)  # W_o^T: (C out, C in)
+        u_root, v_root = _split_top(a, C)
+        w[2 * C:].copy_(u_root.T)  # W_v^T (C, C): head h's rows pair with W_o's columns h
+        attn.proj.weight.copy_(v_root)  # W_o^T: (C out, C in), so W_o = v_root^T
     return model
 
 
