@@ -30,6 +30,9 @@ limit stopped at different epochs (trainer.max_time) still compare at equal epoc
 their learning-rate schedules were the same. Where runs differ only in their seed, it also
 gives each such group's mean at those epochs.
 
+`--names flash naive` names the runs in the report's order (one name per run, the pieces of
+a resumed run counting once) instead of by their folders' names.
+
 Times are Lightning's ThroughputMonitor `train/time`: training only (validation excluded),
 up to the last logged step (trainer.log_every_n_steps).
 """
@@ -226,6 +229,20 @@ def run_names(runs: list[list[Path]]) -> list[str]:
         if len(set(names)) == len(names) or depth >= max((len(p[0].parts) for p in runs), default=1):
             return names
         depth += 1
+
+
+def chosen_names(chosen: list[str] | None, found: list[str]) -> list[str]:
+    """The names given with --names, checked against the runs `found` (their default names, in
+    the report's order); `found` itself when none were given."""
+    if chosen is None:
+        return found
+    if len(chosen) != len(found):
+        raise ReportError(f"--names gives {len(chosen)} name(s) for {len(found)} run(s); the runs, in order: "
+                          f"{', '.join(found)}. Give one name per run (the pieces of a resumed run count once)")
+    repeated = sorted({n for n in chosen if chosen.count(n) > 1})
+    if repeated:
+        raise ReportError(f"--names repeats {', '.join(repeated)}: each run needs a name of its own")
+    return chosen
 
 
 def summarize(pieces: list[Path], targets: tuple[float, ...] = (), name: str | None = None) -> tuple[dict, list[dict]]:
@@ -523,12 +540,16 @@ def main(argv: list[str] | None = None) -> list[dict]:
                         help="val top-1 levels (e.g. 0.9 0.93) whose training time to reach is reported")
     parser.add_argument("--at-epochs", type=int, nargs="*", default=[], metavar="EPOCH",
                         help="also tabulate every run's val top-1 at these epochs (0-based)")
+    parser.add_argument("--names", nargs="+", metavar="NAME",
+                        help="a name for each run, in the order the report lists them (resumed pieces "
+                             "joined into one run); default: each run's folder name")
     args = parser.parse_args(argv)
     if args.plot and not args.out:
         parser.error("--plot writes PNG files: give the folder with --out")
     try:
         runs = chains(find_runs(args.paths))
-        results = [summarize(pieces, tuple(args.targets), name) for pieces, name in zip(runs, run_names(runs))]
+        names = chosen_names(args.names, run_names(runs))
+        results = [summarize(pieces, tuple(args.targets), name) for pieces, name in zip(runs, names)]
     except ReportError as err:
         sys.exit(f"report.py: {err}")
     summaries = [s for s, _ in results]

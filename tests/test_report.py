@@ -244,6 +244,28 @@ def test_runs_differing_only_in_seed_are_gathered():
     assert report.markdown_groups_at_epochs([], curves, [0]) == ""
 
 
+def test_names_label_the_joined_runs_in_order(sweep, tmp_path):
+    """--names replaces the folder names, one per run once the resumed pieces are joined, in
+    the report's order; a count that does not match or a repeated name stops with the runs listed."""
+    jobs, resumed = sweep
+    out = tmp_path / "report"
+    found = [s["run"] for s in report.main([str(jobs), str(resumed)])]
+    assert len(found) == 2  # job 1 and its resumed folder are one run
+    summaries = report.main([str(jobs), str(resumed), "--out", str(out), "--names", "sdpa-1ep", "naive-2ep"])
+    assert [s["run"] for s in summaries] == ["sdpa-1ep", "naive-2ep"]
+    assert [s["attention"] for s in summaries] == ["sdpa", "naive"]
+    assert len(summaries[1]["pieces"]) == 2
+    assert [r["run"] for r in json.loads((out / "summary.json").read_text())] == ["sdpa-1ep", "naive-2ep"]
+    with open(out / "curves.csv", newline="") as f:
+        assert {r["run"] for r in csv.DictReader(f)} == {"sdpa-1ep", "naive-2ep"}
+    assert "| naive-2ep | " in (out / "report.md").read_text()
+    for names, message in ((["one"], "gives 1 name(s) for 2 run(s)"), (["a", "a"], "repeats a")):
+        with pytest.raises(SystemExit) as exit_:
+            report.main([str(jobs), str(resumed), "--names", *names])
+        assert message in str(exit_.value)
+    assert ", ".join(found) in str(pytest.raises(SystemExit, report.main, [str(jobs), str(resumed), "--names", "x"]).value)
+
+
 def test_val_top1_at_equal_epochs(sweep, tmp_path, capsys):
     """--at-epochs tabulates each run's val top-1 at those epochs and its spread across the
     runs: read back from the runs' own metrics.csv; an epoch that a run did not reach is n/a."""
