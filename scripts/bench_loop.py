@@ -37,6 +37,8 @@ Validation and checkpoints are off: they are per-epoch costs, not the loop under
 
 writes loop_<gpu>.json and loop_<gpu>.md into --out. `--pipeline gpu` passes
 `data.pipeline=gpu` to the data config; `--override KEY=VALUE` passes any other override.
+`--override experiment=<recipe>` measures a named recipe's loop: its model, batch,
+augmentation, mixup and EMA, instead of the case's (the case still chooses the dataset).
 """
 from __future__ import annotations
 
@@ -331,8 +333,15 @@ GRAPH_STEP_COMPILE = ("false", "default")  # model.compile values that model.gra
 
 def compose_case(case: str, attention: str, compile_mode: str, args, out_dir: Path, max_steps: int):
     model, batch, overrides = CASES[case]
+    pins = [f"model.model_name={model}", f"data.batch_size={batch}"]
+    if any(o.split("=", 1)[0].lstrip("+") == "experiment" for o in args.override):
+        # a recipe given with --override experiment=<name> replaces the case's, and brings its
+        # own model and batch: pinned here they would win over the recipe's (Hydra ranks
+        # command-line keys above any config group's)
+        overrides = [o for o in overrides if not o.startswith("experiment=")]
+        pins = []
     overrides = [
-        *overrides, f"model.model_name={model}", f"data.batch_size={batch}", f"attention={attention}",
+        *overrides, *pins, f"attention={attention}",
         f"model.compile={compile_mode}", f"paths.output_dir={out_dir}", "logger=csv",
         f"+trainer.max_steps={max_steps}", "trainer.max_epochs=null",
         "+trainer.limit_val_batches=0", "+trainer.num_sanity_val_steps=0", "+trainer.enable_checkpointing=false",

@@ -181,6 +181,27 @@ def test_each_case_sets_the_graph_step_explicitly(monkeypatch, tmp_path, loop_gr
     assert cfg.model.graph_step == (expected.endswith("true"))
 
 
+def test_an_experiment_override_brings_its_own_model_and_batch(monkeypatch, tmp_path):
+    """--override experiment=<recipe> measures that recipe: its model, batch and training
+    settings, not the case's pinned model and batch; an explicit override still wins."""
+    monkeypatch.syspath_prepend(str(SCRIPTS))
+    bench_loop = load_script("bench_loop")
+    recipe = "experiment=cifar10_vit_h12_gap_mimetic_10min"
+    args = argparse.Namespace(data_root=None, pipeline=None, override=[recipe], loop_graph_step=False)
+    cfg, overrides = bench_loop.compose_case("cifar10", "flash", "default", args, tmp_path, max_steps=4)
+    assert "experiment=cifar10_vit_tiny" not in overrides
+    assert (cfg.model.model_name, cfg.data.batch_size) == ("vit_tiny_h12_patch4_32", 512)
+    assert cfg.model.global_pool == "avg" and cfg.model.ema_decay == 0.9998
+    assert cfg.data.augment.auto_augment == "autoaugment-cifar10"
+    assert cfg.trainer.max_steps == 4 and cfg.model.attention == "flash"
+    args.override = [recipe, "data.batch_size=256"]
+    cfg, _ = bench_loop.compose_case("cifar10", "flash", "default", args, tmp_path, max_steps=4)
+    assert cfg.data.batch_size == 256
+    args.override = []  # without one, the case's own recipe, model and batch
+    cfg, _ = bench_loop.compose_case("cifar10", "flash", "default", args, tmp_path, max_steps=4)
+    assert (cfg.model.model_name, cfg.data.batch_size) == ("vit_tiny_patch4_32", 1024)
+
+
 def test_imagenette_synthetic_is_imagenette_with_random_images(monkeypatch, tmp_path):
     """The imagenette_synthetic case composes the imagenette case's model, batch, step and
     augmentation over random images of Imagenette's number and size: only the data's source
