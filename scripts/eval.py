@@ -3,6 +3,7 @@
     python scripts/eval.py ckpt_path=<run>/checkpoints/last.ckpt               # CIFAR-10 test
     python scripts/eval.py ckpt_path=... data=imagenette attention=naive split=val
     python scripts/eval.py ckpt_path=... eval_flip=true   # each image and its mirror image
+    python scripts/eval.py ckpt_path=... eval_shift=2     # and each image moved 2 px four ways
 
 The result is printed as one JSON line and written to <eval run folder>/eval.json.
 """
@@ -20,7 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from vitflash.checkpoint import check_finite
 from vitflash.cli import check_trainer, host_peak_rss_gib, run_session, short_errors
-from vitflash.module import load_checkpoint
+from vitflash.module import check_eval_shift, load_checkpoint
 
 log = logging.getLogger(__name__)
 SPLITS = ("test", "val")
@@ -38,7 +39,10 @@ def evaluate(cfg: DictConfig) -> dict:
         raise ValueError(f"eval_flip={cfg.eval_flip!r}: give true (score each image and its mirror image), "
                          "false, or null (as the checkpoint's run validated)")
     torch.set_float32_matmul_precision(cfg.matmul_precision)
-    module = load_checkpoint(cfg.ckpt_path, attention=cfg.model.attention, eval_flip=cfg.eval_flip)
+    if cfg.eval_shift is not None:
+        check_eval_shift(cfg.eval_shift, key="eval_shift")  # the model's image size is checked as it loads
+    module = load_checkpoint(cfg.ckpt_path, attention=cfg.model.attention, eval_flip=cfg.eval_flip,
+                             eval_shift=cfg.eval_shift)
     check_finite(module.state_dict(), cfg.ckpt_path)  # else the scores would be NaN, exit status 0
     datamodule = instantiate(cfg.data, _convert_="all")
     if module.hparams.num_classes != datamodule.num_classes:
@@ -60,6 +64,7 @@ def evaluate(cfg: DictConfig) -> dict:
         "split": cfg.split,
         "attention": module.model.attention,
         "eval_flip": module.eval_flip,
+        "eval_shift": module.eval_shift,
         "precision": str(trainer.precision),
         "top1": metrics[prefix + "top1"],
         "top5": metrics[prefix + "top5"],

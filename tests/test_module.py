@@ -23,7 +23,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from test_configs import compose_cfg
 
-from vitflash.module import ViTModule, load_checkpoint, resolve_attention, resolve_compile
+from vitflash.module import ViTModule, eval_views, load_checkpoint, resolve_attention, resolve_compile
 
 
 def test_resolve_attention():
@@ -292,6 +292,43 @@ def test_edge_hyperparameters_are_accepted():
     assert module.mixup is not None
     ViTModule("vit_micro_patch4_32", num_classes=10, attention="sdpa", layer_decay=None,
               optimizer=partial(torch.optim.SGD, lr=0.03, momentum=0.9, weight_decay=0.0))
+
+
+def test_eval_shift_scores_each_image_moved_four_ways():
+    """eval_shift=s: the mean of the logits of the image and of its copies moved s pixels left,
+    right, up and down with the border reflected (built here with numpy's reflect padding);
+    with eval_flip, of those five and their mirror images."""
+    import numpy as np
+
+    torch.manual_seed(0)
+    plain = make().eval()
+    shifted, both = make(eval_shift=2).eval(), make(eval_shift=2, eval_flip=True).eval()
+    for module in (shifted, both):
+        module.model.load_state_dict(plain.model.state_dict())
+    x = torch.randn(3, 3, 32, 32)
+    padded = torch.from_numpy(np.pad(x.numpy(), ((0, 0), (0, 0), (2, 2), (2, 2)), mode="reflect"))
+    # moved right, left, down, up: row/column offsets into the padded image
+    views = [x] + [padded[..., r:r + 32, c:c + 32] for r, c in ((2, 0), (2, 4), (0, 2), (4, 2))]
+    assert torch.equal(views[1][..., 2:], x[..., :-2])  # content moved 2 px right, reflected border on the left
+    with torch.no_grad():
+        logits = [plain.model(v) for v in views]
+        mirrored = [plain.model(v.flip(-1)) for v in views]
+        torch.testing.assert_close(shifted.eval_logits(x), torch.stack(logits).mean(0))
+        torch.testing.assert_close(both.eval_logits(x), torch.stack(logits + mirrored).mean(0))
+        assert torch.equal(plain.eval_logits(x), logits[0])  # eval_shift=0 (the default): the image alone
+    assert not torch.allclose(logits[0], logits[1])  # a ViT is not translation-invariant: the check can fail
+    assert len(eval_views(x, 2, True)) == 10 and len(eval_views(x, 0, True)) == 2
+
+
+@pytest.mark.parametrize("bad, message", [
+    (-1, r"model.eval_shift=-1: give a whole number of pixels >= 0"),
+    (True, r"model.eval_shift=True: give a whole number"),
+    (1.5, r"model.eval_shift=1.5: give a whole number"),
+    (32, r"model.eval_shift=32 does not fit the model's 32px images.*at most 31"),
+])
+def test_eval_shift_refuses_a_bad_value(bad, message):
+    with pytest.raises(ValueError, match=message):
+        make(eval_shift=bad)
 
 
 @pytest.mark.parametrize("bad", ["yes", 1, None])

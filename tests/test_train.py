@@ -218,6 +218,11 @@ def test_eval_reproduces_the_test_score(cifar_run, cifar_slice, tmp_path):
     assert flipped["loss"] != pytest.approx(result["loss"], rel=1e-4)  # other logits were scored
     with pytest.raises(ValueError, match=r"eval_flip='yes': give true"):
         evaluate(compose_cfg(tmp_path, [*common, "eval_flip=yes"], "eval"))
+    moved = evaluate(compose_cfg(tmp_path, [*common, "attention=naive", "eval_shift=1"], "eval"))
+    assert moved["eval_shift"] == 1 and moved["eval_flip"] is False and result["eval_shift"] == 0
+    assert moved["loss"] != pytest.approx(result["loss"], rel=1e-4)  # five views scored, not one
+    with pytest.raises(ValueError, match=r"eval_shift=-2: give a whole number of pixels"):
+        evaluate(compose_cfg(tmp_path, [*common, "eval_shift=-2"], "eval"))
 
 
 def test_finetune_from_an_exported_checkpoint(cifar_run, cifar_slice, tmp_path):

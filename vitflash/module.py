@@ -278,6 +278,11 @@ class ViTModule(L.LightningModule):
         eval_flip: test-time augmentation by horizontal flip: validation and test score the
             mean of the logits of each image and of its mirror image (two forwards per batch).
             Training is unchanged; eval.py can turn it on or off for any checkpoint.
+        eval_shift: test-time augmentation by translation, in pixels. With s > 0 validation and
+            test also score each image moved s pixels left, right, up and down, its border
+            filled by reflection as the padded crop of training fills it: five views (ten with
+            eval_flip, each view and its mirror image), the mean of their logits. 0 (the
+            default): off. Training is unchanged; eval.py can set it for any checkpoint.
     """
 
     def __init__(
@@ -311,8 +316,10 @@ class ViTModule(L.LightningModule):
         ema_warmup: bool = False,
         graph_step: bool | str = "auto",
         eval_flip: bool = False,
+        eval_shift: int = 0,
     ):
         super().__init__()
+        check_eval_shift(eval_shift)
         resolve_compile(compile, cuda=False)  # a bad value stops here, before the model is built
         check_ema(ema_decay, ema_warmup)
         check_hyperparameters(optimizer, warmup_epochs=warmup_epochs, cooldown_epochs=cooldown_epochs,
@@ -331,6 +338,8 @@ class ViTModule(L.LightningModule):
             attn_drop_rate=attn_drop_rate, shifted_patches=shifted_patches,
             locality_attention=locality_attention, attn_init=attn_init, **head,
         )
+        check_eval_shift(eval_shift, min(self.model.patch_embed.img_size))
+        self.eval_shift = eval_shift
         # The EMA: a copy of the network, made before setup compiles self.model in place, so it
         # stays eager; no gradients, and not in the optimizer's groups (configure_optimizers
         # groups self.model's parameters) nor clipped. Its state_dict keys are EMA_PREFIX's.
@@ -530,12 +539,13 @@ class ViTModule(L.LightningModule):
 
     def eval_logits(self, x: torch.Tensor) -> torch.Tensor:
         """The logits that val and test score: the EMA's where there is one, and with
-        eval_flip the mean of the logits of each image and of its mirror image."""
+        eval_shift and eval_flip the mean of the logits of each view of each image (`eval_views`)."""
         net = self.model if self.ema is None else self.ema.module
-        logits = net(x)
-        if self.eval_flip:
-            logits = (logits + net(x.flip(-1))) / 2
-        return logits
+        views = eval_views(x, self.eval_shift, self.eval_flip)
+        logits = net(views[0])
+        for view in views[1:]:  # one view at a time: the eval batch's memory stays as it is
+            logits = logits + net(view)
+        return logits / len(views) if len(views) > 1 else logits
 
     def validation_step(self, batch, batch_idx: int) -> None:
         self._eval_step(batch, self.val_metrics, "val")
@@ -697,10 +707,36 @@ class ViTModule(L.LightningModule):
         self._resumed_plan = None
 
 
+def check_eval_shift(shift, size: int | None = None, key: str = "model.eval_shift") -> None:
+    """model.eval_shift (named `key` in messages): whole pixels >= 0, and (given the images'
+    `size`) less than it, as reflection can fill no wider border."""
+    if isinstance(shift, bool) or not isinstance(shift, int) or shift < 0:
+        raise ValueError(f"{key}={shift!r}: give a whole number of pixels >= 0 to also score each "
+                         "image moved that far left, right, up and down (0: off)")
+    if size is not None and shift >= size:
+        raise ValueError(f"{key}={shift} does not fit the model's {size}px images: reflection fills a "
+                         f"border narrower than the image; give at most {size - 1} (a few pixels, e.g. 2 at 32px)")
+
+
+def eval_views(x: torch.Tensor, shift: int = 0, flip: bool = False) -> list[torch.Tensor]:
+    """The views of the images x (B, C, H, W) that eval_logits averages: x itself; with
+    `shift`, x moved `shift` pixels left, right, up and down, the border filled by reflection;
+    with `flip`, the mirror image of each of those."""
+    views = [x]
+    if shift:
+        padded = nn.functional.pad(x, (shift,) * 4, mode="reflect")
+        H, W = x.shape[-2:]
+        views += [padded[..., shift + dy:shift + dy + H, shift + dx:shift + dx + W]
+                  for dy, dx in ((0, shift), (0, -shift), (shift, 0), (-shift, 0))]
+    if flip:
+        views += [v.flip(-1) for v in views]
+    return views
+
+
 def load_checkpoint(path: str | Path, attention: str | None = None,
-                    eval_flip: bool | None = None) -> ViTModule:
+                    eval_flip: bool | None = None, eval_shift: int | None = None) -> ViTModule:
     """A ViTModule with the weights of checkpoint `path`; `attention` overrides the path it
-    was trained with, `eval_flip` (if not None) whether it scores mirror images too. Pretrained weights are not fetched again (the checkpoint has them).
+    was trained with, `eval_flip` and `eval_shift` (if not None) its test-time augmentation. Pretrained weights are not fetched again (the checkpoint has them).
     A run with model.ema_decay gives its EMA weights (those it validated), as `module.model`,
     and the module keeps no second copy."""
     state_dict, hparams = read_checkpoint(path, training=True)
@@ -711,6 +747,8 @@ def load_checkpoint(path: str | Path, attention: str | None = None,
         hparams["attention"] = attention
     if eval_flip is not None:
         hparams["eval_flip"] = eval_flip
+    if eval_shift is not None:
+        hparams["eval_shift"] = eval_shift
     module = ViTModule(**hparams)
     module.model.load_state_dict(state_dict)  # the network's weights: the module's other state is not saved
     return module
