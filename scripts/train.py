@@ -12,13 +12,16 @@ values and checkpoints that cannot resume this config stop before any data is re
 from __future__ import annotations
 
 import logging
+import shlex
 import warnings
 from pathlib import Path
 
 import hydra
 import lightning as L
 import torch
+from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
+from lightning.pytorch.callbacks import Timer
 from omegaconf import DictConfig
 
 from vitflash.checkpoint import RNGState, check_resume, run_file
@@ -75,6 +78,8 @@ def train(cfg: DictConfig) -> dict[str, float]:
     datamodule, module, trainer = build(cfg, ckpt=ckpt)
     del ckpt  # Lightning reads the file again, through configs/trainer's AtomicCheckpointIO
     trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
+    if hint := resume_hint(trainer):
+        log.warning(hint)
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
 
     if cfg.get("test"):
@@ -84,6 +89,29 @@ def train(cfg: DictConfig) -> dict[str, float]:
         if best:
             log.info("best checkpoint %s: test/top1 %.4f", best, metrics.get("test/top1", float("nan")))
     return metrics
+
+
+def resume_hint(trainer: L.Trainer) -> str | None:
+    """Where trainer.max_time ended fit before trainer.max_epochs: how far it got and the
+    command that finishes the run from its last checkpoint; None otherwise."""
+    timer = next((c for c in trainer.callbacks if isinstance(c, Timer)), None)
+    if timer is None or trainer.max_epochs is None or trainer.current_epoch >= trainer.max_epochs:
+        return None
+    if (timer.time_remaining("train") or 0) > 0:
+        return None  # stopped by something else (e.g. max_steps)
+    lasts = [Path(c.dirpath) / "last.ckpt" for c in trainer.checkpoint_callbacks
+             if getattr(c, "filename", None) == "last" and c.dirpath]
+    last = next((p for p in lasts if p.is_file()), None)
+    if HydraConfig.initialized():
+        kept = [o for o in HydraConfig.get().overrides.task
+                if o.split("=", 1)[0].lstrip("+~") not in ("ckpt_path", "trainer.max_time")]
+        overrides = " ".join(shlex.quote(o) for o in kept)
+    else:
+        overrides = "<the run's overrides>"
+    where = shlex.quote(f"ckpt_path={last}") if last else "ckpt_path=<run>/checkpoints/last.ckpt"
+    command = " ".join(p for p in ("python scripts/train.py", overrides, "trainer.max_time=null", where) if p)
+    return (f"trainer.max_time stopped training in epoch {trainer.current_epoch} of {trainer.max_epochs} "
+            f"(step {trainer.global_step}); the test below scores the run as it stands. To finish it: {command}")
 
 
 def load_best(trainer: L.Trainer, module: L.LightningModule) -> Path | None:

@@ -4,6 +4,7 @@ test_report.py)."""
 from __future__ import annotations
 
 import csv
+import logging
 import math
 import importlib.util
 import os
@@ -79,16 +80,21 @@ def test_fast_dev_run_on_each_cpu_path(tmp_path, monkeypatch, attention):
     assert 0.0 <= metrics["test/top1"] <= 1.0
 
 
-def test_max_time_stops_training_and_still_tests(tmp_path):
+def test_max_time_stops_training_and_still_tests(tmp_path, caplog):
     """A wall-clock budget (trainer.max_time) ends fit early, and the best checkpoint so far
-    is tested as after max_epochs."""
+    is tested as after max_epochs; the log says where it stopped and how to finish the run."""
     cfg = compose_cfg(tmp_path, [*SMOKE, "trainer.max_epochs=1000", "trainer.max_time=00:00:00:04"])
     start = time.monotonic()
-    metrics = train(cfg)
+    with caplog.at_level(logging.WARNING):
+        metrics = train(cfg)
     wall = time.monotonic() - start
     epochs = [e for e, _, _ in read_metrics(tmp_path / "out" / "csv" / "metrics.csv", "val/top1")]
     assert 1 <= len(epochs) < 1000
     assert 0.0 <= metrics["test/top1"] <= 1.0
+    (hint,) = [r.getMessage() for r in caplog.records if "trainer.max_time stopped training" in r.getMessage()]
+    assert "of 1000" in hint and hint.endswith(
+        f"python scripts/train.py <the run's overrides> trainer.max_time=null "
+        f"ckpt_path={tmp_path / 'out' / 'checkpoints' / 'last.ckpt'}")
     # the budget is the whole run's: the checkpoint carries the training time spent so far,
     # and a resume counts on from it (README: raise max_time to continue)
     ckpt = torch.load(tmp_path / "out" / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
@@ -96,6 +102,21 @@ def test_max_time_stops_training_and_still_tests(tmp_path):
     # (bounded by the whole call's wall time, not by budget + a margin: on a loaded machine one
     # step and the validation after it can run seconds past the budget before the check)
     assert 0 < timer["time_elapsed"]["train"] <= wall
+
+
+def test_max_time_stop_prints_the_command_that_finishes_the_run(tmp_path):
+    """On the command line the hint repeats the run's own overrides, the time limit lifted and
+    the last checkpoint named; where the run folder went (hydra.*) is left out, as a resume
+    writes a new one."""
+    run = tmp_path / "run"
+    result = run_cli("train", *SMOKE, "trainer.max_epochs=1000", "trainer.max_time=00:00:00:03",
+                     "model.optimizer.lr=2e-3", f"hydra.run.dir={run}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    (line,) = [x for x in (result.stdout + result.stderr).splitlines() if "trainer.max_time stopped training" in x]
+    assert line.split("To finish it: ", 1)[1] == (
+        "python scripts/train.py data=synthetic logger=csv trainer=cpu trainer.max_epochs=1000 "
+        f"model.optimizer.lr=2e-3 trainer.max_time=null ckpt_path={run / 'checkpoints' / 'last.ckpt'}")
+    assert (run / "checkpoints" / "last.ckpt").is_file()
 
 
 def test_flash_without_cuda_stops_at_start(tmp_path):
