@@ -319,7 +319,7 @@ class ViTModule(L.LightningModule):
         eval_shift: int = 0,
     ):
         super().__init__()
-        check_eval_shift(eval_shift)
+        check_eval_shift(eval_shift)  # the type here, before weights are fetched; the image size once built
         resolve_compile(compile, cuda=False)  # a bad value stops here, before the model is built
         check_ema(ema_decay, ema_warmup)
         check_hyperparameters(optimizer, warmup_epochs=warmup_epochs, cooldown_epochs=cooldown_epochs,
@@ -545,7 +545,7 @@ class ViTModule(L.LightningModule):
         logits = net(views[0])
         for view in views[1:]:  # one view at a time: the eval batch's memory stays as it is
             logits = logits + net(view)
-        return logits / len(views) if len(views) > 1 else logits
+        return logits / len(views)  # one view: divided by 1, the same logits bit for bit
 
     def validation_step(self, batch, batch_idx: int) -> None:
         self._eval_step(batch, self.val_metrics, "val")
