@@ -92,6 +92,24 @@ def test_ema_is_the_average_of_the_weights_after_each_optimizer_step(tmp_path, w
     assert not torch.allclose(ema["head.weight"], after_step[-1]["head.weight"], atol=1e-4)
 
 
+def test_ema_update_is_model_ema_v3s_update_bit_for_bit():
+    """The module's update (tensor lists made once) gives what ModelEmaV3.update gives, at the
+    first step (a copy), during the warm-up and at the cap, and follows weights changed in place."""
+    ours, theirs = make(ema_decay=0.9, ema_warmup=True), make(ema_decay=0.9, ema_warmup=True)
+    torch.manual_seed(1)
+    for step in (1, 2, 5, 400):
+        with torch.no_grad():
+            for a, b in zip(ours.model.parameters(), theirs.model.parameters()):
+                a.add_(torch.randn_like(a))
+                b.copy_(a)
+        ours._update_ema(step)
+        theirs.ema.update(theirs.model, step=step)
+        for (name, a), b in zip(ours.ema.module.state_dict().items(), theirs.ema.module.state_dict().values()):
+            assert torch.equal(a, b), (step, name)
+    assert not torch.equal(ours.ema.module.head.weight, ours.model.head.weight)  # an average, not a copy
+    assert ours._ema_tensors is not None and theirs._ema_tensors is None
+
+
 def test_ema_is_not_trained_clipped_or_compiled(tmp_path):
     module = make(ema_decay=0.9)
     optimizer, _ = optimizer_of(module, precision="32-true")
@@ -158,7 +176,7 @@ def test_training_steps_with_ema_read_nothing_on_the_host(tmp_path, monkeypatch)
     module = ViTModule("vit_micro_patch4_32", num_classes=10, attention="sdpa", ema_decay=0.9, ema_warmup=True,
                        optimizer=partial(torch.optim.AdamW, lr=1e-3, fused=True))
     trap.patch(monkeypatch)
-    with mock.patch.object(module.ema, "update", wraps=module.ema.update) as update:
+    with mock.patch.object(module, "_update_ema", wraps=module._update_ema) as update:
         trainer.fit(module, *loaders())  # (no validation: limit_val_batches=0)
     assert trap.armed_steps == 6 and update.call_count == 8
 

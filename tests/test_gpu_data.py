@@ -242,6 +242,52 @@ def test_cifar10_autoaugment_per_sample_and_seeded():
     assert cpu(Image.fromarray(x[0].numpy())).shape == (3, 16, 16)
 
 
+def _autoaugment_per_subpolicy(aug, x, fill, g):
+    """The CIFAR-10 policy as the plain loop over sub-policies: each runs its two ops on its own
+    slice of the shuffled batch, drawing the same random numbers in the same order."""
+    B = x.shape[0]
+    bounds = aug.bounds(B)
+    perm = torch.randperm(B, generator=g, device=x.device)
+    applies = torch.rand(2, B, generator=g, device=x.device)
+    signs = torch.where(torch.rand(2, B, generator=g, device=x.device) < 0.5, -1.0, 1.0)
+    y = x[perm]
+    for k, ops in enumerate(aug.subpolicies):
+        s = slice(bounds[k], bounds[k + 1])
+        for j, (kind, prob, base, magnitude) in enumerate(ops):
+            out = OP_FNS[kind](y[s], base + signs[j, s] * magnitude, fill)
+            y[s] = torch.where((applies[j, s] < prob).view(-1, 1, 1, 1), out, y[s])
+    return torch.empty_like(y).index_copy_(0, perm, y)
+
+
+@pytest.mark.parametrize("B", [7, 25, 200])
+def test_cifar10_autoaugment_runs_each_kind_once_and_makes_the_per_subpolicy_batch(B, monkeypatch):
+    """Grouped by op kind, the policy gives the batch of the loop over its 25 sub-policies, bit
+    for bit (every op is per sample), with one call per op kind and position (the geometric
+    kinds in one) instead of one per sub-policy and position."""
+    from vitflash.gpu_augment import _GEOMETRIC, CIFAR10AutoAugment
+
+    aug = CIFAR10AutoAugment(32)
+    x = torch.rand(B, 3, 32, 32, generator=gen(B))
+    fill = torch.tensor([0.49, 0.48, 0.45]).view(1, 3, 1, 1)
+    expected = _autoaugment_per_subpolicy(aug, x, fill, gen(3))
+    calls = []
+    for name, fn in list(OP_FNS.items()):
+        monkeypatch.setitem(OP_FNS, name, lambda x, arg, fill, fn=fn, name=name: calls.append(name) or fn(x, arg, fill))
+    from vitflash import gpu_augment
+
+    monkeypatch.setattr(gpu_augment, "_geometric", lambda *a, fn=gpu_augment._geometric: calls.append("geometric") or fn(*a))
+    out = aug(x, fill, gen(3))
+    assert torch.equal(out, expected)
+    assert (out != x).flatten(1).any(1).float().mean() > 0.4  # most images changed
+    bounds = aug.bounds(B)
+    slots = [k for k in range(25) if bounds[k + 1] > bounds[k]]  # the sub-policies with slots
+    per_position = [{"geometric" if sub[j][0] in _GEOMETRIC else sub[j][0] for sub in (aug.subpolicies[k] for k in slots)}
+                    for j in range(2)]
+    assert sorted(calls) == sorted(name for kinds in per_position for name in kinds)
+    if B >= 25:
+        assert len(calls) == 19  # against 50 calls, two per sub-policy
+
+
 def test_unsupported_policy_says_what_to_do():
     with pytest.raises(ValueError, match="data.pipeline=cpu"):
         GPUAugment(Augment(auto_augment="original"), 32)
