@@ -108,6 +108,9 @@ def test_ema_update_is_model_ema_v3s_update_bit_for_bit():
             assert torch.equal(a, b), (step, name)
     assert not torch.equal(ours.ema.module.head.weight, ours.model.head.weight)  # an average, not a copy
     assert ours._ema_tensors is not None and theirs._ema_tensors is None
+    # outside autograd: an EMA that recorded the lerp would chain every step's graph onto its
+    # weights (and fail the capture of a whole-step CUDA graph)
+    assert all(p.is_leaf and p.grad_fn is None for p in ours.ema.module.parameters())
 
 
 def test_ema_is_not_trained_clipped_or_compiled(tmp_path):

@@ -664,6 +664,7 @@ class ViTModule(L.LightningModule):
             # hook returns.
             self._update_ema(self.global_step + 1)
 
+    @torch.no_grad()
     def _update_ema(self, step: int) -> None:
         """ModelEmaV3.update(self.model, step): one torch._foreach_lerp_ over the weights on
         their device, with a Python float weight (no host sync), and the buffers copied. The
