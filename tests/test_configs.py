@@ -142,12 +142,12 @@ def test_experiments_build(tmp_path, option):
 
 def test_best_cifar_recipe_is_its_measured_command(tmp_path):
     """experiment=cifar10_vit_h12_gap_mimetic_10min composes to the command its README figure
-    came from (the shifted-patch recipe with mean pooling, mimetic init and 600 epochs), but for
+    came from (the shifted-patch recipe with mean pooling, mimetic init and 800 epochs), but for
     its task name and the time limit that run passed and did not reach; its model has no class
     token, so the attention runs at 64 tokens."""
     best = compose_cfg(tmp_path, ["experiment=cifar10_vit_h12_gap_mimetic_10min"])
     run = compose_cfg(tmp_path, ["experiment=cifar10_vit_h12_spt_lsa_10min", "model.global_pool=avg",
-                                 "model.attn_init=mimetic", "trainer.max_epochs=600"])
+                                 "model.attn_init=mimetic", "trainer.max_epochs=800"])
     best, run = (OmegaConf.to_container(c) for c in (best, run))
     assert best.pop("task_name") == "cifar10_vit_h12_gap_mimetic_10min"
     assert run.pop("task_name") == "cifar10_vit_h12_spt_lsa_10min"
