@@ -20,6 +20,7 @@ batch). All random numbers come from the `torch.Generator` passed in, on the ima
 """
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -469,17 +470,13 @@ class CIFAR10AutoAugment:
             ops = [self.subpolicies[k][j] for k in sub]
             order = sorted(range(B), key=lambda slot: (ops[slot][0] in _GEOMETRIC, KINDS.index(ops[slot][0])))
             names = ["geometric" if ops[slot][0] in _GEOMETRIC else ops[slot][0] for slot in order]
-            blocks = []
-            for i, name in enumerate(names):
-                if blocks and blocks[-1][0] == name:
-                    blocks[-1][2] = i + 1
-                else:
-                    blocks.append([name, i, i + 1])
+            runs = [(name, len(list(run))) for name, run in itertools.groupby(names)]  # (name, length), in order
+            ends = np.cumsum([length for _, length in runs]).tolist()
+            blocks = [(name, slice(end - length, end)) for (name, length), end in zip(runs, ends)]
             columns = [[KINDS.index(ops[slot][0]) for slot in order],
-                       *([ops[slot][c] for slot in order] for c in (1, 2, 3))]
+                       *([float(ops[slot][c]) for slot in order] for c in (1, 2, 3))]
             kind, prob, base, magnitude = (torch.tensor(col, device=device) for col in columns)
-            plan.append((torch.tensor(order, device=device), [(name, slice(a, b)) for name, a, b in blocks],
-                         kind, prob.float(), base.float(), magnitude.float()))
+            plan.append((torch.tensor(order, device=device), blocks, kind, prob, base, magnitude))
         self._plans[B, device] = plan
         return plan
 

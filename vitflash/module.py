@@ -670,8 +670,8 @@ class ViTModule(L.LightningModule):
         their device, with a Python float weight (no host sync), and the buffers copied. The
         tensor lists are made once per fit, not walked from both module trees at every step as
         ModelEmaV3 does: that walk took about 0.5 ms of host time per step for
-        vit_tiny_h12_patch4_32 on one CPU core, where a captured step of the CIFAR recipes
-        leaves the host about 6.5 ms. The tensors stay the same objects through a fit (compiled
+        vit_tiny_h12_patch4_32 on one CPU core, where the whole captured step of the best CIFAR
+        recipe takes the host about 6.4 ms (scripts/bench_loop.py on an H200). The tensors stay the same objects through a fit (compiled
         in place; checkpoints load into them). The EMA's dtype is the weights' (bf16 weights
         with an EMA are refused at setup), so ModelEmaV3's stochastic rounding has no part here."""
         if self._ema_tensors is None:
