@@ -167,6 +167,38 @@ def test_a_piece_that_only_tested_keeps_the_earlier_pieces(sweep, tmp_path):
     assert joined["test_top1"] == float(tested[-1]["test/top1"])
 
 
+def test_a_piece_that_ran_past_the_checkpoint_the_next_resumed_is_cut_there(sweep, tmp_path):
+    """A piece that went on training after the checkpoint the next piece resumed from (killed
+    between two checkpoints, say) logged steps that the next piece trains again. The report keeps
+    the earlier piece's rows only up to the next piece's first training step: those epochs count
+    once, and the clock continues from where the checkpoint was taken, not from the kill."""
+    jobs, resumed = sweep
+    copies = tmp_path / "results"
+    shutil.copytree(jobs / "1", copies / "1")
+    shutil.copytree(resumed, copies / "resumed")
+    runs = [str(copies / "1"), str(copies / "resumed")]
+    whole = report.main([*runs, "--out", str(tmp_path / "a")])[0]
+    # piece 1 goes on: the training and validation rows of piece 2's epoch, on a clock 100 s later
+    def read(path):
+        with path.open() as f:
+            return list(csv.DictReader(f))
+    first, second = read(copies / "1" / "csv" / "metrics.csv"), read(resumed / "csv" / "metrics.csv")
+    went_on = [{**r, "train/time": str(float(r["train/time"]) + 100.0)} if r.get("train/time") else r
+               for r in second if not any(v for k, v in r.items() if k.startswith("test/"))]
+    assert any(r.get("train/time") for r in went_on) and any(r.get("val/top1") for r in went_on)
+    fields = list(dict.fromkeys([*first[0], *second[0]]))
+    with (copies / "1" / "csv" / "metrics.csv").open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=fields)
+        writer.writeheader()
+        writer.writerows([*first, *went_on])
+    joined = report.main([*runs, "--out", str(tmp_path / "b")])[0]
+    for key in ("epochs", "best_val_top1", "test_top1", "train_wall_s", "time_to_top1"):
+        assert joined[key] == whole[key] and whole[key] is not None, key
+    assert (tmp_path / "b" / "curves.csv").read_text() == (tmp_path / "a" / "curves.csv").read_text()
+    # the same rows, not cut, would have run the clock on by the 100 s
+    assert max(float(r["train/time"]) for r in went_on if r.get("train/time")) > whole["train_wall_s"]
+
+
 def test_a_held_out_val_split_gets_no_mark():
     row = {"run": "r", "dataset": "cifar10", "model": "m", "attention": "flash", "epochs": 3, "best_val_top1": 0.5,
            "test_top1": 0.4, "test_top5": 0.9, "img_per_s": 100.0, "peak_gib": None, "train_wall_s": 10.0,
