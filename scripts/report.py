@@ -15,7 +15,7 @@ Prints the markdown table; its "img/s / naive" column sets each run's training s
 the naive run of the same dataset, model and seed (n/a where there is none, or more than one).
 With --out DIR it writes DIR/report.md, DIR/summary.json (one
 row per run: run, dataset, model, attention, seed, epochs, best_val_top1, test_top1, test_top5,
-img_per_s, peak_gib, train_wall_s, time_to_top1) and DIR/curves.csv (per epoch: training
+img_per_s, peak_gib, train_wall_s, fit_wall_s, time_to_top1) and DIR/curves.csv (per epoch: training
 time, train loss, val loss and top-1); --plot adds curves.png (train loss and val top-1 per
 run, overlaid), speed_memory.png (bars of train img/s and peak GPU memory) and
 time_to_accuracy.png (val top-1 against training time).
@@ -34,7 +34,9 @@ gives each such group's mean at those epochs.
 a resumed run counting once) instead of by their folders' names.
 
 Times are Lightning's ThroughputMonitor `train/time`: training only (validation excluded),
-up to the last logged step (trainer.log_every_n_steps).
+up to the last logged step (trainer.log_every_n_steps). fit_wall_s ("fit wall (s)") is the
+wall-clock time of train.py's fit, set-up, compilation, validation and checkpoints included,
+added up over a run's pieces (n/a for runs logged before train.py recorded it, `fit/wall_s`).
 """
 from __future__ import annotations
 
@@ -185,6 +187,14 @@ def _join(pieces: list[Path]) -> list[dict]:
     return joined
 
 
+def _fit_wall_s(pieces: list[Path]) -> float | None:
+    """The wall-clock time of fit, added up over the pieces (each logs its own fit/wall_s; a
+    piece that ran past the checkpoint the next one resumed from counts in full, as the clock
+    ran). None where a piece has none (logged before train.py recorded it, or stopped in fit)."""
+    times = [_values(_read_rows(piece), "fit/wall_s") for piece in pieces]
+    return sum(t[-1] for t in times) if all(times) else None
+
+
 def _attention(run: Path, config: dict) -> str:
     """The attention path the run used: attention=auto is settled when training starts,
     and vitflash.module logs the choice ("attention=auto -> sdpa") to <run>/train.log."""
@@ -288,6 +298,7 @@ def summarize(pieces: list[Path], targets: tuple[float, ...] = (), name: str | N
         "img_per_s": _img_per_s(rows, pieces),
         "peak_gib": max(peak) if peak else None,
         "train_wall_s": max(times) if times else None,
+        "fit_wall_s": _fit_wall_s(pieces),
         "time_to_top1": {
             f"{t:g}": min((c["train_time_s"] for c in curves
                            if c["val_top1"] >= t and c["train_time_s"] is not None), default=None)
@@ -335,7 +346,8 @@ def markdown(summaries: list[dict]) -> str:
                ("best val top-1", "best_val_top1", "pct"), ("test top-1", "test_top1", "pct"),
                ("test top-5", "test_top5", "pct"), ("train img/s", "img_per_s", "int"),
                ("img/s / naive", "img_per_s_vs_naive", "x"),
-               ("peak GiB", "peak_gib", "gib"), ("train time (s)", "train_wall_s", "s")]
+               ("peak GiB", "peak_gib", "gib"), ("train time (s)", "train_wall_s", "s"),
+               ("fit wall (s)", "fit_wall_s", "s")]
     targets = summaries[0]["time_to_top1"] if summaries else {}
     lines = ["| " + " | ".join([c[0] for c in columns] + [f"time to {100 * float(t):g}% (s)" for t in targets]
                                + ["overrides"]) + " |"]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import shlex
+import time
 import warnings
 from pathlib import Path
 
@@ -77,7 +78,9 @@ def train(cfg: DictConfig) -> dict[str, float]:
     ckpt = load_training_checkpoint(cfg.ckpt_path) if cfg.get("ckpt_path") else None
     datamodule, module, trainer = build(cfg, ckpt=ckpt)
     del ckpt  # Lightning reads the file again, through configs/trainer's AtomicCheckpointIO
+    start = time.perf_counter()
     trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
+    log_fit_time(trainer, time.perf_counter() - start)
     if hint := resume_hint(trainer):
         log.warning(hint)
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
@@ -89,6 +92,20 @@ def train(cfg: DictConfig) -> dict[str, float]:
         if best:
             log.info("best checkpoint %s: test/top1 %.4f", best, metrics.get("test/top1", float("nan")))
     return metrics
+
+
+def log_fit_time(trainer: L.Trainer, seconds: float) -> None:
+    """Say how long fit took by the wall clock, and log it as fit/wall_s at the last step.
+    The training clock of the metrics (train/time, Lightning's ThroughputMonitor) counts the
+    training steps alone; this one also counts the data set-up, the first steps' compilation,
+    validation and checkpoints: what a user waits for. scripts/report.py adds it up over a
+    run's pieces (fit_wall_s)."""
+    log.info("fit took %.1f s by the wall clock (set-up, compilation, validation and checkpoints included), "
+             "epoch %d, step %d", seconds, trainer.current_epoch, trainer.global_step)
+    if trainer.is_global_zero:
+        for logger in trainer.loggers:
+            logger.log_metrics({"fit/wall_s": seconds}, step=trainer.global_step)
+            logger.save()
 
 
 def resume_hint(trainer: L.Trainer) -> str | None:

@@ -92,11 +92,16 @@ def test_report_joins_the_resumed_run_and_reads_back(sweep, tmp_path):
     assert sdpa["img_per_s"] == pytest.approx(_expected_img_per_s(jobs / "0"))
     assert naive["img_per_s"] == pytest.approx(_expected_img_per_s(jobs / "1", resumed))
     assert sdpa["peak_gib"] is None  # no GPU here
+    # fit's wall clock (train.py's fit/wall_s), added up over the pieces: more than the training clock
+    assert sdpa["fit_wall_s"] == pytest.approx(_last(jobs / "0", "fit/wall_s"))
+    assert naive["fit_wall_s"] == pytest.approx(_last(jobs / "1", "fit/wall_s") + _last(resumed, "fit/wall_s"))
+    assert naive["fit_wall_s"] > naive["train_wall_s"] > 0
     # every run reaches top-1 >= 0 at its first validation, after its first epoch
     assert naive["time_to_top1"] == {"0": pytest.approx(_last(jobs / "1", "train/time"))}
 
     table = (out / "report.md").read_text()
     assert f"{100 * sdpa['test_top1']:.2f}%" in table and f"{100 * naive['test_top1']:.2f}%" in table
+    assert "| fit wall (s) |" in table and f"| {naive['fit_wall_s']:,.1f} |" in table
     # the synthetic data has no held-out split: validation scored the test images, and the table says so
     assert sdpa["val_split"] == naive["val_split"] == "test"
     assert f"| {100 * sdpa['best_val_top1']:.2f}% * |" in table and "validated on the test split" in table
@@ -202,7 +207,7 @@ def test_a_piece_that_ran_past_the_checkpoint_the_next_resumed_is_cut_there(swee
 def test_a_held_out_val_split_gets_no_mark():
     row = {"run": "r", "dataset": "cifar10", "model": "m", "attention": "flash", "epochs": 3, "best_val_top1": 0.5,
            "test_top1": 0.4, "test_top5": 0.9, "img_per_s": 100.0, "peak_gib": None, "train_wall_s": 10.0,
-           "time_to_top1": {}, "overrides": "", "val_split": "held out"}
+           "fit_wall_s": None, "time_to_top1": {}, "overrides": "", "val_split": "held out"}
     table = report.markdown([row])
     assert "| 50.00% |" in table and "*" not in table and "validated on the test split" not in table
     assert "| 50.00% * |" in report.markdown([{**row, "val_split": "test"}])
@@ -321,7 +326,8 @@ def test_speed_against_the_naive_run_of_the_same_model_and_seed():
     def row(name, attention, img_per_s, seed=42, model="m"):
         return {"run": name, "dataset": "cifar10", "model": model, "attention": attention, "seed": seed,
                 "epochs": 3, "best_val_top1": 0.5, "test_top1": 0.4, "test_top5": 0.9, "img_per_s": img_per_s,
-                "peak_gib": None, "train_wall_s": 10.0, "time_to_top1": {}, "overrides": "", "val_split": "held out"}
+                "peak_gib": None, "train_wall_s": 10.0, "fit_wall_s": 12.0, "time_to_top1": {}, "overrides": "",
+                "val_split": "held out"}
     flash, sdpa, naive = row("f", "flash", 300.0), row("s", "sdpa", 150.0), row("n", "naive", 120.0)
     other_seed, other_model = row("f1", "flash", 90.0, seed=1), row("fm", "flash", 50.0, model="m2")
     runs = [flash, sdpa, naive, other_seed, other_model]
