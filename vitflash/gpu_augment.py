@@ -427,7 +427,7 @@ class CIFAR10AutoAugment:
     calls instead of 50, and a quarter of the operators (246 against 1,016 for a batch on the
     CPU). On an H200 the per-sub-policy loop held the best CIFAR-10 recipe's training loop to
     67.6k img/s, against 79.6k with RandAugment in its place; this version gives 79.6k
-    (`benchmarks/results/gpu_session_aba526a/loop_autoaugment/`). Every op is per sample, so the batch is
+    (`benchmarks/results/loop_autoaugment_aba526a/`). Every op is per sample, so the batch is
     the one the per-sub-policy loop makes from the same random draws."""
 
     def __init__(self, img_size: int):
