@@ -423,10 +423,11 @@ class CIFAR10AutoAugment:
 
     Each op kind runs once per op position, not once per sub-policy: the slots are gathered so
     that those whose sub-policy has the same kind at that position lie together (an order fixed
-    per batch size), and the geometric kinds form one block resampled in one call. That is 19 op
-    calls instead of 50, and a quarter of the operators (246 against 1,016 for a batch on the
-    CPU). On an H200 the per-sub-policy loop held the best CIFAR-10 recipe's training loop to
-    67.6k img/s, against 79.6k with RandAugment in its place; this version gives 79.6k
+    per batch size), and the geometric kinds form one block resampled in one call: 19 op calls a
+    batch instead of 50, 246 operators for a batch of 512 against 306 for RandAugment (on the
+    CPU, benchmarks/probes/augment_ops.py). On an H200 the per-sub-policy loop held the best
+    CIFAR-10 recipe's training loop to 67.6k img/s, against 79.6k with RandAugment in its
+    place; this version gives 79.6k
     (`benchmarks/results/loop_autoaugment_aba526a/`). Every op is per sample, so the batch is
     the one the per-sub-policy loop makes from the same random draws."""
 
