@@ -945,7 +945,7 @@ def _bwd_one_key(dk1, dk1_hi, dv1, dv1_hi, k1, k1_hi, v1, v1_hi, q, q_hi, do, do
 
 @triton.jit
 def _bwd_short_chunk(dk, dk_hi, dv, dv_hi, dk_t, dk_t_hi, dv_t, dv_t_hi,
-                     k, k_hi, k_a, k_a_hi, v, v_hi, k_t, k_t_hi, v_t, v_t_hi,
+                     k, k_hi, v, v_hi, k_t, k_t_hi, v_t, v_t_hi,
                      QKV, O, DO, LSE, DQKV, bh, start_m, seed, qk_scale, sm_scale, drop_p, H, N,
                      HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_D2: tl.constexpr,
                      ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr,
@@ -974,9 +974,9 @@ def _bwd_short_chunk(dk, dk_hi, dv, dv_hi, dk_t, dk_t_hi, dv_t, dv_t_hi,
         dk_t, dk_t_hi, dv_t, dv_t_hi, ds1 = _bwd_one_key(
             dk_t, dk_t_hi, dv_t, dv_t_hi, k_t, k_t_hi, v_t, v_t_hi, q, q_hi, do, do_hi, lse,
             delta, qk_scale, seed, bh, rows, BLOCK_N, N, drop_p, BLOCK_D2, DROPOUT, DIAG)
-    dk, dk_hi, dv, dv_hi, ds_t = _bwd_dkdv_step(dk, dk_hi, dv, dv_hi, k_a, k_a_hi, v, v_hi, q,
-                                                q_hi, do, do_hi, lse, delta, qk_scale, seed, bh,
-                                                rows, 0, N, drop_p, BLOCK_D2, DROPOUT, DIAG)
+    dk, dk_hi, dv, dv_hi, ds_t = _bwd_dkdv_step(dk, dk_hi, dv, dv_hi, k, k_hi, v, v_hi, q, q_hi,
+                                                do, do_hi, lse, delta, qk_scale, seed, bh, rows,
+                                                0, N, drop_p, BLOCK_D2, DROPOUT, DIAG)
     # Padded keys (k = v = 0) get p = exp2(-lse) != 0 in _bwd_dkdv_step: harmless for
     # their own dK, dV rows, which are never stored, but they must not reach dQ.
     ds_t = tl.where(offs_n[:, None] < N, ds_t, 0.0)
@@ -1005,19 +1005,6 @@ def _bwd_short_chunk(dk, dk_hi, dv, dv_hi, dk_t, dk_t_hi, dv_t, dv_t_hi,
 
 
 @triton.jit
-def _select_rows(tile, tile_hi, rows, N, BLOCK_D2: tl.constexpr):
-    """Both chunks of a tile with its rows past N zeroed: an elementwise select on a loaded
-    tile, which makes Triton (3.6-3.8, Hopper) keep it in registers when it is the first
-    operand of a wgmma, instead of in shared memory."""
-    tile = tl.where(rows[:, None] < N, tile, 0.0)
-    if BLOCK_D2 > 0:
-        tile_hi = tl.where(rows[:, None] < N, tile_hi, 0.0)
-    else:
-        tile_hi = tile
-    return tile, tile_hi
-
-
-@triton.jit
 def bwd_short_kernel(QKV, O, DO, LSE, DQKV, SEED, qk_scale, sm_scale, drop_p, H, N,
                      HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_D2: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_MT: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -1043,13 +1030,6 @@ def bwd_short_kernel(QKV, O, DO, LSE, DQKV, SEED, qk_scale, sm_scale, drop_p, H,
     offs_t = BLOCK_N + tl.arange(0, BLOCK_T)
     k, k_hi = _load_rows(QKV, bh, offs_n, N, H, 3, 1, HEAD_DIM, BLOCK_D, BLOCK_D2, True)
     v, v_hi = _load_rows(QKV, bh, offs_n, N, H, 3, 2, HEAD_DIM, BLOCK_D, BLOCK_D2, True)
-    # K and V as the first operands of the score products (S^T = K Q^T, dP^T = V dO^T):
-    # passed through a select that keeps every value (rows past N were loaded as zeros), so
-    # that Triton keeps them in registers, where Hopper's wgmma reads its first operand,
-    # rather than reading both tiles from shared memory again at every chunk. dQ = dS K
-    # takes K from shared memory as before (k).
-    k_a, k_a_hi = _select_rows(k, k_hi, offs_n, N, BLOCK_D2)
-    v, v_hi = _select_rows(v, v_hi, offs_n, N, BLOCK_D2)
     dk, dk_hi = _zeros(BLOCK_N, BLOCK_D, BLOCK_D2)
     dv, dv_hi = _zeros(BLOCK_N, BLOCK_D, BLOCK_D2)
     # The tail tiles exist either way (without HAS_TAIL, offs_t >= BLOCK_N >= N masks every
@@ -1063,15 +1043,15 @@ def bwd_short_kernel(QKV, O, DO, LSE, DQKV, SEED, qk_scale, sm_scale, drop_p, H,
     m_full = (N // BLOCK_M) * BLOCK_M
     for start_m in range(0, m_full, BLOCK_M):
         dk, dk_hi, dv, dv_hi, dk_t, dk_t_hi, dv_t, dv_t_hi = _bwd_short_chunk(
-            dk, dk_hi, dv, dv_hi, dk_t, dk_t_hi, dv_t, dv_t_hi, k, k_hi, k_a, k_a_hi, v, v_hi,
-            k_t, k_t_hi, v_t, v_t_hi, QKV, O, DO, LSE, DQKV, bh, start_m, seed, qk_scale,
-            sm_scale, drop_p, H, N, HEAD_DIM, BLOCK_D, BLOCK_D2, BLOCK_M, BLOCK_N, BLOCK_T, HAS_TAIL, False,
+            dk, dk_hi, dv, dv_hi, dk_t, dk_t_hi, dv_t, dv_t_hi, k, k_hi, v, v_hi, k_t, k_t_hi,
+            v_t, v_t_hi, QKV, O, DO, LSE, DQKV, bh, start_m, seed, qk_scale, sm_scale, drop_p,
+            H, N, HEAD_DIM, BLOCK_D, BLOCK_D2, BLOCK_M, BLOCK_N, BLOCK_T, HAS_TAIL, False,
             DROPOUT, DIAG, KEY_PER_CHUNK)
     if BLOCK_MT > 0:  # the rows past the last full chunk
         dk, dk_hi, dv, dv_hi, dk_t, dk_t_hi, dv_t, dv_t_hi = _bwd_short_chunk(
-            dk, dk_hi, dv, dv_hi, dk_t, dk_t_hi, dv_t, dv_t_hi, k, k_hi, k_a, k_a_hi, v, v_hi,
-            k_t, k_t_hi, v_t, v_t_hi, QKV, O, DO, LSE, DQKV, bh, m_full, seed, qk_scale,
-            sm_scale, drop_p, H, N, HEAD_DIM, BLOCK_D, BLOCK_D2, BLOCK_MT, BLOCK_N, BLOCK_T, HAS_TAIL, True,
+            dk, dk_hi, dv, dv_hi, dk_t, dk_t_hi, dv_t, dv_t_hi, k, k_hi, v, v_hi, k_t, k_t_hi,
+            v_t, v_t_hi, QKV, O, DO, LSE, DQKV, bh, m_full, seed, qk_scale, sm_scale, drop_p,
+            H, N, HEAD_DIM, BLOCK_D, BLOCK_D2, BLOCK_MT, BLOCK_N, BLOCK_T, HAS_TAIL, True,
             DROPOUT, DIAG, KEY_PER_CHUNK)
 
     _store_rows(DQKV, dk * sm_scale, dk_hi * sm_scale, bh, offs_n, N, H, 3, 1, HEAD_DIM,
