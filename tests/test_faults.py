@@ -319,6 +319,9 @@ def test_resume_with_more_epochs_replans_the_schedule(tiny_ckpt, tmp_path, caplo
                                      f"ckpt_path={tiny_ckpt}"]))
     assert "LR schedule re-planned from 3 to 9 steps" in caplog.text
     assert "ignoring the checkpoint paths" not in caplog.text  # the previous run's own paths: no alarm
+    # said once, naming the folder that the best, last and periodic checkpoints share once
+    afresh = [r.getMessage() for r in caplog.records if "tracked afresh" in r.getMessage()]
+    assert len(afresh) == 1 and afresh[0].count("checkpoints") == 1, afresh
     rows = csv.DictReader((tmp_path / "out" / "csv" / "metrics.csv").open())
     lrs = [float(v) for r in rows for k, v in r.items() if k.startswith("lr-") and v]
     min_lr = compose_cfg(tmp_path, TINY).model.min_lr

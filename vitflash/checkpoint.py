@@ -158,7 +158,10 @@ class RNGState(Callback):
         # Runs before each callback's load_state_dict: ModelCheckpoint would otherwise take
         # best_model_path (any string, even an http:// URL) from the file and later load or
         # delete what it names.
-        folders = [cb.dirpath for cb in trainer.checkpoint_callbacks if isinstance(cb, ModelCheckpoint)]
+        # several ModelCheckpoint callbacks (best, last, periodic) usually share one folder
+        folders = list(dict.fromkeys(
+            cb.dirpath for cb in trainer.checkpoint_callbacks if isinstance(cb, ModelCheckpoint)))
+        afresh = False
         # where the resumed file lies: the previous run's own paths point there
         source = [Path(trainer.ckpt_path).parent] if trainer.ckpt_path and not _is_remote(trainer.ckpt_path) else []
         for key, state in (checkpoint.get("callbacks") or {}).items():
@@ -176,10 +179,12 @@ class RNGState(Callback):
                     "folder (%s) and the resumed checkpoint's; only files inside this run's folder are loaded",
                     ", ".join(map(repr, foreign)), key, ", ".join(map(str, folders)) or "none")
             else:
-                log.info("resumed into a new folder: the best checkpoint is tracked afresh in %s",
-                         ", ".join(map(str, folders)))
+                afresh = True
             state.update(best_model_path="", kth_best_model_path="", last_model_path="",
                          best_k_models={}, best_model_score=None, kth_value=None)
+        if afresh:
+            log.info("resumed into a new folder: the best checkpoint is tracked afresh in %s",
+                     ", ".join(map(str, folders)))
 
 
 def finished_epochs(ckpt: Mapping[str, Any]) -> int | None:
