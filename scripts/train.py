@@ -25,7 +25,7 @@ from hydra.utils import instantiate
 from lightning.pytorch.callbacks import Timer
 from omegaconf import DictConfig
 
-from vitflash.checkpoint import RNGState, check_resume, run_file
+from vitflash.checkpoint import RNGState, TimeBudget, check_resume, run_file
 from vitflash.cli import check_trainer, is_fsdp, run_session, short_errors
 from vitflash.module import check_ema
 from vitflash.pretrained import load_training_checkpoint
@@ -37,6 +37,11 @@ warnings.filterwarnings("ignore", message="You're resuming from a checkpoint tha
 # A resume writes into a new folder: RNGState drops the old run's checkpoint paths (and says so),
 # so ModelCheckpoint's "dirpath has changed ... only best_model_path will be reloaded" is untrue.
 warnings.filterwarnings("ignore", message="The dirpath has changed from")
+# A run that a time budget stopped is finished with trainer.max_time=null (the command it
+# prints): the budget's state in the checkpoint is meant to be left unused then.
+warnings.filterwarnings("ignore", message=r"Be aware that when using `ckpt_path`, callbacks used to create the "
+                        r"checkpoint need to be provided during `Trainer` instantiation. Please add the following "
+                        r"callbacks: \['Timer'\]")
 
 
 def build(cfg: DictConfig, extra_callbacks: list[L.Callback] = (), ckpt: dict | None = None
@@ -53,9 +58,12 @@ def build(cfg: DictConfig, extra_callbacks: list[L.Callback] = (), ckpt: dict | 
     # an entry set to null (callbacks.progress_bar=null) is switched off
     callbacks = [instantiate(c, _convert_="all") for c in (cfg.get("callbacks") or {}).values() if c is not None]
     callbacks.append(RNGState())  # not a config choice: exact resume depends on it
+    if (budget := cfg.trainer.get("max_time")) is not None:
+        # Lightning's own Timer would end fit without a checkpoint to resume the stopped epoch from
+        callbacks.append(TimeBudget(duration=budget, interval="step"))
     loggers = [instantiate(c, _convert_="all") for c in (cfg.get("logger") or {}).values() if c is not None]
     trainer: L.Trainer = instantiate(cfg.trainer, callbacks=[*callbacks, *extra_callbacks], logger=loggers or False,
-                                     _convert_="all")
+                                     max_time=None, _convert_="all")
     return datamodule, module, trainer
 
 
@@ -90,7 +98,8 @@ def train(cfg: DictConfig) -> dict[str, float]:
         trainer.test(module, datamodule=datamodule)
         metrics.update({k: float(v) for k, v in trainer.callback_metrics.items()})
         if best:
-            log.info("best checkpoint %s: test/top1 %.4f", best, metrics.get("test/top1", float("nan")))
+            which = "best" if trainer.checkpoint_callback.monitor else "last (model_checkpoint.monitor=null)"
+            log.info("%s checkpoint %s: test/top1 %.4f", which, best, metrics.get("test/top1", float("nan")))
     return metrics
 
 

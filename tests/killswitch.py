@@ -1,9 +1,10 @@
-"""A Callback for tests/test_faults.py: SIGKILL the training process at a given step, as a
-crash or an out-of-memory kill would (no cleanup, no final checkpoint)."""
+"""Callbacks for tests/test_faults.py: SIGKILL the training process at a given step, as a
+crash or an out-of-memory kill would (no cleanup, no final checkpoint); stop it cleanly; or
+spend its time budget (trainer.max_time) at a given step."""
 import os
 import signal
 
-from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.callbacks import Callback, Timer
 
 
 class KillAtStep(Callback):
@@ -25,3 +26,17 @@ class StopAtStep(Callback):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         if trainer.global_step >= self.step:
             trainer.should_stop = True
+
+
+class SpendBudgetAtStep(Callback):
+    """Move trainer.max_time's clock past its budget after `step` optimizer steps, as if the
+    time had run out there: the Timer, which checks after this callback in the same hook, then
+    stops fit at that step, whatever the machine's speed."""
+
+    def __init__(self, step: int):
+        self.step = step
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if trainer.global_step == self.step:
+            (timer,) = [c for c in trainer.callbacks if isinstance(c, Timer)]
+            timer._offset = timer._duration + 3600.0  # the training time counted before this fit

@@ -62,10 +62,12 @@ def state(path: Path) -> dict[str, torch.Tensor]:
     ckpt = torch.load(path, map_location="cpu", weights_only=True)
     opt = ckpt["optimizer_states"][0]["state"]
     rng = ckpt["callbacks"]["RNGState"]
+    loader = ckpt[next(k for k in ckpt if k.endswith("DataModule"))]
+    loader = loader.get("train_loader", loader)  # the gpu pipeline's DataModule keeps its loader's state
     return {**ckpt["state_dict"], **{f"adam.{i}.{k}": v for i, s in opt.items() for k, v in s.items()},
             "rng.torch": rng["torch"], "rng.numpy": rng["numpy"]["keys"],
             "rng.python": torch.tensor(rng["python"][1]), "global_step": torch.tensor(ckpt["global_step"]),
-            **{f"loader.{k}": torch.tensor(v) for k, v in ckpt[next(k for k in ckpt if k.endswith("DataModule"))].items()}}
+            **{f"loader.{k}": torch.tensor(v) for k, v in loader.items()}}
 
 
 def assert_identical(a: Path, b: Path, what: str) -> None:
@@ -111,6 +113,32 @@ def test_sigkill_then_resume_with_ema_is_bit_identical(request, tmp_path):
                                               ("model.ema_decay=0.9", "model.ema_warmup=true"))
     ema = [k for k in state(tmp_path / "killed" / "checkpoints" / f"step={KILL_AT}.ckpt") if k.startswith("ema.module.")]
     assert ema  # compared above with the rest of the checkpoint
+
+
+@pytest.mark.parametrize("stop_at, every, pipeline", [(1, 1, "cpu"), (STEPS, 1, "cpu"), (STEPS, 2, "cpu"), (1, 1, "gpu")],
+                         ids=["mid-epoch", "at an epoch's end", "at an epoch's end between validations",
+                              "mid-epoch, the gpu data pipeline"])
+def test_time_budget_stop_then_resume_is_bit_identical(tmp_path, stop_at, every, pipeline):
+    """trainer.max_time ends fit after step `stop_at` (mid-epoch 0, or its last step), with
+    validation and checkpoints every `every` epochs, the data through either pipeline (the gpu
+    one runs on CPU tensors here); the command train.py prints to finish the
+    run resumes from last.ckpt, and the run ends in the same state, bit for bit, as one without
+    the stop. (Lightning's own Timer closed the epoch early at the stop: with validation every
+    epoch its checkpoint marked epoch 0 done and the resumed run skipped the rest of it; between
+    validations it wrote no checkpoint at all.)"""
+    overrides = [o for o in RUN if not o.startswith("callbacks.step_checkpoint")] + [
+        *DATA["synthetic"], f"data.pipeline={pipeline}", "attention=sdpa", f"++trainer.check_val_every_n_epoch={every}",
+        f"++callbacks.model_checkpoint.every_n_epochs={every}", f"++callbacks.last_checkpoint.every_n_epochs={every}"]
+    train(compose_cfg(tmp_path / "whole", overrides))
+    stopped = tmp_path / "stopped" / "out" / "checkpoints" / "last.ckpt"
+    train(compose_cfg(tmp_path / "stopped", [*overrides, "trainer.max_time=00:01:00:00",
+                                             "+callbacks.spend._target_=killswitch.SpendBudgetAtStep",
+                                             f"+callbacks.spend.step={stop_at}"]))
+    assert torch.load(stopped, map_location="cpu", weights_only=True)["global_step"] == stop_at
+    train(compose_cfg(tmp_path / "resumed", [*overrides, "trainer.max_time=null", f"ckpt_path='{stopped}'"]))
+    whole = tmp_path / "whole" / "out" / "checkpoints" / "last.ckpt"
+    assert torch.load(whole, map_location="cpu", weights_only=True)["global_step"] == EPOCHS * STEPS
+    assert_identical(whole, tmp_path / "resumed" / "out" / "checkpoints" / "last.ckpt", f"stopped after step {stop_at}")
 
 
 # --------------------------------------------------------------------------------------
@@ -326,6 +354,35 @@ def test_resume_with_more_epochs_replans_the_schedule(tiny_ckpt, tmp_path, caplo
     lrs = [float(v) for r in rows for k, v in r.items() if k.startswith("lr-") and v]
     min_lr = compose_cfg(tmp_path, TINY).model.min_lr
     assert lrs and lrs[0] > 10 * min_lr, lrs
+
+
+def test_time_budget_stop_under_ddp(tmp_path):
+    """Two processes (gloo): rank 0's clock decides, both write their part of last.ckpt at the
+    stopping step, mid-epoch, and the stop is reported once."""
+    run = tmp_path / "run"
+    result = subprocess.run(
+        [sys.executable, "scripts/train.py", "data=synthetic", "data.train_size=256", "data.batch_size=32", "trainer=ddp",
+         "trainer.accelerator=cpu", "trainer.devices=2", "trainer.max_epochs=2", "trainer.precision=32-true",
+         "attention=sdpa", "test=false", "trainer.max_time=00:01:00:00",
+         "+callbacks.spend._target_=killswitch.SpendBudgetAtStep", "+callbacks.spend.step=2", f"hydra.run.dir={run}"],
+        cwd=REPO, capture_output=True, text=True, timeout=300, env=subprocess_env())
+    assert result.returncode == 0, result.stderr[-3000:]
+    output = result.stdout + result.stderr
+    assert output.count("trainer.max_time reached after batch 2 of epoch 0 (step 2)") == 1, output[-3000:]
+    assert torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)["global_step"] == 2
+
+
+def test_resume_from_a_validation_checkpoint_logs_each_epoch_once(tmp_path):
+    """last.ckpt written after validation (as with validation every n epochs), before the
+    epoch's end: Lightning runs that end again when it resumes. The train metrics are logged
+    once per epoch trained, none for the replayed end (it logged train/top1 = 0 before)."""
+    last = ["++callbacks.last_checkpoint.save_on_train_epoch_end=false", "test=false"]
+    train(compose_cfg(tmp_path / "first", [*TINY, *last]))
+    train(compose_cfg(tmp_path / "resumed", [*TINY, *last, "trainer.max_epochs=3",
+                                             f"ckpt_path={tmp_path / 'first' / 'out' / 'checkpoints' / 'last.ckpt'}"]))
+    rows = list(csv.DictReader((tmp_path / "resumed" / "out" / "csv" / "metrics.csv").open()))
+    assert [r["epoch"] for r in rows if r.get("train/top1")] == ["1", "2"]
+    assert [r["epoch"] for r in rows if r.get("train/loss_epoch")] == ["1", "2"]
 
 
 # --------------------------------------------------------------------------------------

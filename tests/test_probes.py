@@ -354,3 +354,24 @@ def test_first_call_probe_renders_a_saved_result_without_a_gpu(monkeypatch, tmp_
         out = capsys.readouterr().out
         assert out.startswith("# First call at a new shape") and "`python probe`" in out
         assert cell in out
+
+
+def test_same_state_probe_tells_equal_checkpoints_from_different_ones(tmp_path, capsys):
+    """The probe that compares two training checkpoints: equal on a file and its copy, and
+    naming the parts that differ after one more step."""
+    probe = _load("same_state")
+
+    def ckpt(step: int, w: float) -> dict:
+        return {"state_dict": {"w": torch.full((3,), w)}, "global_step": step,
+                "optimizer_states": [{"state": {0: {"exp_avg": torch.full((3,), w / 2)}}}],
+                "SyntheticDataModule": {"train_loader": {"epoch": 1, "batches": step}}}
+    paths = []
+    for i, (step, w) in enumerate([(5, 1.0), (5, 1.0), (6, 1.5)]):
+        paths.append(tmp_path / f"{i}.ckpt")
+        torch.save(ckpt(step, w), paths[-1])
+    assert probe.main(str(paths[0]), str(paths[1])) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == "same state"
+    assert probe.main(str(paths[0]), str(paths[2])) == 1
+    out = capsys.readouterr().out
+    assert "weights: 0 of 1 tensors identical" in out and "loader: 1 of 2 tensors identical" in out
+    assert out.splitlines()[-1] == "states differ"

@@ -9,6 +9,8 @@
   every checkpoint and puts them back when training resumes, and drops any path that a
   loaded checkpoint names (ModelCheckpoint's best_model_path, ...) unless it is a local file
   inside this run's checkpoint folder.
+- `TimeBudget`: Lightning's Timer (trainer.max_time), which also writes last.ckpt at the
+  step where the budget ends, so that a run continued from it resumes that very step.
 
 Where the data loader stands (epoch, batches done) is the DataModule's state
 (`vitflash.data.ResumableSampler`); together with Lightning's own loop, optimizer and
@@ -27,7 +29,7 @@ from typing import Any
 import lightning as L
 import numpy as np
 import torch
-from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint, Timer
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from vitflash.files import written_whole
@@ -185,6 +187,43 @@ class RNGState(Callback):
         if afresh:
             log.info("resumed into a new folder: the best checkpoint is tracked afresh in %s",
                      ", ".join(map(str, folders)))
+
+
+class TimeBudget(Timer):
+    """trainer.max_time: Lightning's Timer, checked after every training step, that also
+    writes `last.ckpt` at the step where the budget ends.
+
+    Lightning ends fit there by closing the epoch early: it validates the part of the epoch
+    done and runs the epoch's end, and a checkpoint written then marks that epoch as finished,
+    so a run resumed from it skipped the rest of the epoch (with validation every epoch); with
+    validation every n epochs no checkpoint was written at all, and a resume went back to the
+    last validation. Here the ModelCheckpoint callbacks named "last" write their file at the
+    stopping step itself, mid-epoch, as `callbacks.step_checkpoint` would, and Lightning's
+    saves later in that step are skipped for them (they already saved at this step). A run
+    continued from `last.ckpt` then carries on from the next batch: with the same weights,
+    bit for bit, as a run without the stop (tests/test_faults.py).
+
+    The state (the training time spent so far) is stored under Lightning's Timer key, so the
+    budget stays the whole run's across a resume, with checkpoints of either.
+    """
+
+    @property
+    def state_key(self) -> str:
+        return "Timer"
+
+    def on_train_batch_end(self, trainer: L.Trainer, *args: Any, **kwargs: Any) -> None:
+        stopping = trainer.should_stop
+        super().on_train_batch_end(trainer, *args, **kwargs)  # decided on rank 0 and broadcast: every rank saves
+        if trainer.should_stop and not stopping:
+            batch = trainer.fit_loop.epoch_loop.batch_progress.current.ready
+            for callback in trainer.checkpoint_callbacks:
+                if isinstance(callback, ModelCheckpoint) and callback.filename == "last" and callback.dirpath:
+                    path = os.path.join(callback.dirpath, "last.ckpt")
+                    callback.best_model_path = path  # part of the callback's state, as its own saves do
+                    callback._save_checkpoint(trainer, path)  # and marks this step as saved
+                    if trainer.is_global_zero:
+                        log.info("trainer.max_time reached after batch %d of epoch %d (step %d): wrote %s, to "
+                                 "resume from the next batch", batch, trainer.current_epoch, trainer.global_step, path)
 
 
 def finished_epochs(ckpt: Mapping[str, Any]) -> int | None:

@@ -566,13 +566,19 @@ class ViTModule(L.LightningModule):
             self.mixup.mixup_enabled = off is None or self.current_epoch < off
 
     def on_train_epoch_end(self) -> None:
+        if not self._loss_count:
+            # no training step in this process since the epoch began: Lightning runs the end of
+            # an epoch again when it resumes from a checkpoint written at that end (after its
+            # validation); there is nothing to report, and computing the empty metric would log
+            # a train/top1 of 0
+            self.train_metrics.reset()
+            return
         # computed (and synchronized across DDP processes) once per epoch: logging the metric
         # objects in every step costs the host about a millisecond per step in Lightning's
         # bookkeeping, a share of a launch-bound step
         self.log_dict(self.train_metrics.compute())
         self.train_metrics.reset()
-        if self._loss_count:  # the mean over all processes (one all-reduce per epoch)
-            self.log("train/loss_epoch", self._loss_sum / self._loss_count, sync_dist=True)
+        self.log("train/loss_epoch", self._loss_sum / self._loss_count, sync_dist=True)  # mean over all processes
         self._log_peak_memory("train")
 
     def on_test_epoch_end(self) -> None:
