@@ -89,7 +89,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
     start = time.perf_counter()
     trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
     log_fit_time(trainer, time.perf_counter() - start)
-    if hint := resume_hint(trainer):
+    if hint := resume_hint(trainer, tested=bool(cfg.get("test"))):
         log.warning(hint)
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
 
@@ -117,7 +117,7 @@ def log_fit_time(trainer: L.Trainer, seconds: float) -> None:
             logger.save()
 
 
-def resume_hint(trainer: L.Trainer) -> str | None:
+def resume_hint(trainer: L.Trainer, tested: bool = True) -> str | None:
     """Where trainer.max_time ended fit before trainer.max_epochs: how far it got and the
     command that finishes the run from its last checkpoint; None otherwise."""
     timer = next((c for c in trainer.callbacks if isinstance(c, Timer)), None)
@@ -136,8 +136,11 @@ def resume_hint(trainer: L.Trainer) -> str | None:
         overrides = "<the run's overrides>"
     where = shlex.quote(f"ckpt_path={last}") if last else "ckpt_path=<run>/checkpoints/last.ckpt"
     command = " ".join(p for p in ("python scripts/train.py", overrides, "trainer.max_time=null", where) if p)
-    return (f"trainer.max_time stopped training in epoch {trainer.current_epoch} of {trainer.max_epochs} "
-            f"(step {trainer.global_step}); the test below scores the run as it stands. To finish it: {command}")
+    stopped = getattr(timer, "stopped", None)  # TimeBudget's (epoch, batch, step); epochs count from 0
+    where_stopped = (f"after batch {stopped[1]} of epoch {stopped[0]} (epochs 0 to {trainer.max_epochs - 1}, step "
+                     f"{stopped[2]})" if stopped else f"at step {trainer.global_step} of {trainer.max_epochs} epochs")
+    then = "the test below scores the run as it stands" if tested else "test=false: no test follows"
+    return f"trainer.max_time stopped training {where_stopped}; {then}. To finish it: {command}"
 
 
 def load_best(trainer: L.Trainer, module: L.LightningModule) -> Path | None:

@@ -207,6 +207,10 @@ class TimeBudget(Timer):
     budget stays the whole run's across a resume, with checkpoints of either.
     """
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.stopped: tuple[int, int, int] | None = None  # (epoch, batch in it, global step) where the budget ended
+
     @property
     def state_key(self) -> str:
         return "Timer"
@@ -216,6 +220,7 @@ class TimeBudget(Timer):
         super().on_train_batch_end(trainer, *args, **kwargs)  # decided on rank 0 and broadcast: every rank saves
         if trainer.should_stop and not stopping:
             batch = trainer.fit_loop.epoch_loop.batch_progress.current.ready
+            self.stopped = (trainer.current_epoch, batch, trainer.global_step)  # for the message after fit
             for callback in trainer.checkpoint_callbacks:
                 if isinstance(callback, ModelCheckpoint) and callback.filename == "last" and callback.dirpath:
                     path = os.path.join(callback.dirpath, "last.ckpt")
