@@ -39,13 +39,15 @@ class FreezeProbe(L.Callback):
         self.after_val.append(gc.get_freeze_count())
 
 
-def fit(freezer: FreezeGarbageCollector, steps: int = 8) -> FreezeProbe:
+def fit(freezer: FreezeGarbageCollector, steps: int = 8, ckpt_path=None, save_to=None) -> FreezeProbe:
     probe = FreezeProbe()
     data = DataLoader(TensorDataset(torch.randn(16, 4)), batch_size=2)
     trainer = L.Trainer(accelerator="cpu", max_steps=steps, val_check_interval=5, limit_val_batches=1,
                         num_sanity_val_steps=0, callbacks=[freezer, probe], logger=False,
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
-    trainer.fit(Tiny(), train_dataloaders=data, val_dataloaders=data)
+    trainer.fit(Tiny(), train_dataloaders=data, val_dataloaders=data, ckpt_path=ckpt_path)
+    if save_to:
+        trainer.save_checkpoint(save_to)
     return probe
 
 
@@ -59,6 +61,16 @@ def test_freezes_after_warmup_and_thaws_at_the_end():
     (after_val,) = probe.after_val
     assert after_val > counts[5]
     assert gc.get_freeze_count() == 0  # fit's end gives the objects back to the collector
+
+
+def test_a_resumed_fit_counts_its_own_steps(tmp_path):
+    """Resumed at step 4, the process compiles and records again: it freezes after 3 steps of
+    its own (step 7), not after its first (the global step is past after_steps already)."""
+    fit(FreezeGarbageCollector(after_steps=None), steps=4, save_to=tmp_path / "step4.ckpt")
+    probe = fit(FreezeGarbageCollector(after_steps=3), steps=10, ckpt_path=tmp_path / "step4.ckpt")
+    counts = dict(probe.after_batch)
+    assert sorted(counts) == list(range(5, 11))
+    assert all(counts[s] == 0 for s in (5, 6)) and all(counts[s] > 0 for s in range(7, 11))
 
 
 def test_null_leaves_the_collector_alone():

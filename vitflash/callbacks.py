@@ -62,7 +62,8 @@ class FreezeGarbageCollector(L.Callback):
     half a million objects or more once `torch.compile` has run. On a 2-core CPU one such
     collection after compiling vit_tiny_patch4_32 took about a third of a second
     (scripts/gc_pause.py), a stall of the host in the middle of a training step that the GPU
-    waits out. After `after_steps` optimizer steps (compiling and CUDA-graph recording done)
+    waits out. After `after_steps` optimizer steps of this fit (compiling and CUDA-graph
+    recording done; a resumed fit counts from where it resumed)
     this collects once and freezes what is left (gc.freeze): later collections skip it (the
     same collection then took microseconds). Objects made later (by the first validation,
     say) are frozen at the end of each validation, without another full collection. Young
@@ -77,16 +78,22 @@ class FreezeGarbageCollector(L.Callback):
                              ">= 1 (optimizer steps before freezing), or null to leave the collector alone")
         self.after_steps = after_steps
         self.frozen = False
+        self._start_step = 0
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # a resumed fit compiles and records its graphs again: count its own steps
+        self._start_step = trainer.global_step
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
-        if self.after_steps is None or self.frozen or trainer.global_step < self.after_steps:
+        if self.after_steps is None or self.frozen or trainer.global_step - self._start_step < self.after_steps:
             return
         start = gc.get_freeze_count()
         gc.collect()
         gc.freeze()
         self.frozen = True
-        log.info("froze %d objects out of the garbage collector's reach after %d steps (callbacks.gc_freeze)",
-                 gc.get_freeze_count() - start, trainer.global_step)
+        log.info("froze %d objects out of the garbage collector's reach after %d steps of this fit, at step %d "
+                 "(callbacks.gc_freeze)", gc.get_freeze_count() - start, trainer.global_step - self._start_step,
+                 trainer.global_step)
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self.frozen:

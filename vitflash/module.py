@@ -430,8 +430,9 @@ class ViTModule(L.LightningModule):
                     "or model.ema_decay=null")
             self.ema.module.set_attention(self.model.attention)
             if stage == "fit":
-                log.info("model.ema_decay=%g: validation and test evaluate the EMA of the weights; the best "
-                         "checkpoint is chosen on it", self.hparams.ema_decay)
+                chosen = getattr(getattr(self.trainer, "checkpoint_callback", None), "monitor", None)
+                log.info("model.ema_decay=%g: validation and test evaluate the EMA of the weights%s",
+                         self.hparams.ema_decay, "; the best checkpoint is chosen on it" if chosen else "")
         if stage == "fit":
             self.graph_step = self._settle_graph_step(on_cuda)
         if stage == "fit" and self.graph_step:
