@@ -375,3 +375,11 @@ def test_same_state_probe_tells_equal_checkpoints_from_different_ones(tmp_path, 
     out = capsys.readouterr().out
     assert "weights: 0 of 1 tensors identical" in out and "loader: 1 of 2 tensors identical" in out
     assert out.splitlines()[-1] == "states differ"
+
+
+def test_augment_same_probe_finds_a_checkout_equal_to_itself(capsys):
+    """The AutoAugment comparison across checkouts, on this checkout twice: the same bits."""
+    probe = _load("augment_same")
+    root = str(PROBES.parents[1])
+    assert probe.main(root, root) == 0
+    assert "the same bits in both checkouts (largest difference 0)" in capsys.readouterr().out
