@@ -26,6 +26,7 @@ import shutil
 import sys
 import warnings
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Callable
 
@@ -185,9 +186,28 @@ def is_fsdp(strategy) -> bool:
     return target.rsplit(".", 1)[-1] == "FSDPStrategy"
 
 
+def _duration_seconds(value) -> float | None:
+    """trainer.max_time in seconds, as Lightning's Timer reads it ("DD:HH:MM:SS", or a mapping
+    of timedelta's keywords such as {hours: 1}); None where it is not one, or not above zero."""
+    try:
+        if isinstance(value, str):
+            parts = value.strip().split(":")
+            if len(parts) != 4 or not all(p.isdigit() for p in parts):
+                return None
+            seconds = timedelta(**dict(zip(("days", "hours", "minutes", "seconds"), map(int, parts)))).total_seconds()
+        elif isinstance(value, (dict, DictConfig)):
+            seconds = timedelta(**{str(k): v for k, v in dict(value).items()}).total_seconds()
+        else:
+            return None
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return seconds if seconds > 0 else None
+
+
 def check_trainer(trainer: DictConfig) -> None:
     """Raise a ValueError for trainer settings Lightning would only trip over after the data
-    is set up: non-numeric epochs or batch limits, a GPU accelerator or FSDP without CUDA."""
+    is set up: non-numeric epochs or batch limits, a time budget that is not one, a GPU
+    accelerator or FSDP without CUDA."""
     epochs = trainer.get("max_epochs")
     if epochs is not None and not (_whole(epochs, 1) or epochs == -1):
         raise ValueError(f"trainer.max_epochs={epochs!r} is not a whole number >= 1 (or -1 for no limit): "
@@ -200,6 +220,11 @@ def check_trainer(trainer: DictConfig) -> None:
         if not (fraction or _whole(value, 0)):
             raise ValueError(f"trainer.{key}={value!r} is neither a fraction in [0, 1] nor a whole number "
                              f"of batches: pass e.g. trainer.{key}=1.0 (all) or trainer.{key}=100")
+    budget = trainer.get("max_time")
+    if budget is not None and _duration_seconds(budget) is None:
+        raise ValueError(f"trainer.max_time={budget!r} is not a time budget longer than zero: write "
+                         "days:hours:minutes:seconds, e.g. trainer.max_time=00:00:09:00 for nine minutes, "
+                         "or trainer.max_time=null for none")
     accelerator = str(trainer.get("accelerator", "auto"))
     if is_fsdp(trainer.get("strategy")) and not (accelerator in ("gpu", "cuda", "auto") and torch.cuda.is_available()):
         # Lightning refuses FSDPStrategy on any accelerator but CUDA, and passes torch's FSDP no
