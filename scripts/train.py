@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import shlex
+import signal
 import time
 import warnings
 from pathlib import Path
@@ -23,9 +24,10 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from lightning.pytorch.callbacks import Timer
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig
 
-from vitflash.checkpoint import RNGState, TimeBudget, check_resume, run_file
+from vitflash.checkpoint import RNGState, SaveOnTerm, TimeBudget, check_resume, run_file
 from vitflash.cli import check_trainer, is_fsdp, run_session, short_errors
 from vitflash.module import check_ema
 from vitflash.pretrained import load_training_checkpoint
@@ -58,6 +60,7 @@ def build(cfg: DictConfig, extra_callbacks: list[L.Callback] = (), ckpt: dict | 
     # an entry set to null (callbacks.progress_bar=null) is switched off
     callbacks = [instantiate(c, _convert_="all") for c in (cfg.get("callbacks") or {}).values() if c is not None]
     callbacks.append(RNGState())  # not a config choice: exact resume depends on it
+    callbacks.append(SaveOnTerm())
     if (budget := cfg.trainer.get("max_time")) is not None:
         # Lightning's own Timer would end fit without a checkpoint to resume the stopped epoch from
         callbacks.append(TimeBudget(duration=budget, interval="step"))
@@ -87,7 +90,14 @@ def train(cfg: DictConfig) -> dict[str, float]:
     datamodule, module, trainer = build(cfg, ckpt=ckpt)
     del ckpt  # Lightning reads the file again, through configs/trainer's AtomicCheckpointIO
     start = time.perf_counter()
-    trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
+    try:
+        trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
+    except SIGTERMException:
+        # Lightning ended fit after the step in progress; SaveOnTerm wrote last.ckpt there
+        if trainer.is_global_zero:
+            log.warning("stopped by SIGTERM at step %d; no test follows. To finish the run: %s",
+                        trainer.global_step, finish_command(trainer))
+        raise SystemExit(128 + signal.SIGTERM) from None  # as a shell reports a process that SIGTERM ended
     log_fit_time(trainer, time.perf_counter() - start)
     if hint := resume_hint(trainer, tested=bool(cfg.get("test"))):
         log.warning(hint)
@@ -117,6 +127,24 @@ def log_fit_time(trainer: L.Trainer, seconds: float) -> None:
             logger.save()
 
 
+def finish_command(trainer: L.Trainer, lift_budget: bool = False) -> str:
+    """The command that continues this run from its last.ckpt: the run's own overrides (where
+    the run folder went, hydra.*, left out: a resume writes a new one), `trainer.max_time=null`
+    in place of the run's budget if `lift_budget`, and the checkpoint."""
+    lasts = [Path(c.dirpath) / "last.ckpt" for c in trainer.checkpoint_callbacks
+             if getattr(c, "filename", None) == "last" and c.dirpath]
+    last = next((p for p in lasts if p.is_file()), None)
+    dropped = ("ckpt_path", "trainer.max_time") if lift_budget else ("ckpt_path",)
+    if HydraConfig.initialized():
+        kept = [o for o in HydraConfig.get().overrides.task if o.split("=", 1)[0].lstrip("+~") not in dropped]
+        overrides = " ".join(shlex.quote(o) for o in kept)
+    else:
+        overrides = "<the run's overrides>"
+    where = shlex.quote(f"ckpt_path={last}") if last else "ckpt_path=<run>/checkpoints/last.ckpt"
+    return " ".join(p for p in ("python scripts/train.py", overrides, "trainer.max_time=null" if lift_budget else "",
+                                where) if p)
+
+
 def resume_hint(trainer: L.Trainer, tested: bool = True) -> str | None:
     """Where trainer.max_time ended fit before trainer.max_epochs: how far it got and the
     command that finishes the run from its last checkpoint; None otherwise."""
@@ -125,17 +153,7 @@ def resume_hint(trainer: L.Trainer, tested: bool = True) -> str | None:
         return None
     if (timer.time_remaining("train") or 0) > 0:
         return None  # stopped by something else (e.g. max_steps)
-    lasts = [Path(c.dirpath) / "last.ckpt" for c in trainer.checkpoint_callbacks
-             if getattr(c, "filename", None) == "last" and c.dirpath]
-    last = next((p for p in lasts if p.is_file()), None)
-    if HydraConfig.initialized():
-        kept = [o for o in HydraConfig.get().overrides.task
-                if o.split("=", 1)[0].lstrip("+~") not in ("ckpt_path", "trainer.max_time")]
-        overrides = " ".join(shlex.quote(o) for o in kept)
-    else:
-        overrides = "<the run's overrides>"
-    where = shlex.quote(f"ckpt_path={last}") if last else "ckpt_path=<run>/checkpoints/last.ckpt"
-    command = " ".join(p for p in ("python scripts/train.py", overrides, "trainer.max_time=null", where) if p)
+    command = finish_command(trainer, lift_budget=True)
     stopped = getattr(timer, "stopped", None)  # TimeBudget's (epoch, batch, step); epochs count from 0
     where_stopped = (f"after batch {stopped[1]} of epoch {stopped[0]} (epochs 0 to {trainer.max_epochs - 1}, step "
                      f"{stopped[2]})" if stopped else f"at step {trainer.global_step} of {trainer.max_epochs} epochs")

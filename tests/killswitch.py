@@ -40,3 +40,15 @@ class SpendBudgetAtStep(Callback):
         if trainer.global_step == self.step:
             (timer,) = [c for c in trainer.callbacks if isinstance(c, Timer)]
             timer._offset = timer._duration + 3600.0  # the training time counted before this fit
+
+
+class TermAtStep(Callback):
+    """Send this process SIGTERM before step `step` runs, as a scheduler preempting the job
+    would; Lightning finishes the step in progress, then stops fit."""
+
+    def __init__(self, step: int):
+        self.step = step
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if trainer.global_step == self.step:
+            os.kill(os.getpid(), signal.SIGTERM)

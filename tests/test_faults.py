@@ -359,6 +359,35 @@ def test_resume_with_more_epochs_replans_the_schedule(tiny_ckpt, tmp_path, caplo
     assert lrs and lrs[0] > 10 * min_lr, lrs
 
 
+@pytest.mark.parametrize("before_step, every, pipeline", [(1, 1, "cpu"), (STEPS - 1, 1, "cpu"), (STEPS - 1, 2, "cpu"),
+                                                        (1, 1, "gpu")],
+                         ids=["mid-epoch", "on an epoch's last step", "on an epoch's last step between validations",
+                              "mid-epoch, the gpu data pipeline"])
+def test_sigterm_then_resume_is_bit_identical(tmp_path, before_step, every, pipeline):
+    """SIGTERM reaches the process before step `before_step` + 1 runs: Lightning finishes that
+    step and ends fit; last.ckpt is written at it, train.py prints the command that finishes
+    the run and exits with 143 (128 + SIGTERM), and that command ends in the same state, bit
+    for bit, as a run without the signal."""
+    overrides = [o for o in RUN if not o.startswith("callbacks.step_checkpoint")] + [
+        *DATA["synthetic"], f"data.pipeline={pipeline}", "attention=sdpa", f"++trainer.check_val_every_n_epoch={every}",
+        f"++callbacks.model_checkpoint.every_n_epochs={every}", f"++callbacks.last_checkpoint.every_n_epochs={every}"]
+    train(compose_cfg(tmp_path / "whole", overrides))
+    run = tmp_path / "signalled"
+    result = subprocess.run(
+        [sys.executable, "scripts/train.py", *overrides, f"hydra.run.dir={run}",
+         "+callbacks.term._target_=killswitch.TermAtStep", f"+callbacks.term.step={before_step}"],
+        cwd=REPO, capture_output=True, text=True, timeout=300, env=subprocess_env())
+    assert result.returncode == 128 + signal.SIGTERM, result.stderr[-3000:]
+    last = run / "checkpoints" / "last.ckpt"
+    assert torch.load(last, map_location="cpu", weights_only=True)["global_step"] == before_step + 1
+    (line,) = [x for x in (result.stdout + result.stderr).splitlines() if "stopped by SIGTERM" in x]
+    assert f"at step {before_step + 1}; no test follows. To finish the run: python scripts/train.py " in line
+    assert line.endswith(f"ckpt_path={last}") and "killswitch" in line  # the run's own overrides
+    train(compose_cfg(tmp_path / "resumed", [*overrides, f"ckpt_path='{last}'"]))
+    assert_identical(tmp_path / "whole" / "out" / "checkpoints" / "last.ckpt",
+                     tmp_path / "resumed" / "out" / "checkpoints" / "last.ckpt", f"signalled before step {before_step + 1}")
+
+
 def test_time_budget_stop_under_ddp(tmp_path):
     """Two processes (gloo): rank 0's clock decides, both write their part of last.ckpt at the
     stopping step, mid-epoch, and the stop is reported once."""

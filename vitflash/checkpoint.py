@@ -11,6 +11,7 @@
   inside this run's checkpoint folder.
 - `TimeBudget`: Lightning's Timer (trainer.max_time), which also writes last.ckpt at the
   step where the budget ends, so that a run continued from it resumes that very step.
+- `SaveOnTerm`: the same where a SIGTERM stops a one-process run.
 
 Where the data loader stands (epoch, batches done) is the DataModule's state
 (`vitflash.data.ResumableSampler`); together with Lightning's own loop, optimizer and
@@ -31,6 +32,8 @@ import numpy as np
 import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint, Timer
 from lightning.pytorch.plugins.io import TorchCheckpointIO
+from lightning.pytorch.trainer.states import TrainerFn
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from vitflash.files import written_whole
 from vitflash.pretrained import EMA_PREFIX, CheckpointError, load_file
@@ -229,6 +232,29 @@ class TimeBudget(Timer):
                     if trainer.is_global_zero:
                         log.info("trainer.max_time reached after batch %d of epoch %d (step %d): wrote %s, to "
                                  "resume from the next batch", batch, trainer.current_epoch, trainer.global_step, path)
+
+
+class SaveOnTerm(Callback):
+    """SIGTERM (a scheduler preempting the job, `kill <pid>`) in a one-process run: Lightning
+    ends fit after the training step in progress by raising SIGTERMException; this writes
+    `last.ckpt` at that step first, as `TimeBudget` does at the end of a budget, so that the
+    run resumes from the next batch with the same state, bit for bit, as without the signal
+    (tests/test_faults.py). A signal that lands during validation leaves the last checkpoint
+    as it was. Under DDP nothing is added to Lightning's own handling (seen with Lightning 2.6
+    over gloo: with every process signalled, the processes wait on each other and do not end)."""
+
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        if not isinstance(exception, SIGTERMException) or trainer.state.fn != TrainerFn.FITTING \
+                or trainer.sanity_checking or trainer.validating or trainer.world_size > 1:
+            return
+        for callback in trainer.checkpoint_callbacks:
+            if (isinstance(callback, ModelCheckpoint) and callback.filename == "last" and callback.dirpath
+                    and callback._last_global_step_saved != trainer.global_step):
+                path = os.path.join(callback.dirpath, "last.ckpt")
+                callback.best_model_path = path
+                callback._save_checkpoint(trainer, path)
+                if trainer.is_global_zero:
+                    log.info("SIGTERM: wrote %s at step %d, to resume from the next batch", path, trainer.global_step)
 
 
 def finished_epochs(ckpt: Mapping[str, Any]) -> int | None:
