@@ -192,6 +192,21 @@ class RNGState(Callback):
                      ", ".join(map(str, folders)))
 
 
+def save_last_now(trainer: L.Trainer) -> list[str]:
+    """Write `last.ckpt` at this step through each ModelCheckpoint named "last" that has not
+    saved at it yet (on every process: a collective save under DDP), and return the paths.
+    The callback records the step as saved, so its own saves later in the step are skipped."""
+    written = []
+    for callback in trainer.checkpoint_callbacks:
+        if (isinstance(callback, ModelCheckpoint) and callback.filename == "last" and callback.dirpath
+                and callback._last_global_step_saved != trainer.global_step):
+            path = os.path.join(callback.dirpath, "last.ckpt")
+            callback.best_model_path = path  # part of the callback's state, as its own saves do
+            callback._save_checkpoint(trainer, path)
+            written.append(path)
+    return written
+
+
 class TimeBudget(Timer):
     """trainer.max_time: Lightning's Timer, checked after every training step, that also
     writes `last.ckpt` at the step where the budget ends.
@@ -224,14 +239,10 @@ class TimeBudget(Timer):
         if trainer.should_stop and not stopping:
             batch = trainer.fit_loop.epoch_loop.batch_progress.current.ready
             self.stopped = (trainer.current_epoch, batch, trainer.global_step)  # for the message after fit
-            for callback in trainer.checkpoint_callbacks:
-                if isinstance(callback, ModelCheckpoint) and callback.filename == "last" and callback.dirpath:
-                    path = os.path.join(callback.dirpath, "last.ckpt")
-                    callback.best_model_path = path  # part of the callback's state, as its own saves do
-                    callback._save_checkpoint(trainer, path)  # and marks this step as saved
-                    if trainer.is_global_zero:
-                        log.info("trainer.max_time reached after batch %d of epoch %d (step %d): wrote %s, to "
-                                 "resume from the next batch", batch, trainer.current_epoch, trainer.global_step, path)
+            for path in save_last_now(trainer):
+                if trainer.is_global_zero:
+                    log.info("trainer.max_time reached after batch %d of epoch %d (step %d): wrote %s, to "
+                             "resume from the next batch", batch, trainer.current_epoch, trainer.global_step, path)
 
 
 class SaveOnTerm(Callback):
@@ -247,14 +258,9 @@ class SaveOnTerm(Callback):
         if not isinstance(exception, SIGTERMException) or trainer.state.fn != TrainerFn.FITTING \
                 or trainer.sanity_checking or trainer.validating or trainer.world_size > 1:
             return
-        for callback in trainer.checkpoint_callbacks:
-            if (isinstance(callback, ModelCheckpoint) and callback.filename == "last" and callback.dirpath
-                    and callback._last_global_step_saved != trainer.global_step):
-                path = os.path.join(callback.dirpath, "last.ckpt")
-                callback.best_model_path = path
-                callback._save_checkpoint(trainer, path)
-                if trainer.is_global_zero:
-                    log.info("SIGTERM: wrote %s at step %d, to resume from the next batch", path, trainer.global_step)
+        for path in save_last_now(trainer):
+            if trainer.is_global_zero:
+                log.info("SIGTERM: wrote %s at step %d, to resume from the next batch", path, trainer.global_step)
 
 
 def finished_epochs(ckpt: Mapping[str, Any]) -> int | None:
