@@ -44,7 +44,7 @@ import torch.distributed as dist
 from bench_attention import command_line, earlier_rows, environment, write_results  # scripts/ is on sys.path
 from bench_loop import CASES, LoopTimer, compose_case, spread
 from train import build
-from vitflash.cli import check_trainer, quiet
+from vitflash.cli import check_trainer, leave_process_group, quiet
 from vitflash.module import COMPILE_CHOICES
 
 FSDP_IMG_SIZE = 224
@@ -102,6 +102,8 @@ def worker(args, spec: dict) -> None:
     timer = RankTimer(args.warmup, args.steps, args.repeats)
     datamodule, module, trainer = build(cfg, extra_callbacks=[timer])
     trainer.fit(module, datamodule=datamodule)
+    backend = dist.get_backend() if dist.is_initialized() else None
+    leave_process_group()  # every rank, before the results are written
     if trainer.global_rank != 0:
         return
     windows = global_img_per_s(timer.ranks)
@@ -110,7 +112,7 @@ def worker(args, spec: dict) -> None:
         "img_per_s": statistics.median(windows), "window_img_per_s": windows,
         "peak_mem_gib": None if None in peaks else max(peaks), "ranks": timer.ranks,
         "world_size": trainer.world_size, "strategy": type(trainer.strategy).__name__,
-        "backend": dist.get_backend() if dist.is_initialized() else None,
+        "backend": backend,
         "attention": module.model.attention, "compile_mode": module.compile_mode or "eager",
         "pipeline": cfg.data.get("pipeline", "cpu"), "precision": str(trainer.precision),
         "model": cfg.model.model_name, "batch_per_gpu": cfg.data.batch_size, "overrides": overrides,

@@ -101,13 +101,25 @@ def remove_empty_run_folder() -> bool:
 
 @contextlib.contextmanager
 def run_session() -> Iterator[None]:
-    """Quiet output for the block; on an exception, no empty run folder is left behind."""
+    """Quiet output for the block; on an exception, no empty run folder is left behind; at
+    its end, the process leaves the DDP process group (`leave_process_group`)."""
     quiet()
     try:
         yield
     except BaseException:
         remove_empty_run_folder()
         raise
+    leave_process_group()
+
+
+def leave_process_group() -> None:
+    """After a DDP run, when every rank is done: meet at a barrier, then tear the process
+    group down. Left to interpreter finalization, a gloo group now and then aborted the
+    process after its work was done (SIGABRT, "terminate called without an active
+    exception"); the barrier keeps one rank from tearing it down under another."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
 
 
 def host_peak_rss_gib() -> float:
