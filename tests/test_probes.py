@@ -277,6 +277,40 @@ def test_bwd_parts_probe_pairs_the_best_part_of_each_kind():
     assert any("SPLIT=1 WARPS2=8 STAGES2=2, 4w 3s" in line and "2.400" in line for line in lines)
 
 
+def test_bwd_parts_probe_compares_saved_runs_without_a_gpu(monkeypatch, tmp_path, capsys):
+    """--compare sets the result files of several runs side by side, per shape of the first:
+    each run's whole backward (the tuner's choice), its fastest dK/dV and dQ launches, its
+    delta launch; a run without the shape gets dashes. A malformed argument is refused."""
+    probe = _load("bwd_parts")
+    part = lambda label, ms: {"label": label, "ms": {"median": ms, "min": ms, "max": ms + 0.001}}  # noqa: E731
+
+    def run(commit, shapes, scale):
+        rows = [{"shape": list(shape), "delta_ms": {"median": 0.04},
+                 "parts": {"1": [part("M1=32 N1=128", 0.3 * scale), part("M1=32 N1=64", 0.28 * scale),
+                                 {"label": "M1=64 N1=128", "error": "OutOfResources"}],
+                           "2": [part("M2=64 N2=32", 0.17 * scale)]},
+                 "whole": {"tuner's choice": {"label": f"tuned {commit}", "ms": {"median": 0.5 * scale, "min": 0.49 * scale,
+                                                                                  "max": 0.51 * scale}}}}
+                for shape in shapes]
+        path = tmp_path / f"{commit}.json"
+        path.write_text(json.dumps({"command": "python bwd_parts.py", "environment": {"commit": commit, "date": "d"},
+                                    "results": rows}))
+        return path
+
+    a = run("aaa", [(256, 12, 197, 64), (256, 12, 256, 64)], 1.0)
+    b = run("bbb", [(256, 12, 197, 64)], 0.8)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    probe.main(["--compare", f"main={a}", f"branch={b}"])
+    out = capsys.readouterr().out.splitlines()
+    assert "| main | aaa | d | `python bwd_parts.py` |" in out and "| branch | bbb | d | `python bwd_parts.py` |" in out
+    at_197 = out[out.index("## (256, 12, 197, 64)"):out.index("## (256, 12, 256, 64)")]
+    assert "| main | 0.500 (0.490-0.510) | tuned aaa | 0.280 (0.280-0.281), M1=32 N1=64 | 0.170 (0.170-0.171), M2=64 N2=32 | 0.040 |" in at_197
+    assert any(line.startswith("| branch | 0.400 (0.392-0.408) | tuned bbb | 0.224") for line in at_197)
+    assert "| branch | - | - | - | - | - |" in out[out.index("## (256, 12, 256, 64)"):]
+    with pytest.raises(SystemExit, match="NAME=JSON"):
+        probe.main(["--compare", str(a)])
+
+
 FIRST_CALL_ENV = {"gpu": "H200", "commit": "abc", "torch": "2", "triton": "3", "date": "d", "repeats": 3}
 
 

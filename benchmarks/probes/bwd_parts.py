@@ -23,6 +23,12 @@ part is capped carries the cap to both of its launches.
 Times are launch._time_ms (CUDA events, a sleeping kernel ahead of each window so that the
 GPU time is measured, not the host's), `--repeats` times: median (min-max) ms. Needs a CUDA
 GPU. Writes <out>/bwd_parts_<gpu>.json and .md after every shape.
+
+`--compare NAME=JSON ...` (no GPU needed) sets the result files of several runs side by side,
+e.g. the same command on the kernels of several commits: per shape, each run's whole backward
+(the tuner's choice), its fastest dK/dV and dQ launches and its delta launch.
+
+    python benchmarks/probes/bwd_parts.py --compare main=a/bwd_parts_nvidia_h200.json tails=b/bwd_parts_nvidia_h200.json
 """
 from __future__ import annotations
 
@@ -213,6 +219,37 @@ def parse_shape(text: str) -> tuple[int, int, int, int]:
     return parts
 
 
+def _ms(t: dict) -> str:
+    return f"{t['median']:.3f} ({t['min']:.3f}-{t['max']:.3f})"
+
+
+def compare(runs: dict[str, dict]) -> str:
+    """Markdown: the result files `runs` (name: the JSON a run wrote) side by side, per shape
+    that the first run timed: each run's whole backward (the tuner's choice, its label), its
+    fastest dK/dV and dQ launches, and its delta launch, ms; "-" where a run lacks the shape."""
+    first = next(iter(runs.values()))
+    lines = ["# The general backward's parts, runs side by side", "",
+             "| run | commit | date | command |", "|---|---|---|---|"]
+    lines += [f"| {name} | {r['environment'].get('commit')} | {r['environment'].get('date')} | `{r['command']}` |"
+              for name, r in runs.items()]
+    for shape in (row["shape"] for row in first["results"]):
+        lines += ["", f"## {tuple(shape)}", "",
+                  "| run | whole, tuner's choice (ms) | its candidate | fastest dK/dV (ms) | fastest dQ (ms) | delta (ms) |",
+                  "|---|---|---|---|---|---|"]
+        for name, r in runs.items():
+            row = next((x for x in r["results"] if x["shape"] == shape), None)
+            if row is None:
+                lines.append(f"| {name} | - | - | - | - | - |")
+                continue
+            tuned = row["whole"]["tuner's choice"]
+            fastest = [min((e for e in row["parts"][p] if "ms" in e), key=lambda e: e["ms"]["median"], default=None)
+                       for p in ("1", "2")]
+            cells = [f"{_ms(e['ms'])}, {e['label']}" if e else "-" for e in fastest]
+            lines.append(f"| {name} | {_ms(tuned['ms'])} | {tuned['label']} | {cells[0]} | {cells[1]} "
+                         f"| {row['delta_ms']['median']:.3f} |")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--shapes", nargs="+", type=parse_shape,
@@ -224,7 +261,18 @@ def main(argv=None) -> None:
                    help="register caps per thread for the dK/dV grid (0: none)")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--out", type=Path, default=Path("."))
+    p.add_argument("--compare", nargs="+", metavar="NAME=JSON",
+                   help="print result files of several runs side by side and exit (no GPU needed)")
     args = p.parse_args(argv)
+    if args.compare:
+        runs = {}
+        for item in args.compare:
+            name, sep, path = item.partition("=")
+            if not sep or not name:
+                raise SystemExit(f"--compare takes NAME=JSON, got {item!r}")
+            runs[name] = json.loads(Path(path).read_text())
+        print(compare(runs), end="")
+        return
     if not torch.cuda.is_available():
         raise SystemExit("bwd_parts.py times kernels on a CUDA GPU; none is visible here")
     if "general_tma" in args.families and not launch.tma_loads():
