@@ -177,6 +177,11 @@ def probe_shape(shape: tuple[int, int, int, int], families: tuple[str, ...], rep
     return row
 
 
+def _ms(t: dict) -> str:
+    """A time spread as the tables print it: median (min-max), ms."""
+    return f"{t['median']:.3f} ({t['min']:.3f}-{t['max']:.3f})"
+
+
 def markdown(rows: list[dict], env: dict, command: str, top: int = 6) -> str:
     lines = [f"# The general backward's parts timed apart on {env['gpu']}", "",
              f"Command: `{command}`", "",
@@ -191,7 +196,7 @@ def markdown(rows: list[dict], env: dict, command: str, top: int = 6) -> str:
         lines += [f"## {tuple(r['shape'])}", ""]
         for name, w in r["whole"].items():
             t = w["ms"]
-            lines.append(f"- whole, {name}: {w['label']}: {t['median']:.3f} ({t['min']:.3f}-{t['max']:.3f}) ms")
+            lines.append(f"- whole, {name}: {w['label']}: {_ms(t)} ms")
         d = r["delta_ms"]
         lines += [f"- delta launch: {d['median']:.3f} ms", ""]
         for part, what in ((1, "dK/dV launch"), (2, "dQ launch")):
@@ -199,7 +204,7 @@ def markdown(rows: list[dict], env: dict, command: str, top: int = 6) -> str:
             bad = [e for e in r["parts"][part] if "ms" not in e]
             lines += [f"{what}, the {min(top, len(ok))} fastest of {len(ok)} timed ({len(bad)} failed):", "",
                       "| configuration | ms |", "|---|---|"]
-            lines += [f"| {e['label']} | {e['ms']['median']:.3f} ({e['ms']['min']:.3f}-{e['ms']['max']:.3f}) |"
+            lines += [f"| {e['label']} | {_ms(e['ms'])} |"
                       for e in ok[:top]]
             lines.append("")
             lines += [f"- failed: {e['label']}: {e['error']}" for e in bad]
@@ -217,10 +222,6 @@ def parse_shape(text: str) -> tuple[int, int, int, int]:
     if len(parts) != 4:
         raise argparse.ArgumentTypeError(f"{text!r}: a shape is B,H,N,D, e.g. 256,12,197,64")
     return parts
-
-
-def _ms(t: dict) -> str:
-    return f"{t['median']:.3f} ({t['min']:.3f}-{t['max']:.3f})"
 
 
 def compare(runs: dict[str, dict]) -> str:
