@@ -227,7 +227,9 @@ def parse_shape(text: str) -> tuple[int, int, int, int]:
 def compare(runs: dict[str, dict]) -> str:
     """Markdown: the result files `runs` (name: the JSON a run wrote) side by side, per shape
     that the first run timed: each run's whole backward (the tuner's choice, its label), its
-    fastest dK/dV and dQ launches, and its delta launch, ms; "-" where a run lacks the shape."""
+    fastest dK/dV and dQ launches, and the delta kernel timed alone, ms; "-" where a run lacks
+    the shape. (Whether the whole time includes a delta launch depends on the run's kernels:
+    the split candidate of a commit that computes delta in its dQ launch has none.)"""
     first = next(iter(runs.values()))
     lines = ["# The general backward's parts, runs side by side", "",
              "| run | commit | date | command |", "|---|---|---|---|"]
@@ -235,7 +237,8 @@ def compare(runs: dict[str, dict]) -> str:
               for name, r in runs.items()]
     for shape in (row["shape"] for row in first["results"]):
         lines += ["", f"## {tuple(shape)}", "",
-                  "| run | whole, tuner's choice (ms) | its candidate | fastest dK/dV (ms) | fastest dQ (ms) | delta (ms) |",
+                  "| run | whole, tuner's choice (ms) | its candidate | fastest dK/dV (ms) | fastest dQ (ms) "
+                  "| delta kernel alone (ms) |",
                   "|---|---|---|---|---|---|"]
         for name, r in runs.items():
             row = next((x for x in r["results"] if x["shape"] == shape), None)
