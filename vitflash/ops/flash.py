@@ -457,7 +457,7 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
             Needs N >= 2.
     Returns:
         o: (B, N, H, D), contiguous, so `o.reshape(B, N, H * D)` is free.
-    Differentiable in q, k, v.
+    Differentiable in q, k, v, once: differentiating the gradient again raises.
     """
     _check_tensor("q", q)
     if q.dim() != 4:
