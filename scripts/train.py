@@ -25,10 +25,10 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from lightning.pytorch.callbacks import Timer
 from lightning.pytorch.utilities.exceptions import SIGTERMException
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from vitflash.checkpoint import RNGState, SaveOnTerm, TimeBudget, check_resume, run_file
-from vitflash.cli import check_trainer, is_fsdp, run_session, short_errors
+from vitflash.cli import check_trainer, duration_seconds, is_fsdp, run_session, short_errors
 from vitflash.module import check_ema
 from vitflash.pretrained import load_training_checkpoint
 
@@ -63,7 +63,9 @@ def build(cfg: DictConfig, extra_callbacks: list[L.Callback] = (), ckpt: dict | 
     callbacks.append(SaveOnTerm())
     if (budget := cfg.trainer.get("max_time")) is not None:
         # Lightning's own Timer would end fit without a checkpoint to resume the stopped epoch from
-        callbacks.append(TimeBudget(duration=budget, interval="step"))
+        # (and reads a mapping such as {hours: 1} only as a plain dict)
+        callbacks.append(TimeBudget(duration=OmegaConf.to_container(budget) if isinstance(budget, DictConfig)
+                                    else budget, interval="step"))
     loggers = [instantiate(c, _convert_="all") for c in (cfg.get("logger") or {}).values() if c is not None]
     trainer: L.Trainer = instantiate(cfg.trainer, callbacks=[*callbacks, *extra_callbacks], logger=loggers or False,
                                      max_time=None, _convert_="all")
@@ -82,11 +84,14 @@ def train(cfg: DictConfig) -> dict[str, float]:
     # ViTModule.setup refuses an EMA under FSDP too, but only once the data is set up
     check_ema(cfg.model.get("ema_decay"), sharded=is_fsdp(cfg.trainer.get("strategy")))
     check_trainer(cfg.trainer)
+    check_mixup_batch(cfg)
     if cfg.get("seed") is not None:
         L.seed_everything(cfg.seed, workers=True)
     torch.set_float32_matmul_precision(cfg.matmul_precision)
     # a missing, corrupt or foreign file stops the run before any work
     ckpt = load_training_checkpoint(cfg.ckpt_path) if cfg.get("ckpt_path") else None
+    if ckpt is not None:
+        check_budget_left(ckpt, cfg.trainer.get("max_time"), cfg.ckpt_path)
     datamodule, module, trainer = build(cfg, ckpt=ckpt)
     del ckpt  # Lightning reads the file again, through configs/trainer's AtomicCheckpointIO
     start = time.perf_counter()
@@ -111,6 +116,30 @@ def train(cfg: DictConfig) -> dict[str, float]:
             which = "best" if trainer.checkpoint_callback.monitor else "last (model_checkpoint.monitor=null)"
             log.info("%s checkpoint %s: test/top1 %.4f", which, best, metrics.get("test/top1", float("nan")))
     return metrics
+
+
+def check_mixup_batch(cfg: DictConfig) -> None:
+    """Raise a ValueError for an odd batch under mixup or cutmix, which timm's Mixup pairs
+    with itself flipped (its assertion would come at the first training step)."""
+    mixing = (cfg.model.get("mixup_alpha") or 0) > 0 or (cfg.model.get("cutmix_alpha") or 0) > 0
+    batch = cfg.data.get("batch_size")
+    if mixing and isinstance(batch, int) and batch % 2:
+        raise ValueError(f"data.batch_size={batch} is odd, and mixup/cutmix (model.mixup_alpha, model.cutmix_alpha) "
+                         "pairs each batch's images: pass an even batch size, or model.mixup_alpha=0 "
+                         "model.cutmix_alpha=0")
+
+
+def check_budget_left(ckpt: dict, budget, path: str) -> None:
+    """Raise a ValueError where the checkpoint's run has spent all of trainer.max_time
+    already: the budget is the whole run's across resumes (TimeBudget), so fit would stop
+    at once, having done nothing."""
+    if budget is None:
+        return
+    spent = (((ckpt.get("callbacks") or {}).get("Timer") or {}).get("time_elapsed") or {}).get("train", 0.0)
+    if spent >= duration_seconds(budget):
+        raise ValueError(f"the run in {path} has already trained for {spent:.0f} s, all of "
+                         f"trainer.max_time={budget} (a budget counts the whole run across resumes): pass "
+                         "trainer.max_time=null to finish it, or a longer budget")
 
 
 def log_fit_time(trainer: L.Trainer, seconds: float) -> None:

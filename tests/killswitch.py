@@ -42,6 +42,16 @@ class SpendBudgetAtStep(Callback):
             timer._offset = timer._duration + 3600.0  # the training time counted before this fit
 
 
+class SpendBudgetAtBatch(SpendBudgetAtStep):
+    """SpendBudgetAtStep after the training batch `batch` (counted from 0 over the whole fit)
+    rather than an optimizer step: with gradient accumulation, a batch inside one."""
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if trainer.fit_loop.total_batch_idx == self.step:
+            (timer,) = [c for c in trainer.callbacks if isinstance(c, Timer)]
+            timer._offset = timer._duration + 3600.0
+
+
 class TermAtStep(Callback):
     """Send this process SIGTERM before step `step` runs, as a scheduler preempting the job
     would; Lightning finishes the step in progress, then stops fit."""

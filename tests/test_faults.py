@@ -171,6 +171,11 @@ BAD_VALUES = [
     (["trainer.max_time=9min"], "trainer.max_time='9min' is not a time budget .* trainer.max_time=00:00:09:00"),
     (["trainer.max_time=00:09"], "trainer.max_time='00:09' is not a time budget"),
     (["trainer.max_time=00:00:00:00"], "trainer.max_time='00:00:00:00' is not a time budget longer than zero"),
+    (["trainer.max_epochs=-1"], r"trainer.max_epochs=-1 \(no epoch limit\) needs trainer.max_steps"),
+    (["++trainer.gradient_clip_val=-1.0"], r"trainer.gradient_clip_val=-1.0 is not a number >= 0"),
+    (["++trainer.accumulate_grad_batches=0"], "trainer.accumulate_grad_batches=0 is not a whole number >= 1"),
+    (["++trainer.check_val_every_n_epoch=0"], "trainer.check_val_every_n_epoch=0 is not a whole number >= 1"),
+    (["data.batch_size=7", "model.mixup_alpha=0.8"], "data.batch_size=7 is odd, and mixup/cutmix"),
     pytest.param(["trainer=gpu"], "trainer.accelerator=gpu .* needs a CUDA GPU.* use trainer=cpu", marks=NO_CUDA),
     pytest.param(["trainer=cpu", "attention=flash"], "attention=flash needs a CUDA GPU", marks=NO_CUDA),
     (["data=imagenet"], r"no ImageFolder tree at .*imagenet: .*Put the dataset there in that layout"),
@@ -295,6 +300,16 @@ def test_eval_refuses_non_finite_weights(tiny_ckpt, tmp_path, value):
         assert "holds NaN or inf weights" in result.stderr and "Traceback" not in result.stderr
 
 
+def test_eval_scores_a_checkpoint_of_a_graph_step_run_anywhere(tiny_ckpt, tmp_path):
+    """model.graph_step captures the training step (on one GPU, by default): a checkpoint of
+    such a run evaluates on a machine without CUDA, which could not train it that way."""
+    ckpt = crafted(tiny_ckpt, tmp_path / "graph_step.ckpt",
+                   lambda c: c["hyper_parameters"].update(graph_step=True))
+    metrics = evaluate(compose_cfg(tmp_path, [f"ckpt_path={ckpt}", *TINY[:5], "trainer=cpu"], "eval"))
+    plain = evaluate(compose_cfg(tmp_path / "plain", [f"ckpt_path={tiny_ckpt}", *TINY[:5], "trainer=cpu"], "eval"))
+    assert metrics["top1"] == plain["top1"] and metrics["loss"] == plain["loss"]
+
+
 def test_eval_and_export_name_a_missing_checkpoint_in_one_line(tmp_path):
     """eval.py without ckpt_path, and export_timm.py on a damaged file: exit status 1 and one
     message saying what to pass, no traceback."""
@@ -386,6 +401,32 @@ def test_sigterm_then_resume_is_bit_identical(tmp_path, before_step, every, pipe
     train(compose_cfg(tmp_path / "resumed", [*overrides, f"ckpt_path='{last}'"]))
     assert_identical(tmp_path / "whole" / "out" / "checkpoints" / "last.ckpt",
                      tmp_path / "resumed" / "out" / "checkpoints" / "last.ckpt", f"signalled before step {before_step + 1}")
+
+
+def test_stops_wait_for_the_accumulations_last_batch(tmp_path):
+    """With trainer.accumulate_grad_batches=2 the gradients of an accumulation's first batch
+    are in no checkpoint: a time budget spent after that batch, and a SIGTERM that reaches
+    the process before it, end fit after the accumulation's second batch (optimizer step 1)
+    instead; each run resumed from its last.ckpt ends as the run without the stop, bit for
+    bit (with the stop after batch 0, 0.003 apart before)."""
+    overrides = [o for o in RUN if not o.startswith("callbacks.step_checkpoint")] + [
+        *DATA["synthetic"], "attention=sdpa", "++trainer.accumulate_grad_batches=2"]
+    train(compose_cfg(tmp_path / "whole", overrides))
+    stopped = tmp_path / "stopped" / "out" / "checkpoints" / "last.ckpt"
+    train(compose_cfg(tmp_path / "stopped", [*overrides, "trainer.max_time=00:01:00:00",
+                                             "+callbacks.spend._target_=killswitch.SpendBudgetAtBatch",
+                                             "+callbacks.spend.step=0"]))
+    run = tmp_path / "signalled"
+    result = subprocess.run(
+        [sys.executable, "scripts/train.py", *overrides, f"hydra.run.dir={run}",
+         "+callbacks.term._target_=killswitch.TermAtStep", "+callbacks.term.step=0"],
+        cwd=REPO, capture_output=True, text=True, timeout=300, env=subprocess_env())
+    assert result.returncode == 128 + signal.SIGTERM, result.stderr[-3000:]
+    whole = tmp_path / "whole" / "out" / "checkpoints" / "last.ckpt"
+    for name, last in (("budget", stopped), ("sigterm", run / "checkpoints" / "last.ckpt")):
+        assert torch.load(last, map_location="cpu", weights_only=True)["global_step"] == 1, name
+        train(compose_cfg(tmp_path / f"resumed_{name}", [*overrides, "trainer.max_time=null", f"ckpt_path='{last}'"]))
+        assert_identical(whole, tmp_path / f"resumed_{name}" / "out" / "checkpoints" / "last.ckpt", name)
 
 
 def test_time_budget_stop_under_ddp(tmp_path):

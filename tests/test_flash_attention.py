@@ -677,6 +677,25 @@ def test_dispatch_paths_agree():
 
 
 @pytest.mark.gpu  # the interpreter runs programs one by one: only the GPU can race
+def test_second_order_gradient_through_flash_raises():
+    """The kernels' backward is not differentiable again: a gradient taken with
+    create_graph=True is still right, and differentiating it raises (torch's
+    once_differentiable) instead of silently leaving attention's share out; naive
+    attention differentiates twice."""
+    qkv, _ = _packed_inputs(1, 17, 2, 16, torch.float16)
+    leaf = qkv.detach().requires_grad_()
+    (g,) = torch.autograd.grad(flash_attention_qkvpacked(leaf).float().square().sum(), leaf,
+                               create_graph=True)
+    (ref,) = torch.autograd.grad(flash_attention_qkvpacked(leaf).float().square().sum(), leaf)
+    assert torch.equal(g, ref)
+    with pytest.raises(RuntimeError, match="differentiate twice"):
+        g.float().square().sum().backward()
+    q, k, v = leaf.unbind(2)
+    (g2,) = torch.autograd.grad(naive_attention(q, k, v).float().square().sum(), leaf, create_graph=True)
+    g2.float().square().sum().backward()
+    assert leaf.grad is not None and leaf.grad.abs().sum() > 0
+
+
 def test_backward_is_deterministic():
     qkv, do = _packed_inputs(2, 130, 2, 64, torch.bfloat16, seed=7)
     first = _out_and_grads(flash_attention, qkv, do)
@@ -740,6 +759,20 @@ def test_rejects_mismatched_shapes():
         flash_attention(q[0], k[0], v[0])
     with pytest.raises(ValueError, match=r"qkv must be \(B, N, 3, H, D\)"):
         flash_attention_qkvpacked(torch.randn(1, 8, 2, 2, 32, device=DEVICE).half())
+
+
+@pytest.mark.parametrize("impl", ["naive", "sdpa"])
+def test_reference_paths_reject_wrong_layouts(impl):
+    """naive and sdpa check the layout as flash does: a 3-d q or a packed tensor without
+    its (B, N, 3, H, D) axes would otherwise attend over the wrong dimension."""
+    fn = naive_attention if impl == "naive" else sdpa_attention
+    x = torch.randn(2, 17, 2, 16)
+    with pytest.raises(ValueError, match=r"q must be 4-d \(B, N, H, D\), got shape \(2, 17, 16\)"):
+        fn(x[:, :, 0], x[:, :, 0], x[:, :, 0])
+    with pytest.raises(ValueError, match=r"k has shape \(2, 16, 2, 16\), expected \(2, 17, 2, 16\)"):
+        fn(x, x[:, :16], x)
+    with pytest.raises(ValueError, match=r"qkv must be \(B, N, 3, H, D\), got shape \(2, 17, 3, 64\)"):
+        attention_qkvpacked(torch.randn(2, 17, 3, 64), impl)
 
 
 def test_rejects_mismatched_devices():

@@ -385,3 +385,12 @@ def test_mimetic_init_with_locality_attention_trains_and_bad_values():
     assert all(p.grad is not None for p in model.parameters())
     with pytest.raises(ValueError, match="attn_init='xavier': choose one of default, mimetic"):
         build_model("vit_micro_patch4_32", attn_init="xavier")
+
+
+def test_position_dropout_is_its_own_rate_as_in_timm():
+    """pos_drop_rate drops the embedded tokens, as timm's; proj_drop_rate stays in the blocks."""
+    model = build_model("vit_micro_patch4_32", proj_drop_rate=0.25)
+    assert model.pos_drop.p == 0.0 and model.blocks[0].mlp.drop.p == 0.25
+    assert build_model("vit_micro_patch4_32", pos_drop_rate=0.1).pos_drop.p == 0.1
+    with pytest.raises(ValueError, match="pos_drop_rate=1.5 is not in \\[0, 1\\)"):
+        build_model("vit_micro_patch4_32", pos_drop_rate=1.5)

@@ -214,6 +214,51 @@ def test_export_from_a_model_and_the_cli(tmp_path, capsys):
     assert safetensors.torch.load_file(str(tmp_path / "c.safetensors")).keys() == a.keys()
 
 
+@pytest.mark.parametrize("pooling", [dict(global_pool="token", fc_norm=True),
+                                     dict(global_pool="avg", fc_norm=False)])
+def test_pooling_the_weights_leave_open_comes_from_the_file(tmp_path, pooling):
+    """With a class token, fc_norm's presence does not say the pooling (token pooling may
+    have fc_norm, the mean may go without): an exported file's metadata and a run's
+    hyper-parameters say it, so loading, exporting and timm all give the model's logits."""
+    name = "vit_micro_patch4_32"
+    torch.manual_seed(0)
+    ours = _perturb_(vitflash.create_model(name, attention="naive", num_classes=10, **pooling), seed=5)
+    exported = tmp_path / "exported.safetensors"
+    export_timm(ours, exported)
+    lightning = _save(ours.state_dict(), tmp_path / "run", name)
+    ckpt = torch.load(lightning, weights_only=True)
+    ckpt["hyper_parameters"].update(pooling)
+    torch.save(ckpt, lightning)
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        want = ours(x)
+        for path in (exported, lightning):
+            back = vitflash.create_model(name, attention="naive", pretrained=path).eval()
+            assert (back.global_pool, back.config["fc_norm"]) == (pooling["global_pool"], pooling["fc_norm"])
+            assert torch.equal(back(x), want)
+            timm_kwargs = export_timm(path, tmp_path / f"again_{path.suffix[1:]}.safetensors")
+            torch.testing.assert_close(timm.create_model(**timm_kwargs).eval()(x), want, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("overrides", [dict(init_values=1e-5), dict(init_values=0.0), dict(qkv_bias=False)])
+def test_layer_scale_and_qkv_bias_come_from_the_weights(tmp_path, overrides):
+    """A file with layer scale (also one that started at 0, which timm builds only for a
+    nonzero init_values) or without qkv biases loads into the preset that has neither, and
+    exports to timm, without naming them."""
+    name = "vit_micro_patch4_32"
+    torch.manual_seed(0)
+    ours = _perturb_(vitflash.create_model(name, attention="naive", num_classes=10, **overrides), seed=6)
+    path = _save(ours.state_dict(), tmp_path / "weights", "pth")
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        want = ours(x)
+        back = vitflash.create_model(name, attention="naive", pretrained=path).eval()
+        assert torch.equal(back(x), want)
+        timm_kwargs = export_timm(ours, tmp_path / "exported.safetensors")
+        assert Path(timm_kwargs["pretrained_cfg_overlay"]["file"]).is_absolute()
+        torch.testing.assert_close(timm.create_model(**timm_kwargs).eval()(x), want, atol=1e-5, rtol=0)
+
+
 def test_read_checkpoint_unwraps_lightning_and_reports_hyper_parameters(tmp_path):
     sd = {"w": torch.ones(2)}
     ckpt = {"state_dict": {"model.w": sd["w"], "train_acc.total": torch.zeros(())},
@@ -260,6 +305,24 @@ def test_checkpoint_of_another_architecture(tmp_path):
     msg = str(e.value)
     assert str(path) in msg and "is not a timm/vitflash VisionTransformer" in msg
     assert "patch_embed.proj.weight" in msg and "conv1" in msg  # what it lacks, what it has
+
+
+@pytest.mark.parametrize("kind", ["reg_tokens", "no_embed_class", "distilled"])
+def test_vits_with_other_tokens_are_refused_by_name(tmp_path, kind):
+    """timm ViTs whose tokens vitflash's ViT does not have (registers, a distillation token,
+    a class token outside pos_embed) fail with a CheckpointError saying so, not inside the
+    position-embedding resampling."""
+    if kind == "distilled":
+        model = _timm_model("deit_tiny_distilled_patch16_224", depth=1, img_size=64)
+    else:
+        model = _timm_model("vit_tiny_patch16_224", depth=1, img_size=64, **{kind: 4 if kind == "reg_tokens" else True})
+    path = _save(model.state_dict(), tmp_path / kind, "pth")
+    want = {"reg_tokens": "register tokens", "no_embed_class": "not a class token and a square grid",
+            "distilled": "a distillation token"}[kind]
+    with pytest.raises(CheckpointError, match=want):
+        vitflash.create_model("vit_tiny_patch16_224", depth=1, img_size=64, pretrained=path)
+    with pytest.raises(CheckpointError, match=want):
+        export_timm(path, tmp_path / "out.safetensors", model_name="vit_tiny_patch16_224")
 
 
 def test_vit_of_another_width(tmp_path):
@@ -359,6 +422,14 @@ def test_weights_in_the_hub_cache_load_without_the_hub(tmp_path, monkeypatch):
     _save(source.state_dict(), repo / "snapshots" / ("0" * 40) / "model", "safetensors")
     model = vitflash.create_model("vit_tiny_patch16_224", pretrained="augreg_in21k", depth=1)
     assert all(torch.equal(v, source.state_dict()[k]) for k, v in model.state_dict().items())
+    # weights that are there but do not load are reported as such, not as a failed fetch
+    def refuse(state_dict, model):
+        raise RuntimeError("size mismatch for pos_embed")
+
+    monkeypatch.setattr(vitflash.pretrained, "checkpoint_filter_fn", refuse)
+    with pytest.raises(CheckpointError, match="do not load into vit_tiny_patch16_224 .RuntimeError: "
+                                              "size mismatch for pos_embed"):
+        vitflash.create_model("vit_tiny_patch16_224", pretrained="augreg_in21k", depth=1)
 
 
 def test_unknown_timm_tag_lists_the_known_ones():

@@ -120,6 +120,29 @@ def test_max_time_stop_prints_the_command_that_finishes_the_run(tmp_path):
     assert (run / "checkpoints" / "last.ckpt").is_file()
 
 
+def test_max_time_as_a_mapping_and_a_spent_budget(tmp_path):
+    """trainer.max_time also takes timedelta's keywords ({minutes: 1}); resuming a run whose
+    budget is spent with the same budget stops at once, saying how to finish it."""
+    run = tmp_path / "budget"
+    train(compose_cfg(run, [*SMOKE, "debug=default", "trainer.max_epochs=1000", "trainer.max_time={seconds: 3}"]))
+    last = run / "out" / "checkpoints" / "last.ckpt"
+    assert torch.load(last, map_location="cpu", weights_only=True)["callbacks"]["Timer"]["time_elapsed"]["train"] >= 3
+    with pytest.raises(ValueError, match=r"has already trained for \d+ s, all of trainer.max_time=.*"
+                                         r"pass trainer.max_time=null to finish it"):
+        train(compose_cfg(tmp_path / "again", [*SMOKE, "debug=default", "trainer.max_epochs=1000",
+                                               "trainer.max_time=00:00:00:03", f"ckpt_path='{last}'"]))
+
+
+def test_fit_ends_with_last_ckpt_between_its_saves(tmp_path):
+    """With last.ckpt every 2 epochs and 3 epochs, the third is still saved where fit ends."""
+    run = tmp_path / "run"
+    train(compose_cfg(run, [*SMOKE, "debug=default", "trainer.max_epochs=3",
+                            "++callbacks.last_checkpoint.every_n_epochs=2"]))
+    saved = torch.load(run / "out" / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
+    assert saved["global_step"] == 3 * 4  # debug=default: 4 batches an epoch
+    assert saved["loops"]["fit_loop"]["epoch_progress"]["current"]["completed"] == 3
+
+
 def test_flash_without_cuda_stops_at_start(tmp_path):
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA, where attention=flash runs")
@@ -128,6 +151,16 @@ def test_flash_without_cuda_stops_at_start(tmp_path):
     assert not (tmp_path / "run").exists()  # a run that fails at the start leaves no folder
     assert "attention=flash needs a CUDA GPU" in result.stderr
     assert all(f"attention={alt}" in result.stderr for alt in ("sdpa", "naive", "auto"))
+
+
+def test_error_after_the_loggers_start_leaves_no_folder(tmp_path):
+    """A config error found once the trainer is set up (a cool-down longer than the run, in
+    configure_optimizers) leaves the logger's empty folder behind it, and no result: no
+    run folder either."""
+    run = tmp_path / "run"
+    result = run_cli("train", *SMOKE, "debug=default", "model.cooldown_epochs=20", f"hydra.run.dir={run}")
+    assert result.returncode == 1 and "model.cooldown_epochs=20 leaves the cosine no steps" in result.stderr
+    assert not run.exists(), sorted(p.relative_to(run) for p in run.rglob("*"))
 
 
 def test_fsdp_asks_for_test_false_before_any_work(tmp_path):

@@ -207,6 +207,18 @@ def save_last_now(trainer: L.Trainer) -> list[str]:
     return written
 
 
+def mid_accumulation(trainer: L.Trainer) -> bool:
+    """Whether the training batch just run is not the last of its gradient accumulation
+    (trainer.accumulate_grad_batches > 1), as Lightning counts it: its gradients wait in
+    `.grad` for the optimizer step, and a checkpoint written now would not hold them, so a
+    run resumed from it would step on part of the accumulation."""
+    if trainer.accumulate_grad_batches <= 1:
+        return False
+    progress = trainer.fit_loop.epoch_loop.batch_progress
+    return (progress.current.ready % trainer.accumulate_grad_batches != 0
+            and progress.current.ready != trainer.num_training_batches and not progress.is_last_batch)
+
+
 class TimeBudget(Timer):
     """trainer.max_time: Lightning's Timer, checked after every training step, that also
     writes `last.ckpt` at the step where the budget ends.
@@ -221,11 +233,15 @@ class TimeBudget(Timer):
     continued from `last.ckpt` then carries on from the next batch: with the same weights,
     bit for bit, as a run without the stop (tests/test_faults.py).
 
+    With gradient accumulation the stop waits for the accumulation's last batch, where the
+    optimizer has stepped and nothing is left in `.grad` that a checkpoint would miss.
+
     The state (the training time spent so far) is stored under Lightning's Timer key, so the
     budget stays the whole run's across a resume, with checkpoints of either.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("verbose", False)  # the stop is logged once, with its checkpoint (below)
         super().__init__(*args, **kwargs)
         self.stopped: tuple[int, int, int] | None = None  # (epoch, batch in it, global step) where the budget ended
 
@@ -236,6 +252,9 @@ class TimeBudget(Timer):
     def on_train_batch_end(self, trainer: L.Trainer, *args: Any, **kwargs: Any) -> None:
         stopping = trainer.should_stop
         super().on_train_batch_end(trainer, *args, **kwargs)  # decided on rank 0 and broadcast: every rank saves
+        if trainer.should_stop and not stopping and mid_accumulation(trainer):
+            trainer.should_stop = False  # the Timer says so again after the next batch
+            return
         if trainer.should_stop and not stopping:
             batch = trainer.fit_loop.epoch_loop.batch_progress.current.ready
             self.stopped = (trainer.current_epoch, batch, trainer.global_step)  # for the message after fit
@@ -251,8 +270,31 @@ class SaveOnTerm(Callback):
     `last.ckpt` at that step first, as `TimeBudget` does at the end of a budget, so that the
     run resumes from the next batch with the same state, bit for bit, as without the signal
     (tests/test_faults.py). A signal that lands during validation leaves the last checkpoint
-    as it was. Under DDP nothing is added to Lightning's own handling (seen with Lightning 2.6
-    over gloo: with every process signalled, the processes wait on each other and do not end)."""
+    as it was. With gradient accumulation fit ends at the accumulation's last batch instead
+    (see TimeBudget). Under DDP nothing is added to Lightning's own handling (seen with
+    Lightning 2.6 over gloo: with every process signalled, the processes wait on each other and
+    do not end).
+
+    It also writes `last.ckpt` where fit ends, if no save there has: with
+    `callbacks.last_checkpoint.every_n_epochs=10` and 25 epochs, the last five would otherwise
+    be in no checkpoint."""
+
+    def __init__(self) -> None:
+        self.deferred = False  # a SIGTERM held back until the accumulation's last batch
+
+    def on_train_batch_end(self, trainer: L.Trainer, *args: Any, **kwargs: Any) -> None:
+        # Lightning raises SIGTERMException after this hook where received_sigterm is set
+        connector = getattr(trainer, "_signal_connector", None)
+        if connector is None or trainer.world_size > 1:
+            return
+        if connector.received_sigterm and mid_accumulation(trainer):
+            connector.received_sigterm, self.deferred = False, True
+        elif self.deferred and not mid_accumulation(trainer):
+            connector.received_sigterm, self.deferred = True, False
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not trainer.fast_dev_run:  # (which saves no checkpoint)
+            save_last_now(trainer)
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
         if not isinstance(exception, SIGTERMException) or trainer.state.fn != TrainerFn.FITTING \

@@ -93,10 +93,15 @@ def remove_empty_run_folder() -> bool:
     if not HydraConfig.initialized() or rank_zero_only.rank != 0:
         return False
     folder = Path(HydraConfig.get().runtime.output_dir)
-    if not folder.is_dir() or any(p.name not in _HYDRA_BOOKKEEPING for p in folder.iterdir()):
+    # (a logger's folder made before the error, with nothing in it, holds no result either)
+    if not folder.is_dir() or any(p.name not in _HYDRA_BOOKKEEPING and _holds_files(p) for p in folder.iterdir()):
         return False
     shutil.rmtree(folder, ignore_errors=True)
     return True
+
+
+def _holds_files(path: Path) -> bool:
+    return path.is_file() or any(p.is_file() for p in path.rglob("*"))
 
 
 @contextlib.contextmanager
@@ -198,7 +203,7 @@ def is_fsdp(strategy) -> bool:
     return target.rsplit(".", 1)[-1] == "FSDPStrategy"
 
 
-def _duration_seconds(value) -> float | None:
+def duration_seconds(value) -> float | None:
     """trainer.max_time in seconds, as Lightning's Timer reads it ("DD:HH:MM:SS", or a mapping
     of timedelta's keywords such as {hours: 1}); None where it is not one, or not above zero."""
     try:
@@ -218,12 +223,28 @@ def _duration_seconds(value) -> float | None:
 
 def check_trainer(trainer: DictConfig) -> None:
     """Raise a ValueError for trainer settings Lightning would only trip over after the data
-    is set up: non-numeric epochs or batch limits, a time budget that is not one, a GPU
-    accelerator or FSDP without CUDA."""
+    is set up: non-numeric epochs, steps or batch limits, a time budget that is not one, a
+    negative clipping threshold, a GPU accelerator or FSDP without CUDA."""
     epochs = trainer.get("max_epochs")
     if epochs is not None and not (_whole(epochs, 1) or epochs == -1):
         raise ValueError(f"trainer.max_epochs={epochs!r} is not a whole number >= 1 (or -1 for no limit): "
                          "pass e.g. trainer.max_epochs=10")
+    steps = trainer.get("max_steps")
+    if epochs == -1 and not _whole(steps, 1):
+        raise ValueError(f"trainer.max_epochs=-1 (no epoch limit) needs trainer.max_steps, the number of optimizer "
+                         f"steps the learning-rate schedule runs over (got {steps!r}): pass e.g. "
+                         "+trainer.max_steps=20000, or a number of epochs")
+    for key in ("accumulate_grad_batches", "check_val_every_n_epoch"):
+        value = trainer.get(key)
+        if value is not None and not _whole(value, 1):
+            raise ValueError(f"trainer.{key}={value!r} is not a whole number >= 1: pass e.g. trainer.{key}=2, "
+                             f"or leave it out")
+    clip = trainer.get("gradient_clip_val")
+    if clip is not None and not (isinstance(clip, (int, float)) and not isinstance(clip, bool) and clip >= 0):
+        # torch's clip_grad_norm_ would scale the gradients by a negative factor (gradient
+        # ascent) where Lightning, which clips on the other paths, ignores the value
+        raise ValueError(f"trainer.gradient_clip_val={clip!r} is not a number >= 0: pass e.g. "
+                         "trainer.gradient_clip_val=1.0, or null (or 0) for no clipping")
     for key in ("limit_train_batches", "limit_val_batches", "limit_test_batches"):
         value = trainer.get(key)
         if value is None:
@@ -233,7 +254,7 @@ def check_trainer(trainer: DictConfig) -> None:
             raise ValueError(f"trainer.{key}={value!r} is neither a fraction in [0, 1] nor a whole number "
                              f"of batches: pass e.g. trainer.{key}=1.0 (all) or trainer.{key}=100")
     budget = trainer.get("max_time")
-    if budget is not None and _duration_seconds(budget) is None:
+    if budget is not None and duration_seconds(budget) is None:
         raise ValueError(f"trainer.max_time={budget!r} is not a time budget longer than zero: write "
                          "days:hours:minutes:seconds, e.g. trainer.max_time=00:00:09:00 for nine minutes, "
                          "or trainer.max_time=null for none")

@@ -241,8 +241,9 @@ class VisionTransformer(nn.Module):
         global_pool: "token" (class token) or "avg" (mean of the patch tokens).
         fc_norm: norm after pooling instead of before it; None means "avg" pooling gets it,
             as in timm.
-        drop_rate: dropout before the head. proj_drop_rate: dropout after the attention
-            projection and in the MLP. drop_path_rate: stochastic depth, rising linearly to
+        drop_rate: dropout before the head. pos_drop_rate: dropout of the embedded tokens
+            (with their position embedding), as timm's. proj_drop_rate: dropout after the
+            attention projection and in the MLP. drop_path_rate: stochastic depth, rising linearly to
             this value over the blocks. attn_drop_rate: dropout of the attention weights
             in training, done inside each attention path (the flash kernels regenerate
             its mask in the backward).
@@ -277,6 +278,7 @@ class VisionTransformer(nn.Module):
         global_pool: str = "token",
         fc_norm: bool | None = None,
         drop_rate: float = 0.0,
+        pos_drop_rate: float = 0.0,
         proj_drop_rate: float = 0.0,
         drop_path_rate: float = 0.0,
         attn_drop_rate: float = 0.0,
@@ -288,8 +290,8 @@ class VisionTransformer(nn.Module):
         super().__init__()
         _check_sizes(img_size=img_size, patch_size=patch_size, in_chans=in_chans, embed_dim=embed_dim,
                      depth=depth, num_heads=num_heads, num_classes=num_classes, mlp_ratio=mlp_ratio,
-                     drop_rate=drop_rate, proj_drop_rate=proj_drop_rate, drop_path_rate=drop_path_rate,
-                     attn_drop_rate=attn_drop_rate)
+                     drop_rate=drop_rate, pos_drop_rate=pos_drop_rate, proj_drop_rate=proj_drop_rate,
+                     drop_path_rate=drop_path_rate, attn_drop_rate=attn_drop_rate)
         for name, flag in (("shifted_patches", shifted_patches), ("locality_attention", locality_attention)):
             if not isinstance(flag, bool):
                 raise ValueError(f"{name}={flag!r} is not True or False")
@@ -323,7 +325,7 @@ class VisionTransformer(nn.Module):
         num_tokens = self.patch_embed.num_patches + self.num_prefix_tokens
         self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if class_token else None
         self.pos_embed = nn.Parameter(torch.zeros(1, num_tokens, embed_dim))
-        self.pos_drop = nn.Dropout(proj_drop_rate)
+        self.pos_drop = nn.Dropout(pos_drop_rate)
         dpr = [drop_path_rate * i / max(depth - 1, 1) for i in range(depth)]
         self.blocks = nn.Sequential(*[
             Block(embed_dim, num_heads, mlp_ratio, qkv_bias, init_values, proj_drop_rate,

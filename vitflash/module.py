@@ -515,7 +515,7 @@ class ViTModule(L.LightningModule):
         if self._whole_step is None:
             trainer = self.trainer
             clip = None
-            if trainer.gradient_clip_val:
+            if (trainer.gradient_clip_val or 0) > 0:  # as Lightning: a value <= 0 clips nothing
                 clip = (float(trainer.gradient_clip_val), trainer.gradient_clip_algorithm or "norm")
             self._whole_step = WholeStepGraph(self.model, self.train_loss, self.optimizers(use_pl_optimizer=False),
                                               clip, str(trainer.precision))
@@ -615,16 +615,18 @@ class ViTModule(L.LightningModule):
         optimizer = factory(groups)
         self._whole_step = None  # a new optimizer: captured again at the next fit's first steps
 
-        total = int(self.trainer.estimated_stepping_batches)
-        epochs = self.trainer.max_epochs if self.trainer.max_epochs and self.trainer.max_epochs > 0 else 1
+        total = int(self.trainer.estimated_stepping_batches)  # max_steps where it ends fit first
+        # optimizer steps an epoch, which size the warmup and cool-down whatever ends fit
+        per_epoch = self.trainer.num_training_batches / self.trainer.accumulate_grad_batches
         # A warmup longer than a short (debug) run is cut to half of it, leaving the cosine
         # at least two steps (a one-step cosine is flat, and timm warns about it). The
         # cool-down's steps come off the cosine's end: past t_initial timm holds lr_min.
-        warmup = min(round(hp.warmup_epochs * total / epochs), total // 2)
-        cooldown = round(hp.get("cooldown_epochs", 0.0) * total / epochs)
+        warmup = min(round(hp.warmup_epochs * per_epoch), total // 2)
+        cooldown = round(hp.get("cooldown_epochs", 0.0) * per_epoch)
         if cooldown and total - warmup - cooldown < 2:
             raise ValueError(f"model.cooldown_epochs={hp.cooldown_epochs} leaves the cosine no steps in "
-                             f"{epochs} epochs with {hp.warmup_epochs} of warmup: lower it, or raise trainer.max_epochs")
+                             f"{total} steps ({total / per_epoch:g} epochs) with {hp.warmup_epochs} of warmup: "
+                             "lower it, or raise trainer.max_epochs")
         scheduler = CosineLRScheduler(
             optimizer, t_initial=max(total - warmup - cooldown, 2), lr_min=hp.min_lr, warmup_t=warmup,
             warmup_lr_init=hp.warmup_lr, warmup_prefix=True, t_in_epochs=False,
@@ -640,6 +642,8 @@ class ViTModule(L.LightningModule):
         (an all-reduce of the shards' norms), which Lightning's FSDP precision does not call."""
         if self.graph_step:
             return  # clipped inside the captured step
+        if gradient_clip_val is not None and gradient_clip_val <= 0:
+            gradient_clip_val = None  # as Lightning: no clipping (torch's would flip the gradients' sign)
         if (gradient_clip_val and gradient_clip_algorithm in (None, "norm")
                 and isinstance(self.trainer.model, FullyShardedDataParallel)):
             self.trainer.model.clip_grad_norm_(gradient_clip_val)
@@ -767,7 +771,8 @@ def load_checkpoint(path: str | Path, attention: str | None = None,
     state_dict, hparams = read_checkpoint(path, training=True)
     if hparams.get("ema_decay") is not None:
         log.info("%s: the EMA of the weights (model.ema_decay=%g)", path, hparams["ema_decay"])
-    hparams = {**hparams, "pretrained": None, "ema_decay": None}
+    # graph_step captures the training step only (and needs CUDA): off for a model that is scored
+    hparams = {**hparams, "pretrained": None, "ema_decay": None, "graph_step": False}
     if attention is not None:
         hparams["attention"] = attention
     if eval_flip is not None:

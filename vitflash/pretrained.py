@@ -110,7 +110,20 @@ def read_checkpoint(
     state_dict = clean_state_dict(state_dict)
     if not state_dict:
         raise CheckpointError(f"checkpoint {path} holds no tensors")
-    return state_dict, hparams
+    return state_dict, hparams or _exported_arguments(path)
+
+
+def _exported_arguments(path: str | os.PathLike) -> dict:
+    """The model arguments that export_timm writes into a .safetensors file's metadata (its
+    preset as model_name, and timm's keyword arguments: pooling, layer scale...), {} for
+    any other file: where the weights leave something open, the file still says it."""
+    if Path(path).suffix != ".safetensors":
+        return {}
+    with safetensors.safe_open(path, "pt") as f:
+        meta = f.metadata() or {}
+    if "timm_kwargs" not in meta:
+        return {}
+    return {"model_name": meta.get("vitflash_model") or None, **json.loads(meta["timm_kwargs"])}
 
 
 def load_file(path: str | os.PathLike):
@@ -176,6 +189,19 @@ def _check_is_vit(state_dict: Mapping[str, torch.Tensor], source: str) -> None:
             f"{', '.join(missing)} (its first keys are {some}). Pass a ViT checkpoint "
             f"saved by vitflash, by Lightning with vitflash, or by timm"
         )
+    for key, what in (("reg_token", "register tokens"), ("dist_token", "a distillation token")):
+        if key in state_dict:
+            raise CheckpointError(
+                f"checkpoint {source} has {what} ({key}), which vitflash's ViT does not have: "
+                f"pass the weights of a plain ViT (timm's vit_* and deit_* tags without reg or "
+                f"distilled in the name)")
+    tokens, prefix = state_dict["pos_embed"].shape[1], int("cls_token" in state_dict)
+    if math.isqrt(tokens - prefix) ** 2 != tokens - prefix:
+        raise CheckpointError(
+            f"checkpoint {source}'s pos_embed has {tokens} tokens, not "
+            f"{'a class token and ' if prefix else ''}a square grid of patches as in vitflash's "
+            f"ViT (timm's no_embed_class models, e.g. deit3, keep the class token out of it): "
+            f"pass the weights of a plain ViT")
     # model.shifted_patches (ShiftedPatchEmbed), model.locality_attention (Attention.log_scale)
     for key, what, option in (("patch_embed.norm.weight", "tokenizes with shifted patches", "shifted_patches"),
                               ("blocks.0.attn.log_scale", "has locality self-attention", "locality_attention")):
@@ -220,6 +246,25 @@ def architecture_of(state_dict: Mapping[str, torch.Tensor]) -> dict:
     if has_fc_norm or not class_token:
         arch.update(global_pool="avg", fc_norm=has_fc_norm)
     return arch
+
+
+def _arguments_of(arch: dict, hparams: Mapping, name: str) -> dict:
+    """The VisionTransformer keyword arguments beyond preset `name`'s that a checkpoint
+    decides: from its weights (`arch`, architecture_of) the head size, class token, qkv bias
+    and layer scale, and the pooling where the weights show it; from the model arguments
+    saved with it (`hparams`: a run's hyper-parameters, an exported file's metadata) the
+    pooling where they name it, which the weights leave open with a class token (token
+    pooling, or the mean with or without fc_norm)."""
+    kwargs = {k: arch[k] for k in ("num_classes", "class_token", "qkv_bias", "global_pool", "fc_norm")
+              if k in arch}
+    if hparams.get("global_pool") in ("token", "avg"):
+        kwargs["global_pool"] = hparams["global_pool"]
+        fc_norm = hparams.get("fc_norm")
+        kwargs["fc_norm"] = fc_norm if isinstance(fc_norm, bool) else hparams["global_pool"] == "avg"
+    if arch["layer_scale"]:
+        # The value only seeds gamma, which the checkpoint overwrites.
+        kwargs["init_values"] = preset_kwargs(name).get("init_values") or 1e-5
+    return kwargs
 
 
 def _describe(arch: dict) -> str:
@@ -341,12 +386,11 @@ def _is_local(pretrained: str | os.PathLike) -> bool:
 def _create_from_file(
     name: str, path: Path, attention: str, sizes: dict, overrides: dict
 ) -> VisionTransformer:
-    state_dict, _ = read_checkpoint(path)
+    state_dict, hparams = read_checkpoint(path)
     _check_is_vit(state_dict, str(path))
     arch = architecture_of(state_dict)
-    # The file decides the head size and the pooling layers unless the caller says otherwise.
-    kwargs = {"num_classes": arch["num_classes"]}
-    kwargs.update({k: arch[k] for k in ("class_token", "global_pool", "fc_norm") if k in arch})
+    # The file decides the head, pooling, bias and layer scale unless the caller says otherwise.
+    kwargs = _arguments_of(arch, hparams, name)
     kwargs.update(sizes, **overrides)
     model = build_model(name, attention, **kwargs)
     _load(model, _state_dict_cfg(state_dict, arch, model), source=str(path))
@@ -395,6 +439,10 @@ def _create_from_timm(
     except CheckpointError:
         raise
     except Exception as e:
+        if isinstance(huggingface_hub.try_to_load_from_cache(hub_id, filename), str):
+            # fetched (or cached already): the weights themselves do not load into the model
+            raise CheckpointError(f"timm weights {full!r} do not load into {name} ({type(e).__name__}: "
+                                  f"{str(e).splitlines()[0] if str(e) else ''})") from e
         raise vitflash.SetupError(
             f"could not fetch timm weights {full!r} from the Hugging Face hub "
             f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}). {offline_hint}"
@@ -429,7 +477,12 @@ def timm_args(model: VisionTransformer) -> tuple[str, dict]:
             raise ValueError(f"this model {what} ({flag}=True), which timm's ViT does not have: it "
                              "cannot be exported to timm")
     arch = model.preset if model.preset and timm.is_model(model.preset) else _TIMM_GENERIC_VIT
-    return arch, dict(model.config)
+    kwargs = dict(model.config)
+    if kwargs["init_values"] is not None and not kwargs["init_values"]:
+        # layer scale starting at 0: timm builds none for a falsy init_values, and the value
+        # only seeds gamma, which the weights overwrite
+        kwargs["init_values"] = 1e-5
+    return arch, kwargs
 
 
 def export_timm(
@@ -465,12 +518,8 @@ def export_timm(
                 f"{', '.join(list_models())}"
             )
         arch = architecture_of(state_dict)
-        keys = ("patch_size", "in_chans", "embed_dim", "depth", "mlp_ratio", "qkv_bias",
-                "class_token", "num_classes", "img_size", "global_pool", "fc_norm")  # fmt: skip
-        kwargs = {k: arch[k] for k in keys if k in arch}
-        if arch["layer_scale"]:
-            # The value only seeds gamma, which the checkpoint overwrites.
-            kwargs["init_values"] = preset_kwargs(name).get("init_values") or 1e-5
+        shape = ("patch_size", "in_chans", "embed_dim", "depth", "mlp_ratio", "img_size")
+        kwargs = {**{k: arch[k] for k in shape if k in arch}, **_arguments_of(arch, hparams, name)}
         model = build_model(name, **kwargs)
         _load(model, _state_dict_cfg(state_dict, arch, model), source=source)
     arch_name, kwargs = timm_args(model)
@@ -485,6 +534,6 @@ def export_timm(
     c = model.config
     # Some timm default tags point at .npz files read by a custom loader (custom_load); the
     # overlay must switch it off, or timm would read the .safetensors file as an .npz.
-    overlay = dict(file=str(out), custom_load=False, num_classes=c["num_classes"],
+    overlay = dict(file=str(out.resolve()), custom_load=False, num_classes=c["num_classes"],
                    input_size=(c["in_chans"], c["img_size"], c["img_size"]))  # fmt: skip
     return dict(model_name=arch_name, pretrained=True, pretrained_cfg_overlay=overlay, **kwargs)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from vitflash.ops.flash import check_head_dim, flash_attention, flash_attention_qkvpacked
-from vitflash.ops.reference import naive_attention, sdpa_attention
+from vitflash.ops.reference import check_packed, naive_attention, sdpa_attention
 
 ATTENTION_IMPLS = ("flash", "naive", "sdpa")
 
@@ -53,6 +53,7 @@ def attention_qkvpacked(
     """
     if impl == "flash":
         return flash_attention_qkvpacked(qkv, softmax_scale, dropout_p, mask_diagonal=mask_diagonal)
+    check_packed(qkv)
     q, k, v = qkv.unbind(2)  # each (B, N, H, D), views
     if impl == "naive":
         return naive_attention(q, k, v, softmax_scale, dropout_p, mask_diagonal)

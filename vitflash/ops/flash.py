@@ -31,7 +31,7 @@ from vitflash.ops import kernels
 from vitflash.ops import launch as _launch
 from vitflash.ops.launch import Candidate, Launch, _pow2, choose, split_d, tail_tile
 
-from vitflash.ops.reference import check_dropout_p, check_mask_diagonal, check_softmax_scale
+from vitflash.ops.reference import check_dropout_p, check_mask_diagonal, check_packed, check_softmax_scale
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
 MAX_HEAD_DIM = 256
@@ -353,7 +353,11 @@ class _FlashAttention(torch.autograd.Function):
         return o
 
     @staticmethod
+    @torch.autograd.function.once_differentiable
     def backward(ctx, do):
+        """dqkv. The kernels' gradient has no gradient of its own: differentiating it again
+        (a gradient penalty through attention, create_graph=True) raises rather than leaving
+        attention's share out; the 'naive' and 'sdpa' paths differentiate twice."""
         compiling = torch.compiler.is_compiling()
         qkv, o, lse, seed = ctx.saved_tensors
         dqkv = (_backward_op if compiling else _backward)(do, qkv, o, lse, ctx.softmax_scale,
@@ -453,7 +457,7 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
             Needs N >= 2.
     Returns:
         o: (B, N, H, D), contiguous, so `o.reshape(B, N, H * D)` is free.
-    Differentiable in q, k, v.
+    Differentiable in q, k, v, once: differentiating the gradient again raises.
     """
     _check_tensor("q", q)
     if q.dim() != 4:
@@ -481,8 +485,7 @@ def flash_attention_qkvpacked(qkv: torch.Tensor, softmax_scale: float | None = N
     The backward writes a single dqkv (B, N, 3, H, D) tensor: no cat/stack copies.
     """
     _check_tensor("qkv", qkv)
-    if qkv.dim() != 5 or qkv.shape[2] != 3:
-        raise ValueError(f"qkv must be (B, N, 3, H, D), got shape {tuple(qkv.shape)}")
+    check_packed(qkv)
     B, N, _, H, D = qkv.shape
     _check_sizes(B, N, H, D, tuple(qkv.shape))
     scale = _scale(softmax_scale, D)

@@ -48,6 +48,23 @@ def check_mask_diagonal(mask_diagonal: bool, n: int) -> bool:
     return mask_diagonal
 
 
+def check_packed(qkv: torch.Tensor) -> None:
+    """Raise a ValueError unless qkv has the (B, N, 3, H, D) layout of a fused projection."""
+    if qkv.dim() != 5 or qkv.shape[2] != 3:
+        raise ValueError(f"qkv must be (B, N, 3, H, D), got shape {tuple(qkv.shape)}")
+
+
+def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    """Raise a ValueError unless q is (B, N, H, D) and k, v have its shape (a 3-d input would
+    otherwise attend over the wrong dimension without a word)."""
+    if q.dim() != 4:
+        raise ValueError(f"q must be 4-d (B, N, H, D), got shape {tuple(q.shape)}")
+    for name, t in (("k", k), ("v", v)):
+        if t.shape != q.shape:
+            raise ValueError(f"{name} has shape {tuple(t.shape)}, expected {tuple(q.shape)} "
+                             "(B, N, H, D) like q")
+
+
 def naive_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float | None = None,
     dropout_p: float = 0.0, mask_diagonal: bool = False,
@@ -67,6 +84,7 @@ def naive_attention(
     that dtype, as a plain PyTorch implementation would), which makes it the yardstick for
     the low-precision error of the fused kernels.
     """
+    check_qkv(q, k, v)
     scale = check_softmax_scale(softmax_scale) or 1.0 / math.sqrt(q.shape[-1])
     qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))  # (B, H, N, D)
     scores = torch.matmul(qt, kt.transpose(-2, -1)) * scale  # (B, H, N, N)
@@ -89,6 +107,7 @@ def sdpa_attention(
 
     Returns o: (B, N, H, D), contiguous.
     """
+    check_qkv(q, k, v)
     mask = ~_eye(q.shape[1], q.device) if check_mask_diagonal(mask_diagonal, q.shape[1]) else None
     o = F.scaled_dot_product_attention(
         q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask,
