@@ -49,6 +49,33 @@ def test_transforms_give_normalized_tensors(train_crop):
     assert torch.allclose(evaluate(img), torch.full((3, 32, 32), 2.0))  # (1 - 0.5) / 0.25
 
 
+def test_posterize_to_zero_bits_gives_black_as_older_pillow():
+    """timm's PosterizeIncreasing keeps 0 bits at magnitude 10, which Pillow >= 13 refuses: the
+    cpu pipeline's RandAugment runs its own posterize, black for 0 bits, timm's otherwise."""
+    from timm.data import auto_augment as timm_auto_augment
+
+    from vitflash.data import _posterize
+
+    transform = Augment(train_crop="pad", auto_augment="rand-m9-mstd0.5-inc1").train_transform(16)
+    transform = pickle.loads(pickle.dumps(transform))  # as DataLoader workers get it
+    ops = [op for t in transform.transforms for s in getattr(t, "transforms", [t]) for op in getattr(s, "ops", [])]
+    posterize = [op for op in ops if op.name.startswith("Posterize")]
+    assert len(ops) == 15 and [op.name for op in posterize] == ["PosterizeIncreasing"]
+    assert all(op.aug_fn is _posterize for op in posterize)
+    op = posterize[0]
+    op.prob, op.magnitude, op.magnitude_std = 1.0, 10, 0  # always, at the magnitude that keeps 0 bits
+    img = Image.fromarray(np.random.default_rng(0).integers(1, 256, (16, 16, 3), dtype=np.uint8))
+    out = op(img)
+    assert out.mode == "RGB" and out.size == (16, 16) and not np.asarray(out).any()
+    for bits in range(1, 9):
+        assert np.array_equal(np.asarray(_posterize(img, bits)), np.asarray(timm_auto_augment.posterize(img, bits)))
+    # AutoAugment's policies hold them too
+    original = Augment(auto_augment="original").train_transform(16)
+    policy = [op for t in original.transforms for s in getattr(t, "transforms", [t]) for sub in getattr(s, "policy", [])
+              for op in sub if op.name.startswith("Posterize")]
+    assert policy and all(op.aug_fn is _posterize for op in policy)
+
+
 def test_synthetic_batches():
     dm = SyntheticDataModule(num_classes=10, img_size=32, batch_size=16, num_workers=0, train_size=64, test_size=32)
     dm.setup("fit")

@@ -26,6 +26,7 @@ import lightning as L
 import numpy as np
 import torch
 from PIL import Image
+from timm.data import auto_augment as timm_auto_augment
 from timm.data import create_transform
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset, get_worker_info
 from torchvision import datasets
@@ -46,6 +47,26 @@ PIPELINES = ("cpu", "gpu")
 def _prepare_hint(data_root: Path, archive: str) -> str:
     return (f"Unpack the data first: `python scripts/prepare_data.py "
             f"--archive ../shared/data/{archive} --root {data_root}`")
+
+
+def _posterize(img: Image.Image, bits_to_keep: int, **kwargs) -> Image.Image:
+    """timm's posterize, keeping 0 bits too: RandAugment's PosterizeIncreasing reaches 0 bits at
+    magnitude 10 (and Posterize at 0), which Pillow >= 13 refuses where older Pillow gave a black
+    image. Black is what the gpu pipeline gives as well."""
+    if bits_to_keep <= 0:
+        return Image.new(img.mode, img.size)
+    return timm_auto_augment.posterize(img, bits_to_keep, **kwargs)
+
+
+def _keep_zero_bit_posterize(transform: T.Compose) -> None:
+    """Point the posterize ops of timm's auto-augment transforms in `transform` at `_posterize`
+    (a module-level function, so DataLoader workers can still unpickle the transform)."""
+    for t in transform.transforms:
+        # RandAugment's and AugMix's op list; AutoAugment's sub-policies
+        ops = [*getattr(t, "ops", ()), *(op for sub in getattr(t, "policy", ()) for op in sub)]
+        for op in ops:
+            if getattr(op, "aug_fn", None) is timm_auto_augment.posterize:
+                op.aug_fn = _posterize
 
 
 @dataclass
@@ -85,6 +106,7 @@ class Augment:
             re_mode="pixel", interpolation=self.interpolation, mean=tuple(self.mean),
             std=tuple(self.std), separate=True,
         )
+        _keep_zero_bit_posterize(secondary)
         if cifar_policy:  # bilinear and the mean colour's fill, as the gpu pipeline's
             secondary = T.AutoAugment(T.AutoAugmentPolicy.CIFAR10, T.InterpolationMode.BILINEAR,
                                       fill=[round(255 * m) for m in self.mean])
