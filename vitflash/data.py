@@ -440,10 +440,17 @@ class ImageDataModule(L.LightningDataModule):
     # asks for trainer.estimated_stepping_batches (as ViTModule does).
     def state_dict(self) -> dict:
         """Where the training loader stands (saved in every checkpoint by Lightning): the gpu
-        loader's (epoch, batches taken, seed), or the cpu path's ResumableSampler position."""
+        loader's (epoch, batches taken, seed), or the cpu path's ResumableSampler position. An
+        epoch that took all the batches the trainer lets it take (trainer.limit_train_batches may
+        cut it short) is saved as the start of the next one, on either pipeline."""
+        trainer = self.trainer
         if self._train_loader is not None:
-            return {"train_loader": self._train_loader.position()}
-        sampler, trainer = self._train_sampler, self.trainer
+            position = self._train_loader.position()
+            if trainer is not None:
+                position["epoch"], position["batches"] = _resume_point(
+                    position["epoch"], position["batches"], trainer.num_training_batches)
+            return {"train_loader": position}
+        sampler = self._train_sampler
         if sampler is None or trainer is None:
             return {}
         progress = trainer.fit_loop.epoch_loop.batch_progress.current
@@ -691,6 +698,15 @@ class SeededSamples(Dataset):
                 torch.set_rng_state(saved[2])
 
 
+def _resume_point(epoch: int, batches_done: int, batches_per_epoch: int | float) -> tuple[int, int]:
+    """(epoch, batches done in it) where a run stopped after `batches_done` batches of an epoch
+    of `batches_per_epoch` (the trainer's num_training_batches) resumes: an epoch that is over
+    resumes at the start of the next one, as an uninterrupted run goes on."""
+    if batches_done >= batches_per_epoch:
+        return epoch + 1, 0
+    return epoch, batches_done
+
+
 class ResumableSampler(DistributedSampler):
     """The training order: a shuffle drawn from (seed, epoch) alone, each index paired with the
     seed of its augmentation, drawn from (seed, epoch, index); `state_dict` says where an epoch
@@ -734,9 +750,8 @@ class ResumableSampler(DistributedSampler):
 
     def state_dict(self, batches_done: int, batches_per_epoch: int | float, batch_size: int) -> dict:
         """The position after `batches_done` batches of `batch_size` in an epoch of `batches_per_epoch`."""
-        if batches_done >= batches_per_epoch:  # the epoch is over: the next one starts afresh
-            return {"seed": self.seed, "epoch": self.epoch + 1, "start": 0}
-        return {"seed": self.seed, "epoch": self.epoch, "start": batches_done * batch_size}
+        epoch, batches = _resume_point(self.epoch, batches_done, batches_per_epoch)
+        return {"seed": self.seed, "epoch": epoch, "start": batches * batch_size}
 
     def load_state_dict(self, state: dict) -> None:
         self.seed, self.epoch, self.start = state["seed"], state["epoch"], state["start"]
