@@ -108,6 +108,19 @@ def test_the_cpu_sampler_repeats_each_drawn_index_with_its_own_augmentation_seed
     assert len(labels) == 48 and dm._train_sampler.aug_repeats == 3
 
 
+@pytest.mark.parametrize("pipeline", ["cpu", "gpu"], ids=["cpu pipeline", "gpu pipeline on the CPU"])
+def test_a_split_smaller_than_a_batch_is_refused(pipeline):
+    """drop_last leaves such a split no training step: both pipelines refuse it alike."""
+    dm = SyntheticDataModule(**{**kwargs(pipeline=pipeline), "batch_size": 32}, train_size=20, test_size=8)
+    dm.setup("fit")
+    with pytest.raises(ValueError, match=r"^20 images make no batch of 32 on each of 1 process\(es\): "
+                                         r"lower data.batch_size$"):
+        dm.train_dataloader()
+    dm = SyntheticDataModule(**{**kwargs(pipeline=pipeline), "batch_size": 20}, train_size=20, test_size=8)
+    dm.setup("fit")
+    assert len(dm.train_dataloader()) == 1
+
+
 def test_decoded_arrays_are_cached(tmp_path):
     images = write_tree(tmp_path / "train", per_class=4)
     x, y, classes = load_image_folder(tmp_path / "train")

@@ -35,7 +35,7 @@ from tqdm.auto import tqdm
 
 from vitflash.files import written_whole
 from vitflash.gpu_augment import AUTOAUGMENT_CIFAR10, GPUAugment
-from vitflash.gpu_data import STORAGES, GPUArrays, GPULoader, choose_storage
+from vitflash.gpu_data import STORAGES, GPUArrays, GPULoader, choose_storage, require_batches
 
 log = logging.getLogger(__name__)
 
@@ -479,6 +479,8 @@ class ImageDataModule(L.LightningDataModule):
             # sees the same batches, augmented alike (see ResumableSampler).
             sampler = self._train_sampler = ResumableSampler(dataset, seed=self.shuffle_seed,
                                                              aug_repeats=self.aug_repeats)
+            # drop_last: a split smaller than a batch would train nothing, and the run would look fine
+            require_batches(len(sampler) // self.batch_size, len(dataset), self.batch_size, sampler.num_replicas)
             if self._resume:
                 sampler.load_state_dict(self._resume)
                 self._resume = None
