@@ -5,6 +5,7 @@ import hashlib
 import io
 import os
 import pickle
+import re
 import sys
 import tarfile
 from pathlib import Path
@@ -121,6 +122,13 @@ def test_a_split_smaller_than_a_batch_is_refused(pipeline):
     assert len(dm.train_dataloader()) == 1
 
 
+@pytest.mark.parametrize("seed", [-1, 1.5])
+def test_a_bad_shuffle_seed_is_refused_at_once(seed):
+    with pytest.raises(ValueError, match=rf"data.shuffle_seed={seed} is not a whole number >= 0: set seed "):
+        SyntheticDataModule(**kwargs(shuffle_seed=seed))
+    assert SyntheticDataModule(**kwargs(shuffle_seed=None)).shuffle_seed == 0
+
+
 def test_decoded_arrays_are_cached(tmp_path):
     images = write_tree(tmp_path / "train", per_class=4)
     x, y, classes = load_image_folder(tmp_path / "train")
@@ -159,6 +167,42 @@ def test_runs_decoding_one_split_at_once_do_not_collide(tmp_path, monkeypatch, s
     assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]
 
 
+def test_images_of_other_sizes_are_named_with_the_callers_fix(tmp_path):
+    """One image of another size after the first 500 (where decoding used to cut its batches):
+    the folder, both files and their sizes, and what to do on the DataModule that asked."""
+    for i in range(500):
+        (tmp_path / "train" / "a").mkdir(parents=True, exist_ok=True)
+        Image.new("RGB", (8, 8), (i % 256, 0, 0)).save(tmp_path / "train" / "a" / f"{i:03d}.png")
+    (tmp_path / "train" / "b").mkdir()
+    Image.new("RGB", (16, 12)).save(tmp_path / "train" / "b" / "0.png")
+    with pytest.raises(ValueError, match=r"train holds images of different sizes \(.*a/000.png is 8x8, .*b/0.png "
+                                         r"is 16x12\), which cannot be kept as one array: set data.in_memory=false"):
+        load_image_folder(tmp_path / "train")
+    assert not (tmp_path / "train-uint8.npz").exists()
+
+    for split in ("train", "test"):  # CIFARDataModule has no in_memory to set
+        write_tree(tmp_path / "cifar" / "cifar10" / split, per_class=2)
+        Image.new("RGB", (10, 10)).save(tmp_path / "cifar" / "cifar10" / split / "dog" / "odd.png")
+    with pytest.raises(ValueError, match=r"different sizes .*CIFARDataModule keeps a split in one array, which needs "
+                                         r"images of one size.*scripts/prepare_data.py.*ImageFolderDataModule") as e:
+        CIFARDataModule(root=str(tmp_path / "cifar"), **kwargs()).setup("fit")
+    assert "data.in_memory=false" not in str(e.value)
+
+
+@pytest.mark.parametrize("decode", ["arrays", "arrays-workers", "cache", "cache-workers"])
+def test_a_damaged_image_is_named(tmp_path, decode):
+    write_tree(tmp_path / "train", per_class=2)
+    bad = tmp_path / "train" / "dog" / "0002.png"
+    bad.write_bytes(bad.read_bytes()[:60])  # a half-copied file
+    load = {"arrays": lambda: load_image_folder(tmp_path / "train"),
+            "arrays-workers": lambda: load_image_folder(tmp_path / "train", num_workers=2),
+            "cache": lambda: cache_image_folder(tmp_path / "train", 8),
+            "cache-workers": lambda: cache_image_folder(tmp_path / "train", 8, num_workers=2)}[decode]
+    with pytest.raises(ValueError, match=rf"^cannot decode {re.escape(str(bad))} \(.+\): the copy is damaged or "
+                                         r"half-unpacked. Unpack it again with scripts/prepare_data.py$"):
+        load()
+
+
 def test_a_failed_decode_leaves_no_file(tmp_path, monkeypatch):
     write_tree(tmp_path / "train", per_class=2)
 
@@ -181,6 +225,22 @@ def test_cifar_jpeg_tree_with_held_out_val(tmp_path):
     assert not set(dm.train_set.indices) & set(dm.val_set.indices)
     x, y = next(iter(dm.val_dataloader()))
     assert x.shape == (4, 3, 8, 8)
+
+
+def test_splits_with_other_class_folders_are_refused(tmp_path):
+    """Labels number the class folders in order: a test split lacking one would shift the rest."""
+    write_tree(tmp_path / "cifar10" / "train", per_class=2)
+    write_tree(tmp_path / "cifar10" / "test", per_class=1)
+    for f in (tmp_path / "cifar10" / "test" / "dog").iterdir():
+        f.unlink()
+    (tmp_path / "cifar10" / "test" / "dog").rmdir()
+    (tmp_path / "cifar10" / "test" / "eel").mkdir()
+    Image.new("RGB", (8, 8)).save(tmp_path / "cifar10" / "test" / "eel" / "0.png")
+    with pytest.raises(ValueError, match=r"cifar10/test and .*cifar10/train have different class folders \(test "
+                                         r"lacks dog; train lacks eel\), so their labels would name different classes"):
+        CIFARDataModule(root=str(tmp_path), **kwargs()).setup("fit")
+    with pytest.raises(ValueError, match=r"different class folders \(test lacks dog; train lacks eel\)"):
+        ImageFolderDataModule(root=str(tmp_path / "cifar10"), **kwargs()).setup("fit")
 
 
 def test_cifar_torchvision_batches(tmp_path, monkeypatch):
