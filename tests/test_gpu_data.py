@@ -19,6 +19,9 @@ from vitflash.data import CIFAR_MEAN, CIFAR_STD, Augment
 from vitflash.gpu_augment import KINDS, OP_FNS, GPUAugment, RandAugment, crop_resize, random_erasing, rrc_boxes
 from vitflash.gpu_data import GPULoader
 
+# the tests' batches are small for the CPU; test_small_batches_warn_that_some_ops_never_run checks the warning
+pytestmark = pytest.mark.filterwarnings("ignore:a batch of .* images per device leaves")
+
 
 def gen(seed: int = 0) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
@@ -288,6 +291,28 @@ def test_cifar10_autoaugment_runs_each_kind_once_and_makes_the_per_subpolicy_bat
     assert sorted(calls) == sorted(name for kinds in per_position for name in kinds)
     if B >= 25:
         assert len(calls) == 19  # against 50 calls, two per sub-policy
+
+
+def test_small_batches_warn_that_some_ops_never_run():
+    """Each op (sub-policy) owns a fixed slice of the batch: below one sample per op some own
+    none and never run, which a warning says once per batch size, naming the setting."""
+    from vitflash.gpu_augment import CIFAR10AutoAugment
+
+    x = torch.rand(16, 3, 8, 8, generator=gen())
+    fill = torch.full((1, 3, 1, 1), 0.5)
+    ra, aa = RandAugment("rand-m9-mstd0.5-inc1"), CIFAR10AutoAugment(8)
+    with pytest.warns(UserWarning, match=r"^a batch of 8 images per device leaves 7 of the 15 RandAugment ops without "
+                                         r"a slot .* never run \(Equalize, .*\): raise data.batch_size .*at least 15"):
+        ra(x[:8], fill, gen())
+    with pytest.warns(UserWarning, match=r"leaves 9 of the 25 AutoAugment sub-policies without a slot.*batch_size"):
+        aa(x, fill, gen())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ra(x[:8], fill, gen(1))  # once per batch size
+        aa(x, fill, gen(1))
+        ra(x, fill, gen())  # 15 ops, 16 samples: each runs
+        aa(torch.rand(25, 3, 8, 8, generator=gen()), fill, gen())
+    assert (np.diff(ra._slices(16, x.device)[0]) >= 1).all()
 
 
 def test_unsupported_policy_says_what_to_do():
