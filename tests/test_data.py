@@ -299,6 +299,20 @@ def test_prepare_data_unpacks_and_checks(tmp_path):
         prepare_data.main(["--archive", str(archive), "--root", str(tmp_path / "data")])
 
 
+@pytest.mark.parametrize("what", ["missing", "folder"])
+def test_prepare_data_names_a_missing_archive_before_its_checksum(tmp_path, what):
+    """An archive that SHA256SUMS lists but that is missing (or is a folder) is named as such,
+    not met with a traceback from reading it for its checksum."""
+    archive = tmp_path / "toy.tar.gz"
+    (tmp_path / "SHA256SUMS").write_text(f"{'0' * 64}  toy.tar.gz\n")
+    if what == "folder":
+        archive.mkdir()
+    message = "is a folder: pass the .tar.gz file itself" if what == "folder" else "does not exist"
+    with pytest.raises(SystemExit, match=f"archive {re.escape(str(archive))} {re.escape(message)}"):
+        prepare_data.main(["--archive", str(archive), "--root", str(tmp_path / "data")])
+    assert not (tmp_path / "data").exists()
+
+
 def test_prepare_data_refuses_members_outside_the_root(tmp_path):
     archive = make_tar(tmp_path / "evil.tar.gz", {"../escaped.txt": b"x"})
     with pytest.raises(SystemExit, match="refusing to unpack"):
