@@ -27,6 +27,14 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 
+def check_exists(archive: Path) -> None:
+    """Refuse a missing archive, or a folder given for one, before anything opens it."""
+    if archive.is_dir():
+        raise SystemExit(f"archive {archive} is a folder: pass the .tar.gz file itself")
+    if not archive.is_file():
+        raise SystemExit(f"archive {archive} does not exist (the shared archives are in ../shared/data)")
+
+
 def check_sha256(archive: Path) -> None:
     """Compare `archive` with its line in a SHA256SUMS file beside it, if there is one."""
     sums = archive.parent / "SHA256SUMS"
@@ -46,10 +54,7 @@ def check_sha256(archive: Path) -> None:
 def unpack(archive: Path, root: Path) -> None:
     """Extract a tar archive (any compression) into root, refusing unsafe members; nothing
     lands in root unless the whole archive reads back intact."""
-    if archive.is_dir():
-        raise SystemExit(f"archive {archive} is a folder: pass the .tar.gz file itself")
-    if not archive.is_file():
-        raise SystemExit(f"archive {archive} does not exist (the shared archives are in ../shared/data)")
+    check_exists(archive)
     if not hasattr(tarfile, "data_filter"):
         raise SystemExit("unpacking safely needs tarfile's extraction filters: use Python >= 3.10.12 or >= 3.11.4")
     root.mkdir(parents=True, exist_ok=True)
@@ -115,6 +120,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.root.exists() and not args.root.is_dir():
         parser.error(f"--root {args.root} is a file, not a folder: pass the folder to unpack into "
                      "(it is created when missing)")
+    for archive in args.archive:  # every one is there before any is unpacked
+        check_exists(archive)
     for archive in args.archive:
         check_sha256(archive)
         unpack(archive, args.root)

@@ -5,6 +5,7 @@ import hashlib
 import io
 import os
 import pickle
+import re
 import sys
 import tarfile
 from pathlib import Path
@@ -49,6 +50,33 @@ def test_transforms_give_normalized_tensors(train_crop):
     assert torch.allclose(evaluate(img), torch.full((3, 32, 32), 2.0))  # (1 - 0.5) / 0.25
 
 
+def test_posterize_to_zero_bits_gives_black_as_older_pillow():
+    """timm's PosterizeIncreasing keeps 0 bits at magnitude 10, which Pillow >= 13 refuses: the
+    cpu pipeline's RandAugment runs its own posterize, black for 0 bits, timm's otherwise."""
+    from timm.data import auto_augment as timm_auto_augment
+
+    from vitflash.data import _posterize
+
+    transform = Augment(train_crop="pad", auto_augment="rand-m9-mstd0.5-inc1").train_transform(16)
+    transform = pickle.loads(pickle.dumps(transform))  # as DataLoader workers get it
+    ops = [op for t in transform.transforms for s in getattr(t, "transforms", [t]) for op in getattr(s, "ops", [])]
+    posterize = [op for op in ops if op.name.startswith("Posterize")]
+    assert len(ops) == 15 and [op.name for op in posterize] == ["PosterizeIncreasing"]
+    assert all(op.aug_fn is _posterize for op in posterize)
+    op = posterize[0]
+    op.prob, op.magnitude, op.magnitude_std = 1.0, 10, 0  # always, at the magnitude that keeps 0 bits
+    img = Image.fromarray(np.random.default_rng(0).integers(1, 256, (16, 16, 3), dtype=np.uint8))
+    out = op(img)
+    assert out.mode == "RGB" and out.size == (16, 16) and not np.asarray(out).any()
+    for bits in range(1, 9):
+        assert np.array_equal(np.asarray(_posterize(img, bits)), np.asarray(timm_auto_augment.posterize(img, bits)))
+    # AutoAugment's policies hold them too
+    original = Augment(auto_augment="original").train_transform(16)
+    policy = [op for t in original.transforms for s in getattr(t, "transforms", [t]) for sub in getattr(s, "policy", [])
+              for op in sub if op.name.startswith("Posterize")]
+    assert policy and all(op.aug_fn is _posterize for op in policy)
+
+
 def test_synthetic_batches():
     dm = SyntheticDataModule(num_classes=10, img_size=32, batch_size=16, num_workers=0, train_size=64, test_size=32)
     dm.setup("fit")
@@ -79,6 +107,26 @@ def test_the_cpu_sampler_repeats_each_drawn_index_with_its_own_augmentation_seed
     dm.setup("fit")
     labels = torch.cat([y for _, y in dm.train_dataloader()])
     assert len(labels) == 48 and dm._train_sampler.aug_repeats == 3
+
+
+@pytest.mark.parametrize("pipeline", ["cpu", "gpu"], ids=["cpu pipeline", "gpu pipeline on the CPU"])
+def test_a_split_smaller_than_a_batch_is_refused(pipeline):
+    """drop_last leaves such a split no training step: both pipelines refuse it alike."""
+    dm = SyntheticDataModule(**{**kwargs(pipeline=pipeline), "batch_size": 32}, train_size=20, test_size=8)
+    dm.setup("fit")
+    with pytest.raises(ValueError, match=r"^20 images make no batch of 32 on each of 1 process\(es\): "
+                                         r"lower data.batch_size$"):
+        dm.train_dataloader()
+    dm = SyntheticDataModule(**{**kwargs(pipeline=pipeline), "batch_size": 20}, train_size=20, test_size=8)
+    dm.setup("fit")
+    assert len(dm.train_dataloader()) == 1
+
+
+@pytest.mark.parametrize("seed", [-1, 1.5])
+def test_a_bad_shuffle_seed_is_refused_at_once(seed):
+    with pytest.raises(ValueError, match=rf"data.shuffle_seed={seed} is not a whole number >= 0: set seed "):
+        SyntheticDataModule(**kwargs(shuffle_seed=seed))
+    assert SyntheticDataModule(**kwargs(shuffle_seed=None)).shuffle_seed == 0
 
 
 def test_decoded_arrays_are_cached(tmp_path):
@@ -119,6 +167,42 @@ def test_runs_decoding_one_split_at_once_do_not_collide(tmp_path, monkeypatch, s
     assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]
 
 
+def test_images_of_other_sizes_are_named_with_the_callers_fix(tmp_path):
+    """One image of another size after the first 500 (where decoding used to cut its batches):
+    the folder, both files and their sizes, and what to do on the DataModule that asked."""
+    for i in range(500):
+        (tmp_path / "train" / "a").mkdir(parents=True, exist_ok=True)
+        Image.new("RGB", (8, 8), (i % 256, 0, 0)).save(tmp_path / "train" / "a" / f"{i:03d}.png")
+    (tmp_path / "train" / "b").mkdir()
+    Image.new("RGB", (16, 12)).save(tmp_path / "train" / "b" / "0.png")
+    with pytest.raises(ValueError, match=r"train holds images of different sizes \(.*a/000.png is 8x8, .*b/0.png "
+                                         r"is 16x12\), which cannot be kept as one array: set data.in_memory=false"):
+        load_image_folder(tmp_path / "train")
+    assert not (tmp_path / "train-uint8.npz").exists()
+
+    for split in ("train", "test"):  # CIFARDataModule has no in_memory to set
+        write_tree(tmp_path / "cifar" / "cifar10" / split, per_class=2)
+        Image.new("RGB", (10, 10)).save(tmp_path / "cifar" / "cifar10" / split / "dog" / "odd.png")
+    with pytest.raises(ValueError, match=r"different sizes .*CIFARDataModule keeps a split in one array, which needs "
+                                         r"images of one size.*scripts/prepare_data.py.*ImageFolderDataModule") as e:
+        CIFARDataModule(root=str(tmp_path / "cifar"), **kwargs()).setup("fit")
+    assert "data.in_memory=false" not in str(e.value)
+
+
+@pytest.mark.parametrize("decode", ["arrays", "arrays-workers", "cache", "cache-workers"])
+def test_a_damaged_image_is_named(tmp_path, decode):
+    write_tree(tmp_path / "train", per_class=2)
+    bad = tmp_path / "train" / "dog" / "0002.png"
+    bad.write_bytes(bad.read_bytes()[:60])  # a half-copied file
+    load = {"arrays": lambda: load_image_folder(tmp_path / "train"),
+            "arrays-workers": lambda: load_image_folder(tmp_path / "train", num_workers=2),
+            "cache": lambda: cache_image_folder(tmp_path / "train", 8),
+            "cache-workers": lambda: cache_image_folder(tmp_path / "train", 8, num_workers=2)}[decode]
+    with pytest.raises(ValueError, match=rf"^cannot decode {re.escape(str(bad))} \(.+\): the copy is damaged or "
+                                         r"half-unpacked. Unpack it again with scripts/prepare_data.py$"):
+        load()
+
+
 def test_a_failed_decode_leaves_no_file(tmp_path, monkeypatch):
     write_tree(tmp_path / "train", per_class=2)
 
@@ -141,6 +225,22 @@ def test_cifar_jpeg_tree_with_held_out_val(tmp_path):
     assert not set(dm.train_set.indices) & set(dm.val_set.indices)
     x, y = next(iter(dm.val_dataloader()))
     assert x.shape == (4, 3, 8, 8)
+
+
+def test_splits_with_other_class_folders_are_refused(tmp_path):
+    """Labels number the class folders in order: a test split lacking one would shift the rest."""
+    write_tree(tmp_path / "cifar10" / "train", per_class=2)
+    write_tree(tmp_path / "cifar10" / "test", per_class=1)
+    for f in (tmp_path / "cifar10" / "test" / "dog").iterdir():
+        f.unlink()
+    (tmp_path / "cifar10" / "test" / "dog").rmdir()
+    (tmp_path / "cifar10" / "test" / "eel").mkdir()
+    Image.new("RGB", (8, 8)).save(tmp_path / "cifar10" / "test" / "eel" / "0.png")
+    with pytest.raises(ValueError, match=r"cifar10/test and .*cifar10/train have different class folders \(test "
+                                         r"lacks dog; train lacks eel\), so their labels would name different classes"):
+        CIFARDataModule(root=str(tmp_path), **kwargs()).setup("fit")
+    with pytest.raises(ValueError, match=r"different class folders \(test lacks dog; train lacks eel\)"):
+        ImageFolderDataModule(root=str(tmp_path / "cifar10"), **kwargs()).setup("fit")
 
 
 def test_cifar_torchvision_batches(tmp_path, monkeypatch):
@@ -197,6 +297,20 @@ def test_prepare_data_unpacks_and_checks(tmp_path):
     (tmp_path / "SHA256SUMS").write_text(f"{'0' * 64}  toy.tar.gz\n")
     with pytest.raises(SystemExit, match="does not match its checksum"):
         prepare_data.main(["--archive", str(archive), "--root", str(tmp_path / "data")])
+
+
+@pytest.mark.parametrize("what", ["missing", "folder"])
+def test_prepare_data_names_a_missing_archive_before_its_checksum(tmp_path, what):
+    """An archive that SHA256SUMS lists but that is missing (or is a folder) is named as such,
+    not met with a traceback from reading it for its checksum."""
+    archive = tmp_path / "toy.tar.gz"
+    (tmp_path / "SHA256SUMS").write_text(f"{'0' * 64}  toy.tar.gz\n")
+    if what == "folder":
+        archive.mkdir()
+    message = "is a folder: pass the .tar.gz file itself" if what == "folder" else "does not exist"
+    with pytest.raises(SystemExit, match=f"archive {re.escape(str(archive))} {re.escape(message)}"):
+        prepare_data.main(["--archive", str(archive), "--root", str(tmp_path / "data")])
+    assert not (tmp_path / "data").exists()
 
 
 def test_prepare_data_refuses_members_outside_the_root(tmp_path):

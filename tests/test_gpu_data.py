@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import logging
 import threading
+import warnings
 
+import lightning as L
 import numpy as np
 
 import pytest
@@ -16,6 +18,9 @@ from PIL import Image, ImageEnhance, ImageOps
 from vitflash.data import CIFAR_MEAN, CIFAR_STD, Augment
 from vitflash.gpu_augment import KINDS, OP_FNS, GPUAugment, RandAugment, crop_resize, random_erasing, rrc_boxes
 from vitflash.gpu_data import GPULoader
+
+# the tests' batches are small for the CPU; test_small_batches_warn_that_some_ops_never_run checks the warning
+pytestmark = pytest.mark.filterwarnings("ignore:a batch of .* images per device leaves")
 
 
 def gen(seed: int = 0) -> torch.Generator:
@@ -288,6 +293,28 @@ def test_cifar10_autoaugment_runs_each_kind_once_and_makes_the_per_subpolicy_bat
         assert len(calls) == 19  # against 50 calls, two per sub-policy
 
 
+def test_small_batches_warn_that_some_ops_never_run():
+    """Each op (sub-policy) owns a fixed slice of the batch: below one sample per op some own
+    none and never run, which a warning says once per batch size, naming the setting."""
+    from vitflash.gpu_augment import CIFAR10AutoAugment
+
+    x = torch.rand(16, 3, 8, 8, generator=gen())
+    fill = torch.full((1, 3, 1, 1), 0.5)
+    ra, aa = RandAugment("rand-m9-mstd0.5-inc1"), CIFAR10AutoAugment(8)
+    with pytest.warns(UserWarning, match=r"^a batch of 8 images per device leaves 7 of the 15 RandAugment ops without "
+                                         r"a slot .* never run \(Equalize, .*\): raise data.batch_size .*at least 15"):
+        ra(x[:8], fill, gen())
+    with pytest.warns(UserWarning, match=r"leaves 9 of the 25 AutoAugment sub-policies without a slot.*batch_size"):
+        aa(x, fill, gen())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ra(x[:8], fill, gen(1))  # once per batch size
+        aa(x, fill, gen(1))
+        ra(x, fill, gen())  # 15 ops, 16 samples: each runs
+        aa(torch.rand(25, 3, 8, 8, generator=gen()), fill, gen())
+    assert (np.diff(ra._slices(16, x.device)[0]) >= 1).all()
+
+
 def test_unsupported_policy_says_what_to_do():
     with pytest.raises(ValueError, match="data.pipeline=cpu"):
         GPUAugment(Augment(auto_augment="original"), 32)
@@ -442,15 +469,60 @@ def test_lightning_fit_with_the_gpu_pipeline_saves_and_resumes_its_state(tmp_pat
     last = tmp_path / "out" / "checkpoints" / "last.ckpt"
     ckpt = torch.load(last, map_location="cpu", weights_only=True)
     assert ckpt["global_step"] == 2 * 4
-    state = {"epoch": 1, "batches": 4, "seed": 3}
+    state = {"epoch": 2, "batches": 0, "seed": 3}  # epoch 1 is over: the start of epoch 2
     assert ckpt["SyntheticDataModule"] == {"train_loader": state}  # the DataModule carries it
     assert not ckpt["loops"]["fit_loop"]["state_dict"].get("combined_loader")  # and only it
     train(compose_cfg(tmp_path / "resumed", [*common, "trainer.max_epochs=3", "test=false", f"ckpt_path={last}"]))
     resumed = torch.load(tmp_path / "resumed" / "out" / "checkpoints" / "last.ckpt", map_location="cpu",
                          weights_only=True)
-    assert resumed["SyntheticDataModule"] == {"train_loader": {"epoch": 2, "batches": 4, "seed": 3}}
+    assert resumed["SyntheticDataModule"] == {"train_loader": {"epoch": 3, "batches": 0, "seed": 3}}
     steps = read_metrics(tmp_path / "resumed" / "out" / "csv" / "metrics.csv", "train/loss_step")
     assert len(steps) == 4  # only the third epoch ran
+
+
+class _Linear(L.LightningModule):
+    """The smallest model a Trainer fits; it records the labels of every batch it trains on."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(3 * 8 * 8, 10)
+        self.seen: list[list[int]] = []
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        self.seen.append(y.tolist())
+        return torch.nn.functional.cross_entropy(self.fc(x.flatten(1)), y)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+@pytest.mark.filterwarnings("ignore:You passed in a `val_dataloader` but have no `validation_step`")
+@pytest.mark.parametrize("pipeline", ["cpu", "gpu"], ids=["cpu pipeline", "gpu pipeline on the CPU"])
+def test_an_epoch_cut_short_by_limit_train_batches_resumes_at_the_next(tmp_path, pipeline):
+    """With trainer.limit_train_batches an epoch ends before its loader does: its checkpoint must
+    resume at the next epoch's start, as the uninterrupted run goes on, not in the rest of it."""
+    from vitflash.data import SyntheticDataModule
+
+    def fit(epochs, ckpt_path=None):
+        dm = SyntheticDataModule(num_classes=10, img_size=8, batch_size=8, num_workers=0, train_size=64,
+                                 test_size=8, pipeline=pipeline, shuffle_seed=3)
+        model = _Linear()
+        trainer = L.Trainer(accelerator="cpu", max_epochs=epochs, limit_train_batches=2, limit_val_batches=0,
+                            logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                            enable_model_summary=False)
+        trainer.fit(model, datamodule=dm, ckpt_path=ckpt_path)
+        return trainer, dm, model.seen
+
+    _, _, whole = fit(2)
+    trainer, dm, first = fit(1)
+    assert first == whole[:2] and len(whole) == 4
+    next_epoch = {"train_loader": {"epoch": 1, "batches": 0, "seed": 3}} if pipeline == "gpu" else \
+        {"seed": 3, "epoch": 1, "start": 0}
+    assert dm.state_dict() == next_epoch
+    trainer.save_checkpoint(tmp_path / "epoch0.ckpt")
+    _, _, resumed = fit(2, tmp_path / "epoch0.ckpt")
+    assert resumed == whole[2:]
 
 
 # ---- ImageFolder trees: the decoded cache ----

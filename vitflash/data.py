@@ -26,6 +26,7 @@ import lightning as L
 import numpy as np
 import torch
 from PIL import Image
+from timm.data import auto_augment as timm_auto_augment
 from timm.data import create_transform
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset, get_worker_info
 from torchvision import datasets
@@ -34,7 +35,7 @@ from tqdm.auto import tqdm
 
 from vitflash.files import written_whole
 from vitflash.gpu_augment import AUTOAUGMENT_CIFAR10, GPUAugment
-from vitflash.gpu_data import STORAGES, GPUArrays, GPULoader, choose_storage
+from vitflash.gpu_data import STORAGES, GPUArrays, GPULoader, choose_storage, require_batches
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +47,26 @@ PIPELINES = ("cpu", "gpu")
 def _prepare_hint(data_root: Path, archive: str) -> str:
     return (f"Unpack the data first: `python scripts/prepare_data.py "
             f"--archive ../shared/data/{archive} --root {data_root}`")
+
+
+def _posterize(img: Image.Image, bits_to_keep: int, **kwargs) -> Image.Image:
+    """timm's posterize, keeping 0 bits too: RandAugment's PosterizeIncreasing reaches 0 bits at
+    magnitude 10 (and Posterize at 0), which Pillow >= 13 refuses where older Pillow gave a black
+    image. Black is what the gpu pipeline gives as well."""
+    if bits_to_keep <= 0:
+        return Image.new(img.mode, img.size)
+    return timm_auto_augment.posterize(img, bits_to_keep, **kwargs)
+
+
+def _keep_zero_bit_posterize(transform: T.Compose) -> None:
+    """Point the posterize ops of timm's auto-augment transforms in `transform` at `_posterize`
+    (a module-level function, so DataLoader workers can still unpickle the transform)."""
+    for t in transform.transforms:
+        # RandAugment's and AugMix's op list; AutoAugment's sub-policies
+        ops = [*getattr(t, "ops", ()), *(op for sub in getattr(t, "policy", ()) for op in sub)]
+        for op in ops:
+            if getattr(op, "aug_fn", None) is timm_auto_augment.posterize:
+                op.aug_fn = _posterize
 
 
 @dataclass
@@ -85,6 +106,7 @@ class Augment:
             re_mode="pixel", interpolation=self.interpolation, mean=tuple(self.mean),
             std=tuple(self.std), separate=True,
         )
+        _keep_zero_bit_posterize(secondary)
         if cifar_policy:  # bilinear and the mean colour's fill, as the gpu pipeline's
             secondary = T.AutoAugment(T.AutoAugmentPolicy.CIFAR10, T.InterpolationMode.BILINEAR,
                                       fill=[round(255 * m) for m in self.mean])
@@ -119,11 +141,6 @@ def batch_size(batch: tuple[torch.Tensor, torch.Tensor]) -> int:
     return batch[0].shape[0]
 
 
-def _stack(batch):
-    images, labels = zip(*batch)
-    return np.stack(images), np.asarray(labels, dtype=np.int64)
-
-
 def _cached_labels(path: Path, tree: datasets.ImageFolder):
     """The labels file `path` (labels, classes) as np.load opened it, if it matches `tree`'s
     class list and file count; None when it is missing or stale (the caller closes it)."""
@@ -137,52 +154,78 @@ def _cached_labels(path: Path, tree: datasets.ImageFolder):
     return None
 
 
-def load_image_folder(folder: Path, num_workers: int = 0) -> tuple[np.ndarray, np.ndarray, list[str]]:
-    """Decode an ImageFolder split of same-sized images into (N, H, W, 3) uint8 + labels.
+def _damaged(path: str, e: Exception) -> ValueError:
+    """The error for an image file that PIL cannot decode (empty, truncated, not an image)."""
+    return ValueError(f"cannot decode {path} ({e}): the copy is damaged or half-unpacked. "
+                      "Unpack it again with scripts/prepare_data.py")
 
-    The arrays are cached as `<folder>-uint8.npz`; the cache is reused while the class list
-    and the number of files match the folder.
-    """
-    tree = datasets.ImageFolder(str(folder), transform=np.asarray)
-    cache = folder.parent / f"{folder.name}-uint8.npz"
-    if (z := _cached_labels(cache, tree)) is not None:
-        with z:
-            return z["images"], z["labels"], tree.classes
-    # its own generator: a run that decodes draws nothing more from the global RNG than one that reads the cache
-    loader = DataLoader(tree, batch_size=500, num_workers=num_workers, collate_fn=_stack,
-                        generator=torch.Generator())
-    chunks = []
+
+def _decode(path: str) -> np.ndarray:
+    """One image file -> (H, W, 3) uint8, greyscale and palette images converted to RGB."""
     try:
-        for batch in tqdm(loader, desc=f"decoding {folder}", unit="batch"):
-            chunks.append(batch)
-    except ValueError as e:  # np.stack of images of different sizes
-        raise ValueError(
-            f"{folder} holds images of different sizes, which cannot be kept as one array: "
-            "set data.in_memory=false to decode them on the fly"
-        ) from e
-    except OSError as e:  # PIL: an empty or damaged file
-        raise ValueError(
-            f"cannot decode an image under {folder} ({e}): the copy is damaged or half-unpacked. "
-            "Unpack it again with scripts/prepare_data.py"
-        ) from e
-    images = np.concatenate([c[0] for c in chunks])
-    labels = np.concatenate([c[1] for c in chunks])
-    with written_whole(cache) as tmp:
-        np.savez(tmp, images=images, labels=labels, classes=np.asarray(tree.classes))
-    log.info("decoded %d images of %s into %s", len(labels), folder, cache)
-    return images, labels, tree.classes
+        with Image.open(path) as img:
+            return np.asarray(img.convert("RGB"))
+    except OSError as e:  # PIL's errors, raised in a worker process, would not name the file
+        raise _damaged(path, e) from e
 
 
 def _decode_square(path: str, size: int) -> np.ndarray:
     """One image file -> (size, size, 3) uint8: the short side resized to size, the centre cropped."""
-    with Image.open(path) as img:
-        img.draft("RGB", (size, size))  # JPEG: decode at the smallest DCT scale still covering size
-        img = img.convert("RGB")
-        w, h = img.size
-        nw, nh = max(size, round(w * size / min(w, h))), max(size, round(h * size / min(w, h)))
-        img = img.resize((nw, nh), Image.Resampling.BICUBIC)  # PIL's resize filters (anti-aliases) when shrinking
-        left, top = (nw - size) // 2, (nh - size) // 2
-        return np.asarray(img.crop((left, top, left + size, top + size)))
+    try:
+        with Image.open(path) as img:
+            img.draft("RGB", (size, size))  # JPEG: decode at the smallest DCT scale still covering size
+            img = img.convert("RGB")
+            w, h = img.size
+            nw, nh = max(size, round(w * size / min(w, h))), max(size, round(h * size / min(w, h)))
+            img = img.resize((nw, nh), Image.Resampling.BICUBIC)  # PIL's resize filters (anti-aliases) when shrinking
+            left, top = (nw - size) // 2, (nh - size) // 2
+            return np.asarray(img.crop((left, top, left + size, top + size)))
+    except OSError as e:
+        raise _damaged(path, e) from e
+
+
+def _decoded(pool, decode: Callable[[str], np.ndarray], paths: list[str], desc: str):
+    """decode(path) of every path in order, from `pool`'s processes, with a progress bar."""
+    return tqdm(pool.map(decode, paths, chunksize=64), total=len(paths), desc=desc, unit="img")
+
+
+def _pool(num_workers: int):
+    return ProcessPoolExecutor(num_workers) if num_workers > 0 else _Inline()
+
+
+_IN_MEMORY_FIX = "set data.in_memory=false to decode them on the fly"
+
+
+def load_image_folder(folder: Path, num_workers: int = 0,
+                      mixed_sizes_fix: str = _IN_MEMORY_FIX) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    """Decode an ImageFolder split of same-sized images into (N, H, W, 3) uint8 + labels, in
+    `num_workers` processes with a progress bar.
+
+    The arrays are cached as `<folder>-uint8.npz`; the cache is reused while the class list
+    and the number of files match the folder. Images of another size than the first raise a
+    ValueError ending with `mixed_sizes_fix`, what the caller's user can do about it.
+    """
+    tree = datasets.ImageFolder(str(folder))  # lists the files; nothing is decoded here
+    cache = folder.parent / f"{folder.name}-uint8.npz"
+    if (z := _cached_labels(cache, tree)) is not None:
+        with z:
+            return z["images"], z["labels"], tree.classes
+    paths = [p for p, _ in tree.samples]
+    images = None
+    with _pool(num_workers) as pool:
+        for i, img in enumerate(_decoded(pool, _decode, paths, f"decoding {folder}")):
+            if images is None:  # one array, filled in place: no second copy to concatenate
+                images = np.empty((len(paths), *img.shape), np.uint8)
+            elif img.shape != images.shape[1:]:
+                (h0, w0), (h, w) = images.shape[1:3], img.shape[:2]
+                raise ValueError(f"{folder} holds images of different sizes ({paths[0]} is {w0}x{h0}, "
+                                 f"{paths[i]} is {w}x{h}), which cannot be kept as one array: {mixed_sizes_fix}")
+            images[i] = img
+    labels = np.asarray(tree.targets, np.int64)
+    with written_whole(cache) as tmp:
+        np.savez(tmp, images=images, labels=labels, classes=np.asarray(tree.classes))
+    log.info("decoded %d images of %s into %s", len(labels), folder, cache)
+    return images, labels, tree.classes
 
 
 def cache_image_folder(folder: Path, size: int, num_workers: int = 0) -> tuple[np.ndarray, np.ndarray, list[str]]:
@@ -204,9 +247,8 @@ def cache_image_folder(folder: Path, size: int, num_workers: int = 0) -> tuple[n
     decode = partial(_decode_square, size=size)
     with written_whole(images_path) as tmp:
         out = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.uint8, shape=(len(paths), size, size, 3))
-        with ProcessPoolExecutor(num_workers) if num_workers > 0 else _Inline() as pool:
-            images = pool.map(decode, paths, chunksize=64)
-            for i, img in enumerate(tqdm(images, total=len(paths), desc=f"decoding {folder} at {size}px", unit="img")):
+        with _pool(num_workers) as pool:
+            for i, img in enumerate(_decoded(pool, decode, paths, f"decoding {folder} at {size}px")):
                 out[i] = img
         out.flush()
         del out
@@ -285,6 +327,12 @@ class ImageDataModule(L.LightningDataModule):
             if not isinstance(value, int) or isinstance(value, bool) or value < least:
                 raise ValueError(f"data.{name}={value!r} is not a whole number >= {least}: set it to one "
                                  f"(the dataset's config in configs/data/ shows the usual value)")
+        # numpy's SeedSequence, which seeds each epoch's order and augmentation, takes no negative
+        # number: refused here rather than at the first batch
+        if shuffle_seed is not None and (not isinstance(shuffle_seed, int) or isinstance(shuffle_seed, bool)
+                                         or shuffle_seed < 0):
+            raise ValueError(f"data.shuffle_seed={shuffle_seed!r} is not a whole number >= 0: set seed (which "
+                             f"data.shuffle_seed follows in configs/data/) or data.shuffle_seed to one")
         self.expected_sizes = tuple(expected_sizes) if expected_sizes else None
         self._resume: dict | None = None  # the train loader's position, from a checkpoint
         self._train_sampler: ResumableSampler | None = None
@@ -331,6 +379,21 @@ class ImageDataModule(L.LightningDataModule):
                 f"the data section of the README); only if it really has {found} classes, set "
                 f"data.num_classes={found}"
             )
+
+    @staticmethod
+    def _check_same_classes(train_dir: Path, classes: list[str], test_dir: Path, test_classes: list[str]) -> None:
+        """Labels are positions in the sorted class folders: a split that lacks a folder (or has
+        another) would number its classes differently from the other, silently."""
+        if test_classes == classes:
+            return
+        differences = [f"{split.name} lacks {', '.join(sorted(set(other) - set(mine)))}"
+                       for split, mine, other in ((test_dir, test_classes, classes), (train_dir, classes, test_classes))
+                       if set(other) - set(mine)]
+        raise ValueError(
+            f"{test_dir} and {train_dir} have different class folders ({'; '.join(differences)}), so their "
+            f"labels would name different classes: the copy is incomplete. Unpack it again with "
+            f"scripts/prepare_data.py; for a subset keep every class folder in both splits"
+        )
 
     def _check_sizes(self, train: Dataset, test: Dataset) -> None:
         found = (len(train), len(test))
@@ -418,10 +481,17 @@ class ImageDataModule(L.LightningDataModule):
     # asks for trainer.estimated_stepping_batches (as ViTModule does).
     def state_dict(self) -> dict:
         """Where the training loader stands (saved in every checkpoint by Lightning): the gpu
-        loader's (epoch, batches taken, seed), or the cpu path's ResumableSampler position."""
+        loader's (epoch, batches taken, seed), or the cpu path's ResumableSampler position. An
+        epoch that took all the batches the trainer lets it take (trainer.limit_train_batches may
+        cut it short) is saved as the start of the next one, on either pipeline."""
+        trainer = self.trainer
         if self._train_loader is not None:
-            return {"train_loader": self._train_loader.position()}
-        sampler, trainer = self._train_sampler, self.trainer
+            position = self._train_loader.position()
+            if trainer is not None:
+                position["epoch"], position["batches"] = _resume_point(
+                    position["epoch"], position["batches"], trainer.num_training_batches)
+            return {"train_loader": position}
+        sampler = self._train_sampler
         if sampler is None or trainer is None:
             return {}
         progress = trainer.fit_loop.epoch_loop.batch_progress.current
@@ -450,6 +520,8 @@ class ImageDataModule(L.LightningDataModule):
             # sees the same batches, augmented alike (see ResumableSampler).
             sampler = self._train_sampler = ResumableSampler(dataset, seed=self.shuffle_seed,
                                                              aug_repeats=self.aug_repeats)
+            # drop_last: a split smaller than a batch would train nothing, and the run would look fine
+            require_batches(len(sampler) // self.batch_size, len(dataset), self.batch_size, sampler.num_replicas)
             if self._resume:
                 sampler.load_state_dict(self._resume)
                 self._resume = None
@@ -515,17 +587,20 @@ class CIFARDataModule(ImageDataModule):
             return _prepare_hint(self.root, "cifar10-jpeg.tar.gz") + f", or {download}"
         return f"Fetch it with {download}"
 
-    def _arrays(self, train: bool, download: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    def _arrays(self, train: bool, download: bool = False) -> tuple[np.ndarray, np.ndarray, list[str]]:
+        """Images (N, 32, 32, 3) uint8, labels (N,), class names of one split."""
         if self._source() == "torchvision":
             cls = self._TORCHVISION[self.name][0]
             try:
                 ds = cls(str(self.root), train=train, download=download)
             except OSError as e:  # URLError is an OSError
                 raise OSError(f"could not download {self.name} into {self.root} ({e}); " + self._hint()) from e
-            return ds.data, np.asarray(ds.targets, dtype=np.int64)
+            return ds.data, np.asarray(ds.targets, dtype=np.int64), ds.classes
         split = "train" if train else "test"
-        images, labels, _ = load_image_folder(self.root / self.name / split, num_workers=self.num_workers)
-        return images, labels
+        return load_image_folder(self.root / self.name / split, num_workers=self.num_workers, mixed_sizes_fix=(
+            "CIFARDataModule keeps a split in one array, which needs images of one size (CIFAR's are 32x32). "
+            "Unpack the dataset again with scripts/prepare_data.py; a tree of mixed sizes reads with "
+            "ImageFolderDataModule (configs/data/imagenet.yaml, in_memory=false), which decodes them on the fly"))
 
     def check_data(self) -> None:
         self._source()
@@ -536,8 +611,10 @@ class CIFARDataModule(ImageDataModule):
             self._arrays(train, download=self.download)
 
     def _load_arrays(self, stage: str | None):
-        (x, y), (xt, yt) = self._arrays(True), self._arrays(False)
+        (x, y, classes), (xt, yt, test_classes) = self._arrays(True), self._arrays(False)
         self._check_classes(int(y.max()) + 1, self.root / self.name)
+        tree = self.root / self.name  # the JPEG tree's splits (torchvision's batches have one class list)
+        self._check_same_classes(tree / "train", classes, tree / "test", test_classes)
         return x, y, xt, yt
 
 
@@ -594,8 +671,7 @@ class ImageFolderDataModule(ImageDataModule):
         decode = partial(cache_image_folder, size=self.cache_size) if self.pipeline == "gpu" else load_image_folder
         (x, y, classes), (xt, yt, test_classes) = decode(train_dir), decode(test_dir)
         self._check_classes(len(classes), train_dir)
-        if test_classes != classes:
-            raise ValueError(f"{test_dir} and {train_dir} have different class folders")
+        self._check_same_classes(train_dir, classes, test_dir, test_classes)
         return x, y, xt, yt
 
     def _load(self, stage: str | None):
@@ -605,8 +681,7 @@ class ImageFolderDataModule(ImageDataModule):
         train = datasets.ImageFolder(str(train_dir), transform=self.train_transform)
         self._check_classes(len(train.classes), train_dir)
         test = datasets.ImageFolder(str(test_dir), transform=self.eval_transform)
-        if test.classes != train.classes:
-            raise ValueError(f"{test_dir} and {train_dir} have different class folders")
+        self._check_same_classes(train_dir, train.classes, test_dir, test.classes)
         return train, datasets.ImageFolder(str(train_dir), transform=self.eval_transform), test
 
 
@@ -669,6 +744,15 @@ class SeededSamples(Dataset):
                 torch.set_rng_state(saved[2])
 
 
+def _resume_point(epoch: int, batches_done: int, batches_per_epoch: int | float) -> tuple[int, int]:
+    """(epoch, batches done in it) where a run stopped after `batches_done` batches of an epoch
+    of `batches_per_epoch` (the trainer's num_training_batches) resumes: an epoch that is over
+    resumes at the start of the next one, as an uninterrupted run goes on."""
+    if batches_done >= batches_per_epoch:
+        return epoch + 1, 0
+    return epoch, batches_done
+
+
 class ResumableSampler(DistributedSampler):
     """The training order: a shuffle drawn from (seed, epoch) alone, each index paired with the
     seed of its augmentation, drawn from (seed, epoch, index); `state_dict` says where an epoch
@@ -712,9 +796,8 @@ class ResumableSampler(DistributedSampler):
 
     def state_dict(self, batches_done: int, batches_per_epoch: int | float, batch_size: int) -> dict:
         """The position after `batches_done` batches of `batch_size` in an epoch of `batches_per_epoch`."""
-        if batches_done >= batches_per_epoch:  # the epoch is over: the next one starts afresh
-            return {"seed": self.seed, "epoch": self.epoch + 1, "start": 0}
-        return {"seed": self.seed, "epoch": self.epoch, "start": batches_done * batch_size}
+        epoch, batches = _resume_point(self.epoch, batches_done, batches_per_epoch)
+        return {"seed": self.seed, "epoch": epoch, "start": batches * batch_size}
 
     def load_state_dict(self, state: dict) -> None:
         self.seed, self.epoch, self.start = state["seed"], state["epoch"], state["start"]

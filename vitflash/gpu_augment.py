@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -307,18 +308,34 @@ OP_FNS = {
 }
 
 
+def _warn_idle(names: list[str], counts: np.ndarray, B: int, what: str) -> None:
+    """Warn where a batch of B leaves some of the choices `names` (ops, sub-policies) an empty
+    slice (`counts`: each one's slots): those never run in training."""
+    idle = [name for name, count in zip(names, counts) if count == 0]
+    if idle:
+        warnings.warn(
+            f"a batch of {B} images per device leaves {len(idle)} of the {len(names)} {what} without a slot "
+            f"of the gpu pipeline's fixed slices, so they never run ({', '.join(idle)}): raise data.batch_size "
+            f"until each has one (at least {len(names)} per device), or set data.pipeline=cpu")
+
+
 class RandAugment:
     """timm's RandAugment (`rand_augment_transform(config)`: e.g. "rand-m9-mstd0.5-inc1"; "n1" with
-    "mstd101" is TrivialAugment-like) on a batch, every sample drawing its own ops, whether each
-    applies (timm's p=0.5) and its magnitude. Geometric ops fill with the mean colour (timm's
-    img_mean) and resample bilinearly.
+    "mstd101" is TrivialAugment-like) on a batch, every sample drawing whether each op applies
+    (timm's p=0.5) and its magnitude. Geometric ops fill with the mean colour (timm's img_mean)
+    and resample bilinearly.
 
-    Each op runs on its own samples only, without a data-dependent shape: every layer shuffles
-    the batch and gives op k a fixed slice of it (slices sized by the op weights; the geometric
-    ops' slices form one block, resampled in one call), so a sample's op is uniformly random (as
-    timm's choice) while the ops of one batch are balanced. Running
-    every op on the whole batch and keeping a mask's worth would cost ~15x the work; selecting
-    the samples of each op by a mask would wait on the device for their number.
+    Each op runs on its own samples only, without a data-dependent shape, so that the whole
+    augmentation can be captured in one CUDA graph: every layer shuffles the batch and gives op k
+    a fixed slice of it, its weight's share of the batch rounded to whole samples (the geometric
+    ops' slices form one block, resampled in one call). A sample's op is thus random, op k with
+    probability (its slice) / B, and the ops of one batch are balanced rather than drawn apart as
+    timm draws them. That probability is timm's only where B times each weight is whole: the 15
+    equally weighted ops of "rand-m9-mstd0.5-inc1" get 8 or 9 samples each of 128, but a batch
+    smaller than the number of ops leaves some ops no slot, and they never run (a warning says
+    so, once per batch size). Running every op on the whole batch and keeping a mask's worth
+    would cost ~15x the work; selecting the samples of each op by a mask would wait on the
+    device for their number.
     """
 
     def __init__(self, config: str):
@@ -341,6 +358,7 @@ class RandAugment:
         self.cumulative = np.cumsum(weights) / np.sum(weights)  # slice ends as fractions of the batch
         ops = [OPS[op.name] for op in timm_ops]
         self.kinds = [op.kind for op in ops]
+        self.names = [op.name for op in timm_ops]
         self.n_pointwise = sum(k not in _GEOMETRIC for k in self.kinds)  # ops before the geometric block
         hp = ra.ops[0].hparams  # one config string: every op shares magnitude, std and bound
         self.mstd = hp.get("magnitude_std", 0.0)
@@ -353,6 +371,7 @@ class RandAugment:
         """(bounds: op k owns slots bounds[k]:bounds[k+1] of a shuffled batch, (B, 10) table rows)."""
         if (B, device) not in self._slots:
             bounds = [0, *np.round(self.cumulative * B).astype(int).tolist()]
+            _warn_idle(self.names, np.diff(bounds), B, "RandAugment ops")
             op = torch.repeat_interleave(torch.arange(len(self.kinds)), torch.tensor(np.diff(bounds)))
             self._slots[B, device] = bounds, self._table[op].to(device)
         return self._slots[B, device]
@@ -417,7 +436,9 @@ class CIFAR10AutoAugment:
     each of its two ops with the sub-policy's probability, signed magnitudes with a random sign
     per sample. The policy and the magnitude bins are read from torchvision; the ops are
     OP_FNS. As in RandAugment here, the batch is shuffled and each sub-policy owns a fixed
-    slice of it (uniform choice per sample, no data-dependent shapes). Differences from
+    slice of it (no data-dependent shapes, for one CUDA graph): a sample's sub-policy is random,
+    sub-policy k with probability (its slice) / B, torchvision's uniform 1/25 where B is a
+    multiple of 25; a batch smaller than 25 leaves some sub-policies out (`bounds`). Differences from
     torchvision's per-image op: shears are about the centre (torchvision's about the top-left
     corner), resampling is bilinear, and the uncovered area takes the fill passed in.
 
@@ -455,7 +476,8 @@ class CIFAR10AutoAugment:
         self._plans: dict[tuple[int, torch.device], list[tuple]] = {}
 
     def bounds(self, B: int) -> list[int]:
-        """Sub-policy k owns slots bounds[k]:bounds[k + 1] of the shuffled batch."""
+        """Sub-policy k owns slots bounds[k]:bounds[k + 1] of the shuffled batch: B / 25 rounded to
+        whole slots, so in a batch smaller than 25 some sub-policies own none and never run."""
         n = len(self.subpolicies)
         return [round(k * B / n) for k in range(n + 1)]
 
@@ -465,6 +487,8 @@ class CIFAR10AutoAugment:
         order, the op's kind (an index into KINDS), probability, base and magnitude)."""
         if (B, device) in self._plans:
             return self._plans[B, device]
+        _warn_idle([f"sub-policy {k}" for k in range(len(self.subpolicies))], np.diff(self.bounds(B)), B,
+                   "AutoAugment sub-policies")
         sub = np.repeat(np.arange(len(self.subpolicies)), np.diff(self.bounds(B)))  # each slot's sub-policy
         plan = []
         for j in range(self.num_ops):

@@ -37,6 +37,15 @@ def _seed(*entropy: int) -> int:
     return int(np.random.SeedSequence([int(e) for e in entropy]).generate_state(1, np.uint64)[0] >> 1)
 
 
+def require_batches(batches: int, images: int, batch_size: int, world_size: int) -> None:
+    """Raise where a loader of `images` images would yield no batch (`batches` is 0): a training
+    split smaller than a batch on each process trains nothing, and the run would look as if it
+    had. Both pipelines' loaders check with it."""
+    if batches < 1:
+        raise ValueError(f"{images} images make no batch of {batch_size} on each of {world_size} process(es): "
+                         "lower data.batch_size")
+
+
 def choose_storage(storage: str, nbytes: int, device: torch.device, fraction: float = 0.5) -> str:
     """"device" (the images move to `device` once) or "stream" (they stay in host memory or a
     memory-mapped file and every batch is copied in). "auto" picks "device" where the images take
@@ -119,9 +128,7 @@ class GPULoader:
         self.streamed = images.device != self.device if stream is None else stream
         n = len(self.indices)
         self.per_rank = n // world_size if train else math.ceil(n / world_size)
-        if len(self) == 0:
-            raise ValueError(f"{n} images make no batch of {batch_size} on each of {world_size} process(es): "
-                             "lower data.batch_size")
+        require_batches(len(self), n, batch_size, world_size)
         self._pinned: list[torch.Tensor] = []
         self._events: list = []
         self._augment = SeededTransform(transform, self.device, graph) if train else None
