@@ -37,10 +37,15 @@ def test_resolve_attention():
 
 
 def optimizer_of(module: ViTModule, total_steps: int = 100, max_epochs: int = 10,
-                 precision: str = "bf16-mixed", model: torch.nn.Module | None = None):
-    """configure_optimizers() as the Trainer would call it for a run of total_steps; `model`:
-    the trainer's (wrapped) model, default `module`."""
+                 precision: str = "bf16-mixed", model: torch.nn.Module | None = None,
+                 batches: int | None = None, accumulate: int = 1):
+    """configure_optimizers() as the Trainer would call it for a run of total_steps, with
+    `batches` training batches an epoch (default: total_steps / max_epochs optimizer steps an
+    epoch) and gradients accumulated over `accumulate`; `model`: the trainer's (wrapped)
+    model, default `module`."""
     fake = SimpleNamespace(estimated_stepping_batches=total_steps, max_epochs=max_epochs,
+                           num_training_batches=batches or total_steps * accumulate // max_epochs,
+                           accumulate_grad_batches=accumulate,
                            precision=precision, model=module if model is None else model)
     with mock.patch.object(ViTModule, "trainer", new_callable=mock.PropertyMock, return_value=fake):
         out = module.configure_optimizers()
@@ -154,6 +159,23 @@ def test_warmup_then_cosine_per_step():
     assert all(a >= b for a, b in zip(lrs[10:], lrs[11:]))  # then only falling
     assert lrs[55] == pytest.approx((1e-3 + 1e-5) / 2, rel=1e-3)  # cosine: halfway at mid-decay
     assert lrs[100] == pytest.approx(1e-5)
+
+
+@pytest.mark.parametrize("total, epochs, batches, accumulate", [(50, 10, 10, 1), (50, -1, 10, 1), (50, 10, 20, 2)],
+                         ids=["max_steps before max_epochs", "max_epochs=-1", "accumulated"])
+def test_warmup_and_cooldown_count_the_steps_of_an_epoch(total, epochs, batches, accumulate):
+    """The warmup and cool-down epochs are the optimizer steps of that many epochs, whatever
+    ends the run: 10 steps an epoch here, also where trainer.max_steps (50) ends it before
+    max_epochs or max_epochs is -1, and with batches accumulated in twos."""
+    module = make(warmup_epochs=1, warmup_lr=1e-6, min_lr=1e-5, cooldown_epochs=1)
+    optimizer, scheduler = optimizer_of(module, total_steps=total, max_epochs=epochs, batches=batches,
+                                        accumulate=accumulate)
+    lrs = []
+    for step in range(total + 1):
+        scheduler.step_update(num_updates=step)
+        lrs.append(optimizer.param_groups[0]["lr"])
+    assert lrs[9] < lrs[10] == pytest.approx(1e-3)  # 10 steps of warmup
+    assert lrs[39] > 1e-5 and all(lr == pytest.approx(1e-5) for lr in lrs[40:])  # the last 10 at min_lr
 
 
 def test_cooldown_epochs_hold_min_lr_at_the_end():

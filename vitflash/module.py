@@ -617,7 +617,12 @@ class ViTModule(L.LightningModule):
 
         total = int(self.trainer.estimated_stepping_batches)  # max_steps where it ends fit first
         # optimizer steps an epoch, which size the warmup and cool-down whatever ends fit
-        per_epoch = self.trainer.num_training_batches / self.trainer.accumulate_grad_batches
+        batches = self.trainer.num_training_batches
+        if not math.isfinite(batches):  # Lightning had max_steps for the total and read no data
+            self.trainer.fit_loop.setup_data()  # what estimated_stepping_batches does otherwise
+            batches = self.trainer.num_training_batches
+        # (a loader without a length: the run counts as one epoch)
+        per_epoch = batches / self.trainer.accumulate_grad_batches if math.isfinite(batches) else total
         # A warmup longer than a short (debug) run is cut to half of it, leaving the cosine
         # at least two steps (a one-step cosine is flat, and timm warns about it). The
         # cool-down's steps come off the cosine's end: past t_initial timm holds lr_min.
