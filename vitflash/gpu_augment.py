@@ -599,13 +599,17 @@ class GPUAugment:
         S = self.img_size
         B, H, W, _ = images.shape
         x = to_float(images)
-        # timm's eval transform: Resize(floor(S / crop_pct)) of the short side, CenterCrop(S); as
-        # one box of the source image resized once
-        side = S * min(H, W) / math.floor(S / self.augment.crop_pct)
-        if not (H == W == S and side == S):
+        # timm's eval transform: Resize(floor(S / crop_pct)) of the short side, then CenterCrop(S)
+        # at torchvision's whole-pixel offsets in the resized image; as one box of the source
+        # image resized once
+        R = math.floor(S / self.augment.crop_pct)
+        if not (H == W == S and R == S):
             key = (H, W, x.device)
             if key not in self._boxes:  # made once: no copy to the device per batch
-                self._boxes[key] = torch.tensor([(W - side) / 2, (H - side) / 2, (W + side) / 2, (H + side) / 2],
+                rh, rw = (R, int(R * W / H)) if H <= W else (int(R * H / W), R)  # torchvision's Resize(R)
+                top, left = int(round((rh - S) / 2.0)), int(round((rw - S) / 2.0))  # its CenterCrop(S)
+                sy, sx = H / rh, W / rw
+                self._boxes[key] = torch.tensor([left * sx, top * sy, (left + S) * sx, (top + S) * sy],
                                                 device=x.device)
             x = crop_resize(x, self._boxes[key].expand(B, 4), S)
         return self._normalize(x)
