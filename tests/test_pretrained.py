@@ -307,6 +307,19 @@ def test_checkpoint_of_another_architecture(tmp_path):
     assert "patch_embed.proj.weight" in msg and "conv1" in msg  # what it lacks, what it has
 
 
+def test_rgb_weights_into_a_model_of_other_channels(tmp_path):
+    """As timm does, RGB weights load into a model with in_chans=1 (the first layer's kernels
+    summed over their colours) or 2, and the rest of the weights as they are."""
+    torch.manual_seed(0)
+    rgb = _perturb_(vitflash.create_model("vit_micro_patch4_32", num_classes=10), seed=7)
+    path = _save(rgb.state_dict(), tmp_path / "rgb", "pth")
+    grey = vitflash.create_model("vit_micro_patch4_32", in_chans=1, pretrained=path)
+    source = rgb.state_dict()
+    assert torch.allclose(grey.patch_embed.proj.weight, source["patch_embed.proj.weight"].sum(1, keepdim=True))
+    assert all(torch.equal(v, source[k]) for k, v in grey.state_dict().items() if k != "patch_embed.proj.weight")
+    assert vitflash.create_model("vit_micro_patch4_32", in_chans=2, pretrained=path).patch_embed.proj.weight.shape[1] == 2
+
+
 @pytest.mark.parametrize("kind", ["reg_tokens", "no_embed_class", "distilled"])
 def test_vits_with_other_tokens_are_refused_by_name(tmp_path, kind):
     """timm ViTs whose tokens vitflash's ViT does not have (registers, a distillation token,
