@@ -7,6 +7,10 @@ absolute floor. Without CUDA the kernels run in Triton's interpreter (see confte
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 
@@ -1132,7 +1136,76 @@ def test_tuning_choices_survive_the_process(monkeypatch, tmp_path):
     monkeypatch.setattr(launch, "_disk", None)  # a new process: nothing in memory
     saved = launch._read_disk()
     assert {e: launch.Candidate.from_json(d) for e, d in saved.items()} == chosen
-    assert [p.name for p in tmp_path.iterdir()] == ["autotune.json"]  # no temp file left
+    # no temp file left; the (empty) lock file of the writes stays, as flock's do
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["autotune.json", "autotune.json.lock"]
+
+
+def _fake_tuning(monkeypatch, tmp_path, n: int = 577):
+    """launch.choose off the interpreter, with a fake GPU: the first three forward candidates
+    at (n, 64), the third the fastest. Returns them and the choose() arguments."""
+    monkeypatch.setenv("VITFLASH_CACHE_DIR", str(tmp_path))
+    for name, value in (("_disk", None), ("INTERPRET", False), ("_chosen", {}), ("_timings", {})):
+        monkeypatch.setattr(launch, name, value)
+    monkeypatch.setattr(launch, "_disk_key", lambda key, device: "|".join(map(str, key)))
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    cands = launch.candidates("fwd", n, 64)[:3]
+    monkeypatch.setattr(launch, "candidates", lambda *a: cands)
+    ms = {c: 3.0 - i for i, c in enumerate(cands)}
+    ran = []
+    monkeypatch.setattr(launch, "_time_ms", lambda fn: (fn(), ms[ran[-1]])[1])
+    return cands, ran, ("fwd", torch.float16, n, 64, 24)
+
+
+@pytest.mark.parametrize("content", ["[1, 2]", "null", '{"KEY": "short"}', '{"KEY": {"family": "short"}}',
+                                     '{"KEY": {"family": "short", "blocks": [1], "num_warps": 4, "num_stages": 1}}',
+                                     '{"KEY": {"family": "short", "blocks": {"BLOCK_Q": 32}, "num_warps": 4, '
+                                     '"num_stages": 1}}'],
+                         ids=["a list", "null", "an entry of a string", "an entry without blocks",
+                              "blocks not a mapping", "unknown blocks"])
+def test_a_damaged_tuning_cache_is_tuned_over(monkeypatch, tmp_path, content):
+    """A cache file whose JSON is not an object, or whose entry for the key names no listed
+    candidate, is tuned over (with a warning naming the file where an entry was unusable),
+    and the file is written again, whole: no flash call fails on it."""
+    cands, ran, key = _fake_tuning(monkeypatch, tmp_path)
+    entry = "|".join(map(str, launch._key(*key)))
+    (tmp_path / "autotune.json").write_text(content.replace("KEY", entry))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert launch.choose(*key, torch.device("cpu"), ran.append) == cands[2]
+    assert len(ran) > 0  # timed
+    named = [str(w.message) for w in caught if "tuning cache" in str(w.message)]
+    assert bool(named) == content.startswith("{") and all(str(tmp_path / "autotune.json") in m for m in named)
+    saved = json.loads((tmp_path / "autotune.json").read_text())
+    assert launch.Candidate.from_json(saved[entry]) == cands[2]
+
+
+def test_processes_writing_the_tuning_cache_at_once_keep_every_entry(tmp_path):
+    """Two processes each writing 40 choices into one cache file at the same time: all 80
+    are there at the end (the read-merge-replace runs under a lock)."""
+    code = ("import sys; from vitflash.ops import launch\n"
+            "c = launch.heuristic('fwd', 197, 64)\n"
+            "for i in range(40): launch._write_disk(f'{sys.argv[1]}{i}', c)\n")
+    env = {**os.environ, "VITFLASH_CACHE_DIR": str(tmp_path)}
+    procs = [subprocess.Popen([sys.executable, "-c", code, name], env=env) for name in "AB"]
+    assert [p.wait(timeout=120) for p in procs] == [0, 0]
+    saved = json.loads((tmp_path / "autotune.json").read_text())
+    assert sorted(saved) == sorted(f"{name}{i}" for name in "AB" for i in range(40))
+
+
+def test_an_unwritable_tuning_cache_is_said_once(monkeypatch, tmp_path):
+    (tmp_path / "a_file").write_text("")
+    monkeypatch.setenv("VITFLASH_CACHE_DIR", str(tmp_path / "a_file" / "cache"))
+    monkeypatch.setattr(launch, "_disk", None)
+    monkeypatch.setattr(launch, "_unwritable", set())
+    cand = launch.heuristic("fwd", 197, 64)
+    with pytest.warns(UserWarning, match=r"cannot write the tuning cache .*a_file/cache/autotune.json .*"
+                                         r"set VITFLASH_CACHE_DIR to a writable folder"):
+        launch._write_disk("x", cand)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        launch._write_disk("y", cand)  # said once
+    assert launch._read_disk() == {"x": cand.to_json(), "y": cand.to_json()}  # kept for this process
 
 
 def test_tuner_times_are_kept_for_benchmarks(monkeypatch, tmp_path):

@@ -47,6 +47,11 @@ import triton
 from vitflash.files import written_whole
 from vitflash.ops import kernels
 
+try:
+    import fcntl  # an advisory lock around the cache file's read-merge-replace
+except ImportError:  # (Windows: none; of two processes writing at once, one's entries are lost)
+    fcntl = None
+
 INTERPRET = bool(kernels.INTERPRET)
 # bump when a kernel or the candidate list changes in a way that can change the best config:
 # 18, the short backward's register-capped twin at N = 65 (KEY_PER_CHUNK, maxnreg 168);
@@ -626,32 +631,66 @@ def _disk_key(key: tuple, device: torch.device) -> str:
             + ("|dropout" if dropout else ""))
 
 
+def _load_cache(path: Path) -> dict:
+    """The cache file's entries; {} for a missing, unreadable or damaged file, which the next
+    choice then replaces (a JSON value other than an object counts as damaged)."""
+    try:
+        entries = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return entries if isinstance(entries, dict) else {}
+
+
 def _read_disk() -> dict:
     global _disk
     if _disk is None:
-        try:
-            _disk = json.loads(_cache_file().read_text())
-        except (OSError, ValueError):
-            _disk = {}
+        _disk = _load_cache(_cache_file())
     return _disk
 
 
+_unwritable: set[Path] = set()  # cache files that could not be written, warned about once
+
+
 def _write_disk(entry: str, cand: Candidate) -> None:
-    """Merge one entry into the cache file: a temp file beside it, then os.replace, so a
-    reader (another rank, another run) never sees half a file."""
+    """Merge one entry into the cache file: under an advisory lock (another process writing
+    its choices at the same moment would otherwise replace the file without them), into a
+    temp file beside it, then os.replace, so that a reader never sees half a file."""
     path = _cache_file()
+    _read_disk()[entry] = cand.to_json()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            current = json.loads(path.read_text())
-        except (OSError, ValueError):
-            current = {}
-        current[entry] = cand.to_json()
-        _read_disk()[entry] = cand.to_json()
-        with written_whole(path) as tmp:
-            Path(tmp).write_text(json.dumps(current, indent=1))
-    except OSError:
-        pass  # a read-only home costs a re-tune next time, nothing more
+        with open(path.with_name(path.name + ".lock"), "a") as lock:
+            if fcntl is not None:
+                fcntl.flock(lock, fcntl.LOCK_EX)  # released as the file closes
+            current = _load_cache(path)
+            current[entry] = cand.to_json()
+            with written_whole(path) as tmp:
+                Path(tmp).write_text(json.dumps(current, indent=1))
+    except OSError as e:
+        if path not in _unwritable:
+            _unwritable.add(path)
+            warnings.warn(f"flash attention: cannot write the tuning cache {path} ({e}): a new process tunes "
+                          "each shape again, seconds at its first call; set VITFLASH_CACHE_DIR to a writable "
+                          "folder", stacklevel=3)
+
+
+def _saved(entry: str, op: str, n: int, d: int, bh: int) -> Candidate | None:
+    """The cache file's choice for `entry`, if it names a candidate listed for its key (any
+    B * H of its bucket); None, to tune again, where there is none or the entry names no
+    listed candidate (a damaged file, or one written before a candidate left the lists)."""
+    saved = _read_disk().get(entry)
+    if saved is None:
+        return None
+    try:
+        cand = Candidate.from_json(saved)
+        listed = cand in candidates(op, n, d, _pow2(bh))
+    except (KeyError, TypeError, AttributeError, ValueError):
+        listed = False
+    if not listed:
+        warnings.warn(f"flash attention: the tuning cache {_cache_file()} names no listed configuration for "
+                      f"{entry} ({saved!r}): tuning it again", stacklevel=3)
+        return None
+    return cand
 
 
 def _key(op: str, dtype: torch.dtype, n: int, d: int, bh: int, dropout: bool = False) -> tuple:
@@ -698,10 +737,8 @@ def choose(op: str, dtype: torch.dtype, n: int, d: int, bh: int, device: torch.d
     if torch.cuda.is_current_stream_capturing():
         return heuristic(op, n, d)
     entry = _disk_key(key, device)
-    saved = _read_disk().get(entry)
-    if saved is not None:
-        cand = Candidate.from_json(saved)
-    else:
+    cand = _saved(entry, op, n, d, bh)
+    if cand is None:
         times = _timings[key] = {}
         cands = candidates(op, n, d, bh)
         _compile_all(cands, run)
