@@ -178,12 +178,17 @@ def resume_hint(trainer: L.Trainer, tested: bool = True) -> str | None:
     """Where trainer.max_time ended fit before trainer.max_epochs: how far it got and the
     command that finishes the run from its last checkpoint; None otherwise."""
     timer = next((c for c in trainer.callbacks if isinstance(c, Timer)), None)
-    if timer is None or trainer.max_epochs is None or trainer.current_epoch >= trainer.max_epochs:
+    if timer is None or trainer.max_epochs is None or trainer.max_epochs < 1:
+        return None
+    stopped = getattr(timer, "stopped", None)  # TimeBudget's (epoch, batch, step); epochs count from 0
+    if stopped is not None:  # (a stop in the last epoch leaves current_epoch at max_epochs)
+        if stopped[0] >= trainer.max_epochs - 1 and stopped[1] >= trainer.num_training_batches:
+            return None  # the budget ran out with the run's last batch
+    elif trainer.current_epoch >= trainer.max_epochs:
         return None
     if (timer.time_remaining("train") or 0) > 0:
         return None  # stopped by something else (e.g. max_steps)
     command = finish_command(trainer, lift_budget=True)
-    stopped = getattr(timer, "stopped", None)  # TimeBudget's (epoch, batch, step); epochs count from 0
     where_stopped = (f"after batch {stopped[1]} of epoch {stopped[0]} (epochs 0 to {trainer.max_epochs - 1}, step "
                      f"{stopped[2]})" if stopped else f"at step {trainer.global_step} of {trainer.max_epochs} epochs")
     then = "the test below scores the run as it stands" if tested else "test=false: no test follows"

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import csv
+import logging
 import os
 import re
 import signal
@@ -139,6 +140,23 @@ def test_time_budget_stop_then_resume_is_bit_identical(tmp_path, stop_at, every,
     whole = tmp_path / "whole" / "out" / "checkpoints" / "last.ckpt"
     assert torch.load(whole, map_location="cpu", weights_only=True)["global_step"] == EPOCHS * STEPS
     assert_identical(whole, tmp_path / "resumed" / "out" / "checkpoints" / "last.ckpt", f"stopped after step {stop_at}")
+
+
+def test_time_budget_stop_in_the_last_epoch_says_how_to_finish(tmp_path, caplog):
+    """A budget that runs out inside the run's last epoch (where Lightning has already moved
+    current_epoch to max_epochs) still ends with the command that finishes the run; one that
+    runs out with the last batch does not ask for more."""
+    overrides = [o for o in RUN if not o.startswith("callbacks.step_checkpoint")] + [
+        *DATA["synthetic"], "attention=sdpa", "trainer.max_time=00:01:00:00",
+        "+callbacks.spend._target_=killswitch.SpendBudgetAtStep"]
+    for step, hinted in ((EPOCHS * STEPS - 2, True), (EPOCHS * STEPS, False)):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING):
+            train(compose_cfg(tmp_path / str(step), [*overrides, f"+callbacks.spend.step={step}"]))
+        hints = [r.getMessage() for r in caplog.records if "To finish it" in r.getMessage()]
+        assert bool(hints) == hinted, (step, hints)
+        if hinted:
+            assert f"after batch {STEPS - 2} of epoch {EPOCHS - 1} (epochs 0 to {EPOCHS - 1}, step {step})" in hints[0]
 
 
 # --------------------------------------------------------------------------------------
