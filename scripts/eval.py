@@ -21,6 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from vitflash.checkpoint import check_finite
 from vitflash.cli import check_trainer, host_peak_rss_gib, run_session, short_errors
+from vitflash.files import written_whole
 from vitflash.module import check_eval_shift, load_checkpoint
 
 log = logging.getLogger(__name__)
@@ -72,9 +73,16 @@ def evaluate(cfg: DictConfig) -> dict:
         "peak_mem_gib": torch.cuda.max_memory_allocated(trainer.strategy.root_device) / 2**30 if on_cuda else None,
         "host_peak_rss_gib": host_peak_rss_gib(),  # the process's peak RSS, on CPU and GPU alike
     }
+    if trainer.world_size > 1:
+        log.warning("%d processes: the sampler repeats up to %d images so that each process scores as many, "
+                    "and the repeats count in top-1; trainer.devices=1 scores every image once",
+                    trainer.world_size, trainer.world_size - 1)
+    if not trainer.is_global_zero:
+        return result  # (the metrics are the same on every process: one writes and prints them)
     if HydraConfig.initialized():
         out = Path(HydraConfig.get().runtime.output_dir) / "eval.json"
-        out.write_text(json.dumps(result, indent=2) + "\n")
+        with written_whole(out) as tmp:
+            Path(tmp).write_text(json.dumps(result, indent=2) + "\n")
         log.info("wrote %s", out)
     print(json.dumps(result))
     return result

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import csv
+import json
 import logging
 import os
 import re
@@ -326,6 +327,18 @@ def test_eval_scores_a_checkpoint_of_a_graph_step_run_anywhere(tiny_ckpt, tmp_pa
     metrics = evaluate(compose_cfg(tmp_path, [f"ckpt_path={ckpt}", *TINY[:5], "trainer=cpu"], "eval"))
     plain = evaluate(compose_cfg(tmp_path / "plain", [f"ckpt_path={tiny_ckpt}", *TINY[:5], "trainer=cpu"], "eval"))
     assert metrics["top1"] == plain["top1"] and metrics["loss"] == plain["loss"]
+
+
+def test_eval_under_ddp_writes_and_prints_once_and_names_the_repeats(tiny_ckpt, tmp_path):
+    """eval.py on two processes (gloo): one JSON line and one eval.json, from rank 0, and a
+    warning that the sampler's repeated images count in top-1."""
+    run = tmp_path / "ddp"
+    result = run_cli("eval", f"ckpt_path={tiny_ckpt}", *TINY[:5], "data.test_size=17", "trainer=ddp",
+                     "trainer.accelerator=cpu", "trainer.devices=2", f"hydra.run.dir={run}", timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = [line for line in result.stdout.splitlines() if line.startswith("{")]
+    assert len(lines) == 1 and json.loads(lines[0]) == json.loads((run / "eval.json").read_text())
+    assert "2 processes: the sampler repeats up to 1 images" in result.stdout + result.stderr
 
 
 def test_eval_and_export_name_a_missing_checkpoint_in_one_line(tmp_path):
