@@ -163,6 +163,19 @@ def test_error_after_the_loggers_start_leaves_no_folder(tmp_path):
     assert not run.exists(), sorted(p.relative_to(run) for p in run.rglob("*"))
 
 
+def test_a_failing_job_of_a_sweep_leaves_the_others_running(tmp_path):
+    """In a sweep (-m) a job's config error is reported with its overrides, the later jobs still
+    run, and the sweep exits with status 1."""
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA, where attention=flash runs")
+    sweep = tmp_path / "sweep"
+    result = run_cli("train", "-m", "attention=flash,naive", *SMOKE, "debug=default", f"hydra.sweep.dir={sweep}")
+    assert result.returncode == 1
+    assert "Error in the job with overrides attention=flash" in result.stderr
+    assert "attention=flash needs a CUDA GPU" in result.stderr
+    assert (sweep / "1" / "csv" / "metrics.csv").is_file() and not (sweep / "0").exists()
+
+
 def test_fsdp_asks_for_test_false_before_any_work(tmp_path):
     # Lightning does not shard the model again for a test after fit under FSDP
     with pytest.raises(ValueError, match=r"trainer=fsdp cannot test .*add test=false.*scripts/eval.py ckpt_path="):

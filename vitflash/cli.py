@@ -32,6 +32,7 @@ from typing import Callable
 
 import torch
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from hydra.errors import InstantiationException
 from lightning.pytorch.callbacks import ModelSummary as _LightningModelSummary
 from lightning.pytorch.utilities import rank_zero_only
@@ -184,10 +185,24 @@ def short_errors(main: Callable) -> Callable:
             cause = e.__cause__ if isinstance(e, InstantiationException) and e.__cause__ else e
             if not isinstance(cause, USER_ERRORS):
                 raise
+            if _in_multirun():
+                # one job of a sweep: Hydra runs the others, then says which failed and exits 1
+                # (sys.exit would end the sweep here, its later jobs never run)
+                job = " ".join(HydraConfig.get().overrides.task)
+                print(f"Error in the job with overrides {job}: {cause}", file=sys.stderr)
+                raise JobError(str(cause)) from None
             print(f"Error: {cause}\n(set HYDRA_FULL_ERROR=1 for the traceback)", file=sys.stderr)
             sys.exit(1)
 
     return wrapper
+
+
+class JobError(RuntimeError):
+    """A user error in one job of a Hydra sweep (-m), raised for Hydra to report."""
+
+
+def _in_multirun() -> bool:
+    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
 
 
 def _whole(value, least: int) -> bool:
