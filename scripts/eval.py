@@ -36,7 +36,7 @@ def evaluate(cfg: DictConfig) -> dict:
     if cfg.split not in SPLITS:
         raise ValueError(f"split={cfg.split!r}: choose one of {', '.join(SPLITS)}")
     check_trainer(cfg.trainer)
-    if cfg.eval_flip not in (None, True, False):
+    if cfg.eval_flip is not None and not isinstance(cfg.eval_flip, bool):  # (1 == True: `in` would let 1 by)
         raise ValueError(f"eval_flip={cfg.eval_flip!r}: give true (score each image and its mirror image), "
                          "false, or null (as the checkpoint's run validated)")
     torch.set_float32_matmul_precision(cfg.matmul_precision)

@@ -259,6 +259,20 @@ def test_layer_scale_and_qkv_bias_come_from_the_weights(tmp_path, overrides):
         torch.testing.assert_close(timm.create_model(**timm_kwargs).eval()(x), want, atol=1e-5, rtol=0)
 
 
+def test_export_refuses_a_preset_other_than_the_checkpoints(tmp_path):
+    """The preset gives num_heads, which the weights do not show: a model_name other than the
+    one a checkpoint records, or one whose heads do not divide the width, is refused by name."""
+    torch.manual_seed(0)
+    model = vitflash.create_model("vit_micro_patch4_32", num_classes=10)
+    ckpt = _save(model.state_dict(), tmp_path / "run", "vit_micro_patch4_32")
+    with pytest.raises(ValueError, match="holds a vit_micro_patch4_32 model .*not vit_wide_h16_patch4_32"):
+        export_timm(ckpt, tmp_path / "a.safetensors", model_name="vit_wide_h16_patch4_32")
+    export_timm(ckpt, tmp_path / "b.safetensors", model_name="vit_micro_patch4_32")  # the same name: fine
+    weights = _save(model.state_dict(), tmp_path / "weights", "pth")
+    with pytest.raises(ValueError, match="the preset vit_tiny_patch4_32 does not fit the weights of .*weights.pth"):
+        export_timm(weights, tmp_path / "c.safetensors", model_name="vit_tiny_patch4_32")
+
+
 def test_read_checkpoint_unwraps_lightning_and_reports_hyper_parameters(tmp_path):
     sd = {"w": torch.ones(2)}
     ckpt = {"state_dict": {"model.w": sd["w"], "train_acc.total": torch.zeros(())},

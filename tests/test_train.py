@@ -286,6 +286,8 @@ def test_eval_reproduces_the_test_score(cifar_run, cifar_slice, tmp_path):
     assert flipped["loss"] != pytest.approx(result["loss"], rel=1e-4)  # other logits were scored
     with pytest.raises(ValueError, match=r"eval_flip='yes': give true"):
         evaluate(compose_cfg(tmp_path, [*common, "eval_flip=yes"], "eval"))
+    with pytest.raises(ValueError, match=r"^eval_flip=1: give true"):  # 1 == True, but not a bool
+        evaluate(compose_cfg(tmp_path, [*common, "eval_flip=1"], "eval"))
     moved = evaluate(compose_cfg(tmp_path, [*common, "attention=naive", "eval_shift=1"], "eval"))
     assert moved["eval_shift"] == 1 and moved["eval_flip"] is False and result["eval_shift"] == 0
     assert moved["loss"] != pytest.approx(result["loss"], rel=1e-4)  # five views scored, not one

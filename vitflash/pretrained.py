@@ -515,7 +515,13 @@ def export_timm(
         source = str(checkpoint)
         state_dict, hparams = read_checkpoint(checkpoint)
         _check_is_vit(state_dict, source)
-        name = model_name or hparams.get("model_name")
+        recorded = hparams.get("model_name")
+        if model_name and recorded and model_name != recorded:
+            # the preset gives num_heads, which the weights do not show: another's would export
+            # a model that computes something else
+            raise ValueError(f"checkpoint {source} holds a {recorded} model (its hyper-parameters say so), not "
+                             f"{model_name}: leave model_name= (--model) out, or pass {recorded}")
+        name = model_name or recorded
         if name is None:
             raise ValueError(
                 f"checkpoint {source} does not say which model it holds (no "
@@ -525,7 +531,11 @@ def export_timm(
         arch = architecture_of(state_dict)
         shape = ("patch_size", "in_chans", "embed_dim", "depth", "mlp_ratio", "img_size")
         kwargs = {**{k: arch[k] for k in shape if k in arch}, **_arguments_of(arch, hparams, name)}
-        model = build_model(name, **kwargs)
+        try:
+            model = build_model(name, **kwargs)
+        except ValueError as e:
+            raise ValueError(f"the preset {name} does not fit the weights of {source} ({e}): pass the preset "
+                             f"the checkpoint was made from as model_name= (--model)") from e
         _load(model, _state_dict_cfg(state_dict, arch, model), source=source)
     arch_name, kwargs = timm_args(model)
     out = Path(out)
