@@ -1142,7 +1142,8 @@ def test_tuning_choices_survive_the_process(monkeypatch, tmp_path):
 
 def _fake_tuning(monkeypatch, tmp_path, n: int = 577):
     """launch.choose off the interpreter, with a fake GPU: the first three forward candidates
-    at (n, 64), the third the fastest. Returns them and the choose() arguments."""
+    at (n, 64), the third the fastest. Returns them, their milliseconds, the list that `run`
+    appends each launched candidate to, and the choose() arguments."""
     monkeypatch.setenv("VITFLASH_CACHE_DIR", str(tmp_path))
     for name, value in (("_disk", None), ("INTERPRET", False), ("_chosen", {}), ("_timings", {})):
         monkeypatch.setattr(launch, name, value)
@@ -1154,7 +1155,7 @@ def _fake_tuning(monkeypatch, tmp_path, n: int = 577):
     ms = {c: 3.0 - i for i, c in enumerate(cands)}
     ran = []
     monkeypatch.setattr(launch, "_time_ms", lambda fn: (fn(), ms[ran[-1]])[1])
-    return cands, ran, ("fwd", torch.float16, n, 64, 24)
+    return cands, ms, ran, ("fwd", torch.float16, n, 64, 24)
 
 
 @pytest.mark.parametrize("content", ["[1, 2]", "null", '{"KEY": "short"}', '{"KEY": {"family": "short"}}',
@@ -1167,7 +1168,7 @@ def test_a_damaged_tuning_cache_is_tuned_over(monkeypatch, tmp_path, content):
     """A cache file whose JSON is not an object, or whose entry for the key names no listed
     candidate, is tuned over (with a warning naming the file where an entry was unusable),
     and the file is written again, whole: no flash call fails on it."""
-    cands, ran, key = _fake_tuning(monkeypatch, tmp_path)
+    cands, _, ran, key = _fake_tuning(monkeypatch, tmp_path)
     entry = "|".join(map(str, launch._key(*key)))
     (tmp_path / "autotune.json").write_text(content.replace("KEY", entry))
     with warnings.catch_warnings(record=True) as caught:
@@ -1212,18 +1213,7 @@ def test_tuner_times_are_kept_for_benchmarks(monkeypatch, tmp_path):
     """A key the tuner times keeps each candidate's milliseconds (`tuning_times`, which
     bench_attention.py writes beside its own timings); a key whose choice a later process
     reads from the cache file has none, and nothing is timed there."""
-    monkeypatch.setenv("VITFLASH_CACHE_DIR", str(tmp_path))
-    for name, value in (("_disk", None), ("INTERPRET", False), ("_chosen", {}), ("_timings", {})):
-        monkeypatch.setattr(launch, name, value)
-    monkeypatch.setattr(launch, "_disk_key", lambda key, device: "|".join(map(str, key)))
-    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
-    cands = launch.candidates("fwd", 577, 64)[:3]
-    monkeypatch.setattr(launch, "candidates", lambda *a: cands)
-    ms = {c: 3.0 - i for i, c in enumerate(cands)}
-    ran = []
-    monkeypatch.setattr(launch, "_time_ms", lambda fn: (fn(), ms[ran[-1]])[1])
-    key = ("fwd", torch.float16, 577, 64, 24)
+    cands, ms, ran, key = _fake_tuning(monkeypatch, tmp_path)
     assert launch.choose(*key, torch.device("cpu"), ran.append) == cands[2]
     assert launch.tuning_times(*key) == ms
     for name, value in (("_disk", None), ("_chosen", {}), ("_timings", {})):  # a new process
