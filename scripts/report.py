@@ -9,13 +9,14 @@ told apart by the folders above them. Reads each run's config (.hydra/) and its 
 metrics (csv/metrics.csv).
 A run continued by `ckpt_path=<earlier run>/checkpoints/last.ckpt` lives in a new folder:
 the report follows ckpt_path back through the earlier folders and joins the pieces into
-one run (training time and curves continue; the earlier folders need not be listed).
+one run, named by its last folder (training time and curves continue; the earlier folders
+need not be listed).
 
 Prints the markdown table; its "img/s / naive" column sets each run's training speed against
 the naive run of the same dataset, model and seed (n/a where there is none, or more than one).
 With --out DIR it writes DIR/report.md, DIR/summary.json (one
 row per run: run, dataset, model, attention, seed, epochs, best_val_top1, test_top1, test_top5,
-img_per_s, peak_gib, train_wall_s, fit_wall_s, time_to_top1) and DIR/curves.csv (per epoch: training
+img_per_s, peak_gib, train_wall_s, fit_wall_s, time_to_top1, diverged) and DIR/curves.csv (per epoch: training
 time, train loss, val loss and top-1); --plot adds curves.png (train loss and val top-1 per
 run, overlaid), speed_memory.png (bars of train img/s and peak GPU memory) and
 time_to_accuracy.png (val top-1 against training time).
@@ -42,10 +43,12 @@ from __future__ import annotations
 
 import argparse
 import csv
+import importlib
 import json
 import math
 import os
 import re
+import shlex
 import statistics
 import sys
 from pathlib import Path
@@ -70,18 +73,27 @@ def find_runs(paths: list[Path]) -> list[Path]:
     `multiruns/<time>/<job>/`) or the whole log folder (`outputs/`)."""
     runs = []
     for path in paths:
+        if not path.exists():
+            raise ReportError(f"{path} does not exist: give run folders of scripts/train.py or folders above them")
         if (path / METRICS_FILE).is_file():
             runs.append(path.resolve())
             continue
         below = range(1, 6) if path.is_dir() else ()
         found = {m.parents[1] for depth in below for m in path.glob("/".join(["*"] * depth + [str(METRICS_FILE)]))}
+        # a job killed before its first log has its config but no metrics: say so, or a sweep
+        # would look as if it had fewer jobs
+        configured = {h.parent for depth in below for h in path.glob("/".join(["*"] * depth + [".hydra"]))}
+        for job in sorted(configured - found, key=lambda p: (str(p.parent), len(p.name), p.name)):
+            print(f"report.py: {job} has a run config (.hydra) but no {METRICS_FILE}: left out (the job stopped "
+                  "before it logged, or ran without logger=csv)", file=sys.stderr)
         if not found:
             raise ReportError(
                 f"{path} holds no training run: expected {METRICS_FILE} in it or in a folder up to "
                 "five levels below it (run folders of scripts/train.py with logger=csv)")
         # a sweep's jobs 0, 1, ..., 10 in that order
         runs.extend(p.resolve() for p in sorted(found, key=lambda p: (str(p.parent), len(p.name), p.name)))
-    return runs
+    # a folder given twice (`report.py sweep sweep/0`) is one run, where it first came
+    return list(dict.fromkeys(runs))
 
 
 def _yaml(path: Path):
@@ -100,10 +112,13 @@ def resumed_from(run: Path, known: list[Path]) -> Path | None:
     ckpt_path is as typed on the command line: absolute, or relative to where train.py ran.
     A checkpoint written outside its run folder (callbacks.*.dirpath set elsewhere) belongs
     to the one known run whose configured checkpoint folder holds it. Otherwise the run is
-    <ckpt_path>/../..; one that does not resolve to a `known` folder (a relative path, or runs
-    copied from the machine that made them) is matched against them by its last two parts
-    (e.g. runs/<time>), else by its folder's name where exactly one known folder bears it;
-    failing both, an existing folder it names is taken as it is."""
+    <ckpt_path>/../.., taken as it is where it holds a run, known or not; a known folder
+    with the same metrics.csv (a copy of it) stands for it, so that the run is listed once.
+    Only a folder that is not here (a relative path, or runs copied from the machine that
+    made them) is matched against the known ones by its last two parts (e.g. runs/<time>),
+    else by its folder's name where exactly one known folder bears it: names alone are weak
+    evidence, as every sweep numbers its jobs 0, 1, ..., and a job of a new sweep that
+    resumed job 1 of an earlier one is not its new sibling 1."""
     ckpt = (_yaml(run / ".hydra" / "config.yaml") or {}).get("ckpt_path")
     if not ckpt:
         return None
@@ -111,33 +126,59 @@ def resumed_from(run: Path, known: list[Path]) -> Path | None:
     if len(owners) == 1:
         return owners[0]
     folder = Path(ckpt).parent.parent  # <run>/checkpoints/<file>.ckpt
-    here = (folder / METRICS_FILE).is_file()
-    if here and folder.resolve() in known:
-        return folder.resolve()
+    if (folder / METRICS_FILE).is_file():
+        folder = folder.resolve()
+        if folder == run:
+            return None
+        if folder not in known:
+            metrics = folder / METRICS_FILE
+            size = metrics.stat().st_size
+            copies = [k for k in known if k != run and (k / METRICS_FILE).stat().st_size == size
+                      and (k / METRICS_FILE).read_bytes() == metrics.read_bytes()]
+            if len(copies) == 1:
+                return copies[0]
+        return folder
     for tail in (folder.parts[-2:], folder.parts[-1:]):
         matches = [k for k in known if k != run and k.parts[-len(tail):] == tail]
         if len(matches) == 1:
             return matches[0]
-    return folder.resolve() if here else None
+    return None
 
 
 def chains(runs: list[Path]) -> list[list[Path]]:
     """One list per run, its pieces oldest first; a folder another listed run resumed from
-    is a piece of that run, not a run of its own."""
-    earlier = {}
-    for run in runs:
-        folder, seen = run, {run}
-        while (prev := resumed_from(folder, runs)) is not None and prev not in seen:
-            earlier[folder] = prev
-            seen.add(prev)
-            folder = prev
+    is a piece of that run, not a run of its own (two runs resumed from one checkpoint share
+    their first pieces). Folders whose earlier pieces lead round in a loop (matched by name,
+    each to another) cannot all be later pieces: each is reported as a run of its own, with
+    a warning, rather than all dropped."""
+    earlier: dict[Path, Path | None] = {}
+    todo = list(runs)
+    while todo:
+        folder = todo.pop()
+        if folder not in earlier:
+            earlier[folder] = prev = resumed_from(folder, runs)
+            if prev is not None:
+                todo.append(prev)
+    for start in list(earlier):
+        walk, folder = [], start
+        while folder is not None and folder not in walk:
+            walk.append(folder)
+            folder = earlier[folder]
+        if folder is not None:
+            loop = walk[walk.index(folder):]
+            print(f"report.py: {', '.join(map(str, loop))} resumed from checkpoints that lead round in a loop, each "
+                  "to another of them (the folders their ckpt_path names are not here, and were matched by name): "
+                  "reported as runs of their own; the ckpt_path in their .hydra/config.yaml names their earlier "
+                  "pieces", file=sys.stderr)
+            for f in loop:
+                earlier[f] = None
     continued = set(earlier.values())
     result = []
     for run in runs:
         if run in continued:
             continue
         pieces = [run]
-        while pieces[0] in earlier:
+        while earlier[pieces[0]] is not None:
             pieces.insert(0, earlier[pieces[0]])
         result.append(pieces)
     return result
@@ -231,12 +272,14 @@ def _img_per_s(rows: list[dict], pieces: list[Path]) -> float | None:
 
 
 def run_names(runs: list[list[Path]]) -> list[str]:
-    """A name per run (its pieces, oldest first): its first folder's name, with as many folders
-    above it as make it unique ("0" of two sweeps: "<time>/0" each)."""
+    """A name per run (its pieces, oldest first): its last folder's name, with as many folders
+    above it as make it unique ("0" of two sweeps: "<time>/0" each). The last: two runs
+    resumed from one checkpoint share their first folder, and the last is a folder listed."""
+    parts = [pieces[-1].relative_to(pieces[-1].anchor).parts for pieces in runs]
     depth = 1
     while True:
-        names = ["/".join(pieces[0].parts[-depth:]) for pieces in runs]
-        if len(set(names)) == len(names) or depth >= max((len(p[0].parts) for p in runs), default=1):
+        names = ["/".join(p[-depth:]) for p in parts]
+        if len(set(names)) == len(names) or depth >= max(map(len, parts), default=1):
             return names
         depth += 1
 
@@ -257,8 +300,8 @@ def chosen_names(chosen: list[str] | None, found: list[str]) -> list[str]:
 
 def summarize(pieces: list[Path], targets: tuple[float, ...] = (), name: str | None = None) -> tuple[dict, list[dict]]:
     """(summary row, per-epoch curve rows) of one run made of `pieces` (oldest first), named
-    `name` (default: its first folder's name)."""
-    name = name or pieces[0].name
+    `name` (default: its last folder's name)."""
+    name = name or pieces[-1].name
     last = pieces[-1]
     config = _yaml(last / ".hydra" / "config.yaml") or {}
     choices = ((_yaml(last / ".hydra" / "hydra.yaml") or {}).get("hydra") or {}).get("runtime", {}).get("choices", {})
@@ -280,6 +323,7 @@ def summarize(pieces: list[Path], targets: tuple[float, ...] = (), name: str | N
     tests = [r for r in rows if r.get("test/top1") is not None]
     peak = _values(rows, "train/peak_mem_gib") + _values(rows, "test/peak_mem_gib")
     times = _values(rows, "train/time")
+    last_losses = [v[-1] for k in ("train/loss_step", "train/loss_epoch", "val/loss", "test/loss") if (v := _values(rows, k))]
     summary = {
         "run": name,
         "pieces": [os.path.relpath(p) for p in pieces],  # relative: the report may be committed
@@ -304,6 +348,8 @@ def summarize(pieces: list[Path], targets: tuple[float, ...] = (), name: str | N
                            if c["val_top1"] >= t and c["train_time_s"] is not None), default=None)
             for t in targets
         },
+        # NaN or inf: the accuracies above are those of a broken model
+        "diverged": any(not math.isfinite(v) for v in last_losses),
     }
     return summary, curves
 
@@ -357,6 +403,8 @@ def markdown(summaries: list[dict]) -> str:
                  for _, key, kind in columns]
         if s.get("val_split") == "test" and s["best_val_top1"] is not None:
             cells[columns.index(("best val top-1", "best_val_top1", "pct"))] += " *"
+        if s.get("diverged"):
+            cells[0] += " †"
         cells += [_fmt(s["time_to_top1"][t], "s") for t in targets]
         cells.append(s["overrides"] or "(defaults)")
         lines.append("| " + " | ".join(cells) + " |")
@@ -364,6 +412,9 @@ def markdown(summaries: list[dict]) -> str:
         lines.append("\n\\* validated on the test split (`data.val_size=0`, or a dataset without a held-out "
                      "split): the best val top-1 is the best test score over the run, and the tested checkpoint was "
                      "chosen on the test split unless `callbacks.model_checkpoint.monitor=null` (the last).")
+    if any(s.get("diverged") for s in summaries):
+        lines.append("\n† diverged: its last train, val or test loss is not finite (NaN or inf), so its accuracies "
+                     "are those of a broken model (a lower learning rate, or more warm-up, may train it).")
     return "\n".join(lines) + "\n"
 
 
@@ -383,7 +434,8 @@ def seed_groups(summaries: list[dict]) -> list[dict]:
     attention paths from the spread between runs; these rows can."""
     groups: dict[tuple, list[dict]] = {}
     for s in summaries:
-        recipe = " ".join(o for o in (s["overrides"] or "").split() if not _not_recipe(o))
+        # sorted: the same overrides typed in another order are the same recipe
+        recipe = " ".join(sorted(o for o in (s["overrides"] or "").split() if not _not_recipe(o)))
         groups.setdefault((s["dataset"], s["model"], s["attention"], recipe), []).append(s)
     rows = []
     for (dataset, model, attention, recipe), runs in groups.items():
@@ -558,8 +610,19 @@ def main(argv: list[str] | None = None) -> list[dict]:
     args = parser.parse_args(argv)
     if args.plot and not args.out:
         parser.error("--plot writes PNG files: give the folder with --out")
+    if outside := [t for t in args.targets if not 0 <= t <= 1]:
+        parser.error(f"--targets {' '.join(f'{t:g}' for t in outside)}: val top-1 levels are fractions "
+                     "from 0 to 1 (0.9 for 90%)")
+    if args.plot:
+        # before anything is written: a report without its plots is left half done
+        try:
+            importlib.import_module("matplotlib")
+        except ImportError:
+            sys.exit('report.py: --plot needs matplotlib: pip install -e ".[report]"')
     try:
         runs = chains(find_runs(args.paths))
+        if not runs:
+            raise ReportError(f"no run to report in {', '.join(map(str, args.paths))}")
         names = chosen_names(args.names, run_names(runs))
         results = [summarize(pieces, tuple(args.targets), name) for pieces, name in zip(runs, names)]
     except ReportError as err:
@@ -567,7 +630,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     summaries = [s for s, _ in results]
     curves = [c for _, run_curves in results for c in run_curves]
     if args.out:
-        command = "python scripts/report.py " + " ".join(sys.argv[1:] if argv is None else argv)
+        command = shlex.join(["python", "scripts/report.py", *(sys.argv[1:] if argv is None else argv)])
         write(summaries, curves, args.out, command, args.plot, args.at_epochs)
     print(markdown(summaries), end="")
     groups = seed_groups(summaries)

@@ -6,8 +6,10 @@ from __future__ import annotations
 import csv
 import json
 import re
+import shlex
 import shutil
 import statistics
+import sys
 from pathlib import Path
 
 import pytest
@@ -53,6 +55,12 @@ def _img_per_s(run: Path) -> tuple[float, float]:
     samples = read_metrics(run / "csv" / "metrics.csv", "train/samples")
     times = read_metrics(run / "csv" / "metrics.csv", "train/time")
     return samples[-1][2] - samples[0][2], times[-1][2] - times[0][2]
+
+
+def _set_ckpt_path(run: Path, ckpt: Path) -> None:
+    """Make `run` a resume of the checkpoint `ckpt`, as train.py ckpt_path=<ckpt> records it."""
+    config = run / ".hydra" / "config.yaml"
+    config.write_text(re.sub(r"(?m)^ckpt_path: .*$", f"ckpt_path: {ckpt}", config.read_text()))
 
 
 def test_sweep_jobs_have_their_overrides(sweep):
@@ -181,6 +189,7 @@ def test_a_piece_that_ran_past_the_checkpoint_the_next_resumed_is_cut_there(swee
     copies = tmp_path / "results"
     shutil.copytree(jobs / "1", copies / "1")
     shutil.copytree(resumed, copies / "resumed")
+    _set_ckpt_path(copies / "resumed", copies / "1" / "checkpoints" / "last.ckpt")  # the folder that went on
     runs = [str(copies / "1"), str(copies / "resumed")]
     whole = report.main([*runs, "--out", str(tmp_path / "a")])[0]
     # piece 1 goes on: the training and validation rows of piece 2's epoch, on a clock 100 s later
@@ -338,3 +347,115 @@ def test_speed_against_the_naive_run_of_the_same_model_and_seed():
     lines = report.markdown(runs).splitlines()
     at = lines[0].split(" | ").index("img/s / naive")
     assert [line.split(" | ")[at] for line in lines[2:7]] == ["2.50x", "1.25x", "1.00x", "n/a", "n/a"]
+
+
+def test_a_new_sweep_resumed_from_an_earlier_one_is_joined_to_the_earlier_jobs(sweep, tmp_path, capsys):
+    """Jobs 0 and 1 of a new sweep that resumed jobs 1 and 0 of an earlier one (not listed):
+    each checkpoint's own folder is the earlier piece, not the new sibling that bears its
+    name. Folders not here are matched by name; where those matches lead round in a loop,
+    each folder is a run of its own, with a warning, rather than none reported."""
+    jobs, resumed = sweep
+    new = tmp_path / "new"
+    for job, earlier in (("0", "1"), ("1", "0")):
+        shutil.copytree(resumed, new / job)
+        _set_ckpt_path(new / job, jobs / earlier / "checkpoints" / "last.ckpt")
+    rows = report.main([str(new)])
+    assert [[Path(p).resolve() for p in r["pieces"]] for r in rows] == [
+        [(jobs / "1").resolve(), (new / "0").resolve()], [(jobs / "0").resolve(), (new / "1").resolve()]]
+    assert [r["run"] for r in rows] == ["0", "1"]  # the folders listed
+    capsys.readouterr()
+    for job, earlier in (("0", "1"), ("1", "0")):
+        _set_ckpt_path(new / job, tmp_path / "gone" / earlier / "checkpoints" / "last.ckpt")
+    rows = report.main([str(new)])
+    assert [[Path(p).name for p in r["pieces"]] for r in rows] == [["0"], ["1"]]
+    assert "lead round in a loop" in capsys.readouterr().err
+
+
+def test_runs_resumed_from_one_checkpoint_are_told_apart(sweep, tmp_path):
+    """Two resumes of one checkpoint share their first folder: each run is named by its last
+    folder, and their curves stay apart; a folder listed twice (`report.py sweep sweep/0`) is
+    one run."""
+    jobs, resumed = sweep
+    runs = tmp_path / "runs"
+    shutil.copytree(jobs / "1", runs / "a")
+    for name in ("b", "b2"):
+        shutil.copytree(resumed, runs / name)
+        _set_ckpt_path(runs / name, runs / "a" / "checkpoints" / "last.ckpt")
+    out = tmp_path / "report"
+    rows = report.main([str(runs), str(runs / "b"), "--out", str(out), "--at-epochs", "0", "1"])
+    assert [r["run"] for r in rows] == ["b", "b2"]
+    assert [[Path(p).name for p in r["pieces"]] for r in rows] == [["a", "b"], ["a", "b2"]]
+    with open(out / "curves.csv", newline="") as f:
+        assert [(r["run"], r["epoch"]) for r in csv.DictReader(f)] == [("b", "0"), ("b", "1"), ("b2", "0"), ("b2", "1")]
+    assert "| epoch | b (naive) | b2 (naive) | spread (pt) |" in (out / "report.md").read_text()
+    assert len(report.main([str(jobs), str(jobs / "0")])) == 2
+
+
+def test_overrides_in_another_order_are_one_recipe():
+    def run(name, seed, overrides):
+        return {"run": name, "dataset": "cifar10", "model": "m", "attention": "flash", "seed": seed,
+                "overrides": overrides.format(seed=seed), "test_top1": 0.6, "best_val_top1": 0.6, "img_per_s": 1.0}
+    groups = report.seed_groups([run("0", 1, "seed={seed} trainer.max_epochs=5 data.batch_size=64"),
+                                 run("1", 2, "data.batch_size=64 seed={seed} trainer.max_epochs=5")])
+    assert [g["runs"] for g in groups] == [["0", "1"]]
+    assert groups[0]["recipe"] == "data.batch_size=64 trainer.max_epochs=5"
+
+
+def test_plot_without_matplotlib_stops_before_writing(sweep, tmp_path, monkeypatch):
+    jobs, _ = sweep
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as where it is not installed
+    with pytest.raises(SystemExit) as exit_:
+        report.main([str(jobs), "--out", str(tmp_path / "report"), "--plot"])
+    assert str(exit_.value) == 'report.py: --plot needs matplotlib: pip install -e ".[report]"'
+    assert not (tmp_path / "report").exists()
+
+
+def test_a_run_whose_loss_is_not_finite_is_marked(sweep, tmp_path):
+    """A run that diverged (a NaN loss at its end) is marked in the table, with the mark's legend."""
+    jobs, _ = sweep
+    shutil.copytree(jobs / "0", tmp_path / "nan")
+    metrics = tmp_path / "nan" / "csv" / "metrics.csv"
+    with metrics.open() as f:
+        rows = list(csv.DictReader(f))
+    last = max(i for i, r in enumerate(rows) if r["val/loss"])
+    rows[last]["val/loss"] = "nan"
+    with metrics.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    out = tmp_path / "report"
+    summaries = report.main([str(tmp_path / "nan"), str(jobs / "1"), "--out", str(out)])
+    assert [s["diverged"] for s in summaries] == [True, False]
+    table = (out / "report.md").read_text()
+    assert "| nan † | synthetic |" in table and "| 1 | synthetic |" in table
+    assert "† diverged: its last train, val or test loss is not finite" in table
+    assert "†" not in report.markdown(summaries[1:])
+
+
+def test_a_killed_job_is_named_and_a_missing_path_is_said_missing(sweep, tmp_path, capsys):
+    """A sweep job with its config (.hydra) but no metrics (killed before it logged) is left
+    out with a warning that names it; a path that is not there is said not to exist."""
+    jobs, _ = sweep
+    shutil.copytree(jobs, tmp_path / "sweep")
+    shutil.rmtree(tmp_path / "sweep" / "1" / "csv")
+    rows = report.main([str(tmp_path / "sweep")])
+    assert [r["run"] for r in rows] == ["0"]
+    err = capsys.readouterr().err
+    assert f"{tmp_path / 'sweep' / '1'} has a run config (.hydra) but no csv/metrics.csv" in err
+    with pytest.raises(SystemExit) as exit_:
+        report.main([str(tmp_path / "nowhere")])
+    assert str(exit_.value) == f"report.py: {tmp_path / 'nowhere'} does not exist: give run folders of " \
+                               "scripts/train.py or folders above them"
+
+
+def test_the_command_in_the_report_is_quoted_and_targets_are_fractions(sweep, tmp_path, capsys):
+    jobs, _ = sweep
+    out = tmp_path / "my report"
+    report.main([str(jobs), "--out", str(out)])
+    command = re.search(r"`(.*)`", (out / "report.md").read_text()).group(1)
+    assert shlex.split(command) == ["python", "scripts/report.py", str(jobs), "--out", str(out)]
+    for targets in (["90"], ["0.9", "-0.1"]):
+        with pytest.raises(SystemExit):
+            report.main([str(jobs), "--targets", *targets])
+        assert f"--targets {targets[-1]}: val top-1 levels are fractions from 0 to 1 (0.9 for 90%)" \
+            in capsys.readouterr().err
