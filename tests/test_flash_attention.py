@@ -186,6 +186,43 @@ def test_split_backward_parts_take_their_own_tiles(monkeypatch, tma, N, D):
     _assert_within_rule(qkv, do)
 
 
+@pytest.mark.parametrize("tma", [False, True], ids=["pointers", "tma"])
+@pytest.mark.parametrize("N, D, tiles, tails", [
+    # 197 = 3 x 64 + 5 keys and 6 x 32 + 5 rows: every tile's last one is 16
+    (197, 32, (32, 64, 64, 32), (16, 16, 16, 16)),
+    # 69 keys past 128 (and 69 rows past 128): no tail tile, the last one a full masked 128
+    (197, 32, (32, 128, 128, 32), (16, 0, 0, 16)),
+    # 130 = 2 x 64 + 2, and a split head dim (80 = 64 + 16)
+    (130, 80, (32, 64, 64, 32), (16, 16, 16, 16)),
+    # tiles that divide N: no tails
+    (128, 32, (32, 64, 64, 32), (0, 0, 0, 0))])
+def test_backward_tail_tiles(monkeypatch, tma, N, D, tiles, tails):
+    """The general backward's tail tiles (flash._bwd_tails): the keys past a dK/dV program's
+    last full key tile, and the rows past its last full query tile, come in tiles of 16
+    (likewise the dQ programs' last query and key tiles), so that 197 tokens cost 208 x 208
+    scores rather than 256 x 224. Each launch form carries them (one launch and both parts
+    of a split one); the result keeps to the FA2 rule, with pointer and TMA loads (whose
+    tail tiles load by pointers), and with the diagonal mask."""
+    monkeypatch.setattr(launch, "_TMA_LOADS", tma)
+    qkv, do = _packed_inputs(1, N, 2, D, torch.float16, seed=N + D)
+    family = "general_tma" if tma else "general"
+    names = ("BLOCK_M1", "BLOCK_N1", "BLOCK_M2", "BLOCK_N2")
+    one = launch.Candidate(family, tuple(zip(names, tiles)), 4, 1)
+    fwd = launch.Candidate("general", (("BLOCK_M", 32), ("BLOCK_N", 16)))
+    for bwd in (one, *launch.split_twins([one])):
+        plan = flash_mod._bwd_launches(bwd, 1, N, 2, D)
+        part0 = plan[1].consts
+        assert tuple(part0[k] for k in ("BLOCK_MT1", "BLOCK_NT1", "BLOCK_MT2", "BLOCK_NT2")) == tails
+        for launch_ in plan[1:]:  # a split's dQ launch mirrors its tiles (and so its tails)
+            c = launch_.consts
+            for tile, tail in zip(names, ("BLOCK_MT1", "BLOCK_NT1", "BLOCK_MT2", "BLOCK_NT2")):
+                expected = launch.tail_tile(N, c[tile])
+                assert c[tail] == (expected if expected < c[tile] else 0)
+        _force(monkeypatch, fwd, bwd)
+        _assert_within_rule(qkv, do)
+    _assert_within_rule(qkv, do, mask_diagonal=True)
+
+
 def test_split_twins_of_the_four_warp_general_backwards(monkeypatch):
     """Where the short backward does not apply, every listed 4-warp general backward
     candidate, pointer or TMA loads, has one split twin listed, and nothing else has: the
@@ -1449,7 +1486,7 @@ from pathlib import Path
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from vitflash.ops import kernels, launch
+from vitflash.ops import flash, kernels, launch
 op, D, cfg = {op!r}, {D}, {cfg!r}
 bd, bd2 = launch.split_d(D)
 box = lambda rows, w: f"tensordesc<bf16[1,{{rows}},{{w}}]>"
@@ -1469,6 +1506,7 @@ else:
     sig.update(qk_scale="fp32", sm_scale="fp32", drop_p="fp32", BH="i32", H="i32", N="i32")
     consts = dict(HEAD_DIM=D, BLOCK_D=bd, BLOCK_D2=bd2, BLOCK_M1=M1, BLOCK_N1=N1, BLOCK_M2=N1,
                   BLOCK_N2=M1, DROPOUT=False, TMA=True, DIAG=False, PART=0)
+    flash._bwd_tails(consts, 577)  # the tail tiles of N = 577 (a 16-key and a 16-row one)
     fn = kernels.bwd_kernel
 if not bd2:  # an unsplit head dim's second-chunk descriptors are None, as the launcher passes them
     consts.update(dict.fromkeys([k for k in sig if k.endswith("2") and sig[k].startswith("tensordesc")], None))

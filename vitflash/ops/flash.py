@@ -91,7 +91,7 @@ def _bwd_launches(c: Candidate, B: int, N: int, H: int, D: int, dropout: bool = 
     consts = {**head, **m, **flags, "TMA": c.family == "general_tma"}
     if not consts.pop("SPLIT", 0):  # PART 0: both kinds of program in one launch
         return [delta, Launch(kernels.bwd_kernel, _cdiv(N, m["BLOCK_N1"]) * B * H
-                              + _cdiv(N, m["BLOCK_M2"]) * B * H, {**consts, "PART": 0},
+                              + _cdiv(N, m["BLOCK_M2"]) * B * H, _bwd_tails({**consts, "PART": 0}, N),
                               c.num_warps, c.num_stages, n_tensors=6, maxnreg=c.maxnreg)]
     # a split candidate: dK/dV's launch, then dQ's, each with its own tiles, warps and stages
     # (the dQ launch's: WARPS2 and STAGES2, else the candidate's). A launch's unused pair of
@@ -101,11 +101,23 @@ def _bwd_launches(c: Candidate, B: int, N: int, H: int, D: int, dropout: bool = 
     m1, n1, m2, n2 = (consts[k] for k in ("BLOCK_M1", "BLOCK_N1", "BLOCK_M2", "BLOCK_N2"))
     return [delta,
             Launch(kernels.bwd_kernel, _cdiv(N, n1) * B * H,
-                   {**consts, "BLOCK_M2": n1, "BLOCK_N2": m1, "PART": 1}, c.num_warps,
-                   c.num_stages, n_tensors=6, maxnreg=c.maxnreg),
+                   _bwd_tails({**consts, "BLOCK_M2": n1, "BLOCK_N2": m1, "PART": 1}, N),
+                   c.num_warps, c.num_stages, n_tensors=6, maxnreg=c.maxnreg),
             Launch(kernels.bwd_kernel, _cdiv(N, m2) * B * H,
-                   {**consts, "BLOCK_M1": n2, "BLOCK_N1": m2, "PART": 2}, warps2, stages2,
-                   n_tensors=6, maxnreg=c.maxnreg)]
+                   _bwd_tails({**consts, "BLOCK_M1": n2, "BLOCK_N1": m2, "PART": 2}, N), warps2,
+                   stages2, n_tensors=6, maxnreg=c.maxnreg)]
+
+
+def _bwd_tails(consts: dict, N: int) -> dict:
+    """consts with bwd_kernel's tail tiles set: each of its four tiles' partial last one
+    (BLOCK_M1 -> BLOCK_MT1, BLOCK_N1 -> BLOCK_NT1, ...) as `tail_tile(N, tile)` where that is
+    smaller than the tile, else 0 (no tail tile: the last tile is a full one, masked). At
+    N = 197: 5 keys past 3 x 64 -> a 16-key tail; 69 past 128 -> none."""
+    for tile, tail in (("BLOCK_M1", "BLOCK_MT1"), ("BLOCK_N1", "BLOCK_NT1"),
+                       ("BLOCK_M2", "BLOCK_MT2"), ("BLOCK_N2", "BLOCK_NT2")):
+        t = tail_tile(N, consts[tile])
+        consts[tail] = t if t < consts[tile] else 0
+    return consts
 
 
 def _bwd_descriptors(launch: Launch, qkv: torch.Tensor, do: torch.Tensor,

@@ -49,6 +49,8 @@ from vitflash.ops import kernels
 
 INTERPRET = bool(kernels.INTERPRET)
 # bump when a kernel or the candidate list changes in a way that can change the best config:
+# 19, the general backward's tail tiles (at N = 197 a 64-key tile takes a 16-key tail
+#     program instead of a fourth 64; flash._bwd_tails);
 # 18, the short backward's register-capped twin at N = 65 (KEY_PER_CHUNK, maxnreg 168);
 # 17, dropout in the key (a cache file may hold a choice made with dropout under the key
 #     without it), and the dropout mask drawn eight keys a Philox call;
@@ -68,7 +70,7 @@ INTERPRET = bool(kernels.INTERPRET)
 # 6, the forwards' FMA-folded softmax (and the bwd_atomic op);
 # 5, split head dims (4 keyed the reverted TAILS candidates of 067433b, which a GPU
 #    machine's cache file may still hold)
-CACHE_VERSION = 18
+CACHE_VERSION = 19
 
 # the families of bwd_atomic's own kernels: dQ added element by element, or by TMA tiles
 ATOMIC_FAMILIES = ("atomic", "atomic_tma")
