@@ -154,7 +154,7 @@ def compile_general_bwd(d: int, block_m1: int, block_n1: int, warps: int, stages
     if n:
         flash._bwd_tails(consts, n)
     else:
-        consts.update(BLOCK_MT1=0, BLOCK_NT1=0, BLOCK_MT2=0, BLOCK_NT2=0)
+        consts.update(BLOCK_NT1=0, BLOCK_MT2=0)
     signature.update({k: "constexpr" for k in consts})
     source = ASTSource(fn=kernels.bwd_kernel, signature=signature, constexprs=consts,
                        attrs=pointer_attrs(kernels.bwd_kernel, signature, aligned))

@@ -109,17 +109,16 @@ def _bwd_launches(c: Candidate, B: int, N: int, H: int, D: int, dropout: bool = 
 
 
 def _bwd_tails(consts: dict, N: int) -> dict:
-    """consts with bwd_kernel's tail programs set: the partial last key tile of the dK/dV
-    programs (BLOCK_N1 -> BLOCK_NT1) and the partial last query tile of the dQ programs
-    (BLOCK_M2 -> BLOCK_MT2) as `tail_tile(N, tile)` where that is smaller than the tile, else
-    0 (the last program's tile is a full one, masked). At N = 197: 5 keys past 3 x 64 -> a
-    16-key program; 69 past 128 -> none. The loops' own tails (BLOCK_MT1, BLOCK_NT2) stay 0:
-    a step after the pipelined loop cost more than the masked full step on an H200
-    (benchmarks/results/gpu_session_edf20d8/)."""
+    """consts with bwd_kernel's tail programs set: the dK/dV program of the keys past the last
+    full BLOCK_N1 tile takes BLOCK_NT1 keys, the dQ program of the rows past the last full
+    BLOCK_M2 tile BLOCK_MT2 rows, each `tail_tile(N, tile)` where that is smaller than the
+    tile, else 0 (the last program's tile is a full one, masked). At N = 197: 5 keys past
+    3 x 64 -> a 16-key program; 69 past 128 -> none. The loops inside the programs keep full
+    tiles: a tail step after the pipelined loop cost more than the masked full step on an
+    H200 (benchmarks/results/gpu_session_edf20d8/)."""
     for tile, tail in (("BLOCK_N1", "BLOCK_NT1"), ("BLOCK_M2", "BLOCK_MT2")):
         t = tail_tile(N, consts[tile])
         consts[tail] = t if t < consts[tile] else 0
-    consts["BLOCK_MT1"] = consts["BLOCK_NT2"] = 0
     return consts
 
 

@@ -682,40 +682,17 @@ def _bwd_dkdv_step(dk, dk_hi, dv, dv_hi, k, k_hi, v, v_hi, q, q_hi, do, do_hi, l
 
 
 @triton.jit
-def _bwd_dkdv_qstep(dk, dk_hi, dv, dv_hi, k, k_hi, v, v_hi, Q_DESC, Q_DESC2, DO_DESC, DO_DESC2,
-                    q_ptrs, q_ptrs_hi, do_ptrs, do_ptrs_hi, LSE, DELTA, stats, seed, qk_scale,
-                    drop_p, bh, m0, k_start, N, H, ROWS: tl.constexpr, HEAD_DIM: tl.constexpr,
-                    BLOCK_D: tl.constexpr, BLOCK_D2: tl.constexpr, DROPOUT: tl.constexpr,
-                    TMA: tl.constexpr, DIAG: tl.constexpr):
-    """The query tile of ROWS rows from row m0: its Q, dO (descriptors with TMA, else the
-    pointer tiles of the head's first ROWS rows, shifted), LSE and delta, and its share of
-    dK, dV (_bwd_dkdv_step, whose dS^T it returns too). Padded query rows: q = dO = 0 and
-    LSE = +inf make their column of P^T zero."""
-    rows = m0 + tl.arange(0, ROWS)
-    q, q_hi = _stream_tile(Q_DESC, Q_DESC2, q_ptrs, q_ptrs_hi, bh, m0, N, H, 3, 0, ROWS,
-                           HEAD_DIM, BLOCK_D, BLOCK_D2, True, TMA)
-    do, do_hi = _stream_tile(DO_DESC, DO_DESC2, do_ptrs, do_ptrs_hi, bh, m0, N, H, 1, 0, ROWS,
-                             HEAD_DIM, BLOCK_D, BLOCK_D2, True, TMA)
-    lse = tl.load(LSE + stats + rows, mask=rows < N, other=float("inf"))
-    delta = tl.load(DELTA + stats + rows, mask=rows < N, other=0.0)
-    return _bwd_dkdv_step(dk, dk_hi, dv, dv_hi, k, k_hi, v, v_hi, q, q_hi, do, do_hi, lse,
-                          delta, qk_scale, seed, bh, rows, k_start, N, drop_p, BLOCK_D2, DROPOUT,
-                          DIAG)
-
-
-@triton.jit
-def _bwd_dkdv_tile(k_start, bh, QKV, DO, LSE, DELTA, DQKV, DQ_ACC, DQ_DESC, DQ_DESC2, Q_DESC,
+def _bwd_dkdv_tile(pid_n, bh, QKV, DO, LSE, DELTA, DQKV, DQ_ACC, DQ_DESC, DQ_DESC2, Q_DESC,
                    Q_DESC2, DO_DESC, DO_DESC2, KV_DESC, KV_DESC2, seed, qk_scale, sm_scale,
                    drop_p, H, N, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-                   BLOCK_D2: tl.constexpr, BLOCK_M: tl.constexpr, ROWS: tl.constexpr,
-                   BLOCK_MT: tl.constexpr, DROPOUT: tl.constexpr, ATOMIC_DQ: tl.constexpr,
+                   BLOCK_D2: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                   ROWS: tl.constexpr, DROPOUT: tl.constexpr, ATOMIC_DQ: tl.constexpr,
                    TMA_DQ: tl.constexpr, TMA_KV: tl.constexpr, TMA: tl.constexpr,
                    DIAG: tl.constexpr):
-    """dK, dV of the ROWS keys from k_start of head bh (see _bwd_dkdv). K and V come through
-    KV_DESC(2) if TMA_KV, else by pointers; the query tiles through Q_DESC(2), DO_DESC(2)
-    if TMA. BLOCK_MT > 0: the loop stops at the last full BLOCK_M query tile and the rows
-    past it come in one tile of BLOCK_MT rows, by pointers (197 = 6 x 32 + a 16-row tail,
-    not a seventh 32); 0: every tile is BLOCK_M rows, the last one masked."""
+    """dK, dV of the ROWS keys from pid_n * BLOCK_N of head bh (_bwd_dkdv): K and V through
+    KV_DESC(2) if TMA_KV, else by pointers; the query tiles through Q_DESC(2), DO_DESC(2) if
+    TMA."""
+    k_start = pid_n * BLOCK_N
     offs_n = k_start + tl.arange(0, ROWS)
     offs_m = tl.arange(0, BLOCK_M)
     k, k_hi = _head_tile(KV_DESC, KV_DESC2, QKV, bh, k_start, N, H, 3, 1, ROWS, HEAD_DIM,
@@ -730,19 +707,23 @@ def _bwd_dkdv_tile(k_start, bh, QKV, DO, LSE, DELTA, DQKV, DQ_ACC, DQ_DESC, DQ_D
 
     dk, dk_hi = _zeros(ROWS, BLOCK_D, BLOCK_D2)
     dv, dv_hi = _zeros(ROWS, BLOCK_D, BLOCK_D2)
-    m_end = N
-    if BLOCK_MT > 0:
-        m_end = (N // BLOCK_M) * BLOCK_M
-    for start_m in range(0, m_end, BLOCK_M):
+    for start_m in range(0, N, BLOCK_M):
         m0 = start_m
         if ATOMIC_DQ:
-            m0 = (start_m + (k_start // ROWS) * BLOCK_M) % (tl.cdiv(N, BLOCK_M) * BLOCK_M)
-        dk, dk_hi, dv, dv_hi, ds_t = _bwd_dkdv_qstep(
-            dk, dk_hi, dv, dv_hi, k, k_hi, v, v_hi, Q_DESC, Q_DESC2, DO_DESC, DO_DESC2, q_ptrs,
-            q_ptrs_hi, do_ptrs, do_ptrs_hi, LSE, DELTA, stats, seed, qk_scale, drop_p, bh, m0,
-            k_start, N, H, BLOCK_M, HEAD_DIM, BLOCK_D, BLOCK_D2, DROPOUT, TMA, DIAG)
+            m0 = (start_m + pid_n * BLOCK_M) % (tl.cdiv(N, BLOCK_M) * BLOCK_M)
+        rows = m0 + offs_m
+        # Padded query rows: q = dO = 0 and LSE = +inf make their column of P^T zero.
+        q, q_hi = _stream_tile(Q_DESC, Q_DESC2, q_ptrs, q_ptrs_hi, bh, m0, N, H, 3, 0, BLOCK_M,
+                               HEAD_DIM, BLOCK_D, BLOCK_D2, True, TMA)
+        do, do_hi = _stream_tile(DO_DESC, DO_DESC2, do_ptrs, do_ptrs_hi, bh, m0, N, H, 1, 0,
+                                 BLOCK_M, HEAD_DIM, BLOCK_D, BLOCK_D2, True, TMA)
+        lse = tl.load(LSE + stats + rows, mask=rows < N, other=float("inf"))
+        delta = tl.load(DELTA + stats + rows, mask=rows < N, other=0.0)
+        dk, dk_hi, dv, dv_hi, ds_t = _bwd_dkdv_step(dk, dk_hi, dv, dv_hi, k, k_hi, v, v_hi, q,
+                                                    q_hi, do, do_hi, lse, delta, qk_scale, seed,
+                                                    bh, rows, k_start, N, drop_p, BLOCK_D2,
+                                                    DROPOUT, DIAG)
         if ATOMIC_DQ:
-            rows = m0 + offs_m
             # Padded keys (k = v = 0) get p = exp2(-lse) != 0 in _bwd_dkdv_step: they must
             # not reach dQ.
             ds = tl.trans(_round(tl.where(offs_n[:, None] < N, ds_t, 0.0), k.dtype))
@@ -756,16 +737,6 @@ def _bwd_dkdv_tile(k_start, bh, QKV, DO, LSE, DELTA, DQKV, DQ_ACC, DQ_DESC, DQ_D
                 acc_shift = m0 * HEAD_DIM
                 _atomic_add_chunks(acc_ptrs + acc_shift, acc_ptrs_hi + acc_shift, dq, dq_hi,
                                    rows, N, HEAD_DIM, BLOCK_D, BLOCK_D2)
-    if BLOCK_MT > 0:  # (not with ATOMIC_DQ, whose launches pass 0)
-        offs_t = tl.arange(0, BLOCK_MT)
-        qt_ptrs, qt_ptrs_hi = _chunk_ptrs(QKV, bh, offs_t, N, H, 3, 0, HEAD_DIM, BLOCK_D,
-                                          BLOCK_D2)
-        dot_ptrs, dot_ptrs_hi = _chunk_ptrs(DO, bh, offs_t, N, H, 1, 0, HEAD_DIM, BLOCK_D,
-                                            BLOCK_D2)
-        dk, dk_hi, dv, dv_hi, ds_t = _bwd_dkdv_qstep(
-            dk, dk_hi, dv, dv_hi, k, k_hi, v, v_hi, Q_DESC, Q_DESC2, DO_DESC, DO_DESC2, qt_ptrs,
-            qt_ptrs_hi, dot_ptrs, dot_ptrs_hi, LSE, DELTA, stats, seed, qk_scale, drop_p, bh,
-            m_end, k_start, N, H, BLOCK_MT, HEAD_DIM, BLOCK_D, BLOCK_D2, DROPOUT, False, DIAG)
 
     _store_rows(DQKV, dk * sm_scale, dk_hi * sm_scale, bh, offs_n, N, H, 3, 1, HEAD_DIM,
                 BLOCK_D, BLOCK_D2)
@@ -776,75 +747,44 @@ def _bwd_dkdv_tile(k_start, bh, QKV, DO, LSE, DELTA, DQKV, DQ_ACC, DQ_DESC, DQ_D
 def _bwd_dkdv(pid, QKV, DO, LSE, DELTA, DQKV, DQ_ACC, DQ_DESC, DQ_DESC2, Q_DESC, Q_DESC2,
               DO_DESC, DO_DESC2, KV_DESC, KV_DESC2, seed, qk_scale, sm_scale, drop_p, H, N,
               HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_D2: tl.constexpr,
-              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_MT: tl.constexpr,
-              BLOCK_NT: tl.constexpr, DROPOUT: tl.constexpr, ATOMIC_DQ: tl.constexpr,
-              TMA_DQ: tl.constexpr, TMA: tl.constexpr, DIAG: tl.constexpr):
-    """dK, dV of one BLOCK_N key tile; Q, dO, LSE, delta stream past in BLOCK_M tiles (and
-    a BLOCK_MT tail tile: _bwd_dkdv_tile). BLOCK_NT > 0: the keys past the last full
-    BLOCK_N tile are a tile of BLOCK_NT rows (197 = 3 x 64 + a 16-key tail, not a fourth
-    64), loaded by pointers; its program runs the same code at that height. With ATOMIC_DQ
-    (bwd_atomic_kernel) it also adds each query tile's share of dQ, dS K, into the fp32
-    DQ_ACC with atomic adds, and starts its walk over the query tiles at its own index
-    (wrapping round), so that the programs of a head add into different dQ rows at a time.
-    With TMA_DQ too, each tile's adds are one bulk reduction of the tensor memory accelerator
-    (Hopper) through the descriptors DQ_DESC (its first BLOCK_D columns) and DQ_DESC2 (the
-    BLOCK_D2 after them) of DQ_ACC viewed as (B * H, N, HEAD_DIM): the L2 cache adds whole
-    tiles, where plain atomics send one add per element. Rows past N fall outside the
-    descriptor's bounds and are dropped. With TMA, K and V come through the qkv
-    descriptors KV_DESC(2) (BLOCK_N-row boxes), each query tile's Q and dO through
-    Q_DESC(2) and DO_DESC(2) (BLOCK_M-row boxes): see _load_tma."""
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_NT: tl.constexpr,
+              DROPOUT: tl.constexpr, ATOMIC_DQ: tl.constexpr, TMA_DQ: tl.constexpr,
+              TMA: tl.constexpr, DIAG: tl.constexpr):
+    """dK, dV of one BLOCK_N key tile; Q, dO, LSE, delta stream past in BLOCK_M tiles.
+    BLOCK_NT > 0: the program of the keys past the last full BLOCK_N tile computes a tile of
+    BLOCK_NT keys, loaded by pointers (197 = 3 x 64 + a 16-key tile, not a fourth 64); 0: its
+    tile is a full one, masked. With ATOMIC_DQ (bwd_atomic_kernel) it also adds each query
+    tile's share of dQ, dS K, into the fp32 DQ_ACC with atomic adds, and starts its walk over
+    the query tiles at its own index (wrapping round), so that the programs of a head add
+    into different dQ rows at a time. With TMA_DQ too, each tile's adds are one bulk
+    reduction of the tensor memory accelerator (Hopper) through the descriptors DQ_DESC (its
+    first BLOCK_D columns) and DQ_DESC2 (the BLOCK_D2 after them) of DQ_ACC viewed as
+    (B * H, N, HEAD_DIM): the L2 cache adds whole tiles, where plain atomics send one add per
+    element. Rows past N fall outside the descriptor's bounds and are dropped. With TMA, K
+    and V come through the qkv descriptors KV_DESC(2) (BLOCK_N-row boxes), each query tile's
+    Q and dO through Q_DESC(2) and DO_DESC(2) (BLOCK_M-row boxes): see _load_tma."""
     pid_n, bh = _split_pid(pid, N, BLOCK_N)
-    k_start = pid_n * BLOCK_N
-    if BLOCK_NT > 0 and k_start + BLOCK_N > N:  # the key tail's program
-        _bwd_dkdv_tile(k_start, bh, QKV, DO, LSE, DELTA, DQKV, DQ_ACC, DQ_DESC, DQ_DESC2,
-                       Q_DESC, Q_DESC2, DO_DESC, DO_DESC2, KV_DESC, KV_DESC2, seed, qk_scale,
-                       sm_scale, drop_p, H, N, HEAD_DIM, BLOCK_D, BLOCK_D2, BLOCK_M, BLOCK_NT,
-                       BLOCK_MT, DROPOUT, ATOMIC_DQ, TMA_DQ, False, TMA, DIAG)
+    if BLOCK_NT > 0 and (pid_n + 1) * BLOCK_N > N:  # the key tail's program
+        _bwd_dkdv_tile(pid_n, bh, QKV, DO, LSE, DELTA, DQKV, DQ_ACC, DQ_DESC, DQ_DESC2, Q_DESC,
+                       Q_DESC2, DO_DESC, DO_DESC2, KV_DESC, KV_DESC2, seed, qk_scale, sm_scale,
+                       drop_p, H, N, HEAD_DIM, BLOCK_D, BLOCK_D2, BLOCK_M, BLOCK_N, BLOCK_NT,
+                       DROPOUT, ATOMIC_DQ, TMA_DQ, False, TMA, DIAG)
     else:
-        _bwd_dkdv_tile(k_start, bh, QKV, DO, LSE, DELTA, DQKV, DQ_ACC, DQ_DESC, DQ_DESC2,
-                       Q_DESC, Q_DESC2, DO_DESC, DO_DESC2, KV_DESC, KV_DESC2, seed, qk_scale,
-                       sm_scale, drop_p, H, N, HEAD_DIM, BLOCK_D, BLOCK_D2, BLOCK_M, BLOCK_N,
-                       BLOCK_MT, DROPOUT, ATOMIC_DQ, TMA_DQ, TMA, TMA, DIAG)
-
-
-@triton.jit
-def _bwd_dq_kstep(dq, dq_hi, q, q_hi, do, do_hi, lse, delta, KV_DESC, KV_DESC2, k_ptrs,
-                  k_ptrs_hi, v_ptrs, v_ptrs_hi, seed, qk_scale, drop_p, bh, offs_m, start_n, N,
-                  H, ROWS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-                  BLOCK_D2: tl.constexpr, DROPOUT: tl.constexpr, TMA: tl.constexpr,
-                  DIAG: tl.constexpr):
-    """The key tile of ROWS keys from start_n: its share of dQ, dS K (K and V through
-    KV_DESC(2) with TMA, else the pointer tiles of the head's first ROWS keys, shifted)."""
-    cols = start_n + tl.arange(0, ROWS)
-    k, k_hi = _stream_tile(KV_DESC, KV_DESC2, k_ptrs, k_ptrs_hi, bh, start_n, N, H, 3, 1,
-                           ROWS, HEAD_DIM, BLOCK_D, BLOCK_D2, True, TMA)
-    v, v_hi = _stream_tile(KV_DESC, KV_DESC2, v_ptrs, v_ptrs_hi, bh, start_n, N, H, 3, 2,
-                           ROWS, HEAD_DIM, BLOCK_D, BLOCK_D2, True, TMA)
-    s = _dot_t(q, q_hi, k, k_hi, BLOCK_D2)
-    # Padded keys have k = 0, so exp2(-lse) could be anything: zero them explicitly.
-    p = tl.where(cols[None, :] < N, tl.math.exp2(s * qk_scale - lse[:, None]), 0.0)
-    if DIAG:
-        p = tl.where(offs_m[:, None] == cols[None, :], 0.0, p)
-    dp = _dot_t(do, do_hi, v, v_hi, BLOCK_D2)
-    if DROPOUT:
-        dp = tl.where(_keep(seed, bh, offs_m, start_n, N, drop_p, ROWS, False),
-                      dp * _keep_scale(drop_p, DROPOUT), 0.0)
-    ds = p * (dp - delta[:, None])
-    return _dot_d(_round(ds, k.dtype), k, k_hi, dq, dq_hi, BLOCK_D2)
+        _bwd_dkdv_tile(pid_n, bh, QKV, DO, LSE, DELTA, DQKV, DQ_ACC, DQ_DESC, DQ_DESC2, Q_DESC,
+                       Q_DESC2, DO_DESC, DO_DESC2, KV_DESC, KV_DESC2, seed, qk_scale, sm_scale,
+                       drop_p, H, N, HEAD_DIM, BLOCK_D, BLOCK_D2, BLOCK_M, BLOCK_N, BLOCK_N,
+                       DROPOUT, ATOMIC_DQ, TMA_DQ, TMA, TMA, DIAG)
 
 
 @triton.jit
 def _bwd_dq_tile(q_start, bh, QKV, DO, LSE, DELTA, DQKV, Q_DESC, Q_DESC2, DO_DESC, DO_DESC2,
                  KV_DESC, KV_DESC2, seed, qk_scale, sm_scale, drop_p, H, N,
                  HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_D2: tl.constexpr,
-                 ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_NT: tl.constexpr,
-                 DROPOUT: tl.constexpr, TMA_Q: tl.constexpr, TMA: tl.constexpr,
-                 DIAG: tl.constexpr):
-    """dQ of the ROWS queries from q_start of head bh (see _bwd_dq). Q and dO come through
+                 ROWS: tl.constexpr, BLOCK_N: tl.constexpr, DROPOUT: tl.constexpr,
+                 TMA_Q: tl.constexpr, TMA: tl.constexpr, DIAG: tl.constexpr):
+    """dQ of the ROWS queries from q_start of head bh (_bwd_dq): Q and dO through
     Q_DESC(2), DO_DESC(2) if TMA_Q, else by pointers; the key tiles through KV_DESC(2) if
-    TMA. BLOCK_NT > 0: the loop stops at the last full BLOCK_N key tile and the keys past it
-    come in one tile of BLOCK_NT keys, by pointers; 0: every tile is BLOCK_N keys, the last
-    one masked."""
+    TMA."""
     offs_m = q_start + tl.arange(0, ROWS)
     offs_n = tl.arange(0, BLOCK_N)
     q, q_hi = _head_tile(Q_DESC, Q_DESC2, QKV, bh, q_start, N, H, 3, 0, ROWS, HEAD_DIM,
@@ -858,24 +798,23 @@ def _bwd_dq_tile(q_start, bh, QKV, DO, LSE, DELTA, DQKV, Q_DESC, Q_DESC2, DO_DES
     v_ptrs, v_ptrs_hi = _chunk_ptrs(QKV, bh, offs_n, N, H, 3, 2, HEAD_DIM, BLOCK_D, BLOCK_D2)
 
     dq, dq_hi = _zeros(ROWS, BLOCK_D, BLOCK_D2)
-    n_end = N
-    if BLOCK_NT > 0:
-        n_end = (N // BLOCK_N) * BLOCK_N
-    for start_n in range(0, n_end, BLOCK_N):
-        dq, dq_hi = _bwd_dq_kstep(dq, dq_hi, q, q_hi, do, do_hi, lse, delta, KV_DESC, KV_DESC2,
-                                  k_ptrs, k_ptrs_hi, v_ptrs, v_ptrs_hi, seed, qk_scale, drop_p,
-                                  bh, offs_m, start_n, N, H, BLOCK_N, HEAD_DIM, BLOCK_D,
-                                  BLOCK_D2, DROPOUT, TMA, DIAG)
-    if BLOCK_NT > 0:
-        offs_t = tl.arange(0, BLOCK_NT)
-        kt_ptrs, kt_ptrs_hi = _chunk_ptrs(QKV, bh, offs_t, N, H, 3, 1, HEAD_DIM, BLOCK_D,
-                                          BLOCK_D2)
-        vt_ptrs, vt_ptrs_hi = _chunk_ptrs(QKV, bh, offs_t, N, H, 3, 2, HEAD_DIM, BLOCK_D,
-                                          BLOCK_D2)
-        dq, dq_hi = _bwd_dq_kstep(dq, dq_hi, q, q_hi, do, do_hi, lse, delta, KV_DESC, KV_DESC2,
-                                  kt_ptrs, kt_ptrs_hi, vt_ptrs, vt_ptrs_hi, seed, qk_scale,
-                                  drop_p, bh, offs_m, n_end, N, H, BLOCK_NT, HEAD_DIM, BLOCK_D,
-                                  BLOCK_D2, DROPOUT, False, DIAG)
+    for start_n in range(0, N, BLOCK_N):
+        cols = start_n + offs_n
+        k, k_hi = _stream_tile(KV_DESC, KV_DESC2, k_ptrs, k_ptrs_hi, bh, start_n, N, H, 3, 1,
+                               BLOCK_N, HEAD_DIM, BLOCK_D, BLOCK_D2, True, TMA)
+        v, v_hi = _stream_tile(KV_DESC, KV_DESC2, v_ptrs, v_ptrs_hi, bh, start_n, N, H, 3, 2,
+                               BLOCK_N, HEAD_DIM, BLOCK_D, BLOCK_D2, True, TMA)
+        s = _dot_t(q, q_hi, k, k_hi, BLOCK_D2)
+        # Padded keys have k = 0, so exp2(-lse) could be anything: zero them explicitly.
+        p = tl.where(cols[None, :] < N, tl.math.exp2(s * qk_scale - lse[:, None]), 0.0)
+        if DIAG:
+            p = tl.where(offs_m[:, None] == cols[None, :], 0.0, p)
+        dp = _dot_t(do, do_hi, v, v_hi, BLOCK_D2)
+        if DROPOUT:
+            dp = tl.where(_keep(seed, bh, offs_m, start_n, N, drop_p, BLOCK_N, False),
+                          dp * _keep_scale(drop_p, DROPOUT), 0.0)
+        ds = p * (dp - delta[:, None])
+        dq, dq_hi = _dot_d(_round(ds, k.dtype), k, k_hi, dq, dq_hi, BLOCK_D2)
 
     _store_rows(DQKV, dq * sm_scale, dq_hi * sm_scale, bh, offs_m, N, H, 3, 0, HEAD_DIM,
                 BLOCK_D, BLOCK_D2)
@@ -886,23 +825,22 @@ def _bwd_dq(pid, QKV, DO, LSE, DELTA, DQKV, Q_DESC, Q_DESC2, DO_DESC, DO_DESC2, 
             KV_DESC2, seed, qk_scale, sm_scale, drop_p, H, N,
             HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_D2: tl.constexpr,
             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_MT: tl.constexpr,
-            BLOCK_NT: tl.constexpr, DROPOUT: tl.constexpr, TMA: tl.constexpr,
-            DIAG: tl.constexpr):
-    """dQ of one BLOCK_M query tile; K, V stream past in BLOCK_N tiles (and a BLOCK_NT tail
-    tile: _bwd_dq_tile). BLOCK_MT > 0: the queries past the last full BLOCK_M tile are a
-    tile of BLOCK_MT rows, loaded by pointers. With TMA, Q and dO come through Q_DESC(2)
-    and DO_DESC(2) (BLOCK_M-row boxes), K and V through KV_DESC(2) (BLOCK_N-row boxes): see
-    _load_tma."""
+            DROPOUT: tl.constexpr, TMA: tl.constexpr, DIAG: tl.constexpr):
+    """dQ of one BLOCK_M query tile; K, V stream past in BLOCK_N tiles. BLOCK_MT > 0: the
+    program of the queries past the last full BLOCK_M tile computes a tile of BLOCK_MT rows,
+    loaded by pointers; 0: its tile is a full one, masked. With TMA, Q and dO come through
+    Q_DESC(2) and DO_DESC(2) (BLOCK_M-row boxes), K and V through KV_DESC(2) (BLOCK_N-row
+    boxes): see _load_tma."""
     pid_m, bh = _split_pid(pid, N, BLOCK_M)
     q_start = pid_m * BLOCK_M
     if BLOCK_MT > 0 and q_start + BLOCK_M > N:  # the query tail's program
         _bwd_dq_tile(q_start, bh, QKV, DO, LSE, DELTA, DQKV, Q_DESC, Q_DESC2, DO_DESC, DO_DESC2,
                      KV_DESC, KV_DESC2, seed, qk_scale, sm_scale, drop_p, H, N, HEAD_DIM,
-                     BLOCK_D, BLOCK_D2, BLOCK_MT, BLOCK_N, BLOCK_NT, DROPOUT, False, TMA, DIAG)
+                     BLOCK_D, BLOCK_D2, BLOCK_MT, BLOCK_N, DROPOUT, False, TMA, DIAG)
     else:
         _bwd_dq_tile(q_start, bh, QKV, DO, LSE, DELTA, DQKV, Q_DESC, Q_DESC2, DO_DESC, DO_DESC2,
                      KV_DESC, KV_DESC2, seed, qk_scale, sm_scale, drop_p, H, N, HEAD_DIM,
-                     BLOCK_D, BLOCK_D2, BLOCK_M, BLOCK_N, BLOCK_NT, DROPOUT, TMA, TMA, DIAG)
+                     BLOCK_D, BLOCK_D2, BLOCK_M, BLOCK_N, DROPOUT, TMA, TMA, DIAG)
 
 
 @triton.jit
@@ -910,9 +848,9 @@ def bwd_kernel(QKV, DO, LSE, DELTA, DQKV, SEED, QKV_S, QKV_S2, QKV_L, QKV_L2, DO
                DO_L2, qk_scale, sm_scale, drop_p, BH, H, N,
                HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_D2: tl.constexpr,
                BLOCK_M1: tl.constexpr, BLOCK_N1: tl.constexpr,
-               BLOCK_M2: tl.constexpr, BLOCK_N2: tl.constexpr, BLOCK_MT1: tl.constexpr,
-               BLOCK_NT1: tl.constexpr, BLOCK_MT2: tl.constexpr, BLOCK_NT2: tl.constexpr,
-               DROPOUT: tl.constexpr, TMA: tl.constexpr, DIAG: tl.constexpr, PART: tl.constexpr):
+               BLOCK_M2: tl.constexpr, BLOCK_N2: tl.constexpr, BLOCK_NT1: tl.constexpr,
+               BLOCK_MT2: tl.constexpr, DROPOUT: tl.constexpr, TMA: tl.constexpr,
+               DIAG: tl.constexpr, PART: tl.constexpr):
     """The backward after bwd_delta_kernel. PART = 0, one launch of both program kinds: the
     first cdiv(N, BLOCK_N1) * B * H programs compute dK, dV (one key tile each), the rest dQ
     (one query tile each); one launch rather than two fills the GPU without a tail between
@@ -920,11 +858,10 @@ def bwd_kernel(QKV, DO, LSE, DELTA, DQKV, SEED, QKV_S, QKV_S2, QKV_L, QKV_L2, DO
     Compiled apart, each kind gets the registers it needs rather than the larger kind's
     count (launch.split_twins).
 
-    Tail tiles (flash._bwd_tails; 0: none, the last tile is a full one, masked): the dK/dV
-    programs' last key tile is BLOCK_NT1 keys and their last query tile BLOCK_MT1 rows; the
-    dQ programs' last query tile BLOCK_MT2 rows and their last key tile BLOCK_NT2 keys. At
-    N = 197 in tiles of 64 and 32 that is 3 x 64 + 16 keys and 6 x 32 + 16 rows: 208 x 208
-    scores computed instead of 256 x 224. Tail tiles load by pointers.
+    Tail programs (flash._bwd_tails; 0: none, the last program's tile is a full one,
+    masked): the dK/dV program of the keys past the last full BLOCK_N1 tile takes a tile of
+    BLOCK_NT1 keys, the dQ program of the rows past the last full BLOCK_M2 tile one of
+    BLOCK_MT2 rows, each loaded by pointers; the loops inside the programs keep full tiles.
 
     With TMA every full tile comes through descriptors (_load_tma) of qkv and dO, in boxes
     of the two tile heights that the FA2 shapes use, BLOCK_M1 = BLOCK_N2 rows (QKV_S, DO_S:
@@ -941,12 +878,11 @@ def bwd_kernel(QKV, DO, LSE, DELTA, DQKV, SEED, QKV_S, QKV_S2, QKV_L, QKV_L2, DO
     if PART == 1 or (PART == 0 and pid < n_dkdv):
         _bwd_dkdv(pid, QKV, DO, LSE, DELTA, DQKV, DQKV, DQKV, DQKV, QKV_S, QKV_S2, DO_S, DO_S2,
                   QKV_L, QKV_L2, seed, qk_scale, sm_scale, drop_p, H, N, HEAD_DIM, BLOCK_D,
-                  BLOCK_D2, BLOCK_M1, BLOCK_N1, BLOCK_MT1, BLOCK_NT1, DROPOUT, False, False, TMA,
-                  DIAG)
+                  BLOCK_D2, BLOCK_M1, BLOCK_N1, BLOCK_NT1, DROPOUT, False, False, TMA, DIAG)
     else:
         _bwd_dq(pid - first_dq, QKV, DO, LSE, DELTA, DQKV, QKV_L, QKV_L2, DO_L, DO_L2, QKV_S,
                 QKV_S2, seed, qk_scale, sm_scale, drop_p, H, N, HEAD_DIM, BLOCK_D, BLOCK_D2,
-                BLOCK_M2, BLOCK_N2, BLOCK_MT2, BLOCK_NT2, DROPOUT, TMA, DIAG)
+                BLOCK_M2, BLOCK_N2, BLOCK_MT2, DROPOUT, TMA, DIAG)
 
 
 @triton.jit
@@ -970,8 +906,8 @@ def bwd_atomic_kernel(QKV, DO, LSE, DELTA, DQ_ACC, DQKV, SEED, DQ_DESC, DQ_DESC2
     seed = tl.load(SEED) if DROPOUT else 0
     _bwd_dkdv(tl.program_id(0), QKV, DO, LSE, DELTA, DQKV, DQ_ACC, DQ_DESC, DQ_DESC2, Q_DESC,
               Q_DESC2, DO_DESC, DO_DESC2, KV_DESC, KV_DESC2, seed, qk_scale, sm_scale, drop_p, H,
-              N, HEAD_DIM, BLOCK_D, BLOCK_D2, BLOCK_M, BLOCK_N, 0, 0, DROPOUT, True, TMA_DQ,
-              TMA_DQ, DIAG)
+              N, HEAD_DIM, BLOCK_D, BLOCK_D2, BLOCK_M, BLOCK_N, 0, DROPOUT, True, TMA_DQ, TMA_DQ,
+              DIAG)
 
 
 @triton.jit

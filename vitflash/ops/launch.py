@@ -49,8 +49,8 @@ from vitflash.ops import kernels
 
 INTERPRET = bool(kernels.INTERPRET)
 # bump when a kernel or the candidate list changes in a way that can change the best config:
-# 19, the general backward's tail tiles (at N = 197 a 64-key tile takes a 16-key tail
-#     program instead of a fourth 64; flash._bwd_tails);
+# 19, the general backward's tail programs (at N = 197 in 64-key tiles, a 16-key program
+#     instead of a fourth 64-key one; flash._bwd_tails);
 # 18, the short backward's register-capped twin at N = 65 (KEY_PER_CHUNK, maxnreg 168);
 # 17, dropout in the key (a cache file may hold a choice made with dropout under the key
 #     without it), and the dropout mask drawn eight keys a Philox call;
