@@ -121,9 +121,11 @@ def test_each_kernel_family(monkeypatch, N):
 def test_split_backward_is_the_one_launch_bit_for_bit(monkeypatch, tma, N, D, dropout_p,
                                                       mask_diagonal):
     """A split twin (launch.split_twins) runs the same programs as its one-launch candidate,
-    in two launches: dK/dV's, then dQ's. Its dqkv must be that candidate's bit for bit, with
-    dropout and the diagonal mask too, at one partial tile (1, 17), full tiles and a partial
-    one (65, 130) and a split head dim (80); and within the FA2 rule."""
+    in two launches: dQ's, whose programs also compute delta (no delta launch), then dK/dV's.
+    Its dqkv must be that candidate's bit for bit, with dropout and the diagonal mask too, at
+    one partial tile (1, 17), full tiles and a partial one (65, 130) and a split head dim
+    (80); and within the FA2 rule. (Bit for bit in the interpreter, which sums each row of
+    dO * O alike in both kernels; on a GPU the two kernels' row sums may round apart.)"""
     monkeypatch.setattr(launch, "_TMA_LOADS", tma)
     qkv, do = _packed_inputs(2, N, 2, D, torch.float16, seed=N + D)
     family = "general_tma" if tma else "general"
@@ -140,9 +142,10 @@ def test_split_backward_is_the_one_launch_bit_for_bit(monkeypatch, tma, N, D, dr
         o = flash_attention_qkvpacked(leaf, dropout_p=dropout_p, mask_diagonal=mask_diagonal)
         (dqkv,) = torch.autograd.grad(o, leaf, do)
         plan = flash_mod._plans[next(k for k in flash_mod._plans if k[0] == "bwd")]
-        results.append((o, dqkv, [launch_.consts["PART"] for launch_ in plan[1:]]))
+        results.append((o, dqkv, [(launch_.kernel.__name__, launch_.consts.get("PART")) for launch_ in plan]))
     (o1, dqkv1, parts1), (o2, dqkv2, parts2) = results
-    assert parts1 == [0] and parts2 == [1, 2]
+    assert parts1 == [("bwd_delta_kernel", None), ("bwd_kernel", 0)]
+    assert parts2 == [("bwd_kernel", 2), ("bwd_kernel", 1)]
     assert torch.equal(o1, o2) and torch.equal(dqkv1, dqkv2)
     if dropout_p == 0:
         _force(monkeypatch, fwd, split)
@@ -177,9 +180,10 @@ def test_split_backward_parts_take_their_own_tiles(monkeypatch, tma, N, D):
         # (both have heights 16 and 32 here); none without
         assert sorted(built) == ([16, 16, 32, 32] if tma else [])
         built.clear()
-    dq_launch = plan[2].consts
-    assert (plan[1].num_warps, plan[2].num_warps, plan[2].num_stages) == (4, 2, 2)
+    dq_launch = plan[0].consts  # first: it computes delta for the dK/dV launch
+    assert (plan[1].num_warps, plan[0].num_warps, plan[0].num_stages) == (4, 2, 2)
     assert (dq_launch["PART"], dq_launch["BLOCK_M2"], dq_launch["BLOCK_N2"]) == (2, 16, 32)
+    assert dq_launch["DQ_DELTA"] is True and plan[1].consts["DQ_DELTA"] is False
     # the dQ launch's unused dK/dV tiles mirror its own, so that it compiles as one binary
     assert (dq_launch["BLOCK_M1"], dq_launch["BLOCK_N1"]) == (32, 16)
     assert torch.equal(grads[0][:, :, 1:], grads[1][:, :, 1:])
@@ -211,9 +215,10 @@ def test_backward_tail_programs(monkeypatch, tma, N, D, tiles, tails):
     one = launch.Candidate(family, tuple(zip(names, tiles)), 4, 1)
     fwd = launch.Candidate("general", (("BLOCK_M", 32), ("BLOCK_N", 16)))
     for bwd in (one, *launch.split_twins([one])):
-        plan = flash_mod._bwd_launches(bwd, 1, N, 2, D)
-        assert (plan[1].consts["BLOCK_NT1"], plan[1].consts["BLOCK_MT2"]) == tails
-        for launch_ in plan[1:]:  # a split's dQ launch mirrors its tiles (and so its tails)
+        plan = [p for p in flash_mod._bwd_launches(bwd, 1, N, 2, D) if p.kernel is kernels.bwd_kernel]
+        dkdv = next(p for p in plan if p.consts["PART"] < 2)
+        assert (dkdv.consts["BLOCK_NT1"], dkdv.consts["BLOCK_MT2"]) == tails
+        for launch_ in plan:  # a split's dQ launch mirrors its tiles (and so its tails)
             c = launch_.consts
             for tile, tail in (("BLOCK_N1", "BLOCK_NT1"), ("BLOCK_M2", "BLOCK_MT2")):
                 expected = launch.tail_tile(N, c[tile])
@@ -533,13 +538,14 @@ def test_register_capped_short_backward_listed_at_65_keys_and_33_to_64_columns()
 def test_a_general_candidates_register_cap_reaches_every_launch_of_it():
     """A cap on a general or atomic candidate (none listed; the backward-parts probe makes
     them) goes to each of its kernel launches, as it does for the short backward's twin; the
-    delta and dQ-scaling launches of the plan stay uncapped."""
+    delta and dQ-scaling launches of the plan stay uncapped (a split candidate has no delta
+    launch: its dQ launch computes delta)."""
     blocks = (("BLOCK_M1", 32), ("BLOCK_N1", 128), ("BLOCK_M2", 128), ("BLOCK_N2", 32))
     one = launch.Candidate("general", blocks, 4, 3, 168)
     split = launch.Candidate("general", (*blocks, ("SPLIT", 1)), 4, 3, 168)
     atomic = launch.Candidate("atomic", (("BLOCK_M", 32), ("BLOCK_N", 64)), 4, 2, 168)
     delta, bwd = ("bwd_delta_kernel", None), ("bwd_kernel", 168)
-    for c, expected in ((one, [delta, bwd]), (split, [delta, bwd, bwd]),
+    for c, expected in ((one, [delta, bwd]), (split, [bwd, bwd]),
                         (atomic, [delta, ("bwd_atomic_kernel", 168), ("bwd_dq_kernel", None)])):
         plan = flash_mod._bwd_launches(c, 2, 577, 3, 64)
         assert [(p.kernel.__name__, p.options.get("maxnreg")) for p in plan] == expected
@@ -1500,12 +1506,12 @@ if op == "fwd":
     fn = kernels.fwd_kernel
 else:
     M1, N1, warps, stages = cfg
-    sig = dict(QKV="*bf16", DO="*bf16", LSE="*fp32", DELTA="*fp32", DQKV="*bf16", SEED="*i64")
+    sig = dict(QKV="*bf16", O="*bf16", DO="*bf16", LSE="*fp32", DELTA="*fp32", DQKV="*bf16", SEED="*i64")
     for name, rows in (("QKV_S", M1), ("QKV_L", N1), ("DO_S", M1), ("DO_L", N1)):
         sig[name], sig[name + "2"] = box(rows, bd), box(rows, bd2 or bd)
     sig.update(qk_scale="fp32", sm_scale="fp32", drop_p="fp32", BH="i32", H="i32", N="i32")
     consts = dict(HEAD_DIM=D, BLOCK_D=bd, BLOCK_D2=bd2, BLOCK_M1=M1, BLOCK_N1=N1, BLOCK_M2=N1,
-                  BLOCK_N2=M1, DROPOUT=False, TMA=True, DIAG=False, PART=0)
+                  BLOCK_N2=M1, DROPOUT=False, TMA=True, DIAG=False, PART=0, DQ_DELTA=False)
     flash._bwd_tails(consts, 577)  # the tail tiles of N = 577 (a 16-key and a 16-row one)
     fn = kernels.bwd_kernel
 if not bd2:  # an unsplit head dim's second-chunk descriptors are None, as the launcher passes them

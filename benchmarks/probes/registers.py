@@ -144,13 +144,14 @@ def compile_general_bwd(d: int, block_m1: int, block_n1: int, warps: int, stages
     its tiles through descriptors in boxes of the two tile heights (flash._backward); n: the
     sequence length whose tail tiles it has (flash._bwd_tails; 0: none)."""
     bd, bd2 = launch.split_d(d)
-    signature = dict(QKV="*bf16", DO="*bf16", LSE="*fp32", DELTA="*fp32", DQKV="*bf16", SEED="*i64")
+    signature = dict(QKV="*bf16", O="*bf16", DO="*bf16", LSE="*fp32", DELTA="*fp32", DQKV="*bf16",
+                     SEED="*i64")
     consts = _descriptors(signature, (("QKV_S", block_m1), ("QKV_L", block_n1), ("DO_S", block_m1),
                                       ("DO_L", block_n1)), bd, bd2, tma)
     signature.update(qk_scale="fp32", sm_scale="fp32", drop_p="fp32", BH="i32", H="i32", N="i32")
     consts.update(HEAD_DIM=d, BLOCK_D=bd, BLOCK_D2=bd2, BLOCK_M1=block_m1, BLOCK_N1=block_n1,
                   BLOCK_M2=block_n1, BLOCK_N2=block_m1, DROPOUT=False, TMA=tma, DIAG=False,
-                  PART=part)
+                  PART=part, DQ_DELTA=part == 2)
     if n:
         flash._bwd_tails(consts, n)
     else:

@@ -9,8 +9,10 @@ Algorithm (Dao et al., "FlashAttention", 2022, and "FlashAttention-2", 2023):
   the per-row log-sum-exp (LSE), the one statistic the backward needs.
 * Backward. A small kernel computes delta = rowsum(dO * O); then one launch does the rest:
   a dK/dV program owns a key tile and streams Q, dO, LSE, delta past it, recomputing
-  P = exp(S - LSE) tile by tile; a dQ program does the same with the roles swapped. No
-  program writes where another does: no atomics, so the backward is deterministic.
+  P = exp(S - LSE) tile by tile; a dQ program does the same with the roles swapped. Split
+  in two launches, the dQ programs run first and compute delta of their rows themselves,
+  and no delta kernel runs. No program writes where another does: no atomics, so the
+  backward is deterministic.
 * Nondeterministic backward (deterministic=False, op "bwd_atomic"): one program kind, a
   dK/dV program per key tile as above, that also adds each query tile's dS K into an fp32
   dQ accumulator with atomic adds (bwd_atomic_kernel), then bwd_dq_kernel scales and
@@ -777,14 +779,16 @@ def _bwd_dkdv(pid, QKV, DO, LSE, DELTA, DQKV, DQ_ACC, DQ_DESC, DQ_DESC2, Q_DESC,
 
 
 @triton.jit
-def _bwd_dq_tile(q_start, bh, QKV, DO, LSE, DELTA, DQKV, Q_DESC, Q_DESC2, DO_DESC, DO_DESC2,
-                 KV_DESC, KV_DESC2, seed, qk_scale, sm_scale, drop_p, H, N,
+def _bwd_dq_tile(q_start, bh, QKV, O, DO, LSE, DELTA, DQKV, Q_DESC, Q_DESC2, DO_DESC,
+                 DO_DESC2, KV_DESC, KV_DESC2, seed, qk_scale, sm_scale, drop_p, H, N,
                  HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_D2: tl.constexpr,
                  ROWS: tl.constexpr, BLOCK_N: tl.constexpr, DROPOUT: tl.constexpr,
-                 TMA_Q: tl.constexpr, TMA: tl.constexpr, DIAG: tl.constexpr):
+                 TMA_Q: tl.constexpr, TMA: tl.constexpr, DIAG: tl.constexpr,
+                 DQ_DELTA: tl.constexpr):
     """dQ of the ROWS queries from q_start of head bh (_bwd_dq): Q and dO through
     Q_DESC(2), DO_DESC(2) if TMA_Q, else by pointers; the key tiles through KV_DESC(2) if
-    TMA."""
+    TMA. DQ_DELTA: delta = rowsum(dO * O) of these rows computed here from O and stored into
+    DELTA (for the dK/dV launch after this one), else read from DELTA."""
     offs_m = q_start + tl.arange(0, ROWS)
     offs_n = tl.arange(0, BLOCK_N)
     q, q_hi = _head_tile(Q_DESC, Q_DESC2, QKV, bh, q_start, N, H, 3, 0, ROWS, HEAD_DIM,
@@ -793,7 +797,12 @@ def _bwd_dq_tile(q_start, bh, QKV, DO, LSE, DELTA, DQKV, Q_DESC, Q_DESC2, DO_DES
                            BLOCK_D, BLOCK_D2, TMA_Q)
     stats = bh.to(tl.int64) * N
     lse = tl.load(LSE + stats + offs_m, mask=offs_m < N, other=0.0)
-    delta = tl.load(DELTA + stats + offs_m, mask=offs_m < N, other=0.0)
+    if DQ_DELTA:  # as bwd_delta_kernel computes it (rows past N: O = dO = 0, delta = 0)
+        o, o_hi = _load_rows(O, bh, offs_m, N, H, 1, 0, HEAD_DIM, BLOCK_D, BLOCK_D2, True)
+        delta = _rowdot(o, o_hi, do, do_hi, BLOCK_D2)
+        tl.store(DELTA + stats + offs_m, delta, mask=offs_m < N)
+    else:
+        delta = tl.load(DELTA + stats + offs_m, mask=offs_m < N, other=0.0)
     k_ptrs, k_ptrs_hi = _chunk_ptrs(QKV, bh, offs_n, N, H, 3, 1, HEAD_DIM, BLOCK_D, BLOCK_D2)
     v_ptrs, v_ptrs_hi = _chunk_ptrs(QKV, bh, offs_n, N, H, 3, 2, HEAD_DIM, BLOCK_D, BLOCK_D2)
 
@@ -821,11 +830,12 @@ def _bwd_dq_tile(q_start, bh, QKV, DO, LSE, DELTA, DQKV, Q_DESC, Q_DESC2, DO_DES
 
 
 @triton.jit
-def _bwd_dq(pid, QKV, DO, LSE, DELTA, DQKV, Q_DESC, Q_DESC2, DO_DESC, DO_DESC2, KV_DESC,
+def _bwd_dq(pid, QKV, O, DO, LSE, DELTA, DQKV, Q_DESC, Q_DESC2, DO_DESC, DO_DESC2, KV_DESC,
             KV_DESC2, seed, qk_scale, sm_scale, drop_p, H, N,
             HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_D2: tl.constexpr,
             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_MT: tl.constexpr,
-            DROPOUT: tl.constexpr, TMA: tl.constexpr, DIAG: tl.constexpr):
+            DROPOUT: tl.constexpr, TMA: tl.constexpr, DIAG: tl.constexpr,
+            DQ_DELTA: tl.constexpr):
     """dQ of one BLOCK_M query tile; K, V stream past in BLOCK_N tiles. BLOCK_MT > 0: the
     program of the queries past the last full BLOCK_M tile computes a tile of BLOCK_MT rows,
     loaded by pointers; 0: its tile is a full one, masked. With TMA, Q and dO come through
@@ -834,29 +844,31 @@ def _bwd_dq(pid, QKV, DO, LSE, DELTA, DQKV, Q_DESC, Q_DESC2, DO_DESC, DO_DESC2, 
     pid_m, bh = _split_pid(pid, N, BLOCK_M)
     q_start = pid_m * BLOCK_M
     if BLOCK_MT > 0 and q_start + BLOCK_M > N:  # the query tail's program
-        _bwd_dq_tile(q_start, bh, QKV, DO, LSE, DELTA, DQKV, Q_DESC, Q_DESC2, DO_DESC, DO_DESC2,
-                     KV_DESC, KV_DESC2, seed, qk_scale, sm_scale, drop_p, H, N, HEAD_DIM,
-                     BLOCK_D, BLOCK_D2, BLOCK_MT, BLOCK_N, DROPOUT, False, TMA, DIAG)
+        _bwd_dq_tile(q_start, bh, QKV, O, DO, LSE, DELTA, DQKV, Q_DESC, Q_DESC2, DO_DESC,
+                     DO_DESC2, KV_DESC, KV_DESC2, seed, qk_scale, sm_scale, drop_p, H, N, HEAD_DIM,
+                     BLOCK_D, BLOCK_D2, BLOCK_MT, BLOCK_N, DROPOUT, False, TMA, DIAG, DQ_DELTA)
     else:
-        _bwd_dq_tile(q_start, bh, QKV, DO, LSE, DELTA, DQKV, Q_DESC, Q_DESC2, DO_DESC, DO_DESC2,
-                     KV_DESC, KV_DESC2, seed, qk_scale, sm_scale, drop_p, H, N, HEAD_DIM,
-                     BLOCK_D, BLOCK_D2, BLOCK_M, BLOCK_N, DROPOUT, TMA, TMA, DIAG)
+        _bwd_dq_tile(q_start, bh, QKV, O, DO, LSE, DELTA, DQKV, Q_DESC, Q_DESC2, DO_DESC,
+                     DO_DESC2, KV_DESC, KV_DESC2, seed, qk_scale, sm_scale, drop_p, H, N, HEAD_DIM,
+                     BLOCK_D, BLOCK_D2, BLOCK_M, BLOCK_N, DROPOUT, TMA, TMA, DIAG, DQ_DELTA)
 
 
 @triton.jit
-def bwd_kernel(QKV, DO, LSE, DELTA, DQKV, SEED, QKV_S, QKV_S2, QKV_L, QKV_L2, DO_S, DO_S2, DO_L,
-               DO_L2, qk_scale, sm_scale, drop_p, BH, H, N,
+def bwd_kernel(QKV, O, DO, LSE, DELTA, DQKV, SEED, QKV_S, QKV_S2, QKV_L, QKV_L2, DO_S, DO_S2,
+               DO_L, DO_L2, qk_scale, sm_scale, drop_p, BH, H, N,
                HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_D2: tl.constexpr,
                BLOCK_M1: tl.constexpr, BLOCK_N1: tl.constexpr,
                BLOCK_M2: tl.constexpr, BLOCK_N2: tl.constexpr, BLOCK_NT1: tl.constexpr,
                BLOCK_MT2: tl.constexpr, DROPOUT: tl.constexpr, TMA: tl.constexpr,
-               DIAG: tl.constexpr, PART: tl.constexpr):
-    """The backward after bwd_delta_kernel. PART = 0, one launch of both program kinds: the
-    first cdiv(N, BLOCK_N1) * B * H programs compute dK, dV (one key tile each), the rest dQ
-    (one query tile each); one launch rather than two fills the GPU without a tail between
-    them. PART = 1: a launch of the dK/dV programs only; PART = 2: of the dQ programs only.
-    Compiled apart, each kind gets the registers it needs rather than the larger kind's
-    count (launch.split_twins).
+               DIAG: tl.constexpr, PART: tl.constexpr, DQ_DELTA: tl.constexpr):
+    """The general backward (after bwd_delta_kernel, but where DQ_DELTA: below). PART = 0,
+    one launch of both program kinds: the first cdiv(N, BLOCK_N1) * B * H programs compute
+    dK, dV (one key tile each), the rest dQ (one query tile each); one launch rather than two
+    fills the GPU without a tail between them. PART = 1: a launch of the dK/dV programs only;
+    PART = 2: of the dQ programs only. Compiled apart, each kind gets the registers it needs
+    rather than the larger kind's count (launch.split_twins). DQ_DELTA (PART = 2): the dQ
+    programs compute delta from O and dO themselves and store it, and the dK/dV launch runs
+    after them: a split backward needs no delta launch.
 
     Tail programs (flash._bwd_tails; 0: none, the last program's tile is a full one,
     masked): the dK/dV program of the keys past the last full BLOCK_N1 tile takes a tile of
@@ -880,9 +892,9 @@ def bwd_kernel(QKV, DO, LSE, DELTA, DQKV, SEED, QKV_S, QKV_S2, QKV_L, QKV_L2, DO
                   QKV_L, QKV_L2, seed, qk_scale, sm_scale, drop_p, H, N, HEAD_DIM, BLOCK_D,
                   BLOCK_D2, BLOCK_M1, BLOCK_N1, BLOCK_NT1, DROPOUT, False, False, TMA, DIAG)
     else:
-        _bwd_dq(pid - first_dq, QKV, DO, LSE, DELTA, DQKV, QKV_L, QKV_L2, DO_L, DO_L2, QKV_S,
+        _bwd_dq(pid - first_dq, QKV, O, DO, LSE, DELTA, DQKV, QKV_L, QKV_L2, DO_L, DO_L2, QKV_S,
                 QKV_S2, seed, qk_scale, sm_scale, drop_p, H, N, HEAD_DIM, BLOCK_D, BLOCK_D2,
-                BLOCK_M2, BLOCK_N2, BLOCK_MT2, DROPOUT, TMA, DIAG)
+                BLOCK_M2, BLOCK_N2, BLOCK_MT2, DROPOUT, TMA, DIAG, DQ_DELTA)
 
 
 @triton.jit
