@@ -146,10 +146,23 @@ def test_split_backward_is_the_one_launch_bit_for_bit(monkeypatch, tma, N, D, dr
     (o1, dqkv1, parts1), (o2, dqkv2, parts2) = results
     assert parts1 == [("bwd_delta_kernel", None), ("bwd_kernel", 0)]
     assert parts2 == [("bwd_kernel", 2), ("bwd_kernel", 1)]
-    assert torch.equal(o1, o2) and torch.equal(dqkv1, dqkv2)
+    assert torch.equal(o1, o2)
+    _assert_same_backward(dqkv1, dqkv2)
     if dropout_p == 0:
         _force(monkeypatch, fwd, split)
         _assert_within_rule(qkv, do, flash=flash_attention, mask_diagonal=mask_diagonal)
+
+
+def _assert_same_backward(a: torch.Tensor, b: torch.Tensor) -> None:
+    """Gradients of two launch forms of the same programs: equal bit for bit in the
+    interpreter, which sums each row of dO * O alike in every kernel. On a GPU the delta row
+    sums of the delta kernel and of a split candidate's dQ programs (their own tile shapes
+    and warps) may round apart in the last bit, and the gradients with them: there, equal
+    to fp16's rounding."""
+    if a.device.type == "cpu":
+        assert torch.equal(a, b)
+    else:
+        torch.testing.assert_close(a, b, rtol=2 ** -9, atol=1e-4)
 
 
 @pytest.mark.parametrize("tma", [False, True], ids=["pointers", "tma"])
@@ -157,8 +170,9 @@ def test_split_backward_is_the_one_launch_bit_for_bit(monkeypatch, tma, N, D, dr
 def test_split_backward_parts_take_their_own_tiles(monkeypatch, tma, N, D):
     """A split candidate's dQ launch may have other tiles, warps and stages than its dK/dV
     launch (WARPS2, STAGES2; with TMA, each launch gets boxes of its own tile heights). Its
-    dK and dV are those of the twin with the same dK/dV tiles, bit for bit; its dQ, summed
-    over other key tiles, keeps to the FA2 rule."""
+    dK and dV are those of the twin with the same dK/dV tiles, bit for bit (in the
+    interpreter: _assert_same_backward); its dQ, summed over other key tiles, keeps to the
+    FA2 rule."""
     monkeypatch.setattr(launch, "_TMA_LOADS", tma)
     qkv, do = _packed_inputs(2, N, 2, D, torch.float16, seed=N + D)
     family = "general_tma" if tma else "general"
@@ -186,7 +200,7 @@ def test_split_backward_parts_take_their_own_tiles(monkeypatch, tma, N, D):
     assert dq_launch["DQ_DELTA"] is True and plan[1].consts["DQ_DELTA"] is False
     # the dQ launch's unused dK/dV tiles mirror its own, so that it compiles as one binary
     assert (dq_launch["BLOCK_M1"], dq_launch["BLOCK_N1"]) == (32, 16)
-    assert torch.equal(grads[0][:, :, 1:], grads[1][:, :, 1:])
+    _assert_same_backward(grads[0][:, :, 1:], grads[1][:, :, 1:])
     _assert_within_rule(qkv, do)
 
 
