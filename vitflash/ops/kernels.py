@@ -747,15 +747,17 @@ def _bwd_dkdv_tile(pid_n, bh, QKV, DO, LSE, DELTA, DQKV, DQ_ACC, DQ_DESC, DQ_DES
 
 @triton.jit
 def _bwd_dkdv(pid, QKV, DO, LSE, DELTA, DQKV, DQ_ACC, DQ_DESC, DQ_DESC2, Q_DESC, Q_DESC2,
-              DO_DESC, DO_DESC2, KV_DESC, KV_DESC2, seed, qk_scale, sm_scale, drop_p, H, N,
+              DO_DESC, DO_DESC2, KV_DESC, KV_DESC2, DO_WIDE, DO_WIDE2, seed, qk_scale, sm_scale,
+              drop_p, H, N,
               HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_D2: tl.constexpr,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_NT: tl.constexpr,
               DROPOUT: tl.constexpr, ATOMIC_DQ: tl.constexpr, TMA_DQ: tl.constexpr,
               TMA: tl.constexpr, DIAG: tl.constexpr):
     """dK, dV of one BLOCK_N key tile; Q, dO, LSE, delta stream past in BLOCK_M tiles.
     BLOCK_NT > 0: the program of the keys past the last full BLOCK_N tile computes a tile of
-    BLOCK_NT keys, loaded by pointers (197 = 3 x 64 + a 16-key tile, not a fourth 64); 0: its
-    tile is a full one, masked. With ATOMIC_DQ (bwd_atomic_kernel) it also adds each query
+    BLOCK_NT keys, loaded by pointers (197 = 3 x 64 + a 16-key tile, not a fourth 64), and
+    takes the queries in BLOCK_N-row steps, Q through KV_DESC(2) and dO through DO_WIDE(2)
+    (BLOCK_N-row boxes of dO); 0: its tile is a full one, masked. With ATOMIC_DQ (bwd_atomic_kernel) it also adds each query
     tile's share of dQ, dS K, into the fp32 DQ_ACC with atomic adds, and starts its walk over
     the query tiles at its own index (wrapping round), so that the programs of a head add
     into different dQ rows at a time. With TMA_DQ too, each tile's adds are one bulk
@@ -767,9 +769,11 @@ def _bwd_dkdv(pid, QKV, DO, LSE, DELTA, DQKV, DQ_ACC, DQ_DESC, DQ_DESC2, Q_DESC,
     Q and dO through Q_DESC(2) and DO_DESC(2) (BLOCK_M-row boxes): see _load_tma."""
     pid_n, bh = _split_pid(pid, N, BLOCK_N)
     if BLOCK_NT > 0 and (pid_n + 1) * BLOCK_N > N:  # the key tail's program
-        _bwd_dkdv_tile(pid_n, bh, QKV, DO, LSE, DELTA, DQKV, DQ_ACC, DQ_DESC, DQ_DESC2, Q_DESC,
-                       Q_DESC2, DO_DESC, DO_DESC2, KV_DESC, KV_DESC2, seed, qk_scale, sm_scale,
-                       drop_p, H, N, HEAD_DIM, BLOCK_D, BLOCK_D2, BLOCK_M, BLOCK_N, BLOCK_NT,
+        # its few keys take the queries in steps of BLOCK_N rows, through the BLOCK_N-row
+        # boxes of qkv (KV_DESC) and dO (DO_WIDE): fewer, larger steps than BLOCK_M's
+        _bwd_dkdv_tile(pid_n, bh, QKV, DO, LSE, DELTA, DQKV, DQ_ACC, DQ_DESC, DQ_DESC2, KV_DESC,
+                       KV_DESC2, DO_WIDE, DO_WIDE2, KV_DESC, KV_DESC2, seed, qk_scale, sm_scale,
+                       drop_p, H, N, HEAD_DIM, BLOCK_D, BLOCK_D2, BLOCK_N, BLOCK_N, BLOCK_NT,
                        DROPOUT, ATOMIC_DQ, TMA_DQ, False, TMA, DIAG)
     else:
         _bwd_dkdv_tile(pid_n, bh, QKV, DO, LSE, DELTA, DQKV, DQ_ACC, DQ_DESC, DQ_DESC2, Q_DESC,
@@ -838,15 +842,18 @@ def _bwd_dq(pid, QKV, O, DO, LSE, DELTA, DQKV, Q_DESC, Q_DESC2, DO_DESC, DO_DESC
             DQ_DELTA: tl.constexpr):
     """dQ of one BLOCK_M query tile; K, V stream past in BLOCK_N tiles. BLOCK_MT > 0: the
     program of the queries past the last full BLOCK_M tile computes a tile of BLOCK_MT rows,
-    loaded by pointers; 0: its tile is a full one, masked. With TMA, Q and dO come through
+    loaded by pointers, and takes the keys in BLOCK_M-row steps through Q_DESC(2); 0: its
+    tile is a full one, masked. With TMA, Q and dO come through
     Q_DESC(2) and DO_DESC(2) (BLOCK_M-row boxes), K and V through KV_DESC(2) (BLOCK_N-row
     boxes): see _load_tma."""
     pid_m, bh = _split_pid(pid, N, BLOCK_M)
     q_start = pid_m * BLOCK_M
     if BLOCK_MT > 0 and q_start + BLOCK_M > N:  # the query tail's program
+        # its few rows take the keys in steps of BLOCK_M, through the BLOCK_M-row boxes of
+        # qkv (Q_DESC): fewer, larger steps than BLOCK_N's
         _bwd_dq_tile(q_start, bh, QKV, O, DO, LSE, DELTA, DQKV, Q_DESC, Q_DESC2, DO_DESC,
-                     DO_DESC2, KV_DESC, KV_DESC2, seed, qk_scale, sm_scale, drop_p, H, N, HEAD_DIM,
-                     BLOCK_D, BLOCK_D2, BLOCK_MT, BLOCK_N, DROPOUT, False, TMA, DIAG, DQ_DELTA)
+                     DO_DESC2, Q_DESC, Q_DESC2, seed, qk_scale, sm_scale, drop_p, H, N, HEAD_DIM,
+                     BLOCK_D, BLOCK_D2, BLOCK_MT, BLOCK_M, DROPOUT, False, TMA, DIAG, DQ_DELTA)
     else:
         _bwd_dq_tile(q_start, bh, QKV, O, DO, LSE, DELTA, DQKV, Q_DESC, Q_DESC2, DO_DESC,
                      DO_DESC2, KV_DESC, KV_DESC2, seed, qk_scale, sm_scale, drop_p, H, N, HEAD_DIM,
@@ -889,7 +896,7 @@ def bwd_kernel(QKV, O, DO, LSE, DELTA, DQKV, SEED, QKV_S, QKV_S2, QKV_L, QKV_L2,
     # PART = 0 compiles to one branch on the program id)
     if PART == 1 or (PART == 0 and pid < n_dkdv):
         _bwd_dkdv(pid, QKV, DO, LSE, DELTA, DQKV, DQKV, DQKV, DQKV, QKV_S, QKV_S2, DO_S, DO_S2,
-                  QKV_L, QKV_L2, seed, qk_scale, sm_scale, drop_p, H, N, HEAD_DIM, BLOCK_D,
+                  QKV_L, QKV_L2, DO_L, DO_L2, seed, qk_scale, sm_scale, drop_p, H, N, HEAD_DIM, BLOCK_D,
                   BLOCK_D2, BLOCK_M1, BLOCK_N1, BLOCK_NT1, DROPOUT, False, False, TMA, DIAG)
     else:
         _bwd_dq(pid - first_dq, QKV, O, DO, LSE, DELTA, DQKV, QKV_L, QKV_L2, DO_L, DO_L2, QKV_S,
@@ -917,7 +924,7 @@ def bwd_atomic_kernel(QKV, DO, LSE, DELTA, DQ_ACC, DQKV, SEED, DQ_DESC, DQ_DESC2
     bwd_dq_kernel then scales and stores it."""
     seed = tl.load(SEED) if DROPOUT else 0
     _bwd_dkdv(tl.program_id(0), QKV, DO, LSE, DELTA, DQKV, DQ_ACC, DQ_DESC, DQ_DESC2, Q_DESC,
-              Q_DESC2, DO_DESC, DO_DESC2, KV_DESC, KV_DESC2, seed, qk_scale, sm_scale, drop_p, H,
+              Q_DESC2, DO_DESC, DO_DESC2, KV_DESC, KV_DESC2, DO_DESC, DO_DESC2, seed, qk_scale, sm_scale, drop_p, H,
               N, HEAD_DIM, BLOCK_D, BLOCK_D2, BLOCK_M, BLOCK_N, 0, DROPOUT, True, TMA_DQ, TMA_DQ,
               DIAG)
 

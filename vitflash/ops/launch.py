@@ -49,6 +49,7 @@ from vitflash.ops import kernels
 
 INTERPRET = bool(kernels.INTERPRET)
 # bump when a kernel or the candidate list changes in a way that can change the best config:
+# 21, the backward's tail programs step through the other side in their wide tile's rows;
 # 20, a split backward's delta computed in its dQ launch (kernels.bwd_kernel, DQ_DELTA);
 # 19, the general backward's tail programs (at N = 197 in 64-key tiles, a 16-key program
 #     instead of a fourth 64-key one; flash._bwd_tails);
@@ -71,7 +72,7 @@ INTERPRET = bool(kernels.INTERPRET)
 # 6, the forwards' FMA-folded softmax (and the bwd_atomic op);
 # 5, split head dims (4 keyed the reverted TAILS candidates of 067433b, which a GPU
 #    machine's cache file may still hold)
-CACHE_VERSION = 20
+CACHE_VERSION = 21
 
 # the families of bwd_atomic's own kernels: dQ added element by element, or by TMA tiles
 ATOMIC_FAMILIES = ("atomic", "atomic_tma")
