@@ -166,6 +166,57 @@ def _assert_same_backward(a: torch.Tensor, b: torch.Tensor) -> None:
 
 
 @pytest.mark.parametrize("tma", [False, True], ids=["pointers", "tma"])
+@pytest.mark.parametrize("N, D, dropout_p, mask_diagonal", [(33, 32, 0.0, True), (65, 32, 0.2, False),
+                                                          (130, 80, 0.0, False), (100, 96, 0.1, True)])
+def test_tail_ahead_forward_is_the_plain_one_bit_for_bit(monkeypatch, tma, N, D, dropout_p,
+                                                         mask_diagonal):
+    """A tail-ahead twin (launch.tail_ahead_twins) loads its partial key tile before the loop
+    over the full ones and does the same arithmetic after it: o and the log-sum-exp the
+    backward reads must be the plain candidate's bit for bit, with dropout and the diagonal
+    mask too, in 16- and 32-key tiles at one key past the full tiles (33, 65), two (130) and
+    four (100), split head dims (80, 96); and the twin within the FA2 rule."""
+    monkeypatch.setattr(launch, "_TMA_LOADS", tma)
+    qkv, do = _packed_inputs(2, N, 2, D, torch.float16, seed=N + D)
+    family = "general_tma" if tma else "general"
+    bwd = launch.heuristic("bwd", N, D)
+    for block_n in (16, 32):
+        plain = launch.Candidate(family, (("BLOCK_M", 32), ("BLOCK_N", block_n)), 4, 2)
+        (ahead,) = launch.tail_ahead_twins([plain], N)
+        assert ahead.meta["TAIL_AHEAD"] == 1 and ahead.family == family
+        results = []
+        for fwd in (plain, ahead):
+            _force(monkeypatch, fwd, bwd)
+            torch.manual_seed(0)  # the same dropout seed for both
+            seed = flash_mod.new_seed(qkv.device) if dropout_p else None
+            o, lse = flash_mod._forward(qkv, D ** -0.5, dropout_p, seed, mask_diagonal)
+            (launch_,) = flash_mod._plans[next(k for k in flash_mod._plans if k[0] == "fwd")]
+            results.append((o, lse, launch_.consts["TAIL_AHEAD"], launch_.consts["BLOCK_T"]))
+        (o1, lse1, ahead1, tail1), (o2, lse2, ahead2, tail2) = results
+        assert (ahead1, ahead2) == (0, 1) and tail1 == tail2 == launch.tail_tile(N, block_n) > 0
+        assert torch.equal(o1, o2) and torch.equal(lse1, lse2)
+    if dropout_p == 0:
+        _assert_within_rule(qkv, do, mask_diagonal=mask_diagonal)  # `ahead`, forced last
+
+
+def test_tail_ahead_twins_where_a_small_partial_key_tile_follows_a_full_one():
+    """The tail-ahead twins are listed beside every general forward candidate (pointer and
+    TMA loads) whose keys end in a partial tile of at most TAIL_AHEAD_MAX keys after at
+    least one full tile, and nowhere else: not where the tiles divide N, nor at N <= BLOCK_N,
+    nor for a 128-key tail (197 in 128-key tiles), nor in the backward."""
+    for n, d in ((197, 64), (577, 64), (1025, 128), (4097, 64), (130, 80), (256, 64), (64, 64)):
+        fwd = launch.candidates("fwd", n, d)
+        general = [c for c in fwd if c.family in ("general", "general_tma")]
+        twins = [c for c in general if c.meta.get("TAIL_AHEAD")]
+        expected = [c for c in general if not c.meta.get("TAIL_AHEAD") and n > c.meta["BLOCK_N"]
+                    and 0 < launch.tail_tile(n, c.meta["BLOCK_N"]) <= launch.TAIL_AHEAD_MAX]
+        assert [c.blocks[:-1] + (c.family, c.num_warps, c.num_stages) for c in twins] == \
+            [c.blocks + (c.family, c.num_warps, c.num_stages) for c in expected]
+        assert bool(twins) == (n in (197, 577, 1025, 4097, 130))
+        assert not any("TAIL_AHEAD" in c.meta for op in ("bwd", "bwd_atomic") for c in launch.candidates(op, n, d))
+    assert not any(c.meta["BLOCK_N"] == 128 for c in launch.tail_ahead_twins(launch.candidates("fwd", 197, 64), 197))
+
+
+@pytest.mark.parametrize("tma", [False, True], ids=["pointers", "tma"])
 @pytest.mark.parametrize("N, D", [(17, 32), (130, 80)])
 def test_split_backward_parts_take_their_own_tiles(monkeypatch, tma, N, D):
     """A split candidate's dQ launch may have other tiles, warps and stages than its dK/dV
@@ -1516,7 +1567,7 @@ if op == "fwd":
                Q_DESC2=box(M, bd2 or bd), KV_DESC=box(N, bd), KV_DESC2=box(N, bd2 or bd),
                qk_scale="fp32", drop_p="fp32", H="i32", N="i32")
     consts = dict(HEAD_DIM=D, BLOCK_D=bd, BLOCK_D2=bd2, BLOCK_M=M, BLOCK_N=N, BLOCK_T=16,
-                  DROPOUT=False, TMA=True, DIAG=False)
+                  DROPOUT=False, TMA=True, DIAG=False, TAIL_AHEAD=False)
     fn = kernels.fwd_kernel
 else:
     M1, N1, warps, stages = cfg

@@ -58,8 +58,10 @@ def _fwd_launches(c: Candidate, B: int, N: int, H: int, D: int, dropout: bool = 
     meta = {**c.meta, "DROPOUT": dropout, "TMA": c.family in ("general_tma", "short_tma"), "DIAG": diag}
     if (B * H) % meta.get("HEADS", 1):  # tuned at another B * H of the same bucket
         meta.update(HEADS=1, STAGES=1)
-    if not short:  # the tail tile: the keys past the last full BLOCK_N
+    if not short:  # the tail tile: the keys past the last full BLOCK_N (loaded before the
+        # loop in a tail-ahead twin, launch.tail_ahead_twins)
         meta["BLOCK_T"] = tail_tile(N, meta["BLOCK_N"])
+        meta.setdefault("TAIL_AHEAD", 0)
     else:  # the query rows past the last full BLOCK_M
         meta["BLOCK_MT"] = tail_tile(N, meta["BLOCK_M"])
     block_d1, block_d2 = split_d(D)  # (64, 16) at D = 80: two column chunks, no padding

@@ -388,12 +388,18 @@ def _fwd_inner(acc, acc_hi, l_i, m_i, q, q_hi, k_ptrs, k_ptrs_hi, v_ptrs, v_ptrs
                KV_DESC2, start, end, N, H, offs_n, qk_scale, seed, bh, offs_m, drop_p,
                HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_D2: tl.constexpr,
                BLOCK_N: tl.constexpr, MASK_N: tl.constexpr, DROPOUT: tl.constexpr,
-               TMA: tl.constexpr, DIAG: tl.constexpr):
+               TMA: tl.constexpr, DIAG: tl.constexpr, LOADED: tl.constexpr = False):
+    """The online softmax over the key tiles from `start` to `end`. LOADED (the tail tile's
+    call, one step): the K and V tiles were loaded before the loop over the full tiles, and
+    k_ptrs, k_ptrs_hi, v_ptrs, v_ptrs_hi are those tiles rather than their pointers."""
     for start_n in range(start, end, BLOCK_N):
         cols = start_n + offs_n
         # (TMA: full tiles only; the tail tile's call passes TMA=False)
-        k, k_hi = _stream_tile(KV_DESC, KV_DESC2, k_ptrs, k_ptrs_hi, bh, start_n, N, H, 3, 1,
-                               BLOCK_N, HEAD_DIM, BLOCK_D, BLOCK_D2, MASK_N, TMA)
+        if LOADED:
+            k, k_hi = k_ptrs, k_ptrs_hi
+        else:
+            k, k_hi = _stream_tile(KV_DESC, KV_DESC2, k_ptrs, k_ptrs_hi, bh, start_n, N, H, 3,
+                                   1, BLOCK_N, HEAD_DIM, BLOCK_D, BLOCK_D2, MASK_N, TMA)
         s = _dot_t(q, q_hi, k, k_hi, BLOCK_D2)  # (BLOCK_M, BLOCK_N), unscaled
         if MASK_N:
             s = tl.where(cols[None, :] < N, s, float("-inf"))
@@ -407,8 +413,11 @@ def _fwd_inner(acc, acc_hi, l_i, m_i, q, q_hi, k_ptrs, k_ptrs_hi, v_ptrs, v_ptrs
         l_i = l_i * alpha + tl.sum(p, 1)
         if DROPOUT:  # the normalizer above sums every probability; P V only the kept ones
             p = tl.where(_keep(seed, bh, offs_m, start_n, N, drop_p, BLOCK_N, False), p, 0.0)
-        v, v_hi = _stream_tile(KV_DESC, KV_DESC2, v_ptrs, v_ptrs_hi, bh, start_n, N, H, 3, 2,
-                               BLOCK_N, HEAD_DIM, BLOCK_D, BLOCK_D2, MASK_N, TMA)
+        if LOADED:
+            v, v_hi = v_ptrs, v_ptrs_hi
+        else:
+            v, v_hi = _stream_tile(KV_DESC, KV_DESC2, v_ptrs, v_ptrs_hi, bh, start_n, N, H, 3,
+                                   2, BLOCK_N, HEAD_DIM, BLOCK_D, BLOCK_D2, MASK_N, TMA)
         p = _round(p, v.dtype)
         acc = _dot(p, v, acc * alpha[:, None])
         if BLOCK_D2 > 0:  # (otherwise acc_hi is never assigned: the loop does not carry it)
@@ -421,12 +430,18 @@ def _fwd_inner(acc, acc_hi, l_i, m_i, q, q_hi, k_ptrs, k_ptrs_hi, v_ptrs, v_ptrs
 def fwd_kernel(QKV, O, LSE, SEED, Q_DESC, Q_DESC2, KV_DESC, KV_DESC2, qk_scale, drop_p, H, N,
                HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_D2: tl.constexpr,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr,
-               DROPOUT: tl.constexpr, TMA: tl.constexpr, DIAG: tl.constexpr):
+               DROPOUT: tl.constexpr, TMA: tl.constexpr, DIAG: tl.constexpr,
+               TAIL_AHEAD: tl.constexpr):
     """O and LSE of BLOCK_M query rows; K, V stream past in BLOCK_N tiles, the keys past the
     last full tile in one BLOCK_T tile (197 = 3 x 64 + a 16-key tail, not a fourth 64;
     BLOCK_T = 0 when BLOCK_N divides N). With TMA, the Q tile and the full K, V tiles come
     through the descriptors of qkv Q_DESC(2) ((1, BLOCK_M, chunk) boxes) and KV_DESC(2)
-    ((1, BLOCK_N, chunk) boxes): see _load_tma. Without it, any argument stands in for them."""
+    ((1, BLOCK_N, chunk) boxes): see _load_tma. Without it, any argument stands in for them.
+
+    TAIL_AHEAD: the tail tile's K and V are loaded before the loop over the full tiles, so
+    that their latency passes while the loop runs instead of after it (compiled for sm_90,
+    the loaded tile goes to shared memory, not registers); the same arithmetic, the same
+    bits."""
     pid_m, bh = _split_pid(tl.program_id(0), N, BLOCK_M)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
@@ -440,11 +455,21 @@ def fwd_kernel(QKV, O, LSE, SEED, Q_DESC, Q_DESC2, KV_DESC, KV_DESC2, qk_scale, 
     acc, acc_hi = _zeros(BLOCK_M, BLOCK_D, BLOCK_D2)
     seed = tl.load(SEED) if DROPOUT else 0
     n_full = (N // BLOCK_N) * BLOCK_N
+    if TAIL_AHEAD and BLOCK_T > 0:  # the partial key tile's K and V now, used after the loop
+        offs_t = n_full + tl.arange(0, BLOCK_T)
+        k_t, k_t_hi = _load_rows(QKV, bh, offs_t, N, H, 3, 1, HEAD_DIM, BLOCK_D, BLOCK_D2, True)
+        v_t, v_t_hi = _load_rows(QKV, bh, offs_t, N, H, 3, 2, HEAD_DIM, BLOCK_D, BLOCK_D2, True)
     acc, acc_hi, l_i, m_i = _fwd_inner(acc, acc_hi, l_i, m_i, q, q_hi, k_ptrs, k_ptrs_hi,
                                        v_ptrs, v_ptrs_hi, KV_DESC, KV_DESC2, 0, n_full, N, H,
                                        offs_n, qk_scale, seed, bh, offs_m, drop_p, HEAD_DIM,
                                        BLOCK_D, BLOCK_D2, BLOCK_N, False, DROPOUT, TMA, DIAG)
-    if BLOCK_T > 0:  # the one partial key tile
+    if TAIL_AHEAD and BLOCK_T > 0:
+        acc, acc_hi, l_i, m_i = _fwd_inner(acc, acc_hi, l_i, m_i, q, q_hi, k_t, k_t_hi, v_t,
+                                           v_t_hi, KV_DESC, KV_DESC2, n_full, N, N, H,
+                                           tl.arange(0, BLOCK_T), qk_scale, seed, bh, offs_m,
+                                           drop_p, HEAD_DIM, BLOCK_D, BLOCK_D2, BLOCK_T, True,
+                                           DROPOUT, False, DIAG, True)
+    elif BLOCK_T > 0:  # the one partial key tile
         offs_t = tl.arange(0, BLOCK_T)
         kt_ptrs, kt_ptrs_hi = _chunk_ptrs(QKV, bh, offs_t, N, H, 3, 1, HEAD_DIM, BLOCK_D, BLOCK_D2)
         vt_ptrs, vt_ptrs_hi = _chunk_ptrs(QKV, bh, offs_t, N, H, 3, 2, HEAD_DIM, BLOCK_D, BLOCK_D2)
