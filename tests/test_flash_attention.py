@@ -125,9 +125,11 @@ def test_each_kernel_family(monkeypatch, N):
 def test_split_backward_is_the_one_launch_bit_for_bit(monkeypatch, tma, N, D, dropout_p,
                                                       mask_diagonal):
     """A split twin (launch.split_twins) runs the same programs as its one-launch candidate,
-    in two launches: dK/dV's, then dQ's. Its dqkv must be that candidate's bit for bit, with
-    dropout and the diagonal mask too, at one partial tile (1, 17), full tiles and a partial
-    one (65, 130) and a split head dim (80); and within the FA2 rule."""
+    in two launches: dQ's, whose programs also compute delta (no delta launch), then dK/dV's.
+    Its dqkv must be that candidate's bit for bit, with dropout and the diagonal mask too, at
+    one partial tile (1, 17), full tiles and a partial one (65, 130) and a split head dim
+    (80); and within the FA2 rule. (Bit for bit in the interpreter, which sums each row of
+    dO * O alike in both kernels; on a GPU the two kernels' row sums may round apart.)"""
     monkeypatch.setattr(launch, "_TMA_LOADS", tma)
     qkv, do = _packed_inputs(2, N, 2, D, torch.float16, seed=N + D)
     family = "general_tma" if tma else "general"
@@ -144,13 +146,78 @@ def test_split_backward_is_the_one_launch_bit_for_bit(monkeypatch, tma, N, D, dr
         o = flash_attention_qkvpacked(leaf, dropout_p=dropout_p, mask_diagonal=mask_diagonal)
         (dqkv,) = torch.autograd.grad(o, leaf, do)
         plan = flash_mod._plans[next(k for k in flash_mod._plans if k[0] == "bwd")]
-        results.append((o, dqkv, [launch_.consts["PART"] for launch_ in plan[1:]]))
+        results.append((o, dqkv, [(launch_.kernel.__name__, launch_.consts.get("PART")) for launch_ in plan]))
     (o1, dqkv1, parts1), (o2, dqkv2, parts2) = results
-    assert parts1 == [0] and parts2 == [1, 2]
-    assert torch.equal(o1, o2) and torch.equal(dqkv1, dqkv2)
+    assert parts1 == [("bwd_delta_kernel", None), ("bwd_kernel", 0)]
+    assert parts2 == [("bwd_kernel", 2), ("bwd_kernel", 1)]
+    assert torch.equal(o1, o2)
+    _assert_same_backward(dqkv1, dqkv2)
     if dropout_p == 0:
         _force(monkeypatch, fwd, split)
         _assert_within_rule(qkv, do, flash=flash_attention, mask_diagonal=mask_diagonal)
+
+
+def _assert_same_backward(a: torch.Tensor, b: torch.Tensor) -> None:
+    """Gradients of two launch forms of the same programs: equal bit for bit in the
+    interpreter, which sums each row of dO * O alike in every kernel. On a GPU the delta row
+    sums of the delta kernel and of a split candidate's dQ programs (their own tile shapes
+    and warps) may round apart in the last bit, and the gradients with them: there, equal
+    to fp16's rounding."""
+    if a.device.type == "cpu":
+        assert torch.equal(a, b)
+    else:
+        torch.testing.assert_close(a, b, rtol=2 ** -9, atol=1e-4)
+
+
+@pytest.mark.parametrize("tma", [False, True], ids=["pointers", "tma"])
+@pytest.mark.parametrize("N, D, dropout_p, mask_diagonal", [(33, 32, 0.0, True), (65, 32, 0.2, False),
+                                                          (130, 80, 0.0, False), (100, 96, 0.1, True)])
+def test_tail_ahead_forward_is_the_plain_one_bit_for_bit(monkeypatch, tma, N, D, dropout_p,
+                                                         mask_diagonal):
+    """A tail-ahead twin (launch.tail_ahead_twins) loads its partial key tile before the loop
+    over the full ones and does the same arithmetic after it: o and the log-sum-exp the
+    backward reads must be the plain candidate's bit for bit, with dropout and the diagonal
+    mask too, in 16- and 32-key tiles at one key past the full tiles (33, 65), two (130) and
+    four (100), split head dims (80, 96); and the twin within the FA2 rule."""
+    monkeypatch.setattr(launch, "_TMA_LOADS", tma)
+    qkv, do = _packed_inputs(2, N, 2, D, torch.float16, seed=N + D)
+    family = "general_tma" if tma else "general"
+    bwd = launch.heuristic("bwd", N, D)
+    for block_n in (16, 32):
+        plain = launch.Candidate(family, (("BLOCK_M", 32), ("BLOCK_N", block_n)), 4, 2)
+        (ahead,) = launch.tail_ahead_twins([plain], N)
+        assert ahead.meta["TAIL_AHEAD"] == 1 and ahead.family == family
+        results = []
+        for fwd in (plain, ahead):
+            _force(monkeypatch, fwd, bwd)
+            torch.manual_seed(0)  # the same dropout seed for both
+            seed = flash_mod.new_seed(qkv.device) if dropout_p else None
+            o, lse = flash_mod._forward(qkv, D ** -0.5, dropout_p, seed, mask_diagonal)
+            (launch_,) = flash_mod._plans[next(k for k in flash_mod._plans if k[0] == "fwd")]
+            results.append((o, lse, launch_.consts["TAIL_AHEAD"], launch_.consts["BLOCK_T"]))
+        (o1, lse1, ahead1, tail1), (o2, lse2, ahead2, tail2) = results
+        assert (ahead1, ahead2) == (0, 1) and tail1 == tail2 == launch.tail_tile(N, block_n) > 0
+        assert torch.equal(o1, o2) and torch.equal(lse1, lse2)
+    if dropout_p == 0:
+        _assert_within_rule(qkv, do, mask_diagonal=mask_diagonal)  # `ahead`, forced last
+
+
+def test_tail_ahead_twins_where_a_small_partial_key_tile_follows_a_full_one():
+    """The tail-ahead twins are listed beside every general forward candidate (pointer and
+    TMA loads) whose keys end in a partial tile of at most TAIL_AHEAD_MAX keys after at
+    least one full tile, and nowhere else: not where the tiles divide N, nor at N <= BLOCK_N,
+    nor for a 128-key tail (197 in 128-key tiles), nor in the backward."""
+    for n, d in ((197, 64), (577, 64), (1025, 128), (4097, 64), (130, 80), (256, 64), (64, 64)):
+        fwd = launch.candidates("fwd", n, d)
+        general = [c for c in fwd if c.family in ("general", "general_tma")]
+        twins = [c for c in general if c.meta.get("TAIL_AHEAD")]
+        expected = [c for c in general if not c.meta.get("TAIL_AHEAD") and n > c.meta["BLOCK_N"]
+                    and 0 < launch.tail_tile(n, c.meta["BLOCK_N"]) <= launch.TAIL_AHEAD_MAX]
+        assert [c.blocks[:-1] + (c.family, c.num_warps, c.num_stages) for c in twins] == \
+            [c.blocks + (c.family, c.num_warps, c.num_stages) for c in expected]
+        assert bool(twins) == (n in (197, 577, 1025, 4097, 130))
+        assert not any("TAIL_AHEAD" in c.meta for op in ("bwd", "bwd_atomic") for c in launch.candidates(op, n, d))
+    assert not any(c.meta["BLOCK_N"] == 128 for c in launch.tail_ahead_twins(launch.candidates("fwd", 197, 64), 197))
 
 
 @pytest.mark.parametrize("tma", [False, True], ids=["pointers", "tma"])
@@ -158,8 +225,9 @@ def test_split_backward_is_the_one_launch_bit_for_bit(monkeypatch, tma, N, D, dr
 def test_split_backward_parts_take_their_own_tiles(monkeypatch, tma, N, D):
     """A split candidate's dQ launch may have other tiles, warps and stages than its dK/dV
     launch (WARPS2, STAGES2; with TMA, each launch gets boxes of its own tile heights). Its
-    dK and dV are those of the twin with the same dK/dV tiles, bit for bit; its dQ, summed
-    over other key tiles, keeps to the FA2 rule."""
+    dK and dV are those of the twin with the same dK/dV tiles, bit for bit (in the
+    interpreter: _assert_same_backward); its dQ, summed over other key tiles, keeps to the
+    FA2 rule."""
     monkeypatch.setattr(launch, "_TMA_LOADS", tma)
     qkv, do = _packed_inputs(2, N, 2, D, torch.float16, seed=N + D)
     family = "general_tma" if tma else "general"
@@ -181,13 +249,52 @@ def test_split_backward_parts_take_their_own_tiles(monkeypatch, tma, N, D):
         # (both have heights 16 and 32 here); none without
         assert sorted(built) == ([16, 16, 32, 32] if tma else [])
         built.clear()
-    dq_launch = plan[2].consts
-    assert (plan[1].num_warps, plan[2].num_warps, plan[2].num_stages) == (4, 2, 2)
+    dq_launch = plan[0].consts  # first: it computes delta for the dK/dV launch
+    assert (plan[1].num_warps, plan[0].num_warps, plan[0].num_stages) == (4, 2, 2)
     assert (dq_launch["PART"], dq_launch["BLOCK_M2"], dq_launch["BLOCK_N2"]) == (2, 16, 32)
+    assert dq_launch["DQ_DELTA"] is True and plan[1].consts["DQ_DELTA"] is False
     # the dQ launch's unused dK/dV tiles mirror its own, so that it compiles as one binary
     assert (dq_launch["BLOCK_M1"], dq_launch["BLOCK_N1"]) == (32, 16)
-    assert torch.equal(grads[0][:, :, 1:], grads[1][:, :, 1:])
+    _assert_same_backward(grads[0][:, :, 1:], grads[1][:, :, 1:])
     _assert_within_rule(qkv, do)
+
+
+@pytest.mark.parametrize("tma", [False, True], ids=["pointers", "tma"])
+@pytest.mark.parametrize("N, D, tiles, tails", [
+    # 197 = 3 x 64 + 5 keys (and rows): a 16-key dK/dV program and a 16-row dQ program
+    (197, 32, (32, 64, 64, 32), (16, 16)),
+    # 69 keys past 128 (and 69 rows past 128): no tail program, the last one a full masked 128
+    (197, 32, (32, 128, 128, 32), (0, 0)),
+    # 129 = 2 x 64 + 1, the kind of the ViT lengths with a class token (577 = 9 x 64 + 1),
+    # and a split head dim (80 = 64 + 16)
+    (129, 80, (32, 64, 64, 32), (16, 16)),
+    # tiles that divide N: no tails
+    (128, 32, (32, 64, 64, 32), (0, 0))])
+def test_backward_tail_programs(monkeypatch, tma, N, D, tiles, tails):
+    """The general backward's tail programs (flash._bwd_tails): the keys past the dK/dV
+    programs' last full key tile go to a program of a 16-key tile, the rows past the dQ
+    programs' last full query tile to one of a 16-row tile; the loops inside the programs
+    keep their masked full last step. Each launch form carries them (one launch and both
+    parts of a split one); the result keeps to the FA2 rule, with pointer and TMA loads
+    (whose tail tiles load by pointers), and with the diagonal mask."""
+    monkeypatch.setattr(launch, "_TMA_LOADS", tma)
+    qkv, do = _packed_inputs(1, N, 2, D, torch.float16, seed=N + D)
+    family = "general_tma" if tma else "general"
+    names = ("BLOCK_M1", "BLOCK_N1", "BLOCK_M2", "BLOCK_N2")
+    one = launch.Candidate(family, tuple(zip(names, tiles)), 4, 1)
+    fwd = launch.Candidate("general", (("BLOCK_M", 32), ("BLOCK_N", 16)))
+    for bwd in (one, *launch.split_twins([one])):
+        plan = [p for p in flash_mod._bwd_launches(bwd, 1, N, 2, D) if p.kernel is kernels.bwd_kernel]
+        dkdv = next(p for p in plan if p.consts["PART"] < 2)
+        assert (dkdv.consts["BLOCK_NT1"], dkdv.consts["BLOCK_MT2"]) == tails
+        for launch_ in plan:  # a split's dQ launch mirrors its tiles (and so its tails)
+            c = launch_.consts
+            for tile, tail in (("BLOCK_N1", "BLOCK_NT1"), ("BLOCK_M2", "BLOCK_MT2")):
+                expected = launch.tail_tile(N, c[tile])
+                assert c[tail] == (expected if expected < c[tile] else 0)
+        _force(monkeypatch, fwd, bwd)
+        _assert_within_rule(qkv, do)
+    _assert_within_rule(qkv, do, mask_diagonal=True)
 
 
 def test_split_twins_of_the_four_warp_general_backwards(monkeypatch):
@@ -500,13 +607,14 @@ def test_register_capped_short_backward_listed_at_65_keys_and_33_to_64_columns()
 def test_a_general_candidates_register_cap_reaches_every_launch_of_it():
     """A cap on a general or atomic candidate (none listed; the backward-parts probe makes
     them) goes to each of its kernel launches, as it does for the short backward's twin; the
-    delta and dQ-scaling launches of the plan stay uncapped."""
+    delta and dQ-scaling launches of the plan stay uncapped (a split candidate has no delta
+    launch: its dQ launch computes delta)."""
     blocks = (("BLOCK_M1", 32), ("BLOCK_N1", 128), ("BLOCK_M2", 128), ("BLOCK_N2", 32))
     one = launch.Candidate("general", blocks, 4, 3, 168)
     split = launch.Candidate("general", (*blocks, ("SPLIT", 1)), 4, 3, 168)
     atomic = launch.Candidate("atomic", (("BLOCK_M", 32), ("BLOCK_N", 64)), 4, 2, 168)
     delta, bwd = ("bwd_delta_kernel", None), ("bwd_kernel", 168)
-    for c, expected in ((one, [delta, bwd]), (split, [delta, bwd, bwd]),
+    for c, expected in ((one, [delta, bwd]), (split, [bwd, bwd]),
                         (atomic, [delta, ("bwd_atomic_kernel", 168), ("bwd_dq_kernel", None)])):
         plan = flash_mod._bwd_launches(c, 2, 577, 3, 64)
         assert [(p.kernel.__name__, p.options.get("maxnreg")) for p in plan] == expected
@@ -1545,7 +1653,7 @@ from pathlib import Path
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from vitflash.ops import kernels, launch
+from vitflash.ops import flash, kernels, launch
 op, D, cfg = {op!r}, {D}, {cfg!r}
 bd, bd2 = launch.split_d(D)
 box = lambda rows, w: f"tensordesc<bf16[1,{{rows}},{{w}}]>"
@@ -1555,16 +1663,17 @@ if op == "fwd":
                Q_DESC2=box(M, bd2 or bd), KV_DESC=box(N, bd), KV_DESC2=box(N, bd2 or bd),
                qk_scale="fp32", drop_p="fp32", H="i32", N="i32")
     consts = dict(HEAD_DIM=D, BLOCK_D=bd, BLOCK_D2=bd2, BLOCK_M=M, BLOCK_N=N, BLOCK_T=16,
-                  DROPOUT=False, TMA=True, DIAG=False)
+                  DROPOUT=False, TMA=True, DIAG=False, TAIL_AHEAD=False)
     fn = kernels.fwd_kernel
 else:
     M1, N1, warps, stages = cfg
-    sig = dict(QKV="*bf16", DO="*bf16", LSE="*fp32", DELTA="*fp32", DQKV="*bf16", SEED="*i64")
+    sig = dict(QKV="*bf16", O="*bf16", DO="*bf16", LSE="*fp32", DELTA="*fp32", DQKV="*bf16", SEED="*i64")
     for name, rows in (("QKV_S", M1), ("QKV_L", N1), ("DO_S", M1), ("DO_L", N1)):
         sig[name], sig[name + "2"] = box(rows, bd), box(rows, bd2 or bd)
     sig.update(qk_scale="fp32", sm_scale="fp32", drop_p="fp32", BH="i32", H="i32", N="i32")
     consts = dict(HEAD_DIM=D, BLOCK_D=bd, BLOCK_D2=bd2, BLOCK_M1=M1, BLOCK_N1=N1, BLOCK_M2=N1,
-                  BLOCK_N2=M1, DROPOUT=False, TMA=True, DIAG=False, PART=0)
+                  BLOCK_N2=M1, DROPOUT=False, TMA=True, DIAG=False, PART=0, DQ_DELTA=False)
+    flash._bwd_tails(consts, 577)  # the tail tiles of N = 577 (a 16-key and a 16-row one)
     fn = kernels.bwd_kernel
 if not bd2:  # an unsplit head dim's second-chunk descriptors are None, as the launcher passes them
     consts.update(dict.fromkeys([k for k in sig if k.endswith("2") and sig[k].startswith("tensordesc")], None))

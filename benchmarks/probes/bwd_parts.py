@@ -2,11 +2,12 @@
 and stages for each, to find the best pair of a split candidate (launch.split_twins; a split
 candidate may give its dQ launch other tiles, warps and stages than its dK/dV launch).
 
-A split backward is three launches: delta, the dK/dV programs (PART = 1: a program per key
-tile of BLOCK_N1 keys, looping over query tiles of BLOCK_M1) and the dQ programs (PART = 2: a
-program per query tile of BLOCK_M2 queries, looping over key tiles of BLOCK_N2). The two parts
-write disjoint parts of dqkv and need nothing from each other, so each can be timed alone,
-and the best split pair is the best of each. This probe times every configuration of each
+A split backward is two launches: the dQ programs (PART = 2: a program per query tile of
+BLOCK_M2 queries, looping over key tiles of BLOCK_N2), which also compute delta for their rows,
+then the dK/dV programs (PART = 1: a program per key tile of BLOCK_N1 keys, looping over query
+tiles of BLOCK_M1), which read it. The two parts write disjoint parts of dqkv, and delta is
+computed once here before any part runs, so each can be timed alone, and the best split pair
+is the best of each. This probe times every configuration of each
 part's grid alone at each shape, checks what each wrote against the one-launch heuristic
 candidate's result (launch._disagreement: rounding alone), then times whole: the tuner's
 choice among the listed candidates, and the best pair as one split candidate.
@@ -42,7 +43,7 @@ import torch
 import triton
 
 from vitflash.ops import flash as flash_mod
-from vitflash.ops import launch
+from vitflash.ops import kernels, launch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 from bench_attention import command_line, environment, result_stem, spread  # noqa: E402
@@ -109,16 +110,23 @@ class Shape:
     def launches(self, c: launch.Candidate) -> list:
         return flash_mod._bwd_launches(c, self.B, self.N, self.H, self.D)
 
+    def part(self, c: launch.Candidate, part: int):
+        """The launch of PART `part` (1: dK/dV, 2: dQ) of split candidate c."""
+        return next(p for p in self.launches(c) if p.consts.get("PART") == part)
+
     def run_part(self, part_launch) -> None:
-        part_launch(self.qkv, self.do, self.lse, self.delta, self.dqkv, self.lse,
+        part_launch(self.qkv, self.o, self.do, self.lse, self.delta, self.dqkv, self.lse,
                     *flash_mod._bwd_descriptors(part_launch, self.qkv, self.do),
                     self.scale * flash_mod.LOG2E, self.scale, 0.0, self.B * self.H, self.H, self.N)
 
     def run_whole(self, c: launch.Candidate) -> None:
-        plan = self.launches(c)
-        plan[0](self.o, self.do, self.delta, self.H, self.N)
-        for p in plan[1:]:
-            self.run_part(p)
+        """c's launches as flash._backward runs them: delta's launch first, if it has one (a
+        split candidate computes delta in its dQ launch)."""
+        for p in self.launches(c):
+            if p.kernel is kernels.bwd_delta_kernel:
+                p(self.o, self.do, self.delta, self.H, self.N)
+            else:
+                self.run_part(p)
 
 
 def time_spread(fn, repeats: int) -> dict:
@@ -139,7 +147,7 @@ def probe_shape(shape: tuple[int, int, int, int], families: tuple[str, ...], rep
     row = {"shape": list(shape), "parts": {1: [], 2: []}}
     for part in (1, 2):
         cands = grid(part, families, warps, stages, caps)
-        runs = {c: s.launches(c)[part] for c in cands}
+        runs = {c: s.part(c, part) for c in cands}
         launch._compile_all(cands, lambda c: s.run_part(runs[c]))
         sl = slice(1, 3) if part == 1 else slice(0, 1)  # dK, dV or dQ of dqkv
         for c in cands:
@@ -188,7 +196,9 @@ def markdown(rows: list[dict], env: dict, command: str, top: int = 6) -> str:
              f"Commit {env['commit']}; torch {env['torch']}, triton {env['triton']}, CUDA "
              f"{env['cuda']}; {env['date']}. bf16, no dropout. Each time: `launch._time_ms` "
              f"(CUDA events, GPU time) {env['repeats']} times, median (min-max) ms. A part's time "
-             "is its launch alone; whole times are delta + both parts (or one launch). Each part's "
+             "is its launch alone; a whole time is all of a candidate's launches (split: its dQ "
+             "launch, which computes delta, then its dK/dV launch; one launch: delta's, then its "
+             "own). The delta launch is timed alone too. Each part's "
              f"grid: tiles {', '.join(f'{a}x{b}' for a, b in DKDV_TILES)} (dK/dV; dQ's mirrored), "
              f"warps {env.get('warps', [4, 8])}, stages {env.get('stages', [2, 3])}, dK/dV register "
              f"caps {env.get('maxnreg', [0])} (0: none).", ""]

@@ -49,7 +49,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from vitflash.ops import kernels, launch
+from vitflash.ops import flash, kernels, launch
 
 PTXAS = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
 CUOBJDUMP = PTXAS.with_name("cuobjdump")
@@ -137,18 +137,25 @@ def _descriptors(signature: dict, boxes, bd: int, bd2: int, tma: bool) -> dict:
 
 
 def compile_general_bwd(d: int, block_m1: int, block_n1: int, warps: int, stages: int,
-                        part: int, tma: bool = False, aligned: bool = True, maxnreg: int = 0):
+                        part: int, tma: bool = False, aligned: bool = True, maxnreg: int = 0,
+                        n: int = 0):
     """kernels.bwd_kernel at head dim d with tiles (BLOCK_M1, BLOCK_N1, BLOCK_N1, BLOCK_M1),
     compiled for sm_90 (bf16, no dropout) as launch PART `part`; tma: the general_tma twin,
-    its tiles through descriptors in boxes of the two tile heights (flash._backward)."""
+    its tiles through descriptors in boxes of the two tile heights (flash._backward); n: the
+    sequence length whose tail tiles it has (flash._bwd_tails; 0: none)."""
     bd, bd2 = launch.split_d(d)
-    signature = dict(QKV="*bf16", DO="*bf16", LSE="*fp32", DELTA="*fp32", DQKV="*bf16", SEED="*i64")
+    signature = dict(QKV="*bf16", O="*bf16", DO="*bf16", LSE="*fp32", DELTA="*fp32", DQKV="*bf16",
+                     SEED="*i64")
     consts = _descriptors(signature, (("QKV_S", block_m1), ("QKV_L", block_n1), ("DO_S", block_m1),
                                       ("DO_L", block_n1)), bd, bd2, tma)
     signature.update(qk_scale="fp32", sm_scale="fp32", drop_p="fp32", BH="i32", H="i32", N="i32")
     consts.update(HEAD_DIM=d, BLOCK_D=bd, BLOCK_D2=bd2, BLOCK_M1=block_m1, BLOCK_N1=block_n1,
                   BLOCK_M2=block_n1, BLOCK_N2=block_m1, DROPOUT=False, TMA=tma, DIAG=False,
-                  PART=part)
+                  PART=part, DQ_DELTA=part == 2)
+    if n:
+        flash._bwd_tails(consts, n)
+    else:
+        consts.update(BLOCK_NT1=0, BLOCK_MT2=0)
     signature.update({k: "constexpr" for k in consts})
     source = ASTSource(fn=kernels.bwd_kernel, signature=signature, constexprs=consts,
                        attrs=pointer_attrs(kernels.bwd_kernel, signature, aligned))
@@ -156,16 +163,20 @@ def compile_general_bwd(d: int, block_m1: int, block_n1: int, warps: int, stages
 
 
 def compile_general_fwd(d: int, block_m: int, block_n: int, warps: int, stages: int,
-                        tma: bool = False, aligned: bool = True, maxnreg: int = 0):
-    """kernels.fwd_kernel at head dim d with (BLOCK_M, BLOCK_N) tiles and a 16-key tail tile,
-    compiled for sm_90 (bf16, no dropout); tma: the general_tma twin, Q in BLOCK_M-row and K,
-    V in BLOCK_N-row descriptor boxes (flash._fwd_descriptors)."""
+                        tma: bool = False, aligned: bool = True, maxnreg: int = 0, n_seq: int = 0,
+                        tail_ahead: bool = False):
+    """kernels.fwd_kernel at head dim d with (BLOCK_M, BLOCK_N) tiles and the tail tile of
+    sequence length n_seq as flash._fwd_launches sets it (0: a 16-key tail tile), compiled
+    for sm_90 (bf16, no dropout); tma: the general_tma twin, Q in BLOCK_M-row and K, V in
+    BLOCK_N-row descriptor boxes (flash._fwd_descriptors); tail_ahead: the TAIL_AHEAD twin
+    (launch.tail_ahead_twins)."""
     bd, bd2 = launch.split_d(d)
     signature = dict(QKV="*bf16", O="*bf16", LSE="*fp32", SEED="*i64")
     consts = _descriptors(signature, (("Q_DESC", block_m), ("KV_DESC", block_n)), bd, bd2, tma)
     signature.update(qk_scale="fp32", drop_p="fp32", H="i32", N="i32")
-    consts.update(HEAD_DIM=d, BLOCK_D=bd, BLOCK_D2=bd2, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_T=16,
-                  DROPOUT=False, TMA=tma, DIAG=False)
+    block_t = launch.tail_tile(n_seq, block_n) if n_seq else 16
+    consts.update(HEAD_DIM=d, BLOCK_D=bd, BLOCK_D2=bd2, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_T=block_t,
+                  DROPOUT=False, TMA=tma, DIAG=False, TAIL_AHEAD=tail_ahead)
     signature.update({k: "constexpr" for k in consts})
     source = ASTSource(fn=kernels.fwd_kernel, signature=signature, constexprs=consts,
                        attrs=pointer_attrs(kernels.fwd_kernel, signature, aligned))
@@ -203,7 +214,9 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--op", choices=("fwd", "bwd", "bwd_general", "fwd_general"), default="fwd")
     p.add_argument("--d", type=int, default=64)
-    p.add_argument("--n", type=lambda s: [int(x) for x in s.split(",")], default=[65])
+    p.add_argument("--n", type=lambda s: [int(x) for x in s.split(",")], default=None,
+                   help="sequence lengths (default 65); bwd_general, fwd_general: the first one's "
+                        "tail tiles (default: none; the forward a 16-key one)")
     p.add_argument("--tiles", default="64x4,32x4", help="BLOCK_M x warps, comma-separated")
     p.add_argument("--maxnreg", default="0", help="register caps, comma-separated (0: none)")
     p.add_argument("--tma", action="store_true", help="the forward's short_tma twin (tiles by TMA)")
@@ -213,6 +226,8 @@ def main(argv=None):
     p.add_argument("--configs", default="32x128x4x3,64x64x4x3",
                    help="bwd_general: BLOCK_M1 x BLOCK_N1 x warps x stages; fwd_general: "
                         "BLOCK_M x BLOCK_N x warps x stages; comma-separated")
+    p.add_argument("--tail-ahead", action="store_true",
+                   help="fwd_general: the TAIL_AHEAD twin (its tail tile loaded before the loop)")
     p.add_argument("--key-per-chunk", action="store_true",
                    help="bwd with --one-key: the KEY_PER_CHUNK form (the register-capped twin's)")
     p.add_argument("--unaligned", action="store_true",
@@ -220,12 +235,14 @@ def main(argv=None):
     p.add_argument("--plans", nargs="+", metavar="B,H,N,D",
                    help="on a GPU: the registers of the binaries the tuner chose at these shapes")
     args = p.parse_args(argv)
+    args.n_given, args.n = args.n is not None, args.n or [65]
     if args.plans:
         return plans_table(args.plans)
     aligned = not args.unaligned
     if args.op in ("bwd_general", "fwd_general"):
         return general_table(args.op, args.d, args.configs, args.tma, aligned,
-                             [int(c) for c in args.maxnreg.split(",")])
+                             [int(c) for c in args.maxnreg.split(",")], args.n[0] if args.n_given else 0,
+                             args.tail_ahead)
     twin = "".join(f" ({name})" for name, on in (("short_tma", args.tma), ("one-key tail", args.one_key),
                                                   ("dropout", args.dropout), ("KEY_PER_CHUNK", args.key_per_chunk),
                                                   ("unaligned", args.unaligned)) if on)
@@ -277,14 +294,18 @@ def plans_table(shapes: list[str]) -> None:
 
 
 def general_table(op: str, d: int, configs: str, tma: bool, aligned: bool = True,
-                  caps: list[int] = (0,)) -> None:
+                  caps: list[int] = (0,), n_seq: int = 0, tail_ahead: bool = False) -> None:
     """The table of --op bwd_general (each configuration in its three launch forms) or
-    fwd_general, at each register cap of `caps` (0: none)."""
+    fwd_general, at each register cap of `caps` (0: none), with the tail tiles of sequence
+    length n_seq (0: none in the backward, a 16-key one in the forward); tail_ahead: the
+    forward's TAIL_AHEAD twin."""
     fwd = op == "fwd_general"
     loads = "TMA (general_tma)" if tma else "pointers (general)"
     pointers = "" if aligned else ", pointers unaligned"
+    tails = f", the tail tiles of N = {n_seq}" if n_seq else ""
+    tails += ", the tail loaded ahead (TAIL_AHEAD)" if fwd and tail_ahead else ""
     print(f"triton {triton.__version__}, sm_90; the general {'forward' if fwd else 'backward'}, D = {d}, "
-          f"tiles loaded by {loads}{pointers}")
+          f"tiles loaded by {loads}{pointers}{tails}")
     tiles, launch_col = ("BLOCK_M x BLOCK_N", "") if fwd else ("BLOCK_M1 x BLOCK_N1", " launch |")
     print(f"| {tiles} | warps | stages |{launch_col} cap | registers | spill bytes | shared KiB | programs / SM |")
     print("|---|---|---|" + "---|" * (5 if fwd else 6))
@@ -292,8 +313,9 @@ def general_table(op: str, d: int, configs: str, tma: bool, aligned: bool = True
     for config in configs.split(","):
         m, n, warps, stages = map(int, config.split("x"))
         for (part, name), cap in itertools.product(parts, caps):
-            compiled = (compile_general_fwd(d, m, n, warps, stages, tma, aligned, cap) if fwd
-                        else compile_general_bwd(d, m, n, warps, stages, part, tma, aligned, cap))
+            compiled = (compile_general_fwd(d, m, n, warps, stages, tma, aligned, cap, n_seq, tail_ahead) if fwd
+                        else compile_general_bwd(d, m, n, warps, stages, part, tma, aligned, cap,
+                                                 n_seq))
             u = usage(compiled, warps)
             print(f"| {m} x {n} | {warps} | {stages} |{name} {cap or '-'} | {u['registers']} | {u['spill_bytes']} "
                   f"| {u['smem_kib']:.0f} | {u['programs_per_sm']} |", flush=True)

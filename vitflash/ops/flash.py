@@ -58,8 +58,10 @@ def _fwd_launches(c: Candidate, B: int, N: int, H: int, D: int, dropout: bool = 
     meta = {**c.meta, "DROPOUT": dropout, "TMA": c.family in ("general_tma", "short_tma"), "DIAG": diag}
     if (B * H) % meta.get("HEADS", 1):  # tuned at another B * H of the same bucket
         meta.update(HEADS=1, STAGES=1)
-    if not short:  # the tail tile: the keys past the last full BLOCK_N
+    if not short:  # the tail tile: the keys past the last full BLOCK_N (loaded before the
+        # loop in a tail-ahead twin, launch.tail_ahead_twins)
         meta["BLOCK_T"] = tail_tile(N, meta["BLOCK_N"])
+        meta.setdefault("TAIL_AHEAD", 0)
     else:  # the query rows past the last full BLOCK_M
         meta["BLOCK_MT"] = tail_tile(N, meta["BLOCK_M"])
     block_d1, block_d2 = split_d(D)  # (64, 16) at D = 80: two column chunks, no padding
@@ -89,23 +91,37 @@ def _bwd_launches(c: Candidate, B: int, N: int, H: int, D: int, dropout: bool = 
                 Launch(kernels.bwd_dq_kernel, _cdiv(N, DELTA_BLOCK) * B * H,
                        {**head, "BLOCK_M": DELTA_BLOCK}, 4, 1, n_tensors=2)]
     consts = {**head, **m, **flags, "TMA": c.family == "general_tma"}
-    if not consts.pop("SPLIT", 0):  # PART 0: both kinds of program in one launch
+    if not consts.pop("SPLIT", 0):  # PART 0: both kinds of program in one launch, after delta's
         return [delta, Launch(kernels.bwd_kernel, _cdiv(N, m["BLOCK_N1"]) * B * H
-                              + _cdiv(N, m["BLOCK_M2"]) * B * H, {**consts, "PART": 0},
-                              c.num_warps, c.num_stages, n_tensors=6, maxnreg=c.maxnreg)]
-    # a split candidate: dK/dV's launch, then dQ's, each with its own tiles, warps and stages
-    # (the dQ launch's: WARPS2 and STAGES2, else the candidate's). A launch's unused pair of
-    # tiles mirrors its own (what PART 0 requires of them), so that one part's kernel is the
-    # same binary whatever the other part of the candidate is.
+                              + _cdiv(N, m["BLOCK_M2"]) * B * H,
+                              _bwd_tails({**consts, "PART": 0, "DQ_DELTA": False}, N),
+                              c.num_warps, c.num_stages, n_tensors=7, maxnreg=c.maxnreg)]
+    # a split candidate: dQ's launch, which computes delta as well (DQ_DELTA), then dK/dV's,
+    # each with its own tiles, warps and stages (the dQ launch's: WARPS2 and STAGES2, else the
+    # candidate's). A launch's unused pair of tiles mirrors its own (what PART 0 requires of
+    # them), so that one part's kernel is the same binary whatever the other part is.
     warps2, stages2 = consts.pop("WARPS2", c.num_warps), consts.pop("STAGES2", c.num_stages)
     m1, n1, m2, n2 = (consts[k] for k in ("BLOCK_M1", "BLOCK_N1", "BLOCK_M2", "BLOCK_N2"))
-    return [delta,
+    return [Launch(kernels.bwd_kernel, _cdiv(N, m2) * B * H,
+                   _bwd_tails({**consts, "BLOCK_M1": n2, "BLOCK_N1": m2, "PART": 2, "DQ_DELTA": True}, N),
+                   warps2, stages2, n_tensors=7, maxnreg=c.maxnreg),
             Launch(kernels.bwd_kernel, _cdiv(N, n1) * B * H,
-                   {**consts, "BLOCK_M2": n1, "BLOCK_N2": m1, "PART": 1}, c.num_warps,
-                   c.num_stages, n_tensors=6, maxnreg=c.maxnreg),
-            Launch(kernels.bwd_kernel, _cdiv(N, m2) * B * H,
-                   {**consts, "BLOCK_M1": n2, "BLOCK_N1": m2, "PART": 2}, warps2, stages2,
-                   n_tensors=6, maxnreg=c.maxnreg)]
+                   _bwd_tails({**consts, "BLOCK_M2": n1, "BLOCK_N2": m1, "PART": 1, "DQ_DELTA": False}, N),
+                   c.num_warps, c.num_stages, n_tensors=7, maxnreg=c.maxnreg)]
+
+
+def _bwd_tails(consts: dict, N: int) -> dict:
+    """consts with bwd_kernel's tail programs set: the dK/dV program of the keys past the last
+    full BLOCK_N1 tile takes BLOCK_NT1 keys, the dQ program of the rows past the last full
+    BLOCK_M2 tile BLOCK_MT2 rows, each `tail_tile(N, tile)` where that is smaller than the
+    tile, else 0 (the last program's tile is a full one, masked). At N = 197: 5 keys past
+    3 x 64 -> a 16-key program; 69 past 128 -> none. The loops inside the programs keep full
+    tiles: a tail step after the pipelined loop cost more than the masked full step on an
+    H200 (benchmarks/results/gpu_session_edf20d8/)."""
+    for tile, tail in (("BLOCK_N1", "BLOCK_NT1"), ("BLOCK_M2", "BLOCK_MT2")):
+        t = tail_tile(N, consts[tile])
+        consts[tail] = t if t < consts[tile] else 0
+    return consts
 
 
 def _bwd_descriptors(launch: Launch, qkv: torch.Tensor, do: torch.Tensor,
@@ -242,18 +258,21 @@ def _backward(do: torch.Tensor, qkv: torch.Tensor, o: torch.Tensor, lse: torch.T
     def run(plan: list[Launch], args: tuple = (qkv, o, do, lse, dqkv)) -> None:
         nonlocal dq_acc
         qkv_, o_, do_, lse_, dqkv_ = args
-        # one launch: the short backward; else delta first, then bwd_kernel (once, or its
-        # dK/dV and dQ parts apart), or bwd_atomic_kernel into an fp32 dQ and bwd_dq_kernel
-        # (see _bwd_launches)
+        # one launch: the short backward; a split candidate's dQ launch (delta computed there)
+        # and its dK/dV launch; else delta first, then bwd_kernel once, or bwd_atomic_kernel
+        # into an fp32 dQ and bwd_dq_kernel (see _bwd_launches)
         if len(plan) == 1:
             plan[0](qkv_, o_, do_, lse_, dqkv_, seed, qk_scale, softmax_scale, dropout_p, H, N)
             return
         delta = torch.empty_like(lse_)
-        plan[0](o_, do_, delta, H, N)
-        if plan[1].kernel is kernels.bwd_kernel:
+        parts = plan
+        if plan[0].kernel is kernels.bwd_delta_kernel:
+            plan[0](o_, do_, delta, H, N)
+            parts = plan[1:]
+        if parts[0].kernel is kernels.bwd_kernel:
             made = {}  # TMA descriptors by (tensor, box height), shared by a split's launches
-            for part in plan[1:]:  # one launch, or a split candidate's two (own tiles each)
-                part(qkv_, do_, lse_, delta, dqkv_, seed, *_bwd_descriptors(part, qkv_, do_, made),
+            for part in parts:  # one launch, or a split candidate's two (own tiles each)
+                part(qkv_, o_, do_, lse_, delta, dqkv_, seed, *_bwd_descriptors(part, qkv_, do_, made),
                      qk_scale, softmax_scale, dropout_p, B * H, H, N)
             return
         if dq_acc is None:

@@ -9,8 +9,10 @@ Algorithm (Dao et al., "FlashAttention", 2022, and "FlashAttention-2", 2023):
   the per-row log-sum-exp (LSE), the one statistic the backward needs.
 * Backward. A small kernel computes delta = rowsum(dO * O); then one launch does the rest:
   a dK/dV program owns a key tile and streams Q, dO, LSE, delta past it, recomputing
-  P = exp(S - LSE) tile by tile; a dQ program does the same with the roles swapped. No
-  program writes where another does: no atomics, so the backward is deterministic.
+  P = exp(S - LSE) tile by tile; a dQ program does the same with the roles swapped. Split
+  in two launches, the dQ programs run first and compute delta of their rows themselves,
+  and no delta kernel runs. No program writes where another does: no atomics, so the
+  backward is deterministic.
 * Nondeterministic backward (deterministic=False, op "bwd_atomic"): one program kind, a
   dK/dV program per key tile as above, that also adds each query tile's dS K into an fp32
   dQ accumulator with atomic adds (bwd_atomic_kernel), then bwd_dq_kernel scales and
@@ -386,12 +388,18 @@ def _fwd_inner(acc, acc_hi, l_i, m_i, q, q_hi, k_ptrs, k_ptrs_hi, v_ptrs, v_ptrs
                KV_DESC2, start, end, N, H, offs_n, qk_scale, seed, bh, offs_m, drop_p,
                HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_D2: tl.constexpr,
                BLOCK_N: tl.constexpr, MASK_N: tl.constexpr, DROPOUT: tl.constexpr,
-               TMA: tl.constexpr, DIAG: tl.constexpr):
+               TMA: tl.constexpr, DIAG: tl.constexpr, LOADED: tl.constexpr = False):
+    """The online softmax over the key tiles from `start` to `end`. LOADED (the tail tile's
+    call, one step): the K and V tiles were loaded before the loop over the full tiles, and
+    k_ptrs, k_ptrs_hi, v_ptrs, v_ptrs_hi are those tiles rather than their pointers."""
     for start_n in range(start, end, BLOCK_N):
         cols = start_n + offs_n
         # (TMA: full tiles only; the tail tile's call passes TMA=False)
-        k, k_hi = _stream_tile(KV_DESC, KV_DESC2, k_ptrs, k_ptrs_hi, bh, start_n, N, H, 3, 1,
-                               BLOCK_N, HEAD_DIM, BLOCK_D, BLOCK_D2, MASK_N, TMA)
+        if LOADED:
+            k, k_hi = k_ptrs, k_ptrs_hi
+        else:
+            k, k_hi = _stream_tile(KV_DESC, KV_DESC2, k_ptrs, k_ptrs_hi, bh, start_n, N, H, 3,
+                                   1, BLOCK_N, HEAD_DIM, BLOCK_D, BLOCK_D2, MASK_N, TMA)
         s = _dot_t(q, q_hi, k, k_hi, BLOCK_D2)  # (BLOCK_M, BLOCK_N), unscaled
         if MASK_N:
             s = tl.where(cols[None, :] < N, s, float("-inf"))
@@ -405,8 +413,11 @@ def _fwd_inner(acc, acc_hi, l_i, m_i, q, q_hi, k_ptrs, k_ptrs_hi, v_ptrs, v_ptrs
         l_i = l_i * alpha + tl.sum(p, 1)
         if DROPOUT:  # the normalizer above sums every probability; P V only the kept ones
             p = tl.where(_keep(seed, bh, offs_m, start_n, N, drop_p, BLOCK_N, False), p, 0.0)
-        v, v_hi = _stream_tile(KV_DESC, KV_DESC2, v_ptrs, v_ptrs_hi, bh, start_n, N, H, 3, 2,
-                               BLOCK_N, HEAD_DIM, BLOCK_D, BLOCK_D2, MASK_N, TMA)
+        if LOADED:
+            v, v_hi = v_ptrs, v_ptrs_hi
+        else:
+            v, v_hi = _stream_tile(KV_DESC, KV_DESC2, v_ptrs, v_ptrs_hi, bh, start_n, N, H, 3,
+                                   2, BLOCK_N, HEAD_DIM, BLOCK_D, BLOCK_D2, MASK_N, TMA)
         p = _round(p, v.dtype)
         acc = _dot(p, v, acc * alpha[:, None])
         if BLOCK_D2 > 0:  # (otherwise acc_hi is never assigned: the loop does not carry it)
@@ -419,12 +430,18 @@ def _fwd_inner(acc, acc_hi, l_i, m_i, q, q_hi, k_ptrs, k_ptrs_hi, v_ptrs, v_ptrs
 def fwd_kernel(QKV, O, LSE, SEED, Q_DESC, Q_DESC2, KV_DESC, KV_DESC2, qk_scale, drop_p, H, N,
                HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_D2: tl.constexpr,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr,
-               DROPOUT: tl.constexpr, TMA: tl.constexpr, DIAG: tl.constexpr):
+               DROPOUT: tl.constexpr, TMA: tl.constexpr, DIAG: tl.constexpr,
+               TAIL_AHEAD: tl.constexpr):
     """O and LSE of BLOCK_M query rows; K, V stream past in BLOCK_N tiles, the keys past the
     last full tile in one BLOCK_T tile (197 = 3 x 64 + a 16-key tail, not a fourth 64;
     BLOCK_T = 0 when BLOCK_N divides N). With TMA, the Q tile and the full K, V tiles come
     through the descriptors of qkv Q_DESC(2) ((1, BLOCK_M, chunk) boxes) and KV_DESC(2)
-    ((1, BLOCK_N, chunk) boxes): see _load_tma. Without it, any argument stands in for them."""
+    ((1, BLOCK_N, chunk) boxes): see _load_tma. Without it, any argument stands in for them.
+
+    TAIL_AHEAD: the tail tile's K and V are loaded before the loop over the full tiles, so
+    that their latency passes while the loop runs instead of after it (compiled for sm_90,
+    the loaded tile goes to shared memory, not registers); the same arithmetic, the same
+    bits."""
     pid_m, bh = _split_pid(tl.program_id(0), N, BLOCK_M)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
@@ -438,11 +455,21 @@ def fwd_kernel(QKV, O, LSE, SEED, Q_DESC, Q_DESC2, KV_DESC, KV_DESC2, qk_scale, 
     acc, acc_hi = _zeros(BLOCK_M, BLOCK_D, BLOCK_D2)
     seed = tl.load(SEED) if DROPOUT else 0
     n_full = (N // BLOCK_N) * BLOCK_N
+    if TAIL_AHEAD and BLOCK_T > 0:  # the partial key tile's K and V now, used after the loop
+        offs_t = n_full + tl.arange(0, BLOCK_T)
+        k_t, k_t_hi = _load_rows(QKV, bh, offs_t, N, H, 3, 1, HEAD_DIM, BLOCK_D, BLOCK_D2, True)
+        v_t, v_t_hi = _load_rows(QKV, bh, offs_t, N, H, 3, 2, HEAD_DIM, BLOCK_D, BLOCK_D2, True)
     acc, acc_hi, l_i, m_i = _fwd_inner(acc, acc_hi, l_i, m_i, q, q_hi, k_ptrs, k_ptrs_hi,
                                        v_ptrs, v_ptrs_hi, KV_DESC, KV_DESC2, 0, n_full, N, H,
                                        offs_n, qk_scale, seed, bh, offs_m, drop_p, HEAD_DIM,
                                        BLOCK_D, BLOCK_D2, BLOCK_N, False, DROPOUT, TMA, DIAG)
-    if BLOCK_T > 0:  # the one partial key tile
+    if TAIL_AHEAD and BLOCK_T > 0:
+        acc, acc_hi, l_i, m_i = _fwd_inner(acc, acc_hi, l_i, m_i, q, q_hi, k_t, k_t_hi, v_t,
+                                           v_t_hi, KV_DESC, KV_DESC2, n_full, N, N, H,
+                                           tl.arange(0, BLOCK_T), qk_scale, seed, bh, offs_m,
+                                           drop_p, HEAD_DIM, BLOCK_D, BLOCK_D2, BLOCK_T, True,
+                                           DROPOUT, False, DIAG, True)
+    elif BLOCK_T > 0:  # the one partial key tile
         offs_t = tl.arange(0, BLOCK_T)
         kt_ptrs, kt_ptrs_hi = _chunk_ptrs(QKV, bh, offs_t, N, H, 3, 1, HEAD_DIM, BLOCK_D, BLOCK_D2)
         vt_ptrs, vt_ptrs_hi = _chunk_ptrs(QKV, bh, offs_t, N, H, 3, 2, HEAD_DIM, BLOCK_D, BLOCK_D2)
@@ -682,38 +709,31 @@ def _bwd_dkdv_step(dk, dk_hi, dv, dv_hi, k, k_hi, v, v_hi, q, q_hi, do, do_hi, l
 
 
 @triton.jit
-def _bwd_dkdv(pid, QKV, DO, LSE, DELTA, DQKV, DQ_ACC, DQ_DESC, DQ_DESC2, Q_DESC, Q_DESC2,
-              DO_DESC, DO_DESC2, KV_DESC, KV_DESC2, seed, qk_scale, sm_scale, drop_p, H, N,
-              HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_D2: tl.constexpr,
-              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DROPOUT: tl.constexpr,
-              ATOMIC_DQ: tl.constexpr, TMA_DQ: tl.constexpr, TMA: tl.constexpr,
-              DIAG: tl.constexpr):
-    """dK, dV of one BLOCK_N key tile; Q, dO, LSE, delta stream past in BLOCK_M tiles. With
-    ATOMIC_DQ (bwd_atomic_kernel) it also adds each query tile's share of dQ, dS K, into the
-    fp32 DQ_ACC with atomic adds, and starts its walk over the query tiles at its own index
-    (wrapping round), so that the programs of a head add into different dQ rows at a time.
-    With TMA_DQ too, each tile's adds are one bulk reduction of the tensor memory accelerator
-    (Hopper) through the descriptors DQ_DESC (its first BLOCK_D columns) and DQ_DESC2 (the
-    BLOCK_D2 after them) of DQ_ACC viewed as (B * H, N, HEAD_DIM): the L2 cache adds whole
-    tiles, where plain atomics send one add per element. Rows past N fall outside the
-    descriptor's bounds and are dropped. With TMA, K and V come through the qkv
-    descriptors KV_DESC(2) (BLOCK_N-row boxes), each query tile's Q and dO through
-    Q_DESC(2) and DO_DESC(2) (BLOCK_M-row boxes): see _load_tma."""
-    pid_n, bh = _split_pid(pid, N, BLOCK_N)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+def _bwd_dkdv_tile(pid_n, bh, QKV, DO, LSE, DELTA, DQKV, DQ_ACC, DQ_DESC, DQ_DESC2, Q_DESC,
+                   Q_DESC2, DO_DESC, DO_DESC2, KV_DESC, KV_DESC2, seed, qk_scale, sm_scale,
+                   drop_p, H, N, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                   BLOCK_D2: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                   ROWS: tl.constexpr, DROPOUT: tl.constexpr, ATOMIC_DQ: tl.constexpr,
+                   TMA_DQ: tl.constexpr, TMA_KV: tl.constexpr, TMA: tl.constexpr,
+                   DIAG: tl.constexpr):
+    """dK, dV of the ROWS keys from pid_n * BLOCK_N of head bh (_bwd_dkdv): K and V through
+    KV_DESC(2) if TMA_KV, else by pointers; the query tiles through Q_DESC(2), DO_DESC(2) if
+    TMA."""
+    k_start = pid_n * BLOCK_N
+    offs_n = k_start + tl.arange(0, ROWS)
     offs_m = tl.arange(0, BLOCK_M)
-    k, k_hi = _head_tile(KV_DESC, KV_DESC2, QKV, bh, pid_n * BLOCK_N, N, H, 3, 1, BLOCK_N,
-                         HEAD_DIM, BLOCK_D, BLOCK_D2, TMA)
-    v, v_hi = _head_tile(KV_DESC, KV_DESC2, QKV, bh, pid_n * BLOCK_N, N, H, 3, 2, BLOCK_N,
-                         HEAD_DIM, BLOCK_D, BLOCK_D2, TMA)
+    k, k_hi = _head_tile(KV_DESC, KV_DESC2, QKV, bh, k_start, N, H, 3, 1, ROWS, HEAD_DIM,
+                         BLOCK_D, BLOCK_D2, TMA_KV)
+    v, v_hi = _head_tile(KV_DESC, KV_DESC2, QKV, bh, k_start, N, H, 3, 2, ROWS, HEAD_DIM,
+                         BLOCK_D, BLOCK_D2, TMA_KV)
     q_ptrs, q_ptrs_hi = _chunk_ptrs(QKV, bh, offs_m, N, H, 3, 0, HEAD_DIM, BLOCK_D, BLOCK_D2)
     do_ptrs, do_ptrs_hi = _chunk_ptrs(DO, bh, offs_m, N, H, 1, 0, HEAD_DIM, BLOCK_D, BLOCK_D2)
     if ATOMIC_DQ and not TMA_DQ:
         acc_ptrs, acc_ptrs_hi = _acc_ptrs(DQ_ACC, bh, offs_m, N, HEAD_DIM, BLOCK_D, BLOCK_D2)
     stats = bh.to(tl.int64) * N
 
-    dk, dk_hi = _zeros(BLOCK_N, BLOCK_D, BLOCK_D2)
-    dv, dv_hi = _zeros(BLOCK_N, BLOCK_D, BLOCK_D2)
+    dk, dk_hi = _zeros(ROWS, BLOCK_D, BLOCK_D2)
+    dv, dv_hi = _zeros(ROWS, BLOCK_D, BLOCK_D2)
     for start_m in range(0, N, BLOCK_M):
         m0 = start_m
         if ATOMIC_DQ:
@@ -728,8 +748,8 @@ def _bwd_dkdv(pid, QKV, DO, LSE, DELTA, DQKV, DQ_ACC, DQ_DESC, DQ_DESC2, Q_DESC,
         delta = tl.load(DELTA + stats + rows, mask=rows < N, other=0.0)
         dk, dk_hi, dv, dv_hi, ds_t = _bwd_dkdv_step(dk, dk_hi, dv, dv_hi, k, k_hi, v, v_hi, q,
                                                     q_hi, do, do_hi, lse, delta, qk_scale, seed,
-                                                    bh, rows, pid_n * BLOCK_N, N, drop_p,
-                                                    BLOCK_D2, DROPOUT, DIAG)
+                                                    bh, rows, k_start, N, drop_p, BLOCK_D2,
+                                                    DROPOUT, DIAG)
         if ATOMIC_DQ:
             # Padded keys (k = v = 0) get p = exp2(-lse) != 0 in _bwd_dkdv_step: they must
             # not reach dQ.
@@ -751,28 +771,71 @@ def _bwd_dkdv(pid, QKV, DO, LSE, DELTA, DQKV, DQ_ACC, DQ_DESC, DQ_DESC2, Q_DESC,
 
 
 @triton.jit
-def _bwd_dq(pid, QKV, DO, LSE, DELTA, DQKV, Q_DESC, Q_DESC2, DO_DESC, DO_DESC2, KV_DESC,
-            KV_DESC2, seed, qk_scale, sm_scale, drop_p, H, N,
-            HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_D2: tl.constexpr,
-            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DROPOUT: tl.constexpr,
-            TMA: tl.constexpr, DIAG: tl.constexpr):
-    """dQ of one BLOCK_M query tile; K, V stream past in BLOCK_N tiles. With TMA, Q and dO
-    come through Q_DESC(2) and DO_DESC(2) (BLOCK_M-row boxes), K and V through KV_DESC(2)
-    (BLOCK_N-row boxes): see _load_tma."""
-    pid_m, bh = _split_pid(pid, N, BLOCK_M)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+def _bwd_dkdv(pid, QKV, DO, LSE, DELTA, DQKV, DQ_ACC, DQ_DESC, DQ_DESC2, Q_DESC, Q_DESC2,
+              DO_DESC, DO_DESC2, KV_DESC, KV_DESC2, DO_WIDE, DO_WIDE2, seed, qk_scale, sm_scale,
+              drop_p, H, N,
+              HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_D2: tl.constexpr,
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_NT: tl.constexpr,
+              DROPOUT: tl.constexpr, ATOMIC_DQ: tl.constexpr, TMA_DQ: tl.constexpr,
+              TMA: tl.constexpr, DIAG: tl.constexpr):
+    """dK, dV of one BLOCK_N key tile; Q, dO, LSE, delta stream past in BLOCK_M tiles.
+    BLOCK_NT > 0: the program of the keys past the last full BLOCK_N tile computes a tile of
+    BLOCK_NT keys, loaded by pointers (197 = 3 x 64 + a 16-key tile, not a fourth 64), and
+    takes the queries in BLOCK_N-row steps, Q through KV_DESC(2) and dO through DO_WIDE(2)
+    (BLOCK_N-row boxes of dO); 0: its tile is a full one, masked. With ATOMIC_DQ (bwd_atomic_kernel) it also adds each query
+    tile's share of dQ, dS K, into the fp32 DQ_ACC with atomic adds, and starts its walk over
+    the query tiles at its own index (wrapping round), so that the programs of a head add
+    into different dQ rows at a time. With TMA_DQ too, each tile's adds are one bulk
+    reduction of the tensor memory accelerator (Hopper) through the descriptors DQ_DESC (its
+    first BLOCK_D columns) and DQ_DESC2 (the BLOCK_D2 after them) of DQ_ACC viewed as
+    (B * H, N, HEAD_DIM): the L2 cache adds whole tiles, where plain atomics send one add per
+    element. Rows past N fall outside the descriptor's bounds and are dropped. With TMA, K
+    and V come through the qkv descriptors KV_DESC(2) (BLOCK_N-row boxes), each query tile's
+    Q and dO through Q_DESC(2) and DO_DESC(2) (BLOCK_M-row boxes): see _load_tma."""
+    pid_n, bh = _split_pid(pid, N, BLOCK_N)
+    if BLOCK_NT > 0 and (pid_n + 1) * BLOCK_N > N:  # the key tail's program
+        # its few keys take the queries in steps of BLOCK_N rows, through the BLOCK_N-row
+        # boxes of qkv (KV_DESC) and dO (DO_WIDE): fewer, larger steps than BLOCK_M's
+        _bwd_dkdv_tile(pid_n, bh, QKV, DO, LSE, DELTA, DQKV, DQ_ACC, DQ_DESC, DQ_DESC2, KV_DESC,
+                       KV_DESC2, DO_WIDE, DO_WIDE2, KV_DESC, KV_DESC2, seed, qk_scale, sm_scale,
+                       drop_p, H, N, HEAD_DIM, BLOCK_D, BLOCK_D2, BLOCK_N, BLOCK_N, BLOCK_NT,
+                       DROPOUT, ATOMIC_DQ, TMA_DQ, False, TMA, DIAG)
+    else:
+        _bwd_dkdv_tile(pid_n, bh, QKV, DO, LSE, DELTA, DQKV, DQ_ACC, DQ_DESC, DQ_DESC2, Q_DESC,
+                       Q_DESC2, DO_DESC, DO_DESC2, KV_DESC, KV_DESC2, seed, qk_scale, sm_scale,
+                       drop_p, H, N, HEAD_DIM, BLOCK_D, BLOCK_D2, BLOCK_M, BLOCK_N, BLOCK_N,
+                       DROPOUT, ATOMIC_DQ, TMA_DQ, TMA, TMA, DIAG)
+
+
+@triton.jit
+def _bwd_dq_tile(q_start, bh, QKV, O, DO, LSE, DELTA, DQKV, Q_DESC, Q_DESC2, DO_DESC,
+                 DO_DESC2, KV_DESC, KV_DESC2, seed, qk_scale, sm_scale, drop_p, H, N,
+                 HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_D2: tl.constexpr,
+                 ROWS: tl.constexpr, BLOCK_N: tl.constexpr, DROPOUT: tl.constexpr,
+                 TMA_Q: tl.constexpr, TMA: tl.constexpr, DIAG: tl.constexpr,
+                 DQ_DELTA: tl.constexpr):
+    """dQ of the ROWS queries from q_start of head bh (_bwd_dq): Q and dO through
+    Q_DESC(2), DO_DESC(2) if TMA_Q, else by pointers; the key tiles through KV_DESC(2) if
+    TMA. DQ_DELTA: delta = rowsum(dO * O) of these rows computed here from O and stored into
+    DELTA (for the dK/dV launch after this one), else read from DELTA."""
+    offs_m = q_start + tl.arange(0, ROWS)
     offs_n = tl.arange(0, BLOCK_N)
-    q, q_hi = _head_tile(Q_DESC, Q_DESC2, QKV, bh, pid_m * BLOCK_M, N, H, 3, 0, BLOCK_M,
-                         HEAD_DIM, BLOCK_D, BLOCK_D2, TMA)
-    do, do_hi = _head_tile(DO_DESC, DO_DESC2, DO, bh, pid_m * BLOCK_M, N, H, 1, 0, BLOCK_M,
-                           HEAD_DIM, BLOCK_D, BLOCK_D2, TMA)
+    q, q_hi = _head_tile(Q_DESC, Q_DESC2, QKV, bh, q_start, N, H, 3, 0, ROWS, HEAD_DIM,
+                         BLOCK_D, BLOCK_D2, TMA_Q)
+    do, do_hi = _head_tile(DO_DESC, DO_DESC2, DO, bh, q_start, N, H, 1, 0, ROWS, HEAD_DIM,
+                           BLOCK_D, BLOCK_D2, TMA_Q)
     stats = bh.to(tl.int64) * N
     lse = tl.load(LSE + stats + offs_m, mask=offs_m < N, other=0.0)
-    delta = tl.load(DELTA + stats + offs_m, mask=offs_m < N, other=0.0)
+    if DQ_DELTA:  # as bwd_delta_kernel computes it (rows past N: O = dO = 0, delta = 0)
+        o, o_hi = _load_rows(O, bh, offs_m, N, H, 1, 0, HEAD_DIM, BLOCK_D, BLOCK_D2, True)
+        delta = _rowdot(o, o_hi, do, do_hi, BLOCK_D2)
+        tl.store(DELTA + stats + offs_m, delta, mask=offs_m < N)
+    else:
+        delta = tl.load(DELTA + stats + offs_m, mask=offs_m < N, other=0.0)
     k_ptrs, k_ptrs_hi = _chunk_ptrs(QKV, bh, offs_n, N, H, 3, 1, HEAD_DIM, BLOCK_D, BLOCK_D2)
     v_ptrs, v_ptrs_hi = _chunk_ptrs(QKV, bh, offs_n, N, H, 3, 2, HEAD_DIM, BLOCK_D, BLOCK_D2)
 
-    dq, dq_hi = _zeros(BLOCK_M, BLOCK_D, BLOCK_D2)
+    dq, dq_hi = _zeros(ROWS, BLOCK_D, BLOCK_D2)
     for start_n in range(0, N, BLOCK_N):
         cols = start_n + offs_n
         k, k_hi = _stream_tile(KV_DESC, KV_DESC2, k_ptrs, k_ptrs_hi, bh, start_n, N, H, 3, 1,
@@ -796,23 +859,58 @@ def _bwd_dq(pid, QKV, DO, LSE, DELTA, DQKV, Q_DESC, Q_DESC2, DO_DESC, DO_DESC2, 
 
 
 @triton.jit
-def bwd_kernel(QKV, DO, LSE, DELTA, DQKV, SEED, QKV_S, QKV_S2, QKV_L, QKV_L2, DO_S, DO_S2, DO_L,
-               DO_L2, qk_scale, sm_scale, drop_p, BH, H, N,
+def _bwd_dq(pid, QKV, O, DO, LSE, DELTA, DQKV, Q_DESC, Q_DESC2, DO_DESC, DO_DESC2, KV_DESC,
+            KV_DESC2, seed, qk_scale, sm_scale, drop_p, H, N,
+            HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_D2: tl.constexpr,
+            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_MT: tl.constexpr,
+            DROPOUT: tl.constexpr, TMA: tl.constexpr, DIAG: tl.constexpr,
+            DQ_DELTA: tl.constexpr):
+    """dQ of one BLOCK_M query tile; K, V stream past in BLOCK_N tiles. BLOCK_MT > 0: the
+    program of the queries past the last full BLOCK_M tile computes a tile of BLOCK_MT rows,
+    loaded by pointers, and takes the keys in BLOCK_M-row steps through Q_DESC(2); 0: its
+    tile is a full one, masked. With TMA, Q and dO come through
+    Q_DESC(2) and DO_DESC(2) (BLOCK_M-row boxes), K and V through KV_DESC(2) (BLOCK_N-row
+    boxes): see _load_tma."""
+    pid_m, bh = _split_pid(pid, N, BLOCK_M)
+    q_start = pid_m * BLOCK_M
+    if BLOCK_MT > 0 and q_start + BLOCK_M > N:  # the query tail's program
+        # its few rows take the keys in steps of BLOCK_M, through the BLOCK_M-row boxes of
+        # qkv (Q_DESC): fewer, larger steps than BLOCK_N's
+        _bwd_dq_tile(q_start, bh, QKV, O, DO, LSE, DELTA, DQKV, Q_DESC, Q_DESC2, DO_DESC,
+                     DO_DESC2, Q_DESC, Q_DESC2, seed, qk_scale, sm_scale, drop_p, H, N, HEAD_DIM,
+                     BLOCK_D, BLOCK_D2, BLOCK_MT, BLOCK_M, DROPOUT, False, TMA, DIAG, DQ_DELTA)
+    else:
+        _bwd_dq_tile(q_start, bh, QKV, O, DO, LSE, DELTA, DQKV, Q_DESC, Q_DESC2, DO_DESC,
+                     DO_DESC2, KV_DESC, KV_DESC2, seed, qk_scale, sm_scale, drop_p, H, N, HEAD_DIM,
+                     BLOCK_D, BLOCK_D2, BLOCK_M, BLOCK_N, DROPOUT, TMA, TMA, DIAG, DQ_DELTA)
+
+
+@triton.jit
+def bwd_kernel(QKV, O, DO, LSE, DELTA, DQKV, SEED, QKV_S, QKV_S2, QKV_L, QKV_L2, DO_S, DO_S2,
+               DO_L, DO_L2, qk_scale, sm_scale, drop_p, BH, H, N,
                HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_D2: tl.constexpr,
                BLOCK_M1: tl.constexpr, BLOCK_N1: tl.constexpr,
-               BLOCK_M2: tl.constexpr, BLOCK_N2: tl.constexpr, DROPOUT: tl.constexpr,
-               TMA: tl.constexpr, DIAG: tl.constexpr, PART: tl.constexpr):
-    """The backward after bwd_delta_kernel. PART = 0, one launch of both program kinds: the
-    first cdiv(N, BLOCK_N1) * B * H programs compute dK, dV (one key tile each), the rest dQ
-    (one query tile each); one launch rather than two fills the GPU without a tail between
-    them. PART = 1: a launch of the dK/dV programs only; PART = 2: of the dQ programs only.
-    Compiled apart, each kind gets the registers it needs rather than the larger kind's
-    count (launch.split_twins).
+               BLOCK_M2: tl.constexpr, BLOCK_N2: tl.constexpr, BLOCK_NT1: tl.constexpr,
+               BLOCK_MT2: tl.constexpr, DROPOUT: tl.constexpr, TMA: tl.constexpr,
+               DIAG: tl.constexpr, PART: tl.constexpr, DQ_DELTA: tl.constexpr):
+    """The general backward (after bwd_delta_kernel, but where DQ_DELTA: below). PART = 0,
+    one launch of both program kinds: the first cdiv(N, BLOCK_N1) * B * H programs compute
+    dK, dV (one key tile each), the rest dQ (one query tile each); one launch rather than two
+    fills the GPU without a tail between them. PART = 1: a launch of the dK/dV programs only;
+    PART = 2: of the dQ programs only. Compiled apart, each kind gets the registers it needs
+    rather than the larger kind's count (launch.split_twins). DQ_DELTA (PART = 2): the dQ
+    programs compute delta from O and dO themselves and store it, and the dK/dV launch runs
+    after them: a split backward needs no delta launch.
 
-    With TMA every tile comes through descriptors (_load_tma) of qkv and dO, in boxes of the
-    two tile heights that the FA2 shapes use, BLOCK_M1 = BLOCK_N2 rows (QKV_S, DO_S: "short")
-    and BLOCK_N1 = BLOCK_M2 rows (QKV_L, DO_L: "long"), each with its second-chunk twin
-    ("2"). Without TMA, any argument stands in for them."""
+    Tail programs (flash._bwd_tails; 0: none, the last program's tile is a full one,
+    masked): the dK/dV program of the keys past the last full BLOCK_N1 tile takes a tile of
+    BLOCK_NT1 keys, the dQ program of the rows past the last full BLOCK_M2 tile one of
+    BLOCK_MT2 rows, each loaded by pointers; the loops inside the programs keep full tiles.
+
+    With TMA every full tile comes through descriptors (_load_tma) of qkv and dO, in boxes
+    of the two tile heights that the FA2 shapes use, BLOCK_M1 = BLOCK_N2 rows (QKV_S, DO_S:
+    "short") and BLOCK_N1 = BLOCK_M2 rows (QKV_L, DO_L: "long"), each with its second-chunk
+    twin ("2"). Without TMA, any argument stands in for them."""
     pid = tl.program_id(0)
     n_dkdv = tl.cdiv(N, BLOCK_N1) * BH
     first_dq = 0  # the dQ programs' first program id
@@ -823,12 +921,12 @@ def bwd_kernel(QKV, DO, LSE, DELTA, DQKV, SEED, QKV_S, QKV_S2, QKV_L, QKV_L2, DO
     # PART = 0 compiles to one branch on the program id)
     if PART == 1 or (PART == 0 and pid < n_dkdv):
         _bwd_dkdv(pid, QKV, DO, LSE, DELTA, DQKV, DQKV, DQKV, DQKV, QKV_S, QKV_S2, DO_S, DO_S2,
-                  QKV_L, QKV_L2, seed, qk_scale, sm_scale, drop_p, H, N, HEAD_DIM, BLOCK_D,
-                  BLOCK_D2, BLOCK_M1, BLOCK_N1, DROPOUT, False, False, TMA, DIAG)
+                  QKV_L, QKV_L2, DO_L, DO_L2, seed, qk_scale, sm_scale, drop_p, H, N, HEAD_DIM, BLOCK_D,
+                  BLOCK_D2, BLOCK_M1, BLOCK_N1, BLOCK_NT1, DROPOUT, False, False, TMA, DIAG)
     else:
-        _bwd_dq(pid - first_dq, QKV, DO, LSE, DELTA, DQKV, QKV_L, QKV_L2, DO_L, DO_L2, QKV_S,
+        _bwd_dq(pid - first_dq, QKV, O, DO, LSE, DELTA, DQKV, QKV_L, QKV_L2, DO_L, DO_L2, QKV_S,
                 QKV_S2, seed, qk_scale, sm_scale, drop_p, H, N, HEAD_DIM, BLOCK_D, BLOCK_D2,
-                BLOCK_M2, BLOCK_N2, DROPOUT, TMA, DIAG)
+                BLOCK_M2, BLOCK_N2, BLOCK_MT2, DROPOUT, TMA, DIAG, DQ_DELTA)
 
 
 @triton.jit
@@ -851,8 +949,8 @@ def bwd_atomic_kernel(QKV, DO, LSE, DELTA, DQ_ACC, DQKV, SEED, DQ_DESC, DQ_DESC2
     bwd_dq_kernel then scales and stores it."""
     seed = tl.load(SEED) if DROPOUT else 0
     _bwd_dkdv(tl.program_id(0), QKV, DO, LSE, DELTA, DQKV, DQ_ACC, DQ_DESC, DQ_DESC2, Q_DESC,
-              Q_DESC2, DO_DESC, DO_DESC2, KV_DESC, KV_DESC2, seed, qk_scale, sm_scale, drop_p, H,
-              N, HEAD_DIM, BLOCK_D, BLOCK_D2, BLOCK_M, BLOCK_N, DROPOUT, True, TMA_DQ, TMA_DQ,
+              Q_DESC2, DO_DESC, DO_DESC2, KV_DESC, KV_DESC2, DO_DESC, DO_DESC2, seed, qk_scale, sm_scale, drop_p, H,
+              N, HEAD_DIM, BLOCK_D, BLOCK_D2, BLOCK_M, BLOCK_N, 0, DROPOUT, True, TMA_DQ, TMA_DQ,
               DIAG)
 
 

@@ -54,6 +54,12 @@ except ImportError:  # (Windows: none; of two processes writing at once, one's e
 
 INTERPRET = bool(kernels.INTERPRET)
 # bump when a kernel or the candidate list changes in a way that can change the best config:
+# 22, the general forward's tail-ahead twins (TAIL_AHEAD: the partial key tile loaded before
+#     the loop over the full ones);
+# 21, the backward's tail programs step through the other side in their wide tile's rows;
+# 20, a split backward's delta computed in its dQ launch (kernels.bwd_kernel, DQ_DELTA);
+# 19, the general backward's tail programs (at N = 197 in 64-key tiles, a 16-key program
+#     instead of a fourth 64-key one; flash._bwd_tails);
 # 18, the short backward's register-capped twin at N = 65 (KEY_PER_CHUNK, maxnreg 168);
 # 17, dropout in the key (a cache file may hold a choice made with dropout under the key
 #     without it), and the dropout mask drawn eight keys a Philox call;
@@ -73,7 +79,7 @@ INTERPRET = bool(kernels.INTERPRET)
 # 6, the forwards' FMA-folded softmax (and the bwd_atomic op);
 # 5, split head dims (4 keyed the reverted TAILS candidates of 067433b, which a GPU
 #    machine's cache file may still hold)
-CACHE_VERSION = 18
+CACHE_VERSION = 22
 
 # the families of bwd_atomic's own kernels: dQ added element by element, or by TMA tiles
 ATOMIC_FAMILIES = ("atomic", "atomic_tma")
@@ -278,6 +284,7 @@ def candidates(op: str, n: int, d: int, bh: int = 1) -> list[Candidate]:
         else:
             out += _c("general", names, (64, 32, 4, 2), (32, 64, 4, 2), (64, 64, 8, 2), (32, 32, 4, 1))
         out += _tma_twins(out, d)
+        out += tail_ahead_twins(out, n)
         if keys <= SHORT_FWD_MAX and keys * bd <= 256 * 128 and not _short_fwd_cut(n, d):
             # 8 warps only on 128-row tiles: below that they never came within 1.5x of the
             # best at the CIFAR shapes (benchmarks/results/tuning_spread_small_shapes.md), and
@@ -403,6 +410,25 @@ def tma_fits(c: Candidate, d: int) -> bool:
     m = c.meta
     return (c.family == "general" and tma_width(d)
             and m.get("BLOCK_M1") == m.get("BLOCK_N2") and m.get("BLOCK_N1") == m.get("BLOCK_M2"))
+
+
+# The largest partial key tile that a general forward's tail-ahead twin loads before its loop
+# and holds across it (in shared memory when compiled for sm_90: 4 KiB for 16 keys at
+# D = 64); a 128-key tail (197 in 128-key tiles) is left to the loop's way.
+TAIL_AHEAD_MAX = 32
+
+
+def tail_ahead_twins(cands: list[Candidate], n: int) -> list[Candidate]:
+    """A TAIL_AHEAD twin (kernels.fwd_kernel) of each general forward candidate in cands
+    (pointer or TMA loads) whose keys at length n end in a partial tile of at most
+    TAIL_AHEAD_MAX keys after at least one full tile: that tile loaded before the loop, where
+    its latency overlaps the loop's work, instead of after it (at 197, 577, 1025 and 4097 in
+    64-key tiles, a 16-key tail of 5 or 1 keys). The same bits as the candidate; listed
+    beside it, so that the tuner's timings at each shape say which is faster (not yet
+    measured on a GPU)."""
+    return [Candidate(c.family, c.blocks + (("TAIL_AHEAD", 1),), c.num_warps, c.num_stages)
+            for c in cands if c.family in ("general", "general_tma")
+            and n > c.meta["BLOCK_N"] and 0 < tail_tile(n, c.meta["BLOCK_N"]) <= TAIL_AHEAD_MAX]
 
 
 def _tma_twins(cands: list[Candidate], d: int) -> list[Candidate]:
