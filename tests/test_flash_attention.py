@@ -210,74 +210,14 @@ def test_tail_ahead_twins_where_a_small_partial_key_tile_follows_a_full_one():
     for n, d in ((197, 64), (577, 64), (1025, 128), (4097, 64), (130, 80), (256, 64), (64, 64)):
         fwd = launch.candidates("fwd", n, d)
         general = [c for c in fwd if c.family in ("general", "general_tma")]
-        twins = [c for c in general if c.meta.get("TAIL_AHEAD") and not c.meta.get("LAZY")]
-        expected = [c for c in general if not c.meta.get("TAIL_AHEAD") and not c.meta.get("LAZY")
-                    and n > c.meta["BLOCK_N"]
+        twins = [c for c in general if c.meta.get("TAIL_AHEAD")]
+        expected = [c for c in general if not c.meta.get("TAIL_AHEAD") and n > c.meta["BLOCK_N"]
                     and 0 < launch.tail_tile(n, c.meta["BLOCK_N"]) <= launch.TAIL_AHEAD_MAX]
         assert [c.blocks[:-1] + (c.family, c.num_warps, c.num_stages) for c in twins] == \
             [c.blocks + (c.family, c.num_warps, c.num_stages) for c in expected]
         assert bool(twins) == (n in (197, 577, 1025, 4097, 130))
         assert not any("TAIL_AHEAD" in c.meta for op in ("bwd", "bwd_atomic") for c in launch.candidates(op, n, d))
     assert not any(c.meta["BLOCK_N"] == 128 for c in launch.tail_ahead_twins(launch.candidates("fwd", 197, 64), 197))
-
-
-@pytest.mark.parametrize("tma", [False, True], ids=["pointers", "tma"])
-@pytest.mark.parametrize("N, D, dropout_p, mask_diagonal, grow",
-                         [(100, 32, 0.0, False, False), (100, 32, 0.0, True, True),
-                          (130, 80, 0.0, False, True), (97, 64, 0.2, False, True),
-                          (64, 96, 0.0, True, True)])
-def test_lazy_forward_is_the_plain_softmax(monkeypatch, tma, N, D, dropout_p, mask_diagonal, grow):
-    """A lazy-rescaling twin (launch.lazy_twins) takes a tile's probabilities against its
-    old running maximum unless some row's maximum grows by more than 2^8: the same softmax,
-    rounded otherwise. Its o and log-sum-exp must match the plain candidate's to the
-    inputs' rounding, and the twin must keep the FA2 rule, also where the maximum grows
-    tile after tile (`grow`: the keys of each 16-key tile scaled up, so that each program
-    rescales at most of its tiles and skips the rest: 2-9 times in 4-9 tiles at these
-    inputs) and where it almost never does after the first tile (standard normal inputs),
-    with dropout, the diagonal mask, key tails (97, 100, 130) and split head dims (80,
-    96)."""
-    monkeypatch.setattr(launch, "_TMA_LOADS", tma)
-    qkv, do = _packed_inputs(2, N, 2, D, torch.float16, seed=N + D)
-    if grow:  # the keys of tile j scaled by 1 + j: scores grow by about 3 (natural log) a tile
-        tile_scale = 1.0 + torch.arange(N, device=qkv.device).div(16, rounding_mode="floor")
-        qkv[:, :, 1] = (qkv[:, :, 1].float() * tile_scale[None, :, None, None]).to(qkv.dtype)
-    family = "general_tma" if tma else "general"
-    bwd = launch.heuristic("bwd", N, D)
-    plain = launch.Candidate(family, (("BLOCK_M", 32), ("BLOCK_N", 16)), 4, 2)
-    (lazy,) = launch.lazy_twins([plain], N)
-    assert lazy.meta["LAZY"] == 1 and lazy.family == family
-    results = []
-    for fwd in (plain, lazy):
-        _force(monkeypatch, fwd, bwd)
-        torch.manual_seed(0)  # the same dropout seed for both
-        seed = flash_mod.new_seed(qkv.device) if dropout_p else None
-        o, lse = flash_mod._forward(qkv, D ** -0.5, dropout_p, seed, mask_diagonal)
-        (launch_,) = flash_mod._plans[next(k for k in flash_mod._plans if k[0] == "fwd")]
-        results.append((o, lse, launch_.consts["LAZY"]))
-    (o1, lse1, lazy1), (o2, lse2, lazy2) = results
-    assert (lazy1, lazy2) == (0, 1)
-    assert torch.isfinite(o2).all() and torch.isfinite(lse2).all()
-    torch.testing.assert_close(o2, o1, rtol=2 ** -8, atol=2e-3)
-    torch.testing.assert_close(lse2, lse1, rtol=1e-5, atol=1e-5)
-    if dropout_p == 0:
-        _assert_within_rule(qkv, do, mask_diagonal=mask_diagonal)  # `lazy`, forced last
-
-
-def test_lazy_twins_where_three_key_tiles_or_more():
-    """The lazy twins are listed beside every general forward candidate (pointer and TMA
-    loads, tail-ahead or not) with at least three full key tiles, and nowhere else: not in
-    the short forwards, nor in the backward."""
-    for n, d in ((197, 64), (577, 64), (1025, 128), (4097, 64), (130, 80), (256, 64), (64, 64)):
-        fwd = launch.candidates("fwd", n, d)
-        general = [c for c in fwd if c.family in ("general", "general_tma")]
-        twins = [c for c in general if c.meta.get("LAZY")]
-        expected = [c for c in general if not c.meta.get("LAZY") and n >= 3 * c.meta["BLOCK_N"]]
-        assert [c.blocks[:-1] + (c.family, c.num_warps, c.num_stages) for c in twins] == \
-            [c.blocks + (c.family, c.num_warps, c.num_stages) for c in expected]
-        assert all(c.blocks[-1] == ("LAZY", 1) for c in twins)
-        assert bool(twins) == (n >= 130)
-        assert not any("LAZY" in c.meta for c in fwd if c.family not in ("general", "general_tma"))
-        assert not any("LAZY" in c.meta for op in ("bwd", "bwd_atomic") for c in launch.candidates(op, n, d))
 
 
 @pytest.mark.parametrize("tma", [False, True], ids=["pointers", "tma"])
@@ -1723,7 +1663,7 @@ if op == "fwd":
                Q_DESC2=box(M, bd2 or bd), KV_DESC=box(N, bd), KV_DESC2=box(N, bd2 or bd),
                qk_scale="fp32", drop_p="fp32", H="i32", N="i32")
     consts = dict(HEAD_DIM=D, BLOCK_D=bd, BLOCK_D2=bd2, BLOCK_M=M, BLOCK_N=N, BLOCK_T=16,
-                  DROPOUT=False, TMA=True, DIAG=False, TAIL_AHEAD=False, LAZY=False)
+                  DROPOUT=False, TMA=True, DIAG=False, TAIL_AHEAD=False)
     fn = kernels.fwd_kernel
 else:
     M1, N1, warps, stages = cfg

@@ -164,20 +164,19 @@ def compile_general_bwd(d: int, block_m1: int, block_n1: int, warps: int, stages
 
 def compile_general_fwd(d: int, block_m: int, block_n: int, warps: int, stages: int,
                         tma: bool = False, aligned: bool = True, maxnreg: int = 0, n_seq: int = 0,
-                        tail_ahead: bool = False, lazy: bool = False):
+                        tail_ahead: bool = False):
     """kernels.fwd_kernel at head dim d with (BLOCK_M, BLOCK_N) tiles and the tail tile of
     sequence length n_seq as flash._fwd_launches sets it (0: a 16-key tail tile), compiled
     for sm_90 (bf16, no dropout); tma: the general_tma twin, Q in BLOCK_M-row and K, V in
     BLOCK_N-row descriptor boxes (flash._fwd_descriptors); tail_ahead: the TAIL_AHEAD twin
-    (launch.tail_ahead_twins); lazy: the LAZY twin (launch.lazy_twins)."""
+    (launch.tail_ahead_twins)."""
     bd, bd2 = launch.split_d(d)
     signature = dict(QKV="*bf16", O="*bf16", LSE="*fp32", SEED="*i64")
     consts = _descriptors(signature, (("Q_DESC", block_m), ("KV_DESC", block_n)), bd, bd2, tma)
     signature.update(qk_scale="fp32", drop_p="fp32", H="i32", N="i32")
     block_t = launch.tail_tile(n_seq, block_n) if n_seq else 16
     consts.update(HEAD_DIM=d, BLOCK_D=bd, BLOCK_D2=bd2, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_T=block_t,
-                  DROPOUT=False, TMA=tma, DIAG=False, TAIL_AHEAD=tail_ahead,
-                  LAZY=lazy)
+                  DROPOUT=False, TMA=tma, DIAG=False, TAIL_AHEAD=tail_ahead)
     signature.update({k: "constexpr" for k in consts})
     source = ASTSource(fn=kernels.fwd_kernel, signature=signature, constexprs=consts,
                        attrs=pointer_attrs(kernels.fwd_kernel, signature, aligned))
@@ -229,8 +228,6 @@ def main(argv=None):
                         "BLOCK_M x BLOCK_N x warps x stages; comma-separated")
     p.add_argument("--tail-ahead", action="store_true",
                    help="fwd_general: the TAIL_AHEAD twin (its tail tile loaded before the loop)")
-    p.add_argument("--lazy", action="store_true",
-                   help="fwd_general: the LAZY twin (the accumulator rescaled only when a maximum grows by 2^8)")
     p.add_argument("--key-per-chunk", action="store_true",
                    help="bwd with --one-key: the KEY_PER_CHUNK form (the register-capped twin's)")
     p.add_argument("--unaligned", action="store_true",
@@ -245,7 +242,7 @@ def main(argv=None):
     if args.op in ("bwd_general", "fwd_general"):
         return general_table(args.op, args.d, args.configs, args.tma, aligned,
                              [int(c) for c in args.maxnreg.split(",")], args.n[0] if args.n_given else 0,
-                             args.tail_ahead, args.lazy)
+                             args.tail_ahead)
     twin = "".join(f" ({name})" for name, on in (("short_tma", args.tma), ("one-key tail", args.one_key),
                                                   ("dropout", args.dropout), ("KEY_PER_CHUNK", args.key_per_chunk),
                                                   ("unaligned", args.unaligned)) if on)
@@ -297,18 +294,16 @@ def plans_table(shapes: list[str]) -> None:
 
 
 def general_table(op: str, d: int, configs: str, tma: bool, aligned: bool = True,
-                  caps: list[int] = (0,), n_seq: int = 0, tail_ahead: bool = False,
-                  lazy: bool = False) -> None:
+                  caps: list[int] = (0,), n_seq: int = 0, tail_ahead: bool = False) -> None:
     """The table of --op bwd_general (each configuration in its three launch forms) or
     fwd_general, at each register cap of `caps` (0: none), with the tail tiles of sequence
     length n_seq (0: none in the backward, a 16-key one in the forward); tail_ahead: the
-    forward's TAIL_AHEAD twin; lazy: its LAZY twin."""
+    forward's TAIL_AHEAD twin."""
     fwd = op == "fwd_general"
     loads = "TMA (general_tma)" if tma else "pointers (general)"
     pointers = "" if aligned else ", pointers unaligned"
     tails = f", the tail tiles of N = {n_seq}" if n_seq else ""
     tails += ", the tail loaded ahead (TAIL_AHEAD)" if fwd and tail_ahead else ""
-    tails += ", lazy rescaling (LAZY)" if fwd and lazy else ""
     print(f"triton {triton.__version__}, sm_90; the general {'forward' if fwd else 'backward'}, D = {d}, "
           f"tiles loaded by {loads}{pointers}{tails}")
     tiles, launch_col = ("BLOCK_M x BLOCK_N", "") if fwd else ("BLOCK_M1 x BLOCK_N1", " launch |")
@@ -318,8 +313,7 @@ def general_table(op: str, d: int, configs: str, tma: bool, aligned: bool = True
     for config in configs.split(","):
         m, n, warps, stages = map(int, config.split("x"))
         for (part, name), cap in itertools.product(parts, caps):
-            compiled = (compile_general_fwd(d, m, n, warps, stages, tma, aligned, cap, n_seq, tail_ahead,
-                                            lazy) if fwd
+            compiled = (compile_general_fwd(d, m, n, warps, stages, tma, aligned, cap, n_seq, tail_ahead) if fwd
                         else compile_general_bwd(d, m, n, warps, stages, part, tma, aligned, cap,
                                                  n_seq))
             u = usage(compiled, warps)

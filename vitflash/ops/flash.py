@@ -62,7 +62,6 @@ def _fwd_launches(c: Candidate, B: int, N: int, H: int, D: int, dropout: bool = 
         # loop in a tail-ahead twin, launch.tail_ahead_twins)
         meta["BLOCK_T"] = tail_tile(N, meta["BLOCK_N"])
         meta.setdefault("TAIL_AHEAD", 0)
-        meta.setdefault("LAZY", 0)
     else:  # the query rows past the last full BLOCK_M
         meta["BLOCK_MT"] = tail_tile(N, meta["BLOCK_M"])
     block_d1, block_d2 = split_d(D)  # (64, 16) at D = 80: two column chunks, no padding

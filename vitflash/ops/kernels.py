@@ -88,9 +88,6 @@ import triton
 import triton.language as tl
 
 INTERPRET = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") == "1")
-# A lazy-rescaling forward (fwd_kernel's LAZY) moves its running maximum only when a row's
-# maximum would grow by more than this (log2 units): probabilities stay at most 2^8.
-LAZY_GROWTH = tl.constexpr(8.0)
 
 
 # ----------------------------------------------------------------------------------------
@@ -391,19 +388,10 @@ def _fwd_inner(acc, acc_hi, l_i, m_i, q, q_hi, k_ptrs, k_ptrs_hi, v_ptrs, v_ptrs
                KV_DESC2, start, end, N, H, offs_n, qk_scale, seed, bh, offs_m, drop_p,
                HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_D2: tl.constexpr,
                BLOCK_N: tl.constexpr, MASK_N: tl.constexpr, DROPOUT: tl.constexpr,
-               TMA: tl.constexpr, DIAG: tl.constexpr, LAZY: tl.constexpr,
-               LOADED: tl.constexpr = False):
+               TMA: tl.constexpr, DIAG: tl.constexpr, LOADED: tl.constexpr = False):
     """The online softmax over the key tiles from `start` to `end`. LOADED (the tail tile's
     call, one step): the K and V tiles were loaded before the loop over the full tiles, and
-    k_ptrs, k_ptrs_hi, v_ptrs, v_ptrs_hi are those tiles rather than their pointers.
-
-    LAZY: the running maximum m_i moves only when some row's maximum would grow by more than
-    LAZY_GROWTH (log2 units) over it, and only then are acc and l_i rescaled; otherwise the
-    tile's probabilities are taken against the old maximum, so each is at most
-    2^LAZY_GROWTH. The result is the same softmax (o = acc / l_i and LSE = m_i + log2(l_i)
-    hold for any m_i that the exponents are taken against), rounded differently: not the
-    plain kernel's bits. Saves the rescale of the accumulator (BLOCK_M x head dim products)
-    at nearly every tile."""
+    k_ptrs, k_ptrs_hi, v_ptrs, v_ptrs_hi are those tiles rather than their pointers."""
     for start_n in range(start, end, BLOCK_N):
         cols = start_n + offs_n
         # (TMA: full tiles only; the tail tile's call passes TMA=False)
@@ -420,22 +408,9 @@ def _fwd_inner(acc, acc_hi, l_i, m_i, q, q_hi, k_ptrs, k_ptrs_hi, v_ptrs, v_ptrs
         # The row maximum in log2 units (qk_scale > 0 commutes with max); the scale and the
         # subtraction are then one FMA per score.
         m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
-        if LAZY:
-            # one decision for the whole tile (a scalar branch): the first tile always
-            # takes it (m_i = -inf, alpha = 0)
-            if tl.max(m_new - m_i, 0) > LAZY_GROWTH:
-                alpha = tl.math.exp2(m_i - m_new)
-                l_i = l_i * alpha
-                acc = acc * alpha[:, None]
-                if BLOCK_D2 > 0:
-                    acc_hi = acc_hi * alpha[:, None]
-                m_i = m_new
-            p = tl.math.exp2(s * qk_scale - m_i[:, None])
-            l_i = l_i + tl.sum(p, 1)
-        else:
-            p = tl.math.exp2(s * qk_scale - m_new[:, None])
-            alpha = tl.math.exp2(m_i - m_new)
-            l_i = l_i * alpha + tl.sum(p, 1)
+        p = tl.math.exp2(s * qk_scale - m_new[:, None])
+        alpha = tl.math.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
         if DROPOUT:  # the normalizer above sums every probability; P V only the kept ones
             p = tl.where(_keep(seed, bh, offs_m, start_n, N, drop_p, BLOCK_N, False), p, 0.0)
         if LOADED:
@@ -444,14 +419,10 @@ def _fwd_inner(acc, acc_hi, l_i, m_i, q, q_hi, k_ptrs, k_ptrs_hi, v_ptrs, v_ptrs
             v, v_hi = _stream_tile(KV_DESC, KV_DESC2, v_ptrs, v_ptrs_hi, bh, start_n, N, H, 3,
                                    2, BLOCK_N, HEAD_DIM, BLOCK_D, BLOCK_D2, MASK_N, TMA)
         p = _round(p, v.dtype)
-        if not LAZY:
-            acc = acc * alpha[:, None]
-            if BLOCK_D2 > 0:
-                acc_hi = acc_hi * alpha[:, None]
-            m_i = m_new
-        acc = _dot(p, v, acc)
+        acc = _dot(p, v, acc * alpha[:, None])
         if BLOCK_D2 > 0:  # (otherwise acc_hi is never assigned: the loop does not carry it)
-            acc_hi = _dot(p, v_hi, acc_hi)
+            acc_hi = _dot(p, v_hi, acc_hi * alpha[:, None])
+        m_i = m_new
     return acc, acc_hi, l_i, m_i
 
 
@@ -460,7 +431,7 @@ def fwd_kernel(QKV, O, LSE, SEED, Q_DESC, Q_DESC2, KV_DESC, KV_DESC2, qk_scale, 
                HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_D2: tl.constexpr,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr,
                DROPOUT: tl.constexpr, TMA: tl.constexpr, DIAG: tl.constexpr,
-               TAIL_AHEAD: tl.constexpr, LAZY: tl.constexpr):
+               TAIL_AHEAD: tl.constexpr):
     """O and LSE of BLOCK_M query rows; K, V stream past in BLOCK_N tiles, the keys past the
     last full tile in one BLOCK_T tile (197 = 3 x 64 + a 16-key tail, not a fourth 64;
     BLOCK_T = 0 when BLOCK_N divides N). With TMA, the Q tile and the full K, V tiles come
@@ -470,8 +441,7 @@ def fwd_kernel(QKV, O, LSE, SEED, Q_DESC, Q_DESC2, KV_DESC, KV_DESC2, qk_scale, 
     TAIL_AHEAD: the tail tile's K and V are loaded before the loop over the full tiles, so
     that their latency passes while the loop runs instead of after it (compiled for sm_90,
     the loaded tile goes to shared memory, not registers); the same arithmetic, the same
-    bits. LAZY: the online softmax rescales only when a row's maximum grows by more than
-    LAZY_GROWTH (_fwd_inner)."""
+    bits."""
     pid_m, bh = _split_pid(tl.program_id(0), N, BLOCK_M)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
@@ -492,14 +462,13 @@ def fwd_kernel(QKV, O, LSE, SEED, Q_DESC, Q_DESC2, KV_DESC, KV_DESC2, qk_scale, 
     acc, acc_hi, l_i, m_i = _fwd_inner(acc, acc_hi, l_i, m_i, q, q_hi, k_ptrs, k_ptrs_hi,
                                        v_ptrs, v_ptrs_hi, KV_DESC, KV_DESC2, 0, n_full, N, H,
                                        offs_n, qk_scale, seed, bh, offs_m, drop_p, HEAD_DIM,
-                                       BLOCK_D, BLOCK_D2, BLOCK_N, False, DROPOUT, TMA, DIAG,
-                                       LAZY)
+                                       BLOCK_D, BLOCK_D2, BLOCK_N, False, DROPOUT, TMA, DIAG)
     if TAIL_AHEAD and BLOCK_T > 0:
         acc, acc_hi, l_i, m_i = _fwd_inner(acc, acc_hi, l_i, m_i, q, q_hi, k_t, k_t_hi, v_t,
                                            v_t_hi, KV_DESC, KV_DESC2, n_full, N, N, H,
                                            tl.arange(0, BLOCK_T), qk_scale, seed, bh, offs_m,
                                            drop_p, HEAD_DIM, BLOCK_D, BLOCK_D2, BLOCK_T, True,
-                                           DROPOUT, False, DIAG, LAZY, True)
+                                           DROPOUT, False, DIAG, True)
     elif BLOCK_T > 0:  # the one partial key tile
         offs_t = tl.arange(0, BLOCK_T)
         kt_ptrs, kt_ptrs_hi = _chunk_ptrs(QKV, bh, offs_t, N, H, 3, 1, HEAD_DIM, BLOCK_D, BLOCK_D2)
@@ -508,7 +477,7 @@ def fwd_kernel(QKV, O, LSE, SEED, Q_DESC, Q_DESC2, KV_DESC, KV_DESC2, qk_scale, 
                                            vt_ptrs, vt_ptrs_hi, KV_DESC, KV_DESC2, n_full, N, N,
                                            H, offs_t, qk_scale, seed, bh, offs_m, drop_p,
                                            HEAD_DIM, BLOCK_D, BLOCK_D2, BLOCK_T, True, DROPOUT,
-                                           False, DIAG, LAZY)
+                                           False, DIAG)
 
     scale = (_keep_scale(drop_p, DROPOUT) / l_i)[:, None]
     _store_rows(O, acc * scale, acc_hi * scale, bh, offs_m, N, H, 1, 0, HEAD_DIM, BLOCK_D,

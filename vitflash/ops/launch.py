@@ -54,6 +54,8 @@ except ImportError:  # (Windows: none; of two processes writing at once, one's e
 
 INTERPRET = bool(kernels.INTERPRET)
 # bump when a kernel or the candidate list changes in a way that can change the best config:
+# 24, 23's lazy twins taken out again: 4-19% slower than their plain candidates on the H200
+#     (benchmarks/results/gpu_session_b7a82e1/);
 # 23, the general forward's lazy-rescaling twins (LAZY: the accumulator rescaled only when a
 #     row's maximum grows by more than 2^8);
 # 22, the general forward's tail-ahead twins (TAIL_AHEAD: the partial key tile loaded before
@@ -81,7 +83,7 @@ INTERPRET = bool(kernels.INTERPRET)
 # 6, the forwards' FMA-folded softmax (and the bwd_atomic op);
 # 5, split head dims (4 keyed the reverted TAILS candidates of 067433b, which a GPU
 #    machine's cache file may still hold)
-CACHE_VERSION = 23
+CACHE_VERSION = 24
 
 # the families of bwd_atomic's own kernels: dQ added element by element, or by TMA tiles
 ATOMIC_FAMILIES = ("atomic", "atomic_tma")
@@ -287,7 +289,6 @@ def candidates(op: str, n: int, d: int, bh: int = 1) -> list[Candidate]:
             out += _c("general", names, (64, 32, 4, 2), (32, 64, 4, 2), (64, 64, 8, 2), (32, 32, 4, 1))
         out += _tma_twins(out, d)
         out += tail_ahead_twins(out, n)
-        out += lazy_twins(out, n)
         if keys <= SHORT_FWD_MAX and keys * bd <= 256 * 128 and not _short_fwd_cut(n, d):
             # 8 warps only on 128-row tiles: below that they never came within 1.5x of the
             # best at the CIFAR shapes (benchmarks/results/tuning_spread_small_shapes.md), and
@@ -432,18 +433,6 @@ def tail_ahead_twins(cands: list[Candidate], n: int) -> list[Candidate]:
     return [Candidate(c.family, c.blocks + (("TAIL_AHEAD", 1),), c.num_warps, c.num_stages)
             for c in cands if c.family in ("general", "general_tma")
             and n > c.meta["BLOCK_N"] and 0 < tail_tile(n, c.meta["BLOCK_N"]) <= TAIL_AHEAD_MAX]
-
-
-def lazy_twins(cands: list[Candidate], n: int) -> list[Candidate]:
-    """A LAZY twin (kernels.fwd_kernel) of each general forward candidate in cands (pointer or
-    TMA loads, tail-ahead or not) with at least three full key tiles at length n: its online
-    softmax rescales the accumulator only when a row's maximum grows by more than 2^8
-    (kernels.LAZY_GROWTH), nearly never after the first tile, instead of at every tile.
-    Not the candidate's bits (the same softmax, rounded otherwise); listed beside it, so
-    that the tuner's timings at each shape say which is faster."""
-    return [Candidate(c.family, c.blocks + (("LAZY", 1),), c.num_warps, c.num_stages)
-            for c in cands if c.family in ("general", "general_tma")
-            and n >= 3 * c.meta["BLOCK_N"]]
 
 
 def _tma_twins(cands: list[Candidate], d: int) -> list[Candidate]:
