@@ -219,6 +219,30 @@ def test_tuning_spread_probe_ranks_candidates_by_their_best_ratio(tmp_path):
     assert probe.name(one) == "M1=32 N1=64 M2=64 N2=32, 4w 3s" and probe.name(twin) == "M1=32 N1=64 M2=64 N2=32 SPLIT=1, 4w 3s"
 
 
+def test_tuning_spread_probe_compares_twins_with_their_candidates(tmp_path):
+    """--twins BLOCK: at each shape, each twin's time over that of the candidate it is a twin
+    of (the same family, blocks, warps and stages without BLOCK), and the fastest twin over
+    the fastest candidate without the block; shapes with no twin are left out."""
+    def entry(m, ms, family="general", stages=3, **extra):
+        return {"candidate": {"family": family, "blocks": {"BLOCK_M": m, "BLOCK_N": 64, **extra},
+                              "num_warps": 4, "num_stages": stages}, "ms": ms}
+
+    timed = [entry(128, 1.0), entry(128, 1.2, TAIL_AHEAD=1), entry(64, 2.0), entry(64, 1.0, TAIL_AHEAD=1),
+             entry(64, 0.5, family="general_tma"), entry(32, 0.7, TAIL_AHEAD=1)]  # the last: no candidate
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps({"results": {"shapes": [
+        {"shape": [8, 12, 577, 64], "flash": {"tuning_ms": {"fwd": timed}}},
+        {"shape": [8, 12, 512, 64], "flash": {"tuning_ms": {"fwd": [entry(128, 1.0)]}}}]}}))
+    rows = _load("tuning_spread").twins([path], "TAIL_AHEAD")
+    assert len(rows) == 1 and rows[0]["shape"] == [8, 12, 577, 64] and rows[0]["op"] == "fwd"
+    assert rows[0]["ratios"] == [0.5, 1.2]
+    assert rows[0]["best"] == 0.7 / 0.5
+    out = subprocess.run([sys.executable, str(PROBES / "tuning_spread.py"), str(path), "--twins", "TAIL_AHEAD"],
+                         capture_output=True, text=True, check=True).stdout
+    assert "| (8, 12, 577, 64) | fwd | 2 | 0.500 | 0.850 | 1.200 | 1.400 |" in out
+    assert "(8, 12, 512, 64)" not in out
+
+
 def test_agreement_probe_shows_rounding_well_inside_the_tuners_bound_on_its_inputs():
     """The premise of the tuner's check: on standard-normal inputs (what flash._probe gives)
     bf16 rounding moves attention by a unit or two, far inside launch.AGREE_ULPS, while

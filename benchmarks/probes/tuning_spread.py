@@ -10,6 +10,13 @@ shorter list would drop, and the first call at a new shape compiles every one of
 
 `--by-head-dim` gives a table per op and head dim (the candidate lists differ by head dim).
 
+`--twins BLOCK` compares the twins that carry the block BLOCK (e.g. TAIL_AHEAD) with the
+candidates they are twins of (the same blocks without it), at each (file, shape): the spread
+of twin / candidate over the pairs timed, and the fastest twin against the fastest candidate
+without the block:
+
+    python benchmarks/probes/tuning_spread.py --twins LAZY benchmarks/results/gpu_session_b7a82e1/run1/attn_large/*.json
+
 Runs on any machine: it reads JSON only.
 """
 from __future__ import annotations
@@ -17,6 +24,7 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import statistics
 from pathlib import Path
 
 from vitflash.ops import launch
@@ -54,13 +62,47 @@ def spread(files: list[Path], by_head_dim: bool = False) -> dict[str, dict[str, 
     return {op: {k: (r, seen[op][k]) for k, r in ratios.items()} for op, ratios in best.items()}
 
 
+def twins(files: list[Path], block: str) -> list[dict]:
+    """Per (file, shape, op) where twins with `block` were timed: the ratios of each twin's
+    time to its candidate's (the same family, blocks, warps and stages without `block`), and
+    the fastest twin's time over the fastest of the candidates without the block."""
+    rows = []
+    for f in files:
+        for row in json.loads(f.read_text())["results"]["shapes"]:
+            for op, timed in (row.get("flash", {}).get("tuning_ms") or {}).items():
+                plain, twin = {}, {}
+                for t in timed:
+                    c = t["candidate"]
+                    blocks = dict(c["blocks"])
+                    has = bool(blocks.pop(block, 0))
+                    key = (c["family"], tuple(sorted(blocks.items())), c["num_warps"], c["num_stages"],
+                           c.get("maxnreg", 0))
+                    (twin if has else plain)[key] = t["ms"]
+                ratios = sorted(twin[k] / plain[k] for k in twin if k in plain)
+                if ratios:
+                    rows.append(dict(file=str(f), shape=row["shape"], op=op, ratios=ratios,
+                                     best=min(twin.values()) / min(plain.values())))
+    return rows
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("files", nargs="+", type=Path, help="bench_attention.py JSON files")
     p.add_argument("--within", type=float, nargs="+", default=[1.05, 1.10, 1.25],
                    help="ratios to count the candidates under")
     p.add_argument("--by-head-dim", action="store_true", help="a table per op and head dim")
+    p.add_argument("--twins", metavar="BLOCK",
+                   help="compare the twins with this block (e.g. TAIL_AHEAD) with their candidates")
     args = p.parse_args(argv)
+    if args.twins:
+        print(f"| file | shape | op | pairs | {args.twins} twin / its candidate: min | median | max "
+              f"| fastest twin / fastest without |")
+        print("|---|---|---|---|---|---|---|---|")
+        for r in twins(args.files, args.twins):
+            q = r["ratios"]
+            print(f"| {r['file']} | {tuple(r['shape'])} | {r['op']} | {len(q)} | {q[0]:.3f} | "
+                  f"{statistics.median(q):.3f} | {q[-1]:.3f} | {r['best']:.3f} |")
+        return
     for op, table in sorted(spread(args.files, args.by_head_dim).items()):
         counts = ", ".join(f"{sum(r <= w for r, _ in table.values())} within {w:.2f}x" for w in args.within)
         print(f"\n{op}: {len(table)} candidates timed over {len(args.files)} files; {counts} of the best somewhere\n")
