@@ -266,8 +266,10 @@ def test_split_backward_parts_take_their_own_tiles(monkeypatch, tma, N, D):
     # 69 keys past 128 (and 69 rows past 128): no tail program, the last one a full masked 128
     (197, 32, (32, 128, 128, 32), (0, 0)),
     # 129 = 2 x 64 + 1, the kind of the ViT lengths with a class token (577 = 9 x 64 + 1),
-    # and a split head dim (80 = 64 + 16)
-    (129, 80, (32, 64, 64, 32), (16, 16)),
+    # and a split head dim (96 = 64 + 32)
+    (129, 96, (32, 64, 64, 32), (16, 16)),
+    # a head dim with a 16-column second chunk (80 = 64 + 16) has none (their registers)
+    (129, 80, (32, 64, 64, 32), (0, 0)),
     # tiles that divide N: no tails
     (128, 32, (32, 64, 64, 32), (0, 0))])
 def test_backward_tail_programs(monkeypatch, tma, N, D, tiles, tails):
@@ -276,7 +278,8 @@ def test_backward_tail_programs(monkeypatch, tma, N, D, tiles, tails):
     programs' last full query tile to one of a 16-row tile; the loops inside the programs
     keep their masked full last step. Each launch form carries them (one launch and both
     parts of a split one); the result keeps to the FA2 rule, with pointer and TMA loads
-    (whose tail tiles load by pointers), and with the diagonal mask."""
+    (whose tail tiles load by pointers), and with the diagonal mask. None at a head dim held
+    in a 16-column second chunk (test_no_backward_tail_programs_where_they_spill)."""
     monkeypatch.setattr(launch, "_TMA_LOADS", tma)
     qkv, do = _packed_inputs(1, N, 2, D, torch.float16, seed=N + D)
     family = "general_tma" if tma else "general"
@@ -291,10 +294,27 @@ def test_backward_tail_programs(monkeypatch, tma, N, D, tiles, tails):
             c = launch_.consts
             for tile, tail in (("BLOCK_N1", "BLOCK_NT1"), ("BLOCK_M2", "BLOCK_MT2")):
                 expected = launch.tail_tile(N, c[tile])
-                assert c[tail] == (expected if expected < c[tile] else 0)
+                assert c[tail] == (expected if expected < c[tile] and tails != (0, 0) else 0)
         _force(monkeypatch, fwd, bwd)
         _assert_within_rule(qkv, do)
     _assert_within_rule(qkv, do, mask_diagonal=True)
+
+
+def test_no_backward_tail_programs_where_they_spill():
+    """flash._bwd_tails leaves the tail programs out at head dims held in a 16-column second
+    chunk (48, 80, 144) and past 128 columns (160-256): compiled for sm_90 their code took the
+    whole kernel to 255 registers with up to 1.4 KB of spills there
+    (benchmarks/results/registers_sm90_bwd_tails.md). Elsewhere (16-128 in one chunk, 96 =
+    64 + 32) they stay, at every launch form's tiles; bwd_tail_tiles gives them anywhere."""
+    names = ("BLOCK_M1", "BLOCK_N1", "BLOCK_M2", "BLOCK_N2")
+    for d in (16, 32, 48, 64, 80, 96, 128, 144, 160, 192, 256):
+        one = launch.Candidate("general", tuple(zip(names, (32, 64, 64, 32))), 4, 3)
+        for bwd in (one, *launch.split_twins([one])):
+            plan = [p for p in flash_mod._bwd_launches(bwd, 1, 577, 2, d) if p.kernel is kernels.bwd_kernel]
+            tails = {(p.consts["BLOCK_NT1"], p.consts["BLOCK_MT2"]) for p in plan}
+            assert tails == ({(0, 0)} if d in (48, 80, 144, 160, 192, 256) else {(16, 16)}), (d, bwd)
+            raw = flash_mod.bwd_tail_tiles({k: plan[0].consts[k] for k in names}, 577)
+            assert (raw["BLOCK_NT1"], raw["BLOCK_MT2"]) == (16, 16)
 
 
 def test_split_twins_of_the_four_warp_general_backwards(monkeypatch):

@@ -10,6 +10,12 @@ candidate (launch.split_twins); --tma for the general_tma twins; --maxnreg appli
 
     python benchmarks/probes/registers.py --op bwd_general --d 64 --configs 32x128x4x3,64x64x4x3 --tma
 
+--n N gives the backward the tail programs of length N where the op uses them
+(flash._bwd_tails); --tails-anyway gives them at every head dim, to see what they would cost
+where the op leaves them out (a 16-column second chunk, or past 128 columns):
+
+    python benchmarks/probes/registers.py --op bwd_general --d 80 --configs 32x64x4x3 --tma --n 577 --tails-anyway
+
 `--op fwd_general` does the same for the general forward (kernels.fwd_kernel; --configs as
 BLOCK_M x BLOCK_N x warps x stages).
 
@@ -138,11 +144,12 @@ def _descriptors(signature: dict, boxes, bd: int, bd2: int, tma: bool) -> dict:
 
 def compile_general_bwd(d: int, block_m1: int, block_n1: int, warps: int, stages: int,
                         part: int, tma: bool = False, aligned: bool = True, maxnreg: int = 0,
-                        n: int = 0):
+                        n: int = 0, tails_anyway: bool = False):
     """kernels.bwd_kernel at head dim d with tiles (BLOCK_M1, BLOCK_N1, BLOCK_N1, BLOCK_M1),
     compiled for sm_90 (bf16, no dropout) as launch PART `part`; tma: the general_tma twin,
     its tiles through descriptors in boxes of the two tile heights (flash._backward); n: the
-    sequence length whose tail tiles it has (flash._bwd_tails; 0: none)."""
+    sequence length whose tail tiles it has (flash._bwd_tails; 0: none); tails_anyway: those
+    tiles even at the head dims where flash._bwd_tails leaves them out."""
     bd, bd2 = launch.split_d(d)
     signature = dict(QKV="*bf16", O="*bf16", DO="*bf16", LSE="*fp32", DELTA="*fp32", DQKV="*bf16",
                      SEED="*i64")
@@ -153,7 +160,7 @@ def compile_general_bwd(d: int, block_m1: int, block_n1: int, warps: int, stages
                   BLOCK_M2=block_n1, BLOCK_N2=block_m1, DROPOUT=False, TMA=tma, DIAG=False,
                   PART=part, DQ_DELTA=part == 2)
     if n:
-        flash._bwd_tails(consts, n)
+        (flash.bwd_tail_tiles if tails_anyway else flash._bwd_tails)(consts, n)
     else:
         consts.update(BLOCK_NT1=0, BLOCK_MT2=0)
     signature.update({k: "constexpr" for k in consts})
@@ -228,6 +235,9 @@ def main(argv=None):
                         "BLOCK_M x BLOCK_N x warps x stages; comma-separated")
     p.add_argument("--tail-ahead", action="store_true",
                    help="fwd_general: the TAIL_AHEAD twin (its tail tile loaded before the loop)")
+    p.add_argument("--tails-anyway", action="store_true",
+                   help="bwd_general with --n: the tail programs even at the head dims where the op "
+                        "leaves them out (flash._bwd_tails)")
     p.add_argument("--key-per-chunk", action="store_true",
                    help="bwd with --one-key: the KEY_PER_CHUNK form (the register-capped twin's)")
     p.add_argument("--unaligned", action="store_true",
@@ -242,7 +252,7 @@ def main(argv=None):
     if args.op in ("bwd_general", "fwd_general"):
         return general_table(args.op, args.d, args.configs, args.tma, aligned,
                              [int(c) for c in args.maxnreg.split(",")], args.n[0] if args.n_given else 0,
-                             args.tail_ahead)
+                             args.tail_ahead, args.tails_anyway)
     twin = "".join(f" ({name})" for name, on in (("short_tma", args.tma), ("one-key tail", args.one_key),
                                                   ("dropout", args.dropout), ("KEY_PER_CHUNK", args.key_per_chunk),
                                                   ("unaligned", args.unaligned)) if on)
@@ -294,15 +304,17 @@ def plans_table(shapes: list[str]) -> None:
 
 
 def general_table(op: str, d: int, configs: str, tma: bool, aligned: bool = True,
-                  caps: list[int] = (0,), n_seq: int = 0, tail_ahead: bool = False) -> None:
+                  caps: list[int] = (0,), n_seq: int = 0, tail_ahead: bool = False,
+                  tails_anyway: bool = False) -> None:
     """The table of --op bwd_general (each configuration in its three launch forms) or
     fwd_general, at each register cap of `caps` (0: none), with the tail tiles of sequence
     length n_seq (0: none in the backward, a 16-key one in the forward); tail_ahead: the
-    forward's TAIL_AHEAD twin."""
+    forward's TAIL_AHEAD twin; tails_anyway: the backward's tail programs at any head dim."""
     fwd = op == "fwd_general"
     loads = "TMA (general_tma)" if tma else "pointers (general)"
     pointers = "" if aligned else ", pointers unaligned"
     tails = f", the tail tiles of N = {n_seq}" if n_seq else ""
+    tails += " (at any head dim)" if n_seq and tails_anyway and not fwd else ""
     tails += ", the tail loaded ahead (TAIL_AHEAD)" if fwd and tail_ahead else ""
     print(f"triton {triton.__version__}, sm_90; the general {'forward' if fwd else 'backward'}, D = {d}, "
           f"tiles loaded by {loads}{pointers}{tails}")
@@ -315,7 +327,7 @@ def general_table(op: str, d: int, configs: str, tma: bool, aligned: bool = True
         for (part, name), cap in itertools.product(parts, caps):
             compiled = (compile_general_fwd(d, m, n, warps, stages, tma, aligned, cap, n_seq, tail_ahead) if fwd
                         else compile_general_bwd(d, m, n, warps, stages, part, tma, aligned, cap,
-                                                 n_seq))
+                                                 n_seq, tails_anyway))
             u = usage(compiled, warps)
             print(f"| {m} x {n} | {warps} | {stages} |{name} {cap or '-'} | {u['registers']} | {u['spill_bytes']} "
                   f"| {u['smem_kib']:.0f} | {u['programs_per_sm']} |", flush=True)

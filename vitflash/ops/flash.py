@@ -117,7 +117,23 @@ def _bwd_tails(consts: dict, N: int) -> dict:
     tile, else 0 (the last program's tile is a full one, masked). At N = 197: 5 keys past
     3 x 64 -> a 16-key program; 69 past 128 -> none. The loops inside the programs keep full
     tiles: a tail step after the pipelined loop cost more than the masked full step on an
-    H200 (benchmarks/results/gpu_session_edf20d8/)."""
+    H200 (benchmarks/results/gpu_session_edf20d8/).
+
+    None (0, 0) at head dims held in a 16-column second chunk (48, 80, 144) or wider than 128
+    columns: compiled for sm_90 there, the tail programs' code took the whole kernel to 255
+    registers a thread with up to 1.4 KB of spills (at D = 80 with TMA loads: 174 registers
+    and none without them), or cost it programs per SM
+    (benchmarks/results/registers_sm90_bwd_tails.md), and on the H200 the backward at
+    (32, 16, 577, 80) went from 0.61 ms to 0.79 ms (benchmarks/results/gpu_session_b7a82e1/)."""
+    if consts["BLOCK_D2"] == 16 or consts["BLOCK_D"] + consts["BLOCK_D2"] > 128:
+        consts.update(BLOCK_NT1=0, BLOCK_MT2=0)
+        return consts
+    return bwd_tail_tiles(consts, N)
+
+
+def bwd_tail_tiles(consts: dict, N: int) -> dict:
+    """consts with the tail programs' tiles that _bwd_tails sets where it uses them (at any
+    head dim: what benchmarks/probes/registers.py --tails-anyway compiles)."""
     for tile, tail in (("BLOCK_N1", "BLOCK_NT1"), ("BLOCK_M2", "BLOCK_MT2")):
         t = tail_tile(N, consts[tile])
         consts[tail] = t if t < consts[tile] else 0
