@@ -291,6 +291,16 @@ def earlier_rows(out: Path, prefix: str, env: dict, keep: Callable[[dict], bool]
                          "move it away or run without --append") from err
 
 
+def parse_shape(text: str) -> tuple[int, int, int, int]:
+    try:
+        shape = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        shape = ()
+    if len(shape) != 4 or min(shape) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: a shape is B,H,N,D, four positive integers")
+    return shape
+
+
 def write_results(out: Path, prefix: str, env: dict, command: str, results: list | dict,
                   table: str) -> None:
     """<out>/<prefix>_<gpu>.json (command, environment, results) and .md (the table)."""
@@ -507,6 +517,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--impls", nargs="+", default=IMPLS, choices=IMPLS + OPTIONAL_IMPLS)
     parser.add_argument("--shapes", choices=("all", "small", "large", "varied"), default="all",
                         help="all: small + large; varied: shapes of the same kinds outside those sets")
+    parser.add_argument("--shape", nargs="+", type=parse_shape, metavar="B,H,N,D",
+                        help="these shapes instead of a --shapes set")
     parser.add_argument("--warmup-ms", type=int, default=25)
     parser.add_argument("--rep-ms", type=int, default=100)
     parser.add_argument("--repeats", type=int, default=REPEATS)
@@ -532,7 +544,8 @@ def main(argv: list[str] | None = None) -> None:
         return
     if not torch.cuda.is_available():
         sys.exit("bench_attention.py needs a CUDA GPU: it times GPU kernels.")
-    shapes = {"all": SHAPES, "small": SMALL_SHAPES, "large": LARGE_SHAPES, "varied": VARIED_SHAPES}[args.shapes]
+    shapes = args.shape or {"all": SHAPES, "small": SMALL_SHAPES, "large": LARGE_SHAPES,
+                            "varied": VARIED_SHAPES}[args.shapes]
 
     if args.first_call_only:
         for shape in shapes:

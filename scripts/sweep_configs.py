@@ -41,7 +41,7 @@ from vitflash.ops import flash as flash_mod
 from vitflash.ops import flash_attention_qkvpacked, launch, naive_attention
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_attention import _timer, command_line, environment, result_stem, spread  # noqa: E402
+from bench_attention import _timer, command_line, environment, parse_shape, result_stem, spread  # noqa: E402
 
 ABS_FLOOR = 1e-5
 
@@ -196,16 +196,6 @@ def markdown(op: str, rows: list[dict], env: dict, command: str) -> str:
             lines += ["", f"Stopped early ({r['stopped']}): the grid's other configurations were not run."]
         lines.append("")
     return "\n".join(lines)
-
-
-def parse_shape(text: str) -> tuple[int, int, int, int]:
-    try:
-        shape = tuple(int(x) for x in text.split(","))
-    except ValueError:
-        shape = ()
-    if len(shape) != 4 or min(shape) < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: a shape is B,H,N,D, four positive integers")
-    return shape
 
 
 def main() -> None:

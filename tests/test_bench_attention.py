@@ -131,6 +131,25 @@ def test_the_sweep_refuses_a_malformed_shape():
             sweep.parse_shape(text)
 
 
+def test_bench_attention_takes_shapes_of_its_own(monkeypatch, capsys):
+    """--shape B,H,N,D ... times those shapes instead of a --shapes set; a malformed one is
+    refused by the argument parser, naming the form."""
+    with pytest.raises(SystemExit):
+        bench.main(["--shape", "32,16,577"])
+    assert "a shape is B,H,N,D, four positive integers" in capsys.readouterr().err
+    seen = []
+
+    def first_case(impl, *shape):  # the first case the benchmark builds: stop there
+        seen.append(shape)
+        raise RuntimeError("stop")
+
+    monkeypatch.setattr(bench.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(bench, "make_case", first_case)
+    with pytest.raises(RuntimeError, match="stop"):
+        bench.main(["--shape", "32,16,577,80", "64,16,257,80", "--first-call-only"])
+    assert seen == [(32, 16, 577, 80, bench.torch.bfloat16)]
+
+
 @pytest.mark.parametrize("tma", [False, True])
 def test_the_sweep_grid_of_the_atomic_backward(monkeypatch, tma):
     """--op bwd_atomic sweeps the backwards that add into dQ: element-wise ("atomic") and, where
