@@ -54,8 +54,10 @@ except ImportError:  # (Windows: none; of two processes writing at once, one's e
 
 INTERPRET = bool(kernels.INTERPRET)
 # bump when a kernel or the candidate list changes in a way that can change the best config:
-# 24, 23's lazy twins taken out again: 4-19% slower than their plain candidates on the H200
-#     (benchmarks/results/gpu_session_b7a82e1/);
+# 25, no backward tail programs at head dims with a 16-column second chunk or past 128
+#     columns (flash._bwd_tails): the best backward there changes (TMA loads win again);
+# 24, 23's lazy twins taken out again: the fastest twin 5-19% slower than the fastest plain
+#     candidate on the H200 (benchmarks/results/gpu_session_b7a82e1/);
 # 23, the general forward's lazy-rescaling twins (LAZY: the accumulator rescaled only when a
 #     row's maximum grows by more than 2^8);
 # 22, the general forward's tail-ahead twins (TAIL_AHEAD: the partial key tile loaded before
@@ -83,7 +85,7 @@ INTERPRET = bool(kernels.INTERPRET)
 # 6, the forwards' FMA-folded softmax (and the bwd_atomic op);
 # 5, split head dims (4 keyed the reverted TAILS candidates of 067433b, which a GPU
 #    machine's cache file may still hold)
-CACHE_VERSION = 24
+CACHE_VERSION = 25
 
 # the families of bwd_atomic's own kernels: dQ added element by element, or by TMA tiles
 ATOMIC_FAMILIES = ("atomic", "atomic_tma")
