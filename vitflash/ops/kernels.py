@@ -59,7 +59,8 @@ dQKV has the same layout. O and dO are (B, N, H, D), contiguous; LSE and delta (
 
 Exponentials are base 2 with the softmax scale folded into log2(e) (qk_scale); the LSE is
 kept in base-2 units. The scores stay unscaled until the exponential: the row maximum is
-taken on them and scaled once per row, so exp2(s * qk_scale - m) costs one FMA per score. N need not be a multiple of a block (197, 577, ... are not): out-of-range rows
+taken on them and scaled once per row, so exp2(s * qk_scale - m) costs one FMA per score.
+N need not be a multiple of a block (197, 577, ... are not): out-of-range rows
 and keys are masked. The general forward's key tail tile BLOCK_T and the short kernels'
 query tail tile BLOCK_MT are sized by the launcher from N (`launch.tail_tile`); 0 means
 that the block divides N, and then no tail code is traced.
@@ -782,10 +783,11 @@ def _bwd_dkdv(pid, QKV, DO, LSE, DELTA, DQKV, DQ_ACC, DQ_DESC, DQ_DESC2, Q_DESC,
     BLOCK_NT > 0: the program of the keys past the last full BLOCK_N tile computes a tile of
     BLOCK_NT keys, loaded by pointers (197 = 3 x 64 + a 16-key tile, not a fourth 64), and
     takes the queries in BLOCK_N-row steps, Q through KV_DESC(2) and dO through DO_WIDE(2)
-    (BLOCK_N-row boxes of dO); 0: its tile is a full one, masked. With ATOMIC_DQ (bwd_atomic_kernel) it also adds each query
-    tile's share of dQ, dS K, into the fp32 DQ_ACC with atomic adds, and starts its walk over
-    the query tiles at its own index (wrapping round), so that the programs of a head add
-    into different dQ rows at a time. With TMA_DQ too, each tile's adds are one bulk
+    (BLOCK_N-row boxes of dO); 0: its tile is a full one, masked. With ATOMIC_DQ
+    (bwd_atomic_kernel) it also adds each query tile's share of dQ, dS K, into the fp32
+    DQ_ACC with atomic adds, and starts its walk over the query tiles at its own index
+    (wrapping round), so that the programs of a head add into different dQ rows at a time.
+    With TMA_DQ too, each tile's adds are one bulk
     reduction of the tensor memory accelerator (Hopper) through the descriptors DQ_DESC (its
     first BLOCK_D columns) and DQ_DESC2 (the BLOCK_D2 after them) of DQ_ACC viewed as
     (B * H, N, HEAD_DIM): the L2 cache adds whole tiles, where plain atomics send one add per
@@ -921,8 +923,9 @@ def bwd_kernel(QKV, O, DO, LSE, DELTA, DQKV, SEED, QKV_S, QKV_S2, QKV_L, QKV_L2,
     # PART = 0 compiles to one branch on the program id)
     if PART == 1 or (PART == 0 and pid < n_dkdv):
         _bwd_dkdv(pid, QKV, DO, LSE, DELTA, DQKV, DQKV, DQKV, DQKV, QKV_S, QKV_S2, DO_S, DO_S2,
-                  QKV_L, QKV_L2, DO_L, DO_L2, seed, qk_scale, sm_scale, drop_p, H, N, HEAD_DIM, BLOCK_D,
-                  BLOCK_D2, BLOCK_M1, BLOCK_N1, BLOCK_NT1, DROPOUT, False, False, TMA, DIAG)
+                  QKV_L, QKV_L2, DO_L, DO_L2, seed, qk_scale, sm_scale, drop_p, H, N, HEAD_DIM,
+                  BLOCK_D, BLOCK_D2, BLOCK_M1, BLOCK_N1, BLOCK_NT1, DROPOUT, False, False, TMA,
+                  DIAG)
     else:
         _bwd_dq(pid - first_dq, QKV, O, DO, LSE, DELTA, DQKV, QKV_L, QKV_L2, DO_L, DO_L2, QKV_S,
                 QKV_S2, seed, qk_scale, sm_scale, drop_p, H, N, HEAD_DIM, BLOCK_D, BLOCK_D2,
@@ -949,9 +952,9 @@ def bwd_atomic_kernel(QKV, DO, LSE, DELTA, DQ_ACC, DQKV, SEED, DQ_DESC, DQ_DESC2
     bwd_dq_kernel then scales and stores it."""
     seed = tl.load(SEED) if DROPOUT else 0
     _bwd_dkdv(tl.program_id(0), QKV, DO, LSE, DELTA, DQKV, DQ_ACC, DQ_DESC, DQ_DESC2, Q_DESC,
-              Q_DESC2, DO_DESC, DO_DESC2, KV_DESC, KV_DESC2, DO_DESC, DO_DESC2, seed, qk_scale, sm_scale, drop_p, H,
-              N, HEAD_DIM, BLOCK_D, BLOCK_D2, BLOCK_M, BLOCK_N, 0, DROPOUT, True, TMA_DQ, TMA_DQ,
-              DIAG)
+              Q_DESC2, DO_DESC, DO_DESC2, KV_DESC, KV_DESC2, DO_DESC, DO_DESC2, seed, qk_scale,
+              sm_scale, drop_p, H, N, HEAD_DIM, BLOCK_D, BLOCK_D2, BLOCK_M, BLOCK_N, 0, DROPOUT,
+              True, TMA_DQ, TMA_DQ, DIAG)
 
 
 @triton.jit

@@ -430,8 +430,9 @@ def tail_ahead_twins(cands: list[Candidate], n: int) -> list[Candidate]:
     TAIL_AHEAD_MAX keys after at least one full tile: that tile loaded before the loop, where
     its latency overlaps the loop's work, instead of after it (at 197, 577, 1025 and 4097 in
     64-key tiles, a 16-key tail of 5 or 1 keys). The same bits as the candidate; listed
-    beside it, so that the tuner's timings at each shape say which is faster (not yet
-    measured on a GPU)."""
+    beside it, so that the tuner's timings at each shape say which is faster (on the H200
+    the twin of the (128, 32) tile won at both N = 197 ViT shapes, 3% under it, and lost or
+    tied elsewhere: benchmarks/results/gpu_session_caef401/)."""
     return [Candidate(c.family, c.blocks + (("TAIL_AHEAD", 1),), c.num_warps, c.num_stages)
             for c in cands if c.family in ("general", "general_tma")
             and n > c.meta["BLOCK_N"] and 0 < tail_tile(n, c.meta["BLOCK_N"]) <= TAIL_AHEAD_MAX]
