@@ -17,7 +17,12 @@ cuDNN's attention runs at the same shape in the same run, so every row has a rat
   dQ atomically: element by element ("atomic") and, on Hopper, by TMA tile reductions
   ("atomic_tma").
 
-Each case is the median of `--repeats` runs of `triton.testing.do_bench`, with their min-max.
+Each case is the median of `--repeats` runs of `triton.testing.do_bench`, with their min-max
+(`--timer graph`: of `do_bench_cudagraph`, bench_attention.py's GPU-time timer, which keeps
+the GPU busy for its whole window). Each configuration is also timed as the autotuner times
+candidates (`launch._time_ms`: short windows of 10 calls, each after a sleeping kernel), so
+a table shows where the two timers rank configurations differently. `--listed` sweeps the
+autotuner's own list at each shape only (TMA and tail-ahead twins included), not the grid.
 Results go to `<out>/sweep_<op>_<gpu>.json` and `.md`, written after every shape so a run
 stopped by a time limit keeps what it measured. `--budget-s` stops starting new
 configurations after that many seconds.
@@ -110,17 +115,33 @@ def within_rule(n: int, d: int, nondeterministic: bool = False) -> str | None:
     return None
 
 
-def time_case(fn, leaves, backward: bool, repeats: int) -> list[float]:
-    """Milliseconds per call of fn, `repeats` times, by bench_attention.py's eager timer
-    (under no_grad unless it runs a backward)."""
-    time_ms = _timer("events", warmup_ms=25, rep_ms=100)
+def time_case(fn, leaves, backward: bool, repeats: int, timer: str = "events") -> list[float]:
+    """Milliseconds per call of fn, `repeats` times, by bench_attention.py's timer of that
+    kind (under no_grad unless it runs a backward)."""
+    time_ms = _timer(timer, warmup_ms=25, rep_ms=100)
     if backward:
         return [time_ms(fn, leaves) for _ in range(repeats)]
     with torch.no_grad():
         return [time_ms(fn) for _ in range(repeats)]
 
 
-def sweep_shape(op: str, shape, repeats: int, deadline: float) -> dict:
+def tuner_case(fn, leaves, backward: bool, repeats: int) -> list[float]:
+    """Milliseconds per call of fn, `repeats` times, by the autotuner's own timer
+    (launch._time_ms: the median of 5 windows of 10 calls, a sleeping kernel ahead of each).
+    A backward's gradients are cleared before each call, as do_bench's grad_to_none does."""
+    def call():
+        for t in leaves:
+            t.grad = None
+        fn()
+
+    if backward:
+        return [launch._time_ms(call) for _ in range(repeats)]
+    with torch.no_grad():
+        return [launch._time_ms(fn) for _ in range(repeats)]
+
+
+def sweep_shape(op: str, shape, repeats: int, deadline: float, timer: str = "events",
+                listed_only: bool = False) -> dict:
     B, H, N, D = shape
     backward = op != "fwd"
     flops = 4 * B * H * N * N * D * (3.5 if backward else 1.0)
@@ -135,7 +156,8 @@ def sweep_shape(op: str, shape, repeats: int, deadline: float) -> dict:
         if backward:
             o.backward(do_bhnd)
 
-    row = {"shape": list(shape), "cudnn": spread(tflops(time_case(cudnn, [q, k, v], backward, repeats))),
+    row = {"shape": list(shape), "cudnn": spread(tflops(time_case(cudnn, [q, k, v], backward, repeats, timer))),
+           "cudnn_tuner_timer": spread(tflops(tuner_case(cudnn, [q, k, v], backward, repeats))),
            "configs": []}
     del q, k, v
     qkv = torch.randn(B, N, 3, H, D, device="cuda", dtype=torch.bfloat16, requires_grad=True)
@@ -146,8 +168,8 @@ def sweep_shape(op: str, shape, repeats: int, deadline: float) -> dict:
         if backward:
             o.backward(do)
 
-    listed = {c for c in launch.candidates(op, N, D, B * H)}
-    for cand in grid(op, D):
+    listed = launch.candidates(op, N, D, B * H)
+    for cand in (listed if listed_only else grid(op, D)):
         if time.monotonic() > deadline:
             row["stopped"] = "time budget"
             break
@@ -158,14 +180,16 @@ def sweep_shape(op: str, shape, repeats: int, deadline: float) -> dict:
             torch.cuda.synchronize()
             entry["error"] = within_rule(N, D, op == "bwd_atomic")
             if entry["error"] is None:
-                entry["tflops"] = spread(tflops(time_case(flash, [qkv], backward, repeats)))
+                entry["tflops"] = spread(tflops(time_case(flash, [qkv], backward, repeats, timer)))
+                entry["tflops_tuner_timer"] = spread(tflops(tuner_case(flash, [qkv], backward, repeats)))
         except (triton.runtime.errors.OutOfResources, triton.compiler.errors.CompilationError,
                 RuntimeError) as err:  # too big for the chip, or refused by the compiler
             entry["error"] = f"{type(err).__name__}: {str(err).splitlines()[0][:120]}"
         finally:
             _restore()
         row["configs"].append(entry)
-        print(tuple(shape), op, cand.label(), entry.get("tflops", {}).get("median"), entry["error"], flush=True)
+        print(tuple(shape), op, cand.label(), entry.get("tflops", {}).get("median"),
+              entry.get("tflops_tuner_timer", {}).get("median"), entry["error"], flush=True)
     return row
 
 
@@ -173,22 +197,36 @@ def markdown(op: str, rows: list[dict], env: dict, command: str) -> str:
     what = {"fwd": "forward", "bwd": "forward+backward (the forward is the autotuner's choice)",
             "bwd_atomic": "forward+backward with deterministic=False (the forward is the "
                           "autotuner's choice)"}[op]
+    timer = {"events": "`triton.testing.do_bench`",
+             "graph": "`triton.testing.do_bench_cudagraph`"}[env.get("timer", "events")]
     lines = [f"# Flash configurations swept on {env['gpu']}: {what}", "", f"Command: `{command}`", "",
              f"Commit {env['commit']}; torch {env['torch']}, triton {env['triton']}, CUDA {env['cuda']}, "
-             f"cuDNN {env['cudnn']}; {env['date']}. bf16, `triton.testing.do_bench` median of each "
+             f"cuDNN {env['cudnn']}; {env['date']}. bf16, {timer} median of each "
              f"run, {env['repeats']} runs: median (min-max) TFLOP/s. Listed: in the autotuner's "
              "candidate list at this shape. Each configuration was checked against float64 "
-             "under the FA2 rule first.", ""]
+             "under the FA2 rule first. Tuner's timer: the same calls timed as the autotuner "
+             "times candidates (windows of 10 calls after a sleeping kernel), median of the runs.",
+             ""]
     name = lambda e: launch.Candidate.from_json(e["candidate"]).label()  # noqa: E731
     for r in rows:
-        c = r["cudnn"]
-        lines += [f"## {tuple(r['shape'])}: cuDNN {c['median']:.0f} ({c['min']:.0f}-{c['max']:.0f}) TFLOP/s", "",
-                  "| configuration | listed | TFLOP/s | / cuDNN |", "|---|---|---|---|"]
+        c, ct = r["cudnn"], r.get("cudnn_tuner_timer")
+        by_tuner = f"; {ct['median']:.0f} by the tuner's timer" if ct else ""
+        lines += [f"## {tuple(r['shape'])}: cuDNN {c['median']:.0f} ({c['min']:.0f}-{c['max']:.0f}) TFLOP/s{by_tuner}",
+                  "", "| configuration | listed | TFLOP/s | / cuDNN | tuner's timer TFLOP/s | / cuDNN |",
+                  "|---|---|---|---|---|---|"]
         ok = [e for e in r["configs"] if "tflops" in e]
         for e in sorted(ok, key=lambda e: -e["tflops"]["median"]):
-            t = e["tflops"]
+            t, tt = e["tflops"], e.get("tflops_tuner_timer")
+            tuner = (f"{tt['median']:.0f} | {tt['median'] / ct['median']:.2f}x" if tt and ct else "n/a | n/a")
             lines.append(f"| {name(e)} | {'yes' if e['listed'] else ''} | "
-                         f"{t['median']:.0f} ({t['min']:.0f}-{t['max']:.0f}) | {t['median'] / c['median']:.2f}x |")
+                         f"{t['median']:.0f} ({t['min']:.0f}-{t['max']:.0f}) | {t['median'] / c['median']:.2f}x | {tuner} |")
+        if ok and all("tflops_tuner_timer" in e for e in ok):
+            first = max(ok, key=lambda e: e["tflops"]["median"])
+            tuners = max(ok, key=lambda e: e["tflops_tuner_timer"]["median"])
+            lines += ["", f"The fastest by this table's timer: {name(first)}; by the tuner's: {name(tuners)}"
+                      + ("" if first is tuners else
+                         f", {tuners['tflops']['median'] / first['tflops']['median']:.3f}x the first's "
+                         "TFLOP/s by this table's timer") + "."]
         bad = [e for e in r["configs"] if "tflops" not in e]
         if bad:
             lines += ["", "Not timed: " + "; ".join(f"{name(e)}: {e['error']}" for e in bad)]
@@ -205,17 +243,21 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--budget-s", type=float, default=float("inf"),
                         help="start no new configuration after this many seconds")
+    parser.add_argument("--timer", choices=("events", "graph"), default="events",
+                        help="events: do_bench's loop of eager calls; graph: CUDA-graph replays")
+    parser.add_argument("--listed", action="store_true",
+                        help="only the autotuner's candidates at each shape, not the wider grid")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("sweep_configs.py needs a CUDA GPU: it times GPU kernels.")
     deadline = time.monotonic() + args.budget_s
-    env = {**environment(), "repeats": args.repeats}
+    env = {**environment(), "repeats": args.repeats, "timer": args.timer}
     command, rows = command_line(), []
     stem = result_stem(f"sweep_{args.op}", env)
     args.out.mkdir(parents=True, exist_ok=True)
     for shape in args.shapes:
-        rows.append(sweep_shape(args.op, shape, args.repeats, deadline))
+        rows.append(sweep_shape(args.op, shape, args.repeats, deadline, args.timer, args.listed))
         (args.out / f"{stem}.json").write_text(json.dumps(
             {"command": command, "environment": env, "results": rows}, indent=1))
         (args.out / f"{stem}.md").write_text(markdown(args.op, rows, env, command))

@@ -113,15 +113,26 @@ def test_the_sweep_table_ranks_configs_against_cudnn():
     env = {k: "x" for k in ("gpu", "commit", "torch", "triton", "cuda", "cudnn", "date")}
     fast, slow, bad = sweep.grid("bwd", 64)[:3]
     cell = lambda m: {"median": m, "min": m - 1, "max": m + 1, "n": 3}  # noqa: E731
-    row = {"shape": [8, 12, 4097, 64], "cudnn": cell(400.0), "configs": [
-        {"candidate": slow.to_json(), "listed": True, "error": None, "tflops": cell(300.0)},
-        {"candidate": fast.to_json(), "listed": False, "error": None, "tflops": cell(440.0)},
+    row = {"shape": [8, 12, 4097, 64], "cudnn": cell(400.0), "cudnn_tuner_timer": cell(500.0), "configs": [
+        {"candidate": slow.to_json(), "listed": True, "error": None, "tflops": cell(300.0),
+         "tflops_tuner_timer": cell(550.0)},
+        {"candidate": fast.to_json(), "listed": False, "error": None, "tflops": cell(440.0),
+         "tflops_tuner_timer": cell(450.0)},
         {"candidate": bad.to_json(), "listed": True, "error": "o: max error 1 > 0.1"}]}
     lines = sweep.markdown("bwd", [row], {**env, "repeats": 3}, "cmd").splitlines()
-    at = lines.index("| configuration | listed | TFLOP/s | / cuDNN |")
-    assert lines[at + 2] == f"| {fast.label()} |  | 440 (439-441) | 1.10x |"
-    assert lines[at + 3] == f"| {slow.label()} | yes | 300 (299-301) | 0.75x |"
-    assert lines[at + 5] == f"Not timed: {bad.label()}: o: max error 1 > 0.1"
+    assert "## (8, 12, 4097, 64): cuDNN 400 (399-401) TFLOP/s; 500 by the tuner's timer" in lines
+    at = lines.index("| configuration | listed | TFLOP/s | / cuDNN | tuner's timer TFLOP/s | / cuDNN |")
+    assert lines[at + 2] == f"| {fast.label()} |  | 440 (439-441) | 1.10x | 450 | 0.90x |"
+    assert lines[at + 3] == f"| {slow.label()} | yes | 300 (299-301) | 0.75x | 550 | 1.10x |"
+    # the two timers disagree on the fastest: the table says by how much that costs
+    assert lines[at + 5] == (f"The fastest by this table's timer: {fast.label()}; by the tuner's: "
+                             f"{slow.label()}, 0.682x the first's TFLOP/s by this table's timer.")
+    assert lines[at + 7] == f"Not timed: {bad.label()}: o: max error 1 > 0.1"
+    # a result saved before the tuner's timer was added renders without its columns' values
+    old = {k: v for k, v in row.items() if k != "cudnn_tuner_timer"}
+    old["configs"] = [{k: v for k, v in e.items() if k != "tflops_tuner_timer"} for e in row["configs"]]
+    assert f"| {fast.label()} |  | 440 (439-441) | 1.10x | n/a | n/a |" in sweep.markdown(
+        "bwd", [old], {**env, "repeats": 3}, "cmd").splitlines()
 
 
 def test_the_sweep_refuses_a_malformed_shape():

@@ -441,3 +441,23 @@ def test_augment_same_probe_finds_a_checkout_equal_to_itself(capsys):
     root = str(PROBES.parents[1])
     assert probe.main(root, root) == 0
     assert "the same bits in both checkouts (largest difference 0)" in capsys.readouterr().out
+
+
+def test_sustained_probe_sums_a_run_up_by_time_since_its_start():
+    """Each window holds the calls that began in it (median ms per call), and the clock samples
+    taken in it (median MHz); the table shows both per case and window."""
+    probe = _load("sustained")
+    starts = [0.0, 1.0, 2.0, 6.0, 12.0, 40.0]
+    ms = [1.0, 1.0, 1.1, 1.3, 1.2, 1.25]
+    got = probe.windows(starts, ms)
+    assert [(w["from_ms"], w["calls"]) for w in got] == [(0, 2), (2, 2), (10, 1), (30, 1)]
+    assert got[1]["ms"] == pytest.approx(1.2)
+    clocks = probe.clock_windows([(0.5, 1980.0), (1.5, 1970.0), (50.0, 1700.0)])
+    assert clocks == {0: 1975.0, 30: 1700.0}
+    env = {k: "x" for k in ("gpu", "commit", "torch", "triton", "cuda", "cudnn", "date")}
+    rows = [{"impl": "flash", "op": "fwd", "shape": [4, 16, 4097, 128],
+             "runs": [{"windows": got, "clock_mhz": clocks}, {"windows": got, "clock_mhz": None}]}]
+    table = probe.markdown(rows, env, "cmd", 2.0).splitlines()
+    row = next(line for line in table if line.startswith("| flash fwd"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[1:6] == ["1.000 (1975)", "1.200", "1.200", "1.250 (1700)", ""]
