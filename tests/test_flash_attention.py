@@ -7,7 +7,6 @@ absolute floor. Without CUDA the kernels run in Triton's interpreter (see confte
 from __future__ import annotations
 
 import json
-import math
 import os
 import subprocess
 import sys
@@ -1461,55 +1460,35 @@ def test_the_tuner_stops_when_most_candidates_disagree(monkeypatch, tmp_path):
         flash_attention_qkvpacked(qkv)
 
 
-class _FakeEvent:
-    """A CUDA event on a fake clock: `per_call` ms for each call made between two events."""
-    def __init__(self, calls: list, per_call: float):
-        self.calls, self.per_call, self.at = calls, per_call, None
-
-    def record(self):
-        self.at = len(self.calls)
-
-    def synchronize(self):
-        pass
-
-    def elapsed_time(self, end):
-        return self.per_call * (end.at - self.at)
-
-
-def _fake_gpu(monkeypatch, per_call_ms: float, host_us: float = 5.0) -> tuple[list, list]:
-    """A GPU whose calls take per_call_ms and a host that takes host_us to enqueue one:
-    (the calls made, the sleeping kernels' cycles)."""
-    clock = iter([0.0, host_us * 1e-6])
-    monkeypatch.setattr(launch.time, "perf_counter", lambda: next(clock))
-    slept, calls = [], []
-    monkeypatch.setattr(torch.cuda, "Event", lambda enable_timing: _FakeEvent(calls, per_call_ms))
-    monkeypatch.setattr(torch.cuda, "_sleep", slept.append, raising=False)
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
-    return calls, slept
-
-
 @pytest.mark.parametrize("host_us, cycles", [(5, launch.SLEEP_CYCLES), (80, 3_200_000),
                                              (5_000, launch.SLEEP_MAX)])
 def test_tuner_sleep_outlasts_the_host(monkeypatch, host_us, cycles):
-    """Where a call is short, each timing window starts behind a sleeping kernel long enough
-    for the host to enqueue the window's calls (twice one call's host time, measured after
-    the warm-up), so a candidate with a costlier launch (a TMA twin's descriptors) is timed
-    on its GPU time, not on the host's: half a millisecond at least, 20 ms at most."""
-    calls, slept = _fake_gpu(monkeypatch, 0.05, host_us)
-    assert launch.BUSY_MS > 0.05
-    assert launch._time_ms(lambda: calls.append(1), calls=10, repeats=3) == 0.05
-    assert slept == [cycles] * 3 and len(calls) == 2 + 10 * 3
+    """Each timing window starts behind a sleeping kernel long enough for the host to
+    enqueue the window's calls (twice one call's host time, measured after the warm-up),
+    so a candidate with a costlier launch (a TMA twin's descriptors) is timed on its GPU
+    time, not on the host's: half a millisecond at least, 20 ms at most."""
+    clock = iter([0.0, host_us * 1e-6])
+    monkeypatch.setattr(launch.time, "perf_counter", lambda: next(clock))
+    slept, calls = [], []
 
+    class Event:
+        def __init__(self, enable_timing):
+            self.at = None
 
-def test_tuner_times_a_long_call_with_the_gpu_kept_busy(monkeypatch):
-    """Where one call takes BUSY_MS or more, the candidate runs back to back for HEAT_MS of GPU
-    time after its first window, and its other windows follow with no sleep between them:
-    it is timed at the clock the GPU holds while busy, as in training or a benchmark."""
-    calls, slept = _fake_gpu(monkeypatch, 0.25)
+        def record(self):
+            self.at = len(calls)
+
+        def synchronize(self):
+            pass
+
+        def elapsed_time(self, end):
+            return 0.25 * (end.at - self.at)  # 0.25 ms a call
+
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(torch.cuda, "_sleep", slept.append, raising=False)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
     assert launch._time_ms(lambda: calls.append(1), calls=10, repeats=3) == 0.25
-    heat = math.ceil(launch.HEAT_MS / 0.25)
-    assert slept == [launch.SLEEP_CYCLES]  # only ahead of the first window
-    assert len(calls) == 2 + 10 + heat + 10 * 3
+    assert slept == [cycles] * 3 and len(calls) == 2 + 10 * 3
 
 
 def test_launch_orders_constexprs_as_the_kernel_does():

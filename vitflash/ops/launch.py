@@ -32,7 +32,6 @@ that is not 16-byte aligned takes Triton's own launch path).
 from __future__ import annotations
 
 import json
-import math
 import os
 import threading
 import time
@@ -55,8 +54,6 @@ except ImportError:  # (Windows: none; of two processes writing at once, one's e
 
 INTERPRET = bool(kernels.INTERPRET)
 # bump when a kernel or the candidate list changes in a way that can change the best config:
-# 26, long calls timed with the GPU kept busy (_time_ms: HEAT_MS first, no sleep between
-#     windows), at the clock a benchmark's or a training step's busy GPU holds;
 # 25, no backward tail programs at head dims with a 16-column second chunk or past 128
 #     columns (flash._bwd_tails): the best backward there changes (TMA loads win again);
 # 24, 23's lazy twins taken out again: the fastest twin 5-19% slower than the fastest plain
@@ -88,7 +85,7 @@ INTERPRET = bool(kernels.INTERPRET)
 # 6, the forwards' FMA-folded softmax (and the bwd_atomic op);
 # 5, split head dims (4 keyed the reverted TAILS candidates of 067433b, which a GPU
 #    machine's cache file may still hold)
-CACHE_VERSION = 26
+CACHE_VERSION = 25
 
 # the families of bwd_atomic's own kernels: dQ added element by element, or by TMA tiles
 ATOMIC_FAMILIES = ("atomic", "atomic_tma")
@@ -798,29 +795,17 @@ def _sleep_cycles(host_s: float, calls: int) -> int:
     return round(min(SLEEP_MAX, max(SLEEP_CYCLES, 2 * calls * host_s * SLEEP_HZ)))
 
 
-# A call of at least BUSY_MS of GPU time is timed busy: HEAT_MS of its own calls back to
-# back first, then windows back to back, the GPU never idle in between (see _time_ms)
-BUSY_MS, HEAT_MS = 0.1, 50.0
-
-
 def _time_ms(fn: Callable[[], None], calls: int = 10, repeats: int = 5) -> float:
     """Median over `repeats` windows of GPU milliseconds per call of fn, from CUDA events.
     Not triton.testing.do_bench: that allocates a 256 MB buffer to flush the L2 cache before
     every call, which would show in the caller's peak memory (an eval's, say) for a tuning
     that ran once; and in training the inputs of attention come straight from the qkv
-    projection, in L2 as here.
-
-    A first window, behind a sleeping kernel that keeps the GPU busy while the host enqueues
-    its calls, times one call's GPU time, not the host's launches (small shapes take less
-    GPU time than launch time). The sleep is sized by one call's host time
-    (`_sleep_cycles`): a candidate whose launch costs more host time (the TMA twins build
-    their descriptors per call) is still judged on its GPU time, as a CUDA graph replays it.
-    Where that call is short (under BUSY_MS), the other windows are timed the same way.
-
-    Where it is long, the GPU at its power limit runs slower the longer it stays busy, as it
-    does in training and in a benchmark's window. So fn runs back to back for HEAT_MS of GPU
-    time first, then the windows follow one another with the GPU never idle: each candidate
-    is timed at its own steady clock, which a candidate that draws more power lowers more."""
+    projection, in L2 as here. A sleeping kernel ahead of each window keeps the GPU busy
+    while the host enqueues the calls, so a window times the kernels, not the host's
+    launches (small shapes take less GPU time than launch time). The sleep is sized by one
+    call's host time (`_sleep_cycles`): a candidate whose launch costs more host time (the
+    TMA twins build their descriptors per call) is still judged on its GPU time, as a
+    CUDA graph replays it."""
     fn()  # warm-up
     torch.cuda.synchronize()
     t0 = time.perf_counter()
@@ -829,31 +814,16 @@ def _time_ms(fn: Callable[[], None], calls: int = 10, repeats: int = 5) -> float
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     sleep = getattr(torch.cuda, "_sleep", None)
     cycles = _sleep_cycles(host_s, calls)
-
-    def window(after_sleep: bool) -> float:
-        if after_sleep and sleep is not None:
+    times = []
+    for _ in range(repeats):
+        if sleep is not None:
             sleep(cycles)
         start.record()
         for _ in range(calls):
             fn()
         end.record()
         end.synchronize()
-        return start.elapsed_time(end) / calls
-
-    first = window(True)
-    if first < BUSY_MS:
-        times = [first] + [window(True) for _ in range(repeats - 1)]
-        return sorted(times)[len(times) // 2]
-    marks = [torch.cuda.Event(enable_timing=True) for _ in range(repeats + 1)]
-    for _ in range(math.ceil(HEAT_MS / first)):
-        fn()
-    marks[0].record()
-    for i in range(repeats):
-        for _ in range(calls):
-            fn()
-        marks[i + 1].record()
-    marks[-1].synchronize()
-    times = [a.elapsed_time(b) / calls for a, b in zip(marks, marks[1:])]
+        times.append(start.elapsed_time(end) / calls)
     return sorted(times)[len(times) // 2]
 
 
