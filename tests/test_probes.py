@@ -243,6 +243,35 @@ def test_tuning_spread_probe_compares_twins_with_their_candidates(tmp_path):
     assert "(8, 12, 512, 64)" not in out
 
 
+def test_tuning_spread_probe_sets_the_tuners_time_beside_the_benchmarks(tmp_path):
+    """--against-bench: per shape whose run tuned both ops, the tuner's fastest forward and
+    backward beside the benchmark's forward and forward+backward less forward, their ratios,
+    and the tuner's first and second forward; a shape whose choice came from the cache file
+    (no timings) is left out."""
+    def entry(m, ms):
+        return {"candidate": {"family": "general", "blocks": {"BLOCK_M": m, "BLOCK_N": 64},
+                              "num_warps": 4, "num_stages": 3}, "ms": ms}
+
+    bwd = [{"candidate": {"family": "general", "blocks": {"BLOCK_M1": 32, "BLOCK_N1": 128, "BLOCK_M2": 128,
+                                                            "BLOCK_N2": 32}, "num_warps": 4, "num_stages": 3}, "ms": 3.0}]
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps({"results": {"shapes": [
+        {"shape": [4, 16, 4097, 128], "sdpa_cudnn": {"fwd_ms": 1.04},
+         "flash": {"fwd_ms": 1.2, "fwd_bwd_ms": 4.5, "fwd_tflops": 456.0,
+                   "tuning_ms": {"fwd": [entry(128, 1.02), entry(64, 1.0)], "bwd": bwd}}},
+        {"shape": [8, 12, 577, 64], "flash": {"fwd_ms": 0.2, "fwd_bwd_ms": 0.8, "tuning_ms": None}}]}}))
+    probe = _load("tuning_spread")
+    (row,) = probe.against_bench([path])
+    assert (row["fwd_tuner"], row["fwd_bench"], row["bwd_tuner"]) == (1.0, 1.2, 3.0)
+    assert row["bwd_bench"] == pytest.approx(3.3) and row["fwd_second_ratio"] == pytest.approx(1.02)
+    assert (row["fwd_first"], row["fwd_second"]) == ("M=64 N=64, 4w 3s", "M=128 N=64, 4w 3s")
+    out = subprocess.run([sys.executable, str(PROBES / "tuning_spread.py"), str(path), "--against-bench"],
+                         capture_output=True, text=True, check=True).stdout
+    assert ("| (4, 16, 4097, 128) | 1.000 | 1.200 | 1.200 | 456 | 1.040 | 3.000 | 3.300 | 1.100 | "
+            "M=64 N=64, 4w 3s | M=128 N=64, 4w 3s (1.020) |") in out
+    assert "(8, 12, 577, 64)" not in out
+
+
 def test_agreement_probe_shows_rounding_well_inside_the_tuners_bound_on_its_inputs():
     """The premise of the tuner's check: on standard-normal inputs (what flash._probe gives)
     bf16 rounding moves attention by a unit or two, far inside launch.AGREE_ULPS, while

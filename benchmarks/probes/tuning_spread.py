@@ -17,6 +17,14 @@ without the block:
 
     python benchmarks/probes/tuning_spread.py --twins LAZY benchmarks/results/gpu_session_b7a82e1/run1/attn_large/*.json
 
+`--against-bench` sets the tuner's time of the candidate it chose (its fastest) beside the
+benchmark's own time of the same op at the same shape, in the same run: the forward, and the
+backward as forward+backward less forward. A ratio above 1 means the benchmark's timer
+(`--timer graph`: replays that keep the GPU busy for a whole window) measured the chosen
+kernel slower than the tuner's short windows did:
+
+    python benchmarks/probes/tuning_spread.py --against-bench benchmarks/results/gpu_session_b7a82e1/run*/attn_*/*.json
+
 Runs on any machine: it reads JSON only.
 """
 from __future__ import annotations
@@ -85,6 +93,31 @@ def twins(files: list[Path], block: str) -> list[dict]:
     return rows
 
 
+def against_bench(files: list[Path]) -> list[dict]:
+    """Per (file, shape) whose run tuned both ops: the tuner's fastest time and the benchmark's
+    time of the forward and of the backward (forward+backward less forward), in ms, the
+    benchmark's forward TFLOP/s and cuDNN's forward ms where the run has them, and the
+    tuner's fastest and second-fastest forward (the second's time over the first's)."""
+    rows = []
+    for f in files:
+        for row in json.loads(f.read_text())["results"]["shapes"]:
+            flash = row.get("flash", {})
+            timed = flash.get("tuning_ms") or {}
+            if not (timed.get("fwd") and timed.get("bwd") and "fwd_ms" in flash):
+                continue
+            fwd = sorted(timed["fwd"], key=lambda t: t["ms"])
+            rows.append(dict(file=str(f), shape=row["shape"],
+                             fwd_tuner=fwd[0]["ms"], fwd_bench=flash["fwd_ms"],
+                             fwd_first=name(fwd[0]["candidate"]),
+                             fwd_second=name(fwd[1]["candidate"]) if len(fwd) > 1 else None,
+                             fwd_second_ratio=fwd[1]["ms"] / fwd[0]["ms"] if len(fwd) > 1 else None,
+                             bwd_tuner=min(t["ms"] for t in timed["bwd"]),
+                             bwd_bench=flash["fwd_bwd_ms"] - flash["fwd_ms"],
+                             fwd_tflops=flash.get("fwd_tflops"),
+                             cudnn_fwd=row.get("sdpa_cudnn", {}).get("fwd_ms")))
+    return rows
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("files", nargs="+", type=Path, help="bench_attention.py JSON files")
@@ -93,7 +126,22 @@ def main(argv=None) -> None:
     p.add_argument("--by-head-dim", action="store_true", help="a table per op and head dim")
     p.add_argument("--twins", metavar="BLOCK",
                    help="compare the twins with this block (e.g. TAIL_AHEAD) with their candidates")
+    p.add_argument("--against-bench", action="store_true",
+                   help="the tuner's time of its choice beside the benchmark's time of the same op")
     args = p.parse_args(argv)
+    if args.against_bench:
+        print("| file | shape | fwd: tuner ms | bench ms | bench / tuner | fwd TFLOP/s (bench) "
+              "| cuDNN fwd ms (bench) | bwd: tuner ms | bench ms | bench / tuner | fwd chosen "
+              "| tuner's second (its time / the chosen's) |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+        for r in against_bench(args.files):
+            tflops = f"{r['fwd_tflops']:.0f}" if r["fwd_tflops"] else "n/a"
+            cudnn = f"{r['cudnn_fwd']:.3f}" if r["cudnn_fwd"] else "n/a"
+            second = f"{r['fwd_second']} ({r['fwd_second_ratio']:.3f})" if r["fwd_second"] else "n/a"
+            print(f"| {r['file']} | {tuple(r['shape'])} | {r['fwd_tuner']:.3f} | {r['fwd_bench']:.3f} | "
+                  f"{r['fwd_bench'] / r['fwd_tuner']:.3f} | {tflops} | {cudnn} | {r['bwd_tuner']:.3f} | "
+                  f"{r['bwd_bench']:.3f} | {r['bwd_bench'] / r['bwd_tuner']:.3f} | {r['fwd_first']} | {second} |")
+        return
     if args.twins:
         print(f"| file | shape | op | pairs | {args.twins} twin / its candidate: min | median | max "
               f"| fastest twin / fastest without |")
