@@ -20,7 +20,7 @@ cuDNN's attention runs at the same shape in the same run, so every row has a rat
 Each case is the median of `--repeats` runs of `triton.testing.do_bench`, with their min-max
 (`--timer graph`: of `do_bench_cudagraph`, bench_attention.py's GPU-time timer, which keeps
 the GPU busy for its whole window). Each configuration is also timed as the autotuner times
-candidates (`launch._time_ms`: short windows of 10 calls, each after a sleeping kernel), so
+candidates (`launch._time_ms`, windows of 10 calls; see its docstring), so
 a table shows where the two timers rank configurations differently. `--listed` sweeps the
 autotuner's own list at each shape only (TMA and tail-ahead twins included), not the grid.
 Results go to `<out>/sweep_<op>_<gpu>.json` and `.md`, written after every shape so a run
@@ -127,7 +127,7 @@ def time_case(fn, leaves, backward: bool, repeats: int, timer: str = "events") -
 
 def tuner_case(fn, leaves, backward: bool, repeats: int) -> list[float]:
     """Milliseconds per call of fn, `repeats` times, by the autotuner's own timer
-    (launch._time_ms: the median of 5 windows of 10 calls, a sleeping kernel ahead of each).
+    (launch._time_ms: windows of 10 calls, timed as its docstring says).
     A backward's gradients are cleared before each call, as do_bench's grad_to_none does."""
     def call():
         for t in leaves:
@@ -205,7 +205,7 @@ def markdown(op: str, rows: list[dict], env: dict, command: str) -> str:
              f"run, {env['repeats']} runs: median (min-max) TFLOP/s. Listed: in the autotuner's "
              "candidate list at this shape. Each configuration was checked against float64 "
              "under the FA2 rule first. Tuner's timer: the same calls timed as the autotuner "
-             "times candidates (windows of 10 calls after a sleeping kernel), median of the runs.",
+             "times candidates (`launch._time_ms`, windows of 10 calls), median of the runs.",
              ""]
     name = lambda e: launch.Candidate.from_json(e["candidate"]).label()  # noqa: E731
     for r in rows:
