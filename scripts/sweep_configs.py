@@ -46,7 +46,7 @@ from vitflash.ops import flash as flash_mod
 from vitflash.ops import flash_attention_qkvpacked, launch, naive_attention
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_attention import _timer, command_line, environment, parse_shape, result_stem, spread  # noqa: E402
+from bench_attention import TIMERS, _timer, command_line, environment, parse_shape, result_stem, spread  # noqa: E402
 
 ABS_FLOOR = 1e-5
 
@@ -197,12 +197,11 @@ def markdown(op: str, rows: list[dict], env: dict, command: str) -> str:
     what = {"fwd": "forward", "bwd": "forward+backward (the forward is the autotuner's choice)",
             "bwd_atomic": "forward+backward with deterministic=False (the forward is the "
                           "autotuner's choice)"}[op]
-    timer = {"events": "`triton.testing.do_bench`",
-             "graph": "`triton.testing.do_bench_cudagraph`"}[env.get("timer", "events")]
+    timer = TIMERS[env.get("timer", "events")]
     lines = [f"# Flash configurations swept on {env['gpu']}: {what}", "", f"Command: `{command}`", "",
              f"Commit {env['commit']}; torch {env['torch']}, triton {env['triton']}, CUDA {env['cuda']}, "
-             f"cuDNN {env['cudnn']}; {env['date']}. bf16, {timer} median of each "
-             f"run, {env['repeats']} runs: median (min-max) TFLOP/s. Listed: in the autotuner's "
+             f"cuDNN {env['cudnn']}; {env['date']}. bf16, the median of each run by {timer}; "
+             f" {env['repeats']} runs: median (min-max) TFLOP/s. Listed: in the autotuner's "
              "candidate list at this shape. Each configuration was checked against float64 "
              "under the FA2 rule first. Tuner's timer: the same calls timed as the autotuner "
              "times candidates (`launch._time_ms`, windows of 10 calls), median of the runs.",
@@ -243,8 +242,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--budget-s", type=float, default=float("inf"),
                         help="start no new configuration after this many seconds")
-    parser.add_argument("--timer", choices=("events", "graph"), default="events",
-                        help="events: do_bench's loop of eager calls; graph: CUDA-graph replays")
+    parser.add_argument("--timer", choices=sorted(TIMERS), default="events",
+                        help="; ".join(f"{k}: {v}" for k, v in TIMERS.items()))
     parser.add_argument("--listed", action="store_true",
                         help="only the autotuner's candidates at each shape, not the wider grid")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))

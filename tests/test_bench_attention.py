@@ -208,6 +208,22 @@ def test_the_sweep_checks_and_times_configs_on_the_gpu(op):
     for entry in row["configs"]:
         assert "tflops" in entry or entry["error"].startswith(("OutOfResources", "CompilationError")), entry
     assert any(entry["listed"] and "tflops" in entry for entry in row["configs"])
+    assert all("tflops_tuner_timer" in entry for entry in row["configs"] if "tflops" in entry)
+
+
+@pytest.mark.gpu
+def test_the_sweep_of_the_listed_candidates_by_the_graph_timer():
+    """--listed --timer graph: exactly the autotuner's candidates at the shape, in its order,
+    each timed by the CUDA-graph timer and by the tuner's own."""
+    import time
+
+    shape = (4, 2, 577, 64)
+    row = sweep.sweep_shape("fwd", shape, 1, time.monotonic() + 600, timer="graph", listed_only=True)
+    listed = launch.candidates("fwd", 577, 64, 8)
+    assert [launch.Candidate.from_json(e["candidate"]) for e in row["configs"]] == listed
+    timed = [e for e in row["configs"] if "tflops" in e]
+    assert timed and all(e["listed"] and e["tflops_tuner_timer"]["median"] > 0 for e in timed)
+    assert row["cudnn_tuner_timer"]["median"] > 0
 
 
 def test_the_one_call_table_sets_flash_and_the_floor_against_sdpa():
