@@ -490,3 +490,17 @@ def test_sustained_probe_sums_a_run_up_by_time_since_its_start():
     row = next(line for line in table if line.startswith("| flash fwd"))
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert cells[1:6] == ["1.000 (1975)", "1.200", "1.200", "1.250 (1700)", ""]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("impl, backward", [("flash", False), ("sdpa_cudnn", True)])
+def test_sustained_probe_times_calls_back_to_back_on_the_gpu(impl, backward):
+    """A short run of the probe on CUDA: calls enough for about 50 ms, each timed, summed up in
+    windows from the first (0-2 ms at least), each window's median positive."""
+    probe = _load("sustained")
+    leaves, fwd, do = probe.make_case(impl, 8, 4, 257, 64, torch.bfloat16)
+    fn = (lambda: fwd().backward(do)) if backward else fwd
+    run = probe.run_case(fn, leaves, backward, seconds=0.05, idle_s=0.1)
+    assert run["calls"] >= 10 and run["windows"][0]["from_ms"] == 0
+    assert sum(w["calls"] for w in run["windows"]) == run["calls"]
+    assert all(w["ms"] > 0 for w in run["windows"])
