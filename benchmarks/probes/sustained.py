@@ -38,25 +38,29 @@ from bench_attention import command_line, environment, make_case, parse_shape, w
 EDGES_MS = (0, 2, 10, 30, 100, 300, 1000, 3000, 10000)
 
 
+def _by_window(pairs, edges=EDGES_MS) -> dict[int, list[float]]:
+    """{edges[i]: the values whose time falls in [edges[i], edges[i+1])} of (ms since the
+    start, value) pairs, for the windows that hold any."""
+    out: dict[int, list[float]] = {}
+    for t, value in pairs:
+        for lo, hi in zip(edges, edges[1:]):
+            if lo <= t < hi:
+                out.setdefault(lo, []).append(value)
+                break
+    return out
+
+
 def windows(starts_ms: list[float], call_ms: list[float], edges=EDGES_MS) -> list[dict]:
     """Median ms per call of the calls that began in each window [edges[i], edges[i+1]),
     for the windows that hold any."""
-    out = []
-    for lo, hi in zip(edges, edges[1:]):
-        inside = [ms for s, ms in zip(starts_ms, call_ms) if lo <= s < hi]
-        if inside:
-            out.append({"from_ms": lo, "to_ms": hi, "calls": len(inside), "ms": statistics.median(inside)})
-    return out
+    found = _by_window(zip(starts_ms, call_ms), edges)
+    return [{"from_ms": lo, "to_ms": hi, "calls": len(found[lo]), "ms": statistics.median(found[lo])}
+            for lo, hi in zip(edges, edges[1:]) if lo in found]
 
 
 def clock_windows(samples: list[tuple[float, float]], edges=EDGES_MS) -> dict:
     """{from_ms: median MHz} of the (ms since start, MHz) samples in each window."""
-    out = {}
-    for lo, hi in zip(edges, edges[1:]):
-        inside = [mhz for t, mhz in samples if lo <= t < hi]
-        if inside:
-            out[lo] = statistics.median(inside)
-    return out
+    return {lo: statistics.median(v) for lo, v in _by_window(samples, edges).items()}
 
 
 def _clock_reader(device: int):
@@ -112,9 +116,7 @@ def run_case(fn, leaves, backward: bool, seconds: float, idle_s: float) -> dict:
         if sampler:
             sampler.join()
     call_ms = [a.elapsed_time(b) for a, b in zip(events, events[1:])]
-    starts = [0.0]
-    for ms in call_ms[:-1]:
-        starts.append(starts[-1] + ms)
+    starts = [events[0].elapsed_time(e) for e in events[:-1]]
     return {"calls": calls, "windows": windows(starts, call_ms),
             "clock_mhz": clock_windows(samples) if sampler else None}
 
