@@ -270,6 +270,19 @@ def test_tuning_spread_probe_sets_the_tuners_time_beside_the_benchmarks(tmp_path
     assert ("| (4, 16, 4097, 128) | 1.000 | 1.200 | 1.200 | 456 | 1.040 | 3.000 | 3.300 | 1.100 | "
             "M=64 N=64, 4w 3s | M=128 N=64, 4w 3s (1.020) |") in out
     assert "(8, 12, 577, 64)" not in out
+    # the same shape again with the other forward chosen: grouped apart by the choice
+    other = {"shape": [4, 16, 4097, 128], "sdpa_cudnn": {"fwd_ms": 1.06},
+             "flash": {"fwd_ms": 1.1, "fwd_bwd_ms": 4.4, "fwd_tflops": 480.0,
+                       "tuning_ms": {"fwd": [entry(128, 1.02), entry(64, 1.03)], "bwd": bwd}}}
+    second = tmp_path / "run2.json"
+    second.write_text(json.dumps({"results": {"shapes": [other, other]}}))
+    groups = probe.by_choice(probe.against_bench([path, second]))
+    assert [(g["chosen"], g["runs"]) for g in groups] == [("M=64 N=64, 4w 3s", 1), ("M=128 N=64, 4w 3s", 2)]
+    assert groups[1]["ratio"] == pytest.approx((1.1 / 1.02, 1.1 / 1.02))
+    assert groups[1]["tflops"] == (480.0, 480.0, 480.0) and groups[1]["cudnn_fwd"] == (1.06, 1.06)
+    out = subprocess.run([sys.executable, str(PROBES / "tuning_spread.py"), str(path), str(second), "--against-bench"],
+                         capture_output=True, text=True, check=True).stdout
+    assert "| (4, 16, 4097, 128) | M=128 N=64, 4w 3s | 2 | 1.08-1.08x | 480 (480-480) | 1.060-1.060 |" in out
 
 
 def test_agreement_probe_shows_rounding_well_inside_the_tuners_bound_on_its_inputs():

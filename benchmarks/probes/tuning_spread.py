@@ -118,6 +118,24 @@ def against_bench(files: list[Path]) -> list[dict]:
     return rows
 
 
+def by_choice(rows: list[dict]) -> list[dict]:
+    """against_bench's rows grouped by (shape, the forward the tuner chose): how many runs
+    chose it, the spread of benchmark / tuner over them, and the benchmark's forward TFLOP/s
+    (median, min, max) and cuDNN's forward ms (min, max) in those runs."""
+    groups: dict[tuple, list[dict]] = collections.defaultdict(list)
+    for r in rows:
+        groups[tuple(r["shape"]), r["fwd_first"]].append(r)
+    out = []
+    for (shape, chosen), rs in groups.items():
+        ratios = [r["fwd_bench"] / r["fwd_tuner"] for r in rs]
+        tflops = [r["fwd_tflops"] for r in rs if r["fwd_tflops"]]
+        cudnn = [r["cudnn_fwd"] for r in rs if r["cudnn_fwd"]]
+        out.append(dict(shape=list(shape), chosen=chosen, runs=len(rs), ratio=(min(ratios), max(ratios)),
+                        tflops=(statistics.median(tflops), min(tflops), max(tflops)) if tflops else None,
+                        cudnn_fwd=(min(cudnn), max(cudnn)) if cudnn else None))
+    return out
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("files", nargs="+", type=Path, help="bench_attention.py JSON files")
@@ -141,6 +159,15 @@ def main(argv=None) -> None:
             print(f"| {r['file']} | {tuple(r['shape'])} | {r['fwd_tuner']:.3f} | {r['fwd_bench']:.3f} | "
                   f"{r['fwd_bench'] / r['fwd_tuner']:.3f} | {tflops} | {cudnn} | {r['bwd_tuner']:.3f} | "
                   f"{r['bwd_bench']:.3f} | {r['bwd_bench'] / r['bwd_tuner']:.3f} | {r['fwd_first']} | {second} |")
+        print("\nBy shape and the forward the tuner chose:\n")
+        print("| shape | fwd chosen | runs | bench / tuner | fwd TFLOP/s (bench): median (min-max) "
+              "| cuDNN fwd ms (bench) |")
+        print("|---|---|---|---|---|---|")
+        for g in by_choice(against_bench(args.files)):
+            t, c = g["tflops"], g["cudnn_fwd"]
+            print(f"| {tuple(g['shape'])} | {g['chosen']} | {g['runs']} | {g['ratio'][0]:.2f}-{g['ratio'][1]:.2f}x | "
+                  + (f"{t[0]:.0f} ({t[1]:.0f}-{t[2]:.0f})" if t else "n/a") + " | "
+                  + (f"{c[0]:.3f}-{c[1]:.3f}" if c else "n/a") + " |")
         return
     if args.twins:
         print(f"| file | shape | op | pairs | {args.twins} twin / its candidate: min | median | max "
