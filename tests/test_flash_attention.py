@@ -1511,9 +1511,10 @@ def test_tuning_compiles_all_then_keeps_each_candidates_best_round(monkeypatch):
     events = []
 
     def run(cand):
-        events.append(("run", cand))
         if cand is too_big:
             raise triton.runtime.errors.OutOfResources(1, 0, "shared memory")
+        if not launch._compiling.only:  # (a compile alone launches nothing)
+            events.append(("run", cand))
 
     def time_ms(fn):  # one window: its calls are logged as a "time" event
         at = len(events)
@@ -1528,10 +1529,40 @@ def test_tuning_compiles_all_then_keeps_each_candidates_best_round(monkeypatch):
     assert launch._time_candidates(cands, run, times) is slow_once
     assert times == {slow_once: 1.0, steady: 2.0, cands[3]: 3.0}  # each one's better round
     first_time = next(i for i, e in enumerate(events) if e[0] == "time")
-    assert [c for _, c in events[:first_time]] == cands  # all compiled first
+    assert [c for _, c in events[:first_time]] == cands[1:]  # all run first
     assert [c for kind, c in events if kind == "time"] == [slow_once, steady, cands[3]] * launch.TIMING_ROUNDS
     with pytest.raises(RuntimeError, match="no flash-attention configuration compiles"):
         launch._time_candidates([too_big], run)
+
+
+def test_tuning_leaves_out_a_candidate_the_compiler_fails_on(monkeypatch):
+    """A compiler can fail on one configuration with any error (triton 3.8 aborts an MLIR
+    pass with a RuntimeError on some loop forms): the tuner leaves that candidate out with a
+    warning that names it and times the rest, and says what failed if none compiles. A
+    failure at launch (the GPU may be in an error state) still ends the tuning."""
+    cands = [launch.short_fwd(65, m) for m in (16, 32, 64)]
+    crashes, fine, faults = cands
+    ms = {fine: 2.0, faults: 1.0}
+
+    def run(cand):
+        if launch._compiling.only:  # a compile alone
+            if cand is crashes:
+                raise RuntimeError("PassManager::run failed\n<a page of IR>")
+        elif cand is faults:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    monkeypatch.setattr(launch, "_time_ms", lambda fn: (fn(), ms[timed[0]])[1])
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    timed = [fine]
+    with pytest.warns(UserWarning, match=r"short: M=16 .*does not compile .*RuntimeError: "
+                                         r"PassManager::run failed\)"):
+        assert launch._time_candidates([crashes, fine], run) is fine
+    with pytest.warns(UserWarning), pytest.raises(RuntimeError, match="illegal memory access"):
+        launch._time_candidates(cands, run)
+    with pytest.warns(UserWarning), pytest.raises(
+            RuntimeError, match=r"no flash-attention configuration compiles .*first fault: "
+                                r"RuntimeError: PassManager::run failed\)"):
+        launch._time_candidates([crashes], run)
 
 
 def test_candidates_compile_on_threads_before_timing(monkeypatch):

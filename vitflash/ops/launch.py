@@ -838,8 +838,8 @@ def _compile_all(cands: list[Candidate], run: Callable[[Candidate], None]) -> No
     Triton's AsyncCompileMode, run(cand) with this thread's Launches set to compile only
     (Triton's warm-up) hands each kernel's compile to a pool of threads, and leaving the
     mode waits for them all and puts the binaries in the kernels' caches. A candidate that
-    fails to compile raises when _time_candidates runs it, which skips or reports it as it
-    does a serial compile's failure."""
+    fails to compile here fails again when _time_candidates compiles it alone
+    (_compile_error), which leaves it out."""
     mode = getattr(triton, "AsyncCompileMode", None)  # in triton 3.6 and 3.8
     if mode is None or COMPILE_THREADS < 2 or len(cands) < 2:
         return
@@ -858,6 +858,32 @@ def _compile_all(cands: list[Candidate], run: Callable[[Candidate], None]) -> No
 
 
 TIMING_ROUNDS = 2
+
+# What a configuration that does not fit the chip raises: too much shared memory or too many
+# registers (at launch), or a compile that Triton refuses for the config
+_UNFIT = (triton.runtime.errors.OutOfResources, triton.compiler.errors.CompilationError)
+
+
+def _compile_error(cand: Candidate, run: Callable[[Candidate], None]) -> Exception | None:
+    """Compile cand's kernels without launching them (Triton's warm-up, as in _compile_all,
+    whose binaries it finds in the cache): None, or what the compile raised. Besides _UNFIT,
+    a Triton compiler can fail on a config with any error (an MLIR pass that aborts raises a
+    RuntimeError); that leaves the candidate out instead of ending the tuning, while a
+    failure of a launch, which may leave the GPU in an error state, still propagates."""
+    _compiling.only = True
+    try:
+        run(cand)
+    except Exception as err:  # (see above: any compile failure)
+        return err
+    finally:
+        _compiling.only = False
+    return None
+
+
+def _first_line(err: Exception) -> str:
+    """err's type and the first line of its message (a compiler's can be a page of IR)."""
+    lines = str(err).strip().splitlines()
+    return type(err).__name__ + (f": {lines[0][:200]}" if lines else "")
 
 
 # A candidate's result agrees with the reference's where no element differs by more than
@@ -895,7 +921,9 @@ def _time_candidates(cands: list[Candidate], run: Callable[[Candidate], None],
     judged on that one window. (With one window each, timed right after its compile, the
     tuner once kept a forward at (4, 16, 4097, 128) that scripts/sweep_configs.py then
     measured 12% slower than another listed candidate.) `times`, if given, receives each
-    timed candidate's milliseconds per call.
+    timed candidate's milliseconds per call. A candidate whose compile fails is left out:
+    silently where it does not fit the chip (_UNFIT), with a warning where the compiler
+    itself failed (_compile_error).
 
     check = (reference, verify): before any is timed, each candidate's results, verify(cand),
     must agree with the reference candidate's (_disagreement). verify runs a candidate on
@@ -909,16 +937,25 @@ def _time_candidates(cands: list[Candidate], run: Callable[[Candidate], None],
     if check is not None:
         reference, verify = check
         try:
-            ref = tuple(t.clone() for t in verify(reference))
-            torch.cuda.synchronize()
-        except (triton.runtime.errors.OutOfResources, triton.compiler.errors.CompilationError):
+            if _compile_error(reference, run) is None:
+                ref = tuple(t.clone() for t in verify(reference))
+                torch.cuda.synchronize()
+        except _UNFIT:
             pass  # nothing to compare with: the candidates are timed unchecked
-    ready, wrong = [], []
+    ready, wrong, broken = [], [], []
     for cand in cands:
+        err = _compile_error(cand, run)
+        if err is not None:
+            if not isinstance(err, _UNFIT):  # not a config that does not fit: a compiler fault
+                broken.append(err)
+                warnings.warn(f"flash attention: {cand.label()} does not compile with triton "
+                              f"{triton.__version__} here ({_first_line(err)}); it is left out of "
+                              "the tuning.", stacklevel=2)
+            continue
         try:
-            run(cand)  # compiles; a config that does not fit the chip fails here
+            run(cand)  # a config that does not fit the chip fails here (or in the compile)
             torch.cuda.synchronize()
-        except (triton.runtime.errors.OutOfResources, triton.compiler.errors.CompilationError):
+        except _UNFIT:
             continue
         if ref is not None and (off := _disagreement(verify(cand), ref)) > 1:
             wrong.append(cand)
@@ -934,8 +971,9 @@ def _time_candidates(cands: list[Candidate], run: Callable[[Candidate], None],
                            "configurations disagree with the reference configuration on this GPU, "
                            "so none can be trusted here; use the 'sdpa' or 'naive' attention path")
     if not ready:
+        first = f" (the first fault: {_first_line(broken[0])})" if broken else ""
         raise RuntimeError("no flash-attention configuration compiles on this GPU: "
-                           f"tried {len(cands)}; use the 'sdpa' or 'naive' attention path")
+                           f"tried {len(cands)}{first}; use the 'sdpa' or 'naive' attention path")
     best_ms = {cand: float("inf") for cand in ready}
     for _ in range(TIMING_ROUNDS):
         for cand in ready:
