@@ -39,7 +39,6 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-import triton
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from vitflash.ops import flash as flash_mod
@@ -182,9 +181,8 @@ def sweep_shape(op: str, shape, repeats: int, deadline: float, timer: str = "eve
             if entry["error"] is None:
                 entry["tflops"] = spread(tflops(time_case(flash, [qkv], backward, repeats, timer)))
                 entry["tflops_tuner_timer"] = spread(tflops(tuner_case(flash, [qkv], backward, repeats)))
-        except (triton.runtime.errors.OutOfResources, triton.compiler.errors.CompilationError,
-                RuntimeError) as err:  # too big for the chip, or refused by the compiler
-            entry["error"] = f"{type(err).__name__}: {str(err).splitlines()[0][:120]}"
+        except (*launch.UNFIT, RuntimeError) as err:  # too big for the chip, or refused by the compiler
+            entry["error"] = launch.error_line(err)
         finally:
             _restore()
         row["configs"].append(entry)

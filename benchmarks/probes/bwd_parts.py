@@ -40,7 +40,6 @@ import sys
 from pathlib import Path
 
 import torch
-import triton
 
 from vitflash.ops import flash as flash_mod
 from vitflash.ops import kernels, launch
@@ -161,9 +160,8 @@ def probe_shape(shape: tuple[int, int, int, int], families: tuple[str, ...], rep
                     entry["error"] = f"disagrees with {label(ref_c)} by {off:.3g}x the bound"
                 else:
                     entry["ms"] = time_spread(lambda: s.run_part(runs[c]), repeats)
-            except (triton.runtime.errors.OutOfResources,
-                    triton.compiler.errors.CompilationError) as err:
-                entry["error"] = f"{type(err).__name__}: {str(err).splitlines()[0][:100]}"
+            except launch.UNFIT as err:
+                entry["error"] = launch.error_line(err)
             row["parts"][part].append(entry)
             print(shape, part, entry["label"], entry.get("ms", {}).get("median"), entry.get("error"),
                   flush=True)

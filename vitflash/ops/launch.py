@@ -861,12 +861,12 @@ TIMING_ROUNDS = 2
 
 # What a configuration that does not fit the chip raises: too much shared memory or too many
 # registers (at launch), or a compile that Triton refuses for the config
-_UNFIT = (triton.runtime.errors.OutOfResources, triton.compiler.errors.CompilationError)
+UNFIT = (triton.runtime.errors.OutOfResources, triton.compiler.errors.CompilationError)
 
 
 def _compile_error(cand: Candidate, run: Callable[[Candidate], None]) -> Exception | None:
     """Compile cand's kernels without launching them (Triton's warm-up, as in _compile_all,
-    whose binaries it finds in the cache): None, or what the compile raised. Besides _UNFIT,
+    whose binaries it finds in the cache): None, or what the compile raised. Besides UNFIT,
     a Triton compiler can fail on a config with any error (an MLIR pass that aborts raises a
     RuntimeError); that leaves the candidate out instead of ending the tuning, while a
     failure of a launch, which may leave the GPU in an error state, still propagates."""
@@ -880,8 +880,9 @@ def _compile_error(cand: Candidate, run: Callable[[Candidate], None]) -> Excepti
     return None
 
 
-def _first_line(err: Exception) -> str:
-    """err's type and the first line of its message (a compiler's can be a page of IR)."""
+def error_line(err: Exception) -> str:
+    """err's type and the first line of its message (a compiler's can be a page of IR), for
+    a warning or a table's error column."""
     lines = str(err).strip().splitlines()
     return type(err).__name__ + (f": {lines[0][:200]}" if lines else "")
 
@@ -922,7 +923,7 @@ def _time_candidates(cands: list[Candidate], run: Callable[[Candidate], None],
     tuner once kept a forward at (4, 16, 4097, 128) that scripts/sweep_configs.py then
     measured 12% slower than another listed candidate.) `times`, if given, receives each
     timed candidate's milliseconds per call. A candidate whose compile fails is left out:
-    silently where it does not fit the chip (_UNFIT), with a warning where the compiler
+    silently where it does not fit the chip (UNFIT), with a warning where the compiler
     itself failed (_compile_error).
 
     check = (reference, verify): before any is timed, each candidate's results, verify(cand),
@@ -940,22 +941,22 @@ def _time_candidates(cands: list[Candidate], run: Callable[[Candidate], None],
             if _compile_error(reference, run) is None:
                 ref = tuple(t.clone() for t in verify(reference))
                 torch.cuda.synchronize()
-        except _UNFIT:
+        except UNFIT:
             pass  # nothing to compare with: the candidates are timed unchecked
     ready, wrong, broken = [], [], []
     for cand in cands:
         err = _compile_error(cand, run)
         if err is not None:
-            if not isinstance(err, _UNFIT):  # not a config that does not fit: a compiler fault
+            if not isinstance(err, UNFIT):  # not a config that does not fit: a compiler fault
                 broken.append(err)
                 warnings.warn(f"flash attention: {cand.label()} does not compile with triton "
-                              f"{triton.__version__} here ({_first_line(err)}); it is left out of "
+                              f"{triton.__version__} here ({error_line(err)}); it is left out of "
                               "the tuning.", stacklevel=2)
             continue
         try:
             run(cand)  # a config that does not fit the chip fails here (or in the compile)
             torch.cuda.synchronize()
-        except _UNFIT:
+        except UNFIT:
             continue
         if ref is not None and (off := _disagreement(verify(cand), ref)) > 1:
             wrong.append(cand)
@@ -971,7 +972,7 @@ def _time_candidates(cands: list[Candidate], run: Callable[[Candidate], None],
                            "configurations disagree with the reference configuration on this GPU, "
                            "so none can be trusted here; use the 'sdpa' or 'naive' attention path")
     if not ready:
-        first = f" (the first fault: {_first_line(broken[0])})" if broken else ""
+        first = f" (the first fault: {error_line(broken[0])})" if broken else ""
         raise RuntimeError("no flash-attention configuration compiles on this GPU: "
                            f"tried {len(cands)}{first}; use the 'sdpa' or 'naive' attention path")
     best_ms = {cand: float("inf") for cand in ready}
