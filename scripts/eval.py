@@ -23,6 +23,7 @@ from vitflash.checkpoint import check_finite
 from vitflash.cli import check_trainer, host_peak_rss_gib, run_session, short_errors
 from vitflash.files import written_whole
 from vitflash.module import check_eval_shift, load_checkpoint
+from vitflash.overrides import checked_keys
 
 log = logging.getLogger(__name__)
 SPLITS = ("test", "val")
@@ -88,6 +89,7 @@ def evaluate(cfg: DictConfig) -> dict:
     return result
 
 
+@checked_keys(Path(__file__).resolve().parents[1] / "configs", "eval")  # a mistyped key: the keys it may mean
 @hydra.main(version_base="1.3", config_path="../configs", config_name="eval")
 @short_errors
 def main(cfg: DictConfig) -> None:

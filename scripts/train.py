@@ -30,6 +30,7 @@ from omegaconf import DictConfig, OmegaConf
 from vitflash.checkpoint import RNGState, SaveOnTerm, TimeBudget, check_resume, run_file
 from vitflash.cli import check_trainer, duration_seconds, is_fsdp, run_session, short_errors
 from vitflash.module import check_ema
+from vitflash.overrides import checked_keys
 from vitflash.pretrained import load_training_checkpoint
 
 log = logging.getLogger(__name__)
@@ -215,6 +216,7 @@ def load_best(trainer: L.Trainer, module: L.LightningModule) -> Path | None:
     return best
 
 
+@checked_keys(Path(__file__).resolve().parents[1] / "configs", "train")  # a mistyped key: the keys it may mean
 @hydra.main(version_base="1.3", config_path="../configs", config_name="train")
 @short_errors
 def main(cfg: DictConfig) -> float | None:

@@ -18,6 +18,7 @@ from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 import vitflash.module  # noqa: F401  (registers the ${if_cuda:...} resolver)
 from vitflash.cli import check_trainer
 from vitflash.model import Block
+from vitflash.overrides import unknown_key_error
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
@@ -184,3 +185,69 @@ def test_mistyped_value_is_refused_when_building(tmp_path):
     cfg = compose_cfg(tmp_path, ["data.augment.train_crop=pda"])
     with pytest.raises(hydra.errors.InstantiationException, match=r"train_crop='pda': choose 'rrc'"):
         instantiate(cfg.data, _convert_="all")
+
+
+# --------------------------------------------------------------------------------------
+# A mistyped key on the command line (vitflash.overrides): the keys it may have meant
+
+
+@pytest.mark.parametrize("argv, meant", [
+    (["optim.lr=0.1"], "model.optimizer.lr"),  # the optim group's package is model.optimizer
+    (["lr=0.1"], "model.optimizer.lr"),
+    (["model.optimizer.lrr=0.1"], "model.optimizer.lr"),
+    (["trainer.epochs=3"], "trainer.max_epochs"),
+    (["data.batch=64"], "data.batch_size"),
+    (["model.name=vit_tiny_patch4_32"], "model.model_name"),
+    (["experiment=cifar10_quick", "trainer.max_epchs=2", "--cfg", "job"], "trainer.max_epochs"),
+])
+def test_a_mistyped_key_names_the_key_meant(argv, meant):
+    error = unknown_key_error(CONFIGS, "train", argv)
+    key = next(a for a in argv if "=" in a and not a.startswith("experiment=")).split("=")[0]
+    assert error.startswith(f"{key}=") and f"has no key {key}, so there is nothing to set" in error
+    assert f"Did you mean {meant}" in error and "python scripts/train.py --cfg job" in error
+
+
+def test_a_plus_key_nothing_reads_is_an_error_not_a_silent_default():
+    # Hydra's own advice for optim.lr=0.1 is +optim.lr=0.1, which trains with the default lr
+    error = unknown_key_error(CONFIGS, "train", ["+optim.lr=0.1"])
+    assert "nothing reads optim.lr, because the train config has no optim" in error
+    assert "Did you mean model.optimizer.lr" in error
+    # an argument the node's class does not take would stop the run only once it is built
+    error = unknown_key_error(CONFIGS, "train", ["+model.optimizer.lrr=0.1"])
+    assert "torch.optim.AdamW (the node model.optimizer) takes no argument lrr" in error
+    assert "Did you mean model.optimizer.lr" in error
+
+
+def test_a_key_the_class_takes_but_the_yaml_leaves_out_gets_the_plus():
+    error = unknown_key_error(CONFIGS, "train", ["trainer.limit_train_batches=10"])
+    assert error == ("trainer.limit_train_batches=10: the train config does not list trainer.limit_train_batches, "
+                     "but lightning.pytorch.Trainer takes limit_train_batches: add it with a plus, "
+                     "+trainer.limit_train_batches=10")
+
+
+def test_each_job_of_a_sweep_over_groups_is_checked():
+    # cifar10_vit_tiny has model.mixup_prob, cifar10_quick does not: the second job would fail
+    error = unknown_key_error(CONFIGS, "train", ["-m", "experiment=cifar10_vit_tiny,cifar10_quick",
+                                                 "model.mixup_prob=0.5"])
+    assert error.startswith("model.mixup_prob=0.5 (in the sweep's job with experiment=cifar10_quick): ")
+    assert "vitflash.module.ViTModule takes mixup_prob: add it with a plus, +model.mixup_prob=0.5" in error
+
+
+@pytest.mark.parametrize("argv", [
+    [],
+    ["experiment=cifar10_vit_tiny", "model.mixup_prob=0.5", "model.optimizer.lr=3e-3"],
+    ["optim=sgd", "model.optimizer.momentum=0.8"],  # a key that the chosen group brings
+    ["-m", "model.optimizer.lr=1e-3,2e-3", "attention=flash,naive", "seed=1,2"],
+    ["+trainer.limit_train_batches=10", "+model.optimizer.foreach=true", "+callbacks.extra.x=1"],
+    ["trainer.max_time=00:01:00:00", "callbacks.progress_bar=null", "hydra.run.dir=/tmp/x"],
+    ["+base_lr=0.1", "model.optimizer.lr=${base_lr}"],  # a top-level key read through an interpolation
+    ["attention=flsh", "x=1"],  # a mistyped group: left to Hydra, which lists the options
+    ["--help"],
+])
+def test_keys_the_config_has_pass(argv):
+    assert unknown_key_error(CONFIGS, "train", argv) is None
+
+
+def test_eval_keys_are_checked_against_the_eval_config():
+    assert unknown_key_error(CONFIGS, "eval", ["ckpt_path=x.ckpt", "split=val", "data.batch_size=8"]) is None
+    assert "Did you mean split?" in unknown_key_error(CONFIGS, "eval", ["ckpt_path=x.ckpt", "splt=val"])

@@ -190,6 +190,14 @@ def test_mistyped_option_on_the_command_line():
     assert "Available options in 'attention'" in result.stderr and "sdpa" in result.stderr
 
 
+def test_mistyped_key_on_the_command_line_stops_before_any_run_folder(tmp_path):
+    result = run_cli("train", "optim.lr=0.1", *SMOKE, f"hydra.run.dir={tmp_path / 'run'}")
+    assert result.returncode == 1
+    assert result.stderr.startswith("Error: optim.lr=0.1: the train config has no key optim.lr")
+    assert "Did you mean model.optimizer.lr?" in result.stderr and "+optim" not in result.stderr
+    assert not (tmp_path / "run").exists()
+
+
 def test_missing_dataset_folder(tmp_path):
     cfg = compose_cfg(tmp_path, ["data=cifar10", "trainer=cpu", "debug=fdr"])
     with pytest.raises(FileNotFoundError, match=r"cifar10 not found under .*python scripts/prepare_data.py --archive"):
