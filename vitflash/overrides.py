@@ -58,8 +58,11 @@ def unknown_key_error(config_dir: Path, config_name: str, argv: list[str]) -> st
     or when the command line is one this check leaves to Hydra (help, another config, an
     override Hydra cannot parse, a group choice that does not compose)."""
     from hydra import compose, initialize_config_dir
-    from hydra._internal.utils import get_args_parser
     from hydra.core.override_parser.overrides_parser import OverridesParser
+    try:
+        from hydra._internal.utils import get_args_parser  # Hydra's own command-line parser
+    except ImportError:  # a Hydra that moved it: its own error messages remain
+        return None
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
