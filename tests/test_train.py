@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from omegaconf import OmegaConf
 
 import timm
 
@@ -43,6 +44,7 @@ def load_script(name: str):
 
 train = load_script("train").train
 evaluate = load_script("eval").evaluate
+predict = load_script("predict").predict
 
 
 def run_cli(script: str, *overrides: str, timeout: int = 300) -> subprocess.CompletedProcess:
@@ -301,6 +303,55 @@ def test_eval_reproduces_the_test_score(cifar_run, cifar_slice, tmp_path):
     assert moved["loss"] != pytest.approx(result["loss"], rel=1e-4)  # five views scored, not one
     with pytest.raises(ValueError, match=r"eval_shift=-2: give a whole number of pixels"):
         evaluate(compose_cfg(tmp_path, [*common, "eval_shift=-2"], "eval"))
+
+
+def test_predict_classifies_image_files_as_the_test_scored_them(cifar_run, cifar_slice, tmp_path):
+    metrics, out = cifar_run
+    best = next(p for p in (out / "checkpoints").glob("*.ckpt") if p.name != "last.ckpt")
+    test_dir = cifar_slice / "cifar10" / "test"
+    rows = predict(best, [str(test_dir)], top=5, attention="sdpa")
+    assert len(rows) == 10 * TEST_PER_CLASS
+    classes = sorted(p.name for p in test_dir.iterdir())
+    for row in rows:
+        probs = [p for *_, p in row["top"]]
+        assert len(probs) == 5 and probs == sorted(probs, reverse=True) and sum(probs) <= 1 + 1e-5
+        assert all(classes[index] == name for name, index, _ in row["top"])  # the folder names, in label order
+    # the files, read by PIL and the checkpoint's saved eval transform, score what the test scored
+    # on the decoded arrays (the batches differ: at most a near-tie may flip)
+    truth = [Path(row["image"]).parent.name for row in rows]
+    top1 = sum(row["top"][0][0] == t for row, t in zip(rows, truth)) / len(rows)
+    top5 = sum(t in [name for name, *_ in row["top"]] for row, t in zip(rows, truth)) / len(rows)
+    assert abs(top1 - metrics["test/top1"]) <= 1 / (10 * TEST_PER_CLASS)
+    assert abs(top5 - metrics["test/top5"]) <= 1 / (10 * TEST_PER_CLASS)
+
+    # a checkpoint written before the inputs were saved: the transform from its run folder's config
+    run = tmp_path / "old_run"
+    (run / "checkpoints").mkdir(parents=True)
+    ckpt = torch.load(best, map_location="cpu", weights_only=True)
+    ckpt.pop("vitflash_inputs")
+    torch.save(ckpt, run / "checkpoints" / "old.ckpt")
+    with pytest.raises(ValueError, match=r"does not record its eval transform .* keep the checkpoint in its run"):
+        predict(run / "checkpoints" / "old.ckpt", [str(test_dir)], attention="sdpa")
+    (run / ".hydra").mkdir()
+    OmegaConf.save(compose_cfg(tmp_path, cifar_overrides(cifar_slice)), run / ".hydra" / "config.yaml")
+    old = predict(run / "checkpoints" / "old.ckpt", [str(test_dir)], top=1, attention="sdpa")
+    assert [r["top"][0][1] for r in old] == [r["top"][0][1] for r in rows]
+    assert [r["top"][0][0] for r in old] == [str(r["top"][0][1]) for r in rows]  # no names: the indices
+
+    # the command line: a table on stdout and a CSV file; bad inputs stop with the file named
+    image = sorted((test_dir / "cat").iterdir())[0]
+    result = run_cli("predict", str(best), str(image), "--top", "2", "--out", str(tmp_path / "p.csv"))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[0].startswith(f"{image}  ") and len(result.stdout.split()) == 1 + 4 + 2
+    with (tmp_path / "p.csv").open() as f:
+        written = list(csv.DictReader(f))
+    assert [r["rank"] for r in written] == ["1", "2"] and written[0]["image"] == str(image)
+    assert written[0]["class"] == classes[int(written[0]["index"])]
+    (tmp_path / "broken.jpg").write_bytes(b"not a jpeg")
+    result = run_cli("predict", str(best), str(tmp_path / "broken.jpg"))
+    assert result.returncode == 1 and f"{tmp_path / 'broken.jpg'} is not an image that PIL can read" in result.stderr
+    result = run_cli("predict", str(best), str(tmp_path / "missing"))
+    assert result.returncode == 1 and "missing does not exist: pass image files or folders" in result.stderr
 
 
 def test_finetune_from_an_exported_checkpoint(cifar_run, cifar_slice, tmp_path):

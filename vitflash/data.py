@@ -122,6 +122,13 @@ class Augment:
                                 interpolation=self.interpolation, mean=tuple(self.mean), std=tuple(self.std))
 
 
+def eval_transform_of(inputs: dict) -> Callable[[Image.Image], torch.Tensor]:
+    """The eval transform that `ImageDataModule.inputs()` describes."""
+    augment = Augment(crop_pct=inputs["crop_pct"], interpolation=inputs["interpolation"],
+                      mean=tuple(inputs["mean"]), std=tuple(inputs["std"]))
+    return augment.eval_transform(inputs["img_size"])
+
+
 class ArrayDataset(Dataset):
     """Decoded images held in memory: images (N, H, W, 3) uint8, labels (N,) int."""
 
@@ -341,7 +348,8 @@ class ImageDataModule(L.LightningDataModule):
         self.num_workers, self.val_size, self.split_seed = num_workers, val_size, split_seed
         self.pipeline, self.shuffle_seed, self.gpu_storage = pipeline, shuffle_seed or 0, gpu_storage
         self.gpu_graph, self.aug_repeats = bool(gpu_graph), aug_repeats
-        augment = augment or Augment()
+        augment = self.augment = augment or Augment()
+        self.classes: list[str] | None = None  # in label order, once the data is loaded (`inputs`)
         self.train_transform = augment.train_transform(img_size)
         self.eval_transform = augment.eval_transform(img_size)
         self.gpu_augment = GPUAugment(augment, img_size) if pipeline == "gpu" else None
@@ -349,6 +357,15 @@ class ImageDataModule(L.LightningDataModule):
         self.arrays: GPUArrays | None = None
         self._train_loader: GPULoader | None = None
         self._train_state: dict | None = None
+
+    def inputs(self) -> dict:
+        """What a model trained on this data expects of an image, saved in its checkpoints for
+        scripts/predict.py: the eval transform's settings (`eval_transform_of` builds it again)
+        and the class names in label order (None before the data is loaded, or without names)."""
+        a = self.augment
+        return {"img_size": self.img_size, "crop_pct": float(a.crop_pct), "interpolation": a.interpolation,
+                "mean": [float(m) for m in a.mean], "std": [float(v) for v in a.std],
+                "classes": None if self.classes is None else [str(c) for c in self.classes]}
 
     def _load(self, stage: str | None) -> tuple[Dataset, Dataset, Dataset]:
         """Return (train, train_as_eval, test): train with the training transform, the same
@@ -615,6 +632,7 @@ class CIFARDataModule(ImageDataModule):
         self._check_classes(int(y.max()) + 1, self.root / self.name)
         tree = self.root / self.name  # the JPEG tree's splits (torchvision's batches have one class list)
         self._check_same_classes(tree / "train", classes, tree / "test", test_classes)
+        self.classes = list(classes)
         return x, y, xt, yt
 
 
@@ -672,6 +690,7 @@ class ImageFolderDataModule(ImageDataModule):
         (x, y, classes), (xt, yt, test_classes) = decode(train_dir), decode(test_dir)
         self._check_classes(len(classes), train_dir)
         self._check_same_classes(train_dir, classes, test_dir, test_classes)
+        self.classes = list(classes)
         return x, y, xt, yt
 
     def _load(self, stage: str | None):
@@ -682,6 +701,7 @@ class ImageFolderDataModule(ImageDataModule):
         self._check_classes(len(train.classes), train_dir)
         test = datasets.ImageFolder(str(test_dir), transform=self.eval_transform)
         self._check_same_classes(train_dir, train.classes, test_dir, test.classes)
+        self.classes = list(train.classes)
         return train, datasets.ImageFolder(str(train_dir), transform=self.eval_transform), test
 
 

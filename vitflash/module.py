@@ -33,7 +33,7 @@ import vitflash
 from vitflash.graph_step import AUTOCAST, WholeStepGraph
 from vitflash.model import ATTN_INITS
 from vitflash.ops import ATTENTION_IMPLS, check_attention_impl
-from vitflash.pretrained import EMA_PREFIX, read_checkpoint
+from vitflash.pretrained import EMA_PREFIX, INPUTS_KEY, checkpoint_weights, load_training_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -390,6 +390,7 @@ class ViTModule(L.LightningModule):
         self.test_metrics = metrics.clone(prefix="test/")
         self.flops_per_batch = None  # read by Lightning's ThroughputMonitor (not measured)
         self.compile_mode: str | None = None  # set at setup, when the device is known
+        self.inputs: dict | None = None  # a loaded checkpoint's INPUTS_KEY (load_checkpoint)
         # the training loss of the epoch so far: sum of loss x batch size (on the device), images
         self._loss_sum: torch.Tensor | None = None
         self._loss_count = 0
@@ -548,6 +549,11 @@ class ViTModule(L.LightningModule):
         for view in views[1:]:  # one view at a time: the eval batch's memory stays as it is
             logits = logits + net(view)
         return logits / len(views)  # one view: divided by 1, the same logits bit for bit
+
+    def predict_step(self, batch, batch_idx: int) -> torch.Tensor:
+        """(images, anything) -> (B, num_classes) class probabilities of `eval_logits`, in fp32."""
+        with torch.compiler.set_stance("force_eager") if self.compile_mode else nullcontext():
+            return self.eval_logits(batch[0]).float().softmax(-1)
 
     def validation_step(self, batch, batch_idx: int) -> None:
         self._eval_step(batch, self.val_metrics, "val")
@@ -710,6 +716,12 @@ class ViTModule(L.LightningModule):
     # Same config: the same LRs, bit for bit; a larger trainer.max_epochs: the cosine is
     # stretched to the new length from the step reached (the LR rises again), instead of the
     # extra epochs running at min_lr.
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        # the data's eval transform and class names, so that the checkpoint alone can classify images
+        datamodule = getattr(self._trainer, "datamodule", None)
+        if hasattr(datamodule, "inputs"):
+            checkpoint[INPUTS_KEY] = datamodule.inputs()
+
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         self._match_ema(checkpoint["state_dict"])
         states = checkpoint.get("lr_schedulers") or []
@@ -773,7 +785,8 @@ def load_checkpoint(path: str | Path, attention: str | None = None,
     was trained with, `eval_flip` and `eval_shift` (if not None) its test-time augmentation. Pretrained weights are not fetched again (the checkpoint has them).
     A run with model.ema_decay gives its EMA weights (those it validated), as `module.model`,
     and the module keeps no second copy."""
-    state_dict, hparams = read_checkpoint(path, training=True)
+    checkpoint = load_training_checkpoint(path)
+    state_dict, hparams = checkpoint_weights(checkpoint, path)
     if hparams.get("ema_decay") is not None:
         log.info("%s: the EMA of the weights (model.ema_decay=%g)", path, hparams["ema_decay"])
     # graph_step captures the training step only (and needs CUDA): off for a model that is scored
@@ -786,4 +799,5 @@ def load_checkpoint(path: str | Path, attention: str | None = None,
         hparams["eval_shift"] = eval_shift
     module = ViTModule(**hparams)
     module.model.load_state_dict(state_dict)  # the network's weights: the module's other state is not saved
+    module.inputs = checkpoint.get(INPUTS_KEY)  # what scripts/predict.py feeds it (None: an older checkpoint)
     return module

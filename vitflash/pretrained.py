@@ -47,6 +47,9 @@ _TIMM_GENERIC_VIT = "vit_base_patch16_224"
 # The EMA of the weights in a ViTModule checkpoint (model.ema_decay): timm's ModelEmaV3 kept as
 # `ViTModule.ema`, whose copy of the network is its `module`.
 EMA_PREFIX = "ema.module."
+# What a ViTModule checkpoint of a run says of its inputs (`ImageDataModule.inputs`: the eval
+# transform's settings and the class names), for scripts/predict.py.
+INPUTS_KEY = "vitflash_inputs"
 
 
 class CheckpointError(ValueError):
@@ -85,7 +88,11 @@ def read_checkpoint(
     a checkpoint of scripts/train.py (a Lightning checkpoint with the ViTModule's
     hyper-parameters), as resuming and scripts/eval.py need.
     """
-    obj = load_training_checkpoint(path) if training else load_file(path)
+    return checkpoint_weights(load_training_checkpoint(path) if training else load_file(path), path)
+
+
+def checkpoint_weights(obj, path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], dict]:
+    """`read_checkpoint` of a file's object already read (`path` names it in errors)."""
     hparams: dict = {}
     if isinstance(obj, nn.Module):
         obj = obj.state_dict()

@@ -1,0 +1,155 @@
+"""Classify image files with a checkpoint of scripts/train.py.
+
+    python scripts/predict.py <run>/checkpoints/last.ckpt photo.jpg more_photos/ --top 3
+    python scripts/predict.py <ckpt> images/ --out predictions.csv --attention naive
+
+Each image (a file, or every image under a folder) goes through the eval transform the model
+was trained with (resize, centre crop, normalization: saved in the checkpoint) and the
+model's evaluation forward (its EMA, flip or shift views where the run used them). Prints the
+top classes and probabilities of each image; `--out` also writes them as CSV (image, rank,
+class, index, probability). Lightning's predict loop runs it: on a CUDA GPU in bf16 autocast
+(flash attention under `--attention auto`), else on the CPU (SDPA).
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import logging
+import os
+from pathlib import Path
+
+import lightning as L
+import torch
+from omegaconf import OmegaConf
+from PIL import Image, UnidentifiedImageError
+from torch.utils.data import DataLoader, Dataset
+from torchvision.datasets.folder import IMG_EXTENSIONS
+
+from vitflash.cli import quiet, short_errors
+from vitflash.data import eval_transform_of
+from vitflash.module import load_checkpoint
+from vitflash.ops import ATTENTION_IMPLS
+
+log = logging.getLogger(__name__)
+
+
+def image_files(inputs: list[str]) -> list[Path]:
+    """The image files named in `inputs`, and those under its folders (recursively, sorted)."""
+    files: list[Path] = []
+    for name in inputs:
+        path = Path(name)
+        if path.is_dir():
+            found = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in IMG_EXTENSIONS)
+            if not found:
+                raise FileNotFoundError(f"no image files under {path} (looked for {', '.join(IMG_EXTENSIONS)})")
+            files.extend(found)
+        elif path.is_file():
+            files.append(path)
+        else:
+            raise FileNotFoundError(f"{path} does not exist: pass image files or folders of them")
+    return files
+
+
+class ImageFiles(Dataset):
+    """(transformed image, position) of each file, read as RGB."""
+
+    def __init__(self, files: list[Path], transform):
+        self.files, self.transform = files, transform
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def __getitem__(self, i: int):
+        try:
+            with Image.open(self.files[i]) as img:
+                image = img.convert("RGB")
+        except (UnidentifiedImageError, OSError) as e:
+            raise ValueError(f"{self.files[i]} is not an image that PIL can read ({e}): leave it out of the "
+                             f"inputs") from None
+        return self.transform(image), i
+
+
+def checkpoint_inputs(module, ckpt: Path) -> dict:
+    """The eval transform's settings and class names saved with the checkpoint; for a checkpoint
+    written before they were saved, the transform from its run folder's config (.hydra/), without
+    class names."""
+    if module.inputs is not None:
+        return module.inputs
+    config = ckpt.resolve().parent.parent / ".hydra" / "config.yaml"
+    if not config.is_file():
+        raise ValueError(
+            f"{ckpt} does not record its eval transform (checkpoints of older vitflash versions do not), and "
+            f"no run config is beside it at {config}: keep the checkpoint in its run folder's checkpoints/, "
+            f"where scripts/train.py wrote it")
+    data = OmegaConf.load(config).data
+    augment = OmegaConf.to_container(data.augment, resolve=True)
+    log.warning("%s predates saved inputs: the eval transform is read from %s; classes are shown by index",
+                ckpt, config)
+    return {"img_size": int(data.img_size), "crop_pct": float(augment.get("crop_pct", 1.0)),
+            "interpolation": augment.get("interpolation", "bicubic"), "mean": augment["mean"],
+            "std": augment["std"], "classes": None}
+
+
+def predict(ckpt: Path, inputs: list[str], top: int = 5, attention: str = "auto", batch_size: int = 64,
+            num_workers: int = 0) -> list[dict]:
+    """One row per image: {"image": path, "top": [(class name, class index, probability), ...]},
+    the `top` likeliest classes first."""
+    if top < 1:
+        raise ValueError(f"--top {top}: pass a whole number >= 1")
+    if batch_size < 1:
+        raise ValueError(f"--batch-size {batch_size}: pass a whole number >= 1")
+    files = image_files(inputs)
+    module = load_checkpoint(ckpt, attention=attention)
+    spec = checkpoint_inputs(module, ckpt)
+    loader = DataLoader(ImageFiles(files, eval_transform_of(spec)), batch_size=batch_size,
+                        num_workers=num_workers, pin_memory=torch.cuda.is_available())
+    cuda = torch.cuda.is_available()
+    trainer = L.Trainer(accelerator="gpu" if cuda else "cpu", devices=1, precision="bf16-mixed" if cuda else "32-true",
+                        logger=False, enable_checkpointing=False, enable_model_summary=False,
+                        enable_progress_bar=len(files) > batch_size)
+    probs = torch.cat(trainer.predict(module, loader))
+    classes = spec.get("classes")
+    if classes is not None and len(classes) != probs.shape[1]:
+        raise ValueError(f"{ckpt} names {len(classes)} classes but its head has {probs.shape[1]} outputs")
+    values, indices = probs.topk(min(top, probs.shape[1]), dim=1)
+    return [{"image": str(path),
+             "top": [(classes[j] if classes else str(j), j, p) for p, j in zip(v.tolist(), i.tolist())]}
+            for path, v, i in zip(files, values, indices)]
+
+
+def write_csv(rows: list[dict], out: Path) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp")
+    with tmp.open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["image", "rank", "class", "index", "probability"])
+        for row in rows:
+            for rank, (name, index, p) in enumerate(row["top"], 1):
+                writer.writerow([row["image"], rank, name, index, f"{p:.6f}"])
+    os.replace(tmp, out)  # a finished file or none
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("checkpoint", type=Path, help="a .ckpt of scripts/train.py (<run>/checkpoints/...)")
+    parser.add_argument("images", nargs="+", help="image files, or folders of them (searched recursively)")
+    parser.add_argument("--top", type=int, default=5, help="classes shown per image (default 5)")
+    parser.add_argument("--attention", choices=["auto", *ATTENTION_IMPLS], default="auto",
+                        help="the attention path (default auto: flash on a CUDA GPU, else sdpa)")
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--num-workers", type=int, default=0, help="DataLoader processes that decode images")
+    parser.add_argument("--out", type=Path, help="also write the predictions to this CSV file")
+    args = parser.parse_args(argv)
+
+    quiet()
+    rows = predict(args.checkpoint, args.images, args.top, args.attention, args.batch_size, args.num_workers)
+    width = max(len(row["image"]) for row in rows)
+    for row in rows:
+        print(f"{row['image']:<{width}}  " + "  ".join(f"{name} {p:.3f}" for name, _, p in row["top"]))
+    if args.out:
+        write_csv(rows, args.out)
+        print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    short_errors(main)()  # a path, checkpoint or image the user can fix: one line, exit status 1
