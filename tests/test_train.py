@@ -19,11 +19,13 @@ from pathlib import Path
 import pytest
 import torch
 from omegaconf import OmegaConf
+from PIL import Image
 
 import timm
 
 import vitflash
 import vitflash.ops
+from vitflash.data import eval_transform_of
 from vitflash.module import load_checkpoint
 from vitflash.model import ShiftedPatchEmbed
 from vitflash.pretrained import CheckpointError, export_timm
@@ -366,6 +368,13 @@ def test_finetune_from_an_exported_checkpoint(cifar_run, cifar_slice, tmp_path):
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():  # timm's own create_model reads the file and gives our logits
         torch.testing.assert_close(timm.create_model(**kwargs).eval()(x), ours(x), atol=1e-4, rtol=1e-4)
+    # and timm's data config prepares an image as vitflash's evaluation does (CIFAR's mean and std,
+    # not the timm architecture's defaults)
+    data_cfg = timm.data.resolve_data_config({}, model=timm.create_model(**kwargs))
+    assert data_cfg["mean"] == pytest.approx((0.4914, 0.4822, 0.4465)) and data_cfg["input_size"] == (3, 32, 32)
+    image = Image.open(sorted((cifar_slice / "cifar10" / "test" / "cat").iterdir())[0]).convert("RGB")
+    inputs = torch.load(out / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)["vitflash_inputs"]
+    torch.testing.assert_close(timm.data.create_transform(**data_cfg)(image), eval_transform_of(inputs)(image))
 
     quick = [o for o in cifar_overrides(cifar_slice) if not o.startswith(("experiment=", "trainer.limit_train"))]
     cfg = compose_cfg(tmp_path, ["experiment=cifar10_finetune", *quick, "model.model_name=vit_micro_patch4_32",

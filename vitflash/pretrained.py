@@ -514,13 +514,19 @@ def export_timm(
     Returns:
         the keyword arguments of `timm.create_model` that load the file, e.g.
         `timm.create_model(**export_timm(ckpt, out))`. `pretrained_cfg_overlay` carries the
-        file and its num_classes: without it timm would drop a head of another size.
+        file and its num_classes (without it timm would drop a head of another size), and for a
+        checkpoint of scripts/train.py the eval transform it was trained with (mean, std,
+        crop_pct, interpolation), so that timm's `resolve_data_config` and `create_transform`
+        prepare images as vitflash's evaluation did, not as the timm architecture's default.
     """
+    inputs = None
     if isinstance(checkpoint, VisionTransformer):
         model = checkpoint
     else:
         source = str(checkpoint)
-        state_dict, hparams = read_checkpoint(checkpoint)
+        obj = load_file(checkpoint)
+        inputs = obj.get(INPUTS_KEY) if isinstance(obj, Mapping) else None
+        state_dict, hparams = checkpoint_weights(obj, checkpoint)
         _check_is_vit(state_dict, source)
         recorded = hparams.get("model_name")
         if model_name and recorded and model_name != recorded:
@@ -558,4 +564,7 @@ def export_timm(
     # overlay must switch it off, or timm would read the .safetensors file as an .npz.
     overlay = dict(file=str(out.resolve()), custom_load=False, num_classes=c["num_classes"],
                    input_size=(c["in_chans"], c["img_size"], c["img_size"]))  # fmt: skip
+    if inputs is not None:
+        overlay.update(mean=tuple(inputs["mean"]), std=tuple(inputs["std"]), crop_pct=inputs["crop_pct"],
+                       interpolation=inputs["interpolation"])
     return dict(model_name=arch_name, pretrained=True, pretrained_cfg_overlay=overlay, **kwargs)
