@@ -91,9 +91,15 @@ def checkpoint_inputs(module, ckpt: Path) -> dict:
 
 
 def predict(ckpt: Path, inputs: list[str], top: int = 5, attention: str = "auto", batch_size: int = 64,
-            num_workers: int = 0) -> list[dict]:
+            num_workers: int = 0, device: str = "auto") -> list[dict]:
     """One row per image: {"image": path, "top": [(class name, class index, probability), ...]},
-    the `top` likeliest classes first."""
+    the `top` likeliest classes first. `device`: "cuda" (bf16 autocast), "cpu" (fp32) or "auto"
+    (cuda when there is one)."""
+    if device not in ("auto", "cuda", "cpu"):
+        raise ValueError(f"--device {device}: choose auto, cuda or cpu")
+    cuda = torch.cuda.is_available() if device == "auto" else device == "cuda"
+    if cuda and not torch.cuda.is_available():
+        raise ValueError("--device cuda: PyTorch sees no CUDA GPU here; use --device cpu (or auto)")
     if top < 1:
         raise ValueError(f"--top {top}: pass a whole number >= 1")
     if batch_size < 1:
@@ -102,8 +108,7 @@ def predict(ckpt: Path, inputs: list[str], top: int = 5, attention: str = "auto"
     module = load_checkpoint(ckpt, attention=attention)
     spec = checkpoint_inputs(module, ckpt)
     loader = DataLoader(ImageFiles(files, eval_transform_of(spec)), batch_size=batch_size,
-                        num_workers=num_workers, pin_memory=torch.cuda.is_available())
-    cuda = torch.cuda.is_available()
+                        num_workers=num_workers, pin_memory=cuda)
     trainer = L.Trainer(accelerator="gpu" if cuda else "cpu", devices=1, precision="bf16-mixed" if cuda else "32-true",
                         logger=False, enable_checkpointing=False, enable_model_summary=False,
                         enable_progress_bar=len(files) > batch_size)
@@ -136,13 +141,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--top", type=int, default=5, help="classes shown per image (default 5)")
     parser.add_argument("--attention", choices=["auto", *ATTENTION_IMPLS], default="auto",
                         help="the attention path (default auto: flash on a CUDA GPU, else sdpa)")
+    parser.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto",
+                        help="auto (default): the CUDA GPU when there is one, else the CPU")
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--num-workers", type=int, default=0, help="DataLoader processes that decode images")
     parser.add_argument("--out", type=Path, help="also write the predictions to this CSV file")
     args = parser.parse_args(argv)
 
     quiet()
-    rows = predict(args.checkpoint, args.images, args.top, args.attention, args.batch_size, args.num_workers)
+    rows = predict(args.checkpoint, args.images, args.top, args.attention, args.batch_size, args.num_workers,
+                   args.device)
     width = max(len(row["image"]) for row in rows)
     for row in rows:
         print(f"{row['image']:<{width}}  " + "  ".join(f"{name} {p:.3f}" for name, _, p in row["top"]))

@@ -356,6 +356,19 @@ def test_predict_classifies_image_files_as_the_test_scored_them(cifar_run, cifar
     assert result.returncode == 1 and "missing does not exist: pass image files or folders" in result.stderr
 
 
+@pytest.mark.gpu
+def test_predict_on_a_gpu_with_flash_agrees_with_the_cpu(cifar_run, cifar_slice):
+    _, out = cifar_run
+    files = [str(cifar_slice / "cifar10" / "test" / name) for name in ("cat", "ship")]
+    cpu = predict(out / "checkpoints" / "last.ckpt", files, top=3, attention="sdpa", device="cpu")
+    gpu = predict(out / "checkpoints" / "last.ckpt", files, top=3, attention="auto")  # flash, bf16 autocast
+    assert [r["image"] for r in gpu] == [r["image"] for r in cpu]
+    # bf16 moves the probabilities by about 1e-2; the top class may flip only on a near-tie
+    for g, c in zip(gpu, cpu):
+        assert abs(g["top"][0][2] - c["top"][0][2]) < 0.05
+        assert g["top"][0][1] == c["top"][0][1] or abs(c["top"][0][2] - c["top"][1][2]) < 0.05
+
+
 def test_finetune_from_an_exported_checkpoint(cifar_run, cifar_slice, tmp_path):
     """The fine-tuning path end to end: a trained run, exported to timm's format, loaded by
     timm itself, then fine-tuned by train.py at another image size (position embedding
