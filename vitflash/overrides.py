@@ -8,11 +8,15 @@
 Hydra rejects `optim.lr=0.1` (the optimizer's node is `model.optimizer`) with "Key 'optim' is
 not in struct" and the advice to write `+optim.lr=0.1`, which adds a key that nothing reads:
 the run then trains with the default learning rate, and the value the user typed is lost.
-`checked_keys` looks at the overrides before Hydra does. A key that the composed config
-does not have, and a `+` key under a top-level name that the config does not have, stop the
-run with one message naming the closest keys that exist (`model.optimizer.lr`) and how to list
-them all. Everything else (config groups, values, sweeps, Hydra's own keys) is left to Hydra,
-whose messages already name the choices.
+`checked_keys` looks at the overrides before Hydra does, and stops the run with one message:
+- a key the composed config does not have, naming the closest keys that exist
+  (`model.optimizer.lr`) and how to list them all; but where the node's class takes that
+  argument and the yaml only leaves it out (`trainer.limit_train_batches`), the `+` it needs;
+- a `+` key under a top-level name the config does not have (nothing would read it), or
+  under a node whose class takes no such argument (the run would stop only once it builds it).
+A sweep over config groups is checked in each of its jobs' configs, before the first job runs.
+Everything else (group choices, values, Hydra's own keys) is left to Hydra, whose messages
+already name the choices.
 """
 from __future__ import annotations
 
