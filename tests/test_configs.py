@@ -1,6 +1,7 @@
 """Every config group composes with the real configs/ and builds its objects; typos fail clearly."""
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import hydra
@@ -251,3 +252,34 @@ def test_keys_the_config_has_pass(argv):
 def test_eval_keys_are_checked_against_the_eval_config():
     assert unknown_key_error(CONFIGS, "eval", ["ckpt_path=x.ckpt", "split=val", "data.batch_size=8"]) is None
     assert "Did you mean split?" in unknown_key_error(CONFIGS, "eval", ["ckpt_path=x.ckpt", "splt=val"])
+
+
+def _documented_commands() -> list[tuple[str, list[str], str]]:
+    """(script, overrides, where) of every `python scripts/train.py|eval.py ...` in the docs,
+    with comments and brackets left out, -m kept, and placeholders filled ($(...) with a path): a value's (`ckpt_path=<run>/...`)
+    with a path, a group choice's (`experiment=<name>`) with the default, and one of their own
+    (`<the run's overrides>`) with nothing."""
+    def fill(match: re.Match) -> str:
+        key = match.group(1)
+        return "" if (CONFIGS / key.lstrip("+")).is_dir() else f"{key}=x"
+
+    commands = []
+    for doc in ("README.md", "benchmarks/README.md", "benchmarks/TRAINING_RUNS.md", "benchmarks/KERNEL_NOTES.md"):
+        text = (CONFIGS.parent / doc).read_text()
+        for match in re.finditer(r"python scripts/(train|eval)\.py([^`\n]*)", text):
+            line = re.sub(r"\$\([^)]*\)", "x", match.group(2).split("#")[0])  # a shell's $(...)
+            line = re.sub(r"([\w.+~]+)=<[^<>]*>", fill, line)
+            words = re.sub(r"<[^<>]*>|[\[\]]", " ", line).split()  # [optional overrides] kept
+            argv = [w for w in words if "=" in w or w in ("-m", "--multirun")]
+            commands.append((match.group(1), argv, f"{doc}: {match.group(0)}"))
+    return commands
+
+
+def test_every_documented_command_uses_keys_the_configs_have():
+    commands = _documented_commands()
+    assert len(commands) > 50  # the README's commands, and the result files'
+    for script, argv, where in commands:
+        assert unknown_key_error(CONFIGS, script, argv) is None, where
+        # the check composed this command's config: a mistyped key added to it is caught
+        mistyped = unknown_key_error(CONFIGS, script, [*argv, "trainer.max_epochz=1"])
+        assert mistyped is not None and "Did you mean trainer.max_epochs" in mistyped, where

@@ -20,9 +20,11 @@ already name the choices.
 """
 from __future__ import annotations
 
+import contextlib
 import difflib
 import functools
 import inspect
+import io
 import itertools
 import sys
 from pathlib import Path
@@ -71,7 +73,8 @@ def unknown_key_error(config_dir: Path, config_name: str, argv: list[str]) -> st
     from omegaconf.errors import OmegaConfBaseException
 
     try:
-        args = get_args_parser().parse_args(argv)
+        with contextlib.redirect_stderr(io.StringIO()):  # argparse's usage lines: Hydra prints its own
+            args = get_args_parser().parse_args(argv)
         overrides = OverridesParser.create().parse_overrides(args.overrides)
     except (Exception, SystemExit):  # noqa: BLE001 - Hydra reports its own parse errors
         return None
