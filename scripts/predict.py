@@ -6,8 +6,9 @@
 Each image (a file, or every image under a folder) goes through the eval transform the model
 was trained with (resize, centre crop, normalization: saved in the checkpoint) and the
 model's evaluation forward (its EMA, flip or shift views where the run used them). Prints the
-top classes and probabilities of each image; `--out` also writes them as CSV (image, rank,
-class, index, probability). Lightning's predict loop runs it: on a CUDA GPU in bf16 autocast
+top classes and probabilities of each image (ImageNet class folders, such as Imagenette's
+n01440764, by their words: tench); `--out` also writes them as CSV (image, rank, class, index,
+probability, description). Lightning's predict loop runs it: on a CUDA GPU in bf16 autocast
 (flash attention under `--attention auto`), else on the CPU (SDPA).
 """
 from __future__ import annotations
@@ -16,6 +17,7 @@ import argparse
 import csv
 import logging
 import os
+import re
 from pathlib import Path
 
 import lightning as L
@@ -122,15 +124,28 @@ def predict(ckpt: Path, inputs: list[str], top: int = 5, attention: str = "auto"
             for path, v, i in zip(files, values, indices)]
 
 
-def write_csv(rows: list[dict], out: Path) -> None:
+def descriptions(rows: list[dict]) -> dict[str, str]:
+    """ImageNet's short description of each class name that is an ImageNet WordNet ID
+    (Imagenette's and ImageNet's class folders, e.g. n01440764: tench), by timm's tables."""
+    from timm.data import ImageNetInfo
+
+    names = {name for row in rows for name, *_ in row["top"] if re.fullmatch(r"n\d{8}", name)}
+    if not names:
+        return {}
+    info = ImageNetInfo()
+    known = set(info.label_names())
+    return {name: info.label_name_to_description(name) for name in names if name in known}
+
+
+def write_csv(rows: list[dict], out: Path, described: dict[str, str]) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".tmp")
     with tmp.open("w", newline="") as f:
         writer = csv.writer(f)
-        writer.writerow(["image", "rank", "class", "index", "probability"])
+        writer.writerow(["image", "rank", "class", "index", "probability", "description"])
         for row in rows:
             for rank, (name, index, p) in enumerate(row["top"], 1):
-                writer.writerow([row["image"], rank, name, index, f"{p:.6f}"])
+                writer.writerow([row["image"], rank, name, index, f"{p:.6f}", described.get(name, "")])
     os.replace(tmp, out)  # a finished file or none
 
 
@@ -151,11 +166,13 @@ def main(argv: list[str] | None = None) -> None:
     quiet()
     rows = predict(args.checkpoint, args.images, args.top, args.attention, args.batch_size, args.num_workers,
                    args.device)
+    described = descriptions(rows)  # ImageNet class folders are shown by their words
     width = max(len(row["image"]) for row in rows)
     for row in rows:
-        print(f"{row['image']:<{width}}  " + "  ".join(f"{name} {p:.3f}" for name, _, p in row["top"]))
+        print(f"{row['image']:<{width}}  " + "  ".join(f"{described.get(name, name)} {p:.3f}"
+                                                       for name, _, p in row["top"]))
     if args.out:
-        write_csv(rows, args.out)
+        write_csv(rows, args.out, described)
         print(f"wrote {args.out}")
 
 

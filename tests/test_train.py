@@ -356,6 +356,12 @@ def test_predict_classifies_image_files_as_the_test_scored_them(cifar_run, cifar
     assert result.returncode == 1 and "missing does not exist: pass image files or folders" in result.stderr
 
 
+def test_predict_names_imagenet_class_folders_by_their_words():
+    described = load_script("predict").descriptions(
+        [{"image": "a.jpg", "top": [("n01440764", 0, 0.7), ("n03888257", 9, 0.2), ("cat", 3, 0.1)]}])
+    assert described == {"n01440764": "tench, Tinca tinca", "n03888257": "parachute, chute"}  # Imagenette's
+
+
 @pytest.mark.gpu
 def test_predict_on_a_gpu_with_flash_agrees_with_the_cpu(cifar_run, cifar_slice):
     _, out = cifar_run
