@@ -5,10 +5,12 @@
     python scripts/eval.py ckpt_path=... eval_flip=true   # each image and its mirror image
     python scripts/eval.py ckpt_path=... eval_shift=2     # and each image moved 2 px four ways
 
-The result is printed as one JSON line and written to <eval run folder>/eval.json.
+The result is printed as one JSON line and written to <eval run folder>/eval.json; beside it,
+per_class.csv (each class's images and top-1) and confusion.csv (true class x predicted class).
 """
 from __future__ import annotations
 
+import csv
 import json
 import logging
 from pathlib import Path
@@ -52,6 +54,7 @@ def evaluate(cfg: DictConfig) -> dict:
             f"the checkpoint classifies {module.hparams.num_classes} classes but data has "
             f"{datamodule.num_classes}: pass the data= options the model was trained with"
         )
+    confusion = module.track_confusion()
     trainer = instantiate(cfg.trainer, logger=False, _convert_="all")
     on_cuda = trainer.strategy.root_device.type == "cuda"
     if on_cuda:
@@ -74,6 +77,9 @@ def evaluate(cfg: DictConfig) -> dict:
         "peak_mem_gib": torch.cuda.max_memory_allocated(trainer.strategy.root_device) / 2**30 if on_cuda else None,
         "host_peak_rss_gib": host_peak_rss_gib(),  # the process's peak RSS, on CPU and GPU alike
     }
+    counts = confusion.compute().cpu()  # (true, predicted) image counts, summed over the processes
+    per_class = per_class_top1(counts, datamodule.classes)
+    result["lowest_classes"] = [[name, top1] for name, _, top1 in sorted(per_class, key=lambda r: r[2])[:3]]
     if trainer.world_size > 1:
         log.warning("%d processes: the sampler repeats up to %d images so that each process scores as many, "
                     "and the repeats count in top-1; trainer.devices=1 scores every image once",
@@ -81,12 +87,40 @@ def evaluate(cfg: DictConfig) -> dict:
     if not trainer.is_global_zero:
         return result  # (the metrics are the same on every process: one writes and prints them)
     if HydraConfig.initialized():
-        out = Path(HydraConfig.get().runtime.output_dir) / "eval.json"
-        with written_whole(out) as tmp:
+        folder = Path(HydraConfig.get().runtime.output_dir)
+        write_per_class(folder, per_class, counts)
+        with written_whole(folder / "eval.json") as tmp:
             Path(tmp).write_text(json.dumps(result, indent=2) + "\n")
-        log.info("wrote %s", out)
+        log.info("wrote eval.json, per_class.csv and confusion.csv into %s", folder)
     print(json.dumps(result))
     return result
+
+
+def per_class_top1(counts: torch.Tensor, classes: list[str] | None) -> list[tuple[str, int, float | None]]:
+    """(class name, images, top-1) of each class, in label order, from a confusion matrix of
+    counts (rows: true class, columns: predicted); top-1 None for a class with no images.
+    Without names (synthetic data) a class is named by its index."""
+    names = classes if classes is not None else [str(i) for i in range(len(counts))]
+    rows = []
+    for name, row, hits in zip(names, counts.tolist(), counts.diagonal().tolist()):
+        images = int(sum(row))
+        rows.append((str(name), images, hits / images if images else None))
+    return rows
+
+
+def write_per_class(folder: Path, per_class: list[tuple[str, int, float | None]], counts: torch.Tensor) -> None:
+    """per_class.csv (index, class, images, top1) and confusion.csv (a row per true class, a
+    column per predicted class, image counts) into `folder`."""
+    with written_whole(folder / "per_class.csv") as tmp, open(tmp, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["index", "class", "images", "top1"])
+        writer.writerows([i, name, images, "" if top1 is None else f"{top1:.6f}"]
+                         for i, (name, images, top1) in enumerate(per_class))
+    names = [name for name, *_ in per_class]
+    with written_whole(folder / "confusion.csv") as tmp, open(tmp, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["true \\ predicted", *names])
+        writer.writerows([name, *row] for name, row in zip(names, counts.long().tolist()))
 
 
 @checked_keys(Path(__file__).resolve().parents[1] / "configs", "eval")  # a mistyped key: the keys it may mean

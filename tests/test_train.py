@@ -4,6 +4,7 @@ test_report.py)."""
 from __future__ import annotations
 
 import csv
+import json
 import logging
 import math
 import importlib.util
@@ -305,6 +306,30 @@ def test_eval_reproduces_the_test_score(cifar_run, cifar_slice, tmp_path):
     assert moved["loss"] != pytest.approx(result["loss"], rel=1e-4)  # five views scored, not one
     with pytest.raises(ValueError, match=r"eval_shift=-2: give a whole number of pixels"):
         evaluate(compose_cfg(tmp_path, [*common, "eval_shift=-2"], "eval"))
+
+
+def test_eval_writes_each_classes_top1_and_the_confusion_matrix(cifar_run, cifar_slice, tmp_path):
+    _, out = cifar_run
+    best = next(p for p in (out / "checkpoints").glob("*.ckpt") if p.name != "last.ckpt")
+    result = run_cli("eval", f"ckpt_path={best}", f"paths.data_dir={cifar_slice}", f"data.val_size={VAL_SIZE}",
+                     "data.num_workers=0",
+                     "data.expected_sizes=null", "trainer=cpu", "attention=sdpa", f"hydra.run.dir={tmp_path}")
+    assert result.returncode == 0, result.stderr
+    scores = json.loads((tmp_path / "eval.json").read_text())
+    with (tmp_path / "per_class.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    classes = sorted(p.name for p in (cifar_slice / "cifar10" / "test").iterdir())
+    assert [r["class"] for r in rows] == classes and [int(r["images"]) for r in rows] == [TEST_PER_CLASS] * 10
+    # the classes' top-1, weighted by their images, is the split's
+    assert sum(float(r["top1"]) * int(r["images"]) for r in rows) / (10 * TEST_PER_CLASS) == pytest.approx(scores["top1"])
+    lowest = sorted(rows, key=lambda r: float(r["top1"]))[:3]
+    assert [[r["class"], pytest.approx(float(r["top1"]))] for r in lowest] == scores["lowest_classes"]
+    with (tmp_path / "confusion.csv").open() as f:
+        matrix = list(csv.reader(f))
+    assert matrix[0][1:] == classes and [row[0] for row in matrix[1:]] == classes
+    counts = [[int(v) for v in row[1:]] for row in matrix[1:]]
+    assert all(sum(row) == TEST_PER_CLASS for row in counts)
+    assert [counts[i][i] / TEST_PER_CLASS for i in range(10)] == [pytest.approx(float(r["top1"])) for r in rows]
 
 
 def test_predict_classifies_image_files_as_the_test_scored_them(cifar_run, cifar_slice, tmp_path):

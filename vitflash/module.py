@@ -27,7 +27,7 @@ from timm.scheduler import CosineLRScheduler
 from timm.utils import ModelEmaV3
 from torch.distributed.fsdp import FullyShardedDataParallel
 from torchmetrics import MetricCollection
-from torchmetrics.classification import MulticlassAccuracy
+from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionMatrix
 
 import vitflash
 from vitflash.graph_step import AUTOCAST, WholeStepGraph
@@ -391,6 +391,7 @@ class ViTModule(L.LightningModule):
         self.flops_per_batch = None  # read by Lightning's ThroughputMonitor (not measured)
         self.compile_mode: str | None = None  # set at setup, when the device is known
         self.inputs: dict | None = None  # a loaded checkpoint's INPUTS_KEY (load_checkpoint)
+        self.confusion: MulticlassConfusionMatrix | None = None  # scripts/eval.py's (`track_confusion`)
         # the training loss of the epoch so far: sum of loss x batch size (on the device), images
         self._loss_sum: torch.Tensor | None = None
         self._loss_count = 0
@@ -539,6 +540,15 @@ class ViTModule(L.LightningModule):
         self.log(f"{stage}/loss", self.eval_loss(logits, y), prog_bar=True, sync_dist=True)
         metrics.update(logits, y)
         self.log_dict(metrics, prog_bar=True)
+        if self.confusion is not None:
+            self.confusion.update(logits, y)
+
+    def track_confusion(self) -> MulticlassConfusionMatrix:
+        """From now on, val and test steps also count (true class, predicted class) pairs, over
+        every process, in the returned metric (not saved with the weights, never reset here):
+        what scripts/eval.py reports per class."""
+        self.confusion = MulticlassConfusionMatrix(self.hparams.num_classes, validate_args=False).to(self.device)
+        return self.confusion
 
     def eval_logits(self, x: torch.Tensor) -> torch.Tensor:
         """The logits that val and test score: the EMA's where there is one, and with
