@@ -22,13 +22,14 @@ from pathlib import Path
 
 import lightning as L
 import torch
+from hydra.utils import instantiate
 from omegaconf import OmegaConf
 from PIL import Image, UnidentifiedImageError
 from torch.utils.data import DataLoader, Dataset
 from torchvision.datasets.folder import IMG_EXTENSIONS
 
 from vitflash.cli import quiet, short_errors
-from vitflash.data import eval_transform_of
+from vitflash.data import eval_inputs, eval_transform_of
 from vitflash.module import load_checkpoint
 from vitflash.ops import ATTENTION_IMPLS
 
@@ -84,12 +85,9 @@ def checkpoint_inputs(module, ckpt: Path) -> dict:
             f"no run config is beside it at {config}: keep the checkpoint in its run folder's checkpoints/, "
             f"where scripts/train.py wrote it")
     data = OmegaConf.load(config).data
-    augment = OmegaConf.to_container(data.augment, resolve=True)
     log.warning("%s predates saved inputs: the eval transform is read from %s; classes are shown by index",
                 ckpt, config)
-    return {"img_size": int(data.img_size), "crop_pct": float(augment.get("crop_pct", 1.0)),
-            "interpolation": augment.get("interpolation", "bicubic"), "mean": augment["mean"],
-            "std": augment["std"], "classes": None}
+    return eval_inputs(instantiate(data.get("augment") or {"_target_": "vitflash.data.Augment"}), data.img_size)
 
 
 def predict(ckpt: Path, inputs: list[str], top: int = 5, attention: str = "auto", batch_size: int = 64,

@@ -122,8 +122,16 @@ class Augment:
                                 interpolation=self.interpolation, mean=tuple(self.mean), std=tuple(self.std))
 
 
+def eval_inputs(augment: Augment, img_size: int, classes: Sequence[str] | None = None) -> dict:
+    """The eval transform's settings (`eval_transform_of` builds it again from them) and the class
+    names in label order (None: unknown), as plain values a checkpoint holds."""
+    return {"img_size": int(img_size), "crop_pct": float(augment.crop_pct), "interpolation": augment.interpolation,
+            "mean": [float(m) for m in augment.mean], "std": [float(v) for v in augment.std],
+            "classes": None if classes is None else [str(c) for c in classes]}
+
+
 def eval_transform_of(inputs: dict) -> Callable[[Image.Image], torch.Tensor]:
-    """The eval transform that `ImageDataModule.inputs()` describes."""
+    """The eval transform that `eval_inputs` describes."""
     augment = Augment(crop_pct=inputs["crop_pct"], interpolation=inputs["interpolation"],
                       mean=tuple(inputs["mean"]), std=tuple(inputs["std"]))
     return augment.eval_transform(inputs["img_size"])
@@ -360,12 +368,8 @@ class ImageDataModule(L.LightningDataModule):
 
     def inputs(self) -> dict:
         """What a model trained on this data expects of an image, saved in its checkpoints for
-        scripts/predict.py: the eval transform's settings (`eval_transform_of` builds it again)
-        and the class names in label order (None before the data is loaded, or without names)."""
-        a = self.augment
-        return {"img_size": self.img_size, "crop_pct": float(a.crop_pct), "interpolation": a.interpolation,
-                "mean": [float(m) for m in a.mean], "std": [float(v) for v in a.std],
-                "classes": None if self.classes is None else [str(c) for c in self.classes]}
+        scripts/predict.py (`eval_inputs`; the class names are None before the data is loaded)."""
+        return eval_inputs(self.augment, self.img_size, self.classes)
 
     def _load(self, stage: str | None) -> tuple[Dataset, Dataset, Dataset]:
         """Return (train, train_as_eval, test): train with the training transform, the same
