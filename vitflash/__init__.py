@@ -17,7 +17,9 @@ class SetupError(RuntimeError):
 
 from vitflash.model import VisionTransformer, build_model, list_models  # noqa: E402
 from vitflash.pretrained import create_model, export_timm  # noqa: E402
+from vitflash.timm_attention import patch_timm_attention  # noqa: E402
 
 __version__ = "0.1.0"
 
-__all__ = ["SetupError", "VisionTransformer", "build_model", "create_model", "export_timm", "list_models"]
+__all__ = ["SetupError", "VisionTransformer", "build_model", "create_model", "export_timm", "list_models",
+           "patch_timm_attention"]
