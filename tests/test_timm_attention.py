@@ -88,3 +88,13 @@ def test_bad_models_and_paths_are_refused():
     with pytest.raises(ValueError, match="head dim 30 is not supported by flash attention"):
         vitflash.patch_timm_attention(odd, "flash")
     assert "forward" not in vars(odd.blocks[0].attn)  # nothing was patched
+
+
+@pytest.mark.parametrize("impl", ["flash", "sdpa"])
+def test_a_patched_model_traces_into_one_graph(impl):
+    model = timm_vit()
+    vitflash.patch_timm_attention(model, impl)
+    x = torch.randn(2, 3, 32, 32)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=impl == "flash"):
+        explained = torch._dynamo.explain(model)(x)
+    assert (explained.graph_count, explained.graph_break_count) == (1, 0)
