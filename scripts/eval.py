@@ -79,7 +79,8 @@ def evaluate(cfg: DictConfig) -> dict:
     }
     counts = confusion.compute().cpu()  # (true, predicted) image counts, summed over the processes
     per_class = per_class_top1(counts, datamodule.classes)
-    result["lowest_classes"] = [[name, top1] for name, _, top1 in sorted(per_class, key=lambda r: r[2])[:3]]
+    scored = [(name, top1) for name, _, top1 in per_class if top1 is not None]  # (a class with images)
+    result["lowest_classes"] = [[name, top1] for name, top1 in sorted(scored, key=lambda r: r[1])[:3]]
     if trainer.world_size > 1:
         log.warning("%d processes: the sampler repeats up to %d images so that each process scores as many, "
                     "and the repeats count in top-1; trainer.devices=1 scores every image once",

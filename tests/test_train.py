@@ -332,6 +332,13 @@ def test_eval_writes_each_classes_top1_and_the_confusion_matrix(cifar_run, cifar
     assert [counts[i][i] / TEST_PER_CLASS for i in range(10)] == [pytest.approx(float(r["top1"])) for r in rows]
 
 
+def test_per_class_top1_of_a_confusion_matrix():
+    counts = torch.tensor([[3, 1, 0], [0, 0, 0], [2, 0, 2]])  # rows: true class; class 1 has no images
+    assert load_script("eval").per_class_top1(counts, ["a", "b", "c"]) == [("a", 4, 0.75), ("b", 0, None),
+                                                                          ("c", 4, 0.5)]
+    assert [name for name, *_ in load_script("eval").per_class_top1(counts, None)] == ["0", "1", "2"]
+
+
 def test_predict_classifies_image_files_as_the_test_scored_them(cifar_run, cifar_slice, tmp_path):
     metrics, out = cifar_run
     best = next(p for p in (out / "checkpoints").glob("*.ckpt") if p.name != "last.ckpt")

@@ -720,18 +720,18 @@ class ViTModule(L.LightningModule):
         if self._whole_step is not None:
             self._whole_step.sync_lrs()  # the schedule writes floats; the graph reads its tensors
 
-    # On resume the schedule is re-planned from the current config: timm's scheduler is a pure
-    # function of (plan, step), so the plan that configure_optimizers just made is kept and the
-    # checkpoint's (t_initial, warmup_t, ... of the old max_epochs) is not loaded over it.
-    # Same config: the same LRs, bit for bit; a larger trainer.max_epochs: the cosine is
-    # stretched to the new length from the step reached (the LR rises again), instead of the
-    # extra epochs running at min_lr.
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         # the data's eval transform and class names, so that the checkpoint alone can classify images
         datamodule = getattr(self._trainer, "datamodule", None)
         if hasattr(datamodule, "inputs"):
             checkpoint[INPUTS_KEY] = datamodule.inputs()
 
+    # On resume the schedule is re-planned from the current config: timm's scheduler is a pure
+    # function of (plan, step), so the plan that configure_optimizers just made is kept and the
+    # checkpoint's (t_initial, warmup_t, ... of the old max_epochs) is not loaded over it.
+    # Same config: the same LRs, bit for bit; a larger trainer.max_epochs: the cosine is
+    # stretched to the new length from the step reached (the LR rises again), instead of the
+    # extra epochs running at min_lr.
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         self._match_ema(checkpoint["state_dict"])
         states = checkpoint.get("lr_schedulers") or []
