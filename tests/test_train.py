@@ -33,7 +33,8 @@ from vitflash.pretrained import CheckpointError, export_timm
 from test_configs import compose_cfg
 
 REPO = Path(__file__).resolve().parents[1]
-CIFAR_ARCHIVE = REPO.parent / "shared" / "data" / "cifar10-jpeg.tar.gz"
+# the shared data folder beside the repo; VITFLASH_TEST_CIFAR names the archive elsewhere (a GPU machine)
+CIFAR_ARCHIVE = Path(os.environ.get("VITFLASH_TEST_CIFAR") or REPO.parent / "shared" / "data" / "cifar10-jpeg.tar.gz")
 TRAIN_PER_CLASS, TEST_PER_CLASS, VAL_SIZE, BATCH = 40, 20, 80, 32
 STEPS_PER_EPOCH = (10 * TRAIN_PER_CLASS - VAL_SIZE) // BATCH  # the train loader drops the last batch
 
@@ -218,7 +219,8 @@ def cifar_slice(tmp_path_factory) -> Path:
     """A data root holding cifar10/{train,test}/<class>/*.jpg: the first 40 train and 20 test
     images of every class of the shared archive."""
     if not CIFAR_ARCHIVE.is_file():
-        pytest.skip(f"{CIFAR_ARCHIVE} is absent: the real-data tests need the shared data folder beside the repo")
+        pytest.skip(f"{CIFAR_ARCHIVE} is absent: the real-data tests need the shared data folder beside the repo "
+                    "(or VITFLASH_TEST_CIFAR=<path of cifar10-jpeg.tar.gz>)")
     root = tmp_path_factory.mktemp("cifar_slice")
     wanted = {"train": TRAIN_PER_CLASS, "test": TEST_PER_CLASS}
     taken = defaultdict(int)
