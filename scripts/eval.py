@@ -23,6 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from vitflash.checkpoint import check_finite
 from vitflash.cli import check_trainer, host_peak_rss_gib, run_session, short_errors
+from vitflash.data import imagenet_words
 from vitflash.files import written_whole
 from vitflash.module import check_eval_shift, load_checkpoint
 from vitflash.overrides import checked_keys
@@ -110,12 +111,14 @@ def per_class_top1(counts: torch.Tensor, classes: list[str] | None) -> list[tupl
 
 
 def write_per_class(folder: Path, per_class: list[tuple[str, int, float | None]], counts: torch.Tensor) -> None:
-    """per_class.csv (index, class, images, top1) and confusion.csv (a row per true class, a
-    column per predicted class, image counts) into `folder`."""
+    """per_class.csv (index, class, images, top1, and ImageNet's words for a class folder
+    named by its WordNet ID) and confusion.csv (a row per true class, a column per predicted
+    class, image counts) into `folder`."""
+    words = imagenet_words(name for name, *_ in per_class)
     with written_whole(folder / "per_class.csv") as tmp, open(tmp, "w", newline="") as f:
         writer = csv.writer(f)
-        writer.writerow(["index", "class", "images", "top1"])
-        writer.writerows([i, name, images, "" if top1 is None else f"{top1:.6f}"]
+        writer.writerow(["index", "class", "images", "top1", "description"])
+        writer.writerows([i, name, images, "" if top1 is None else f"{top1:.6f}", words.get(name, "")]
                          for i, (name, images, top1) in enumerate(per_class))
     names = [name for name, *_ in per_class]
     with written_whole(folder / "confusion.csv") as tmp, open(tmp, "w", newline="") as f:

@@ -17,7 +17,6 @@ import argparse
 import csv
 import logging
 import os
-import re
 from pathlib import Path
 
 import lightning as L
@@ -29,7 +28,7 @@ from torch.utils.data import DataLoader, Dataset
 from torchvision.datasets.folder import IMG_EXTENSIONS
 
 from vitflash.cli import quiet, short_errors
-from vitflash.data import eval_inputs, eval_transform_of
+from vitflash.data import eval_inputs, eval_transform_of, imagenet_words
 from vitflash.module import load_checkpoint
 from vitflash.ops import ATTENTION_IMPLS
 
@@ -122,19 +121,6 @@ def predict(ckpt: Path, inputs: list[str], top: int = 5, attention: str = "auto"
             for path, v, i in zip(files, values, indices)]
 
 
-def descriptions(rows: list[dict]) -> dict[str, str]:
-    """ImageNet's short description of each class name that is an ImageNet WordNet ID
-    (Imagenette's and ImageNet's class folders, e.g. n01440764: tench), by timm's tables."""
-    from timm.data import ImageNetInfo
-
-    names = {name for row in rows for name, *_ in row["top"] if re.fullmatch(r"n\d{8}", name)}
-    if not names:
-        return {}
-    info = ImageNetInfo()
-    known = set(info.label_names())
-    return {name: info.label_name_to_description(name) for name in names if name in known}
-
-
 def write_csv(rows: list[dict], out: Path, described: dict[str, str]) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".tmp")
@@ -164,7 +150,7 @@ def main(argv: list[str] | None = None) -> None:
     quiet()
     rows = predict(args.checkpoint, args.images, args.top, args.attention, args.batch_size, args.num_workers,
                    args.device)
-    described = descriptions(rows)  # ImageNet class folders are shown by their words
+    described = imagenet_words({name for row in rows for name, *_ in row["top"]})  # n01440764: tench
     width = max(len(row["image"]) for row in rows)
     for row in rows:
         print(f"{row['image']:<{width}}  " + "  ".join(f"{described.get(name, name)} {p:.3f}"

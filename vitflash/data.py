@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 from concurrent.futures import ProcessPoolExecutor
 import random
+import re
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -135,6 +136,20 @@ def eval_transform_of(inputs: dict) -> Callable[[Image.Image], torch.Tensor]:
     augment = Augment(crop_pct=inputs["crop_pct"], interpolation=inputs["interpolation"],
                       mean=tuple(inputs["mean"]), std=tuple(inputs["std"]))
     return augment.eval_transform(inputs["img_size"])
+
+
+def imagenet_words(names) -> dict[str, str]:
+    """ImageNet's short description of each of `names` that is an ImageNet WordNet ID (the class
+    folders of ImageNet and Imagenette, e.g. n01440764: "tench, Tinca tinca"), by timm's tables;
+    other names are left out."""
+    from timm.data import ImageNetInfo
+
+    wnids = {name for name in names if re.fullmatch(r"n\d{8}", name)}
+    if not wnids:
+        return {}
+    info = ImageNetInfo()
+    known = set(info.label_names())
+    return {name: info.label_name_to_description(name) for name in wnids if name in known}
 
 
 class ArrayDataset(Dataset):
