@@ -21,15 +21,13 @@ from pathlib import Path
 
 import lightning as L
 import torch
-from hydra.utils import instantiate
-from omegaconf import OmegaConf
 from PIL import Image, UnidentifiedImageError
 from torch.utils.data import DataLoader, Dataset
 from torchvision.datasets.folder import IMG_EXTENSIONS
 
 from vitflash.cli import quiet, short_errors
-from vitflash.data import eval_inputs, eval_transform_of, imagenet_words
-from vitflash.module import load_checkpoint
+from vitflash.data import eval_transform_of, imagenet_words
+from vitflash.module import checkpoint_inputs, load_checkpoint
 from vitflash.ops import ATTENTION_IMPLS
 
 log = logging.getLogger(__name__)
@@ -69,24 +67,6 @@ class ImageFiles(Dataset):
             raise ValueError(f"{self.files[i]} is not an image that PIL can read ({e}): leave it out of the "
                              f"inputs") from None
         return self.transform(image), i
-
-
-def checkpoint_inputs(module, ckpt: Path) -> dict:
-    """The eval transform's settings and class names saved with the checkpoint; for a checkpoint
-    written before they were saved, the transform from its run folder's config (.hydra/), without
-    class names."""
-    if module.inputs is not None:
-        return module.inputs
-    config = ckpt.resolve().parent.parent / ".hydra" / "config.yaml"
-    if not config.is_file():
-        raise ValueError(
-            f"{ckpt} does not record its eval transform (checkpoints of older vitflash versions do not), and "
-            f"no run config is beside it at {config}: keep the checkpoint in its run folder's checkpoints/, "
-            f"where scripts/train.py wrote it")
-    data = OmegaConf.load(config).data
-    log.warning("%s predates saved inputs: the eval transform is read from %s; classes are shown by index",
-                ckpt, config)
-    return eval_inputs(instantiate(data.get("augment") or {"_target_": "vitflash.data.Augment"}), data.img_size)
 
 
 def predict(ckpt: Path, inputs: list[str], top: int = 5, attention: str = "auto", batch_size: int = 64,

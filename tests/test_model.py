@@ -394,3 +394,27 @@ def test_position_dropout_is_its_own_rate_as_in_timm():
     assert build_model("vit_micro_patch4_32", pos_drop_rate=0.1).pos_drop.p == 0.1
     with pytest.raises(ValueError, match="pos_drop_rate=1.5 is not in \\[0, 1\\)"):
         build_model("vit_micro_patch4_32", pos_drop_rate=1.5)
+
+
+@pytest.mark.parametrize("locality", [False, True])
+def test_attention_probs_are_the_weights_every_path_applies(locality):
+    """VisionTransformer.attention_probs: each block's (B, H, N, N) weights, computed from the
+    tokens that reach its attention; times v they give the attention output (naive's)."""
+    torch.manual_seed(0)
+    model = build_model("vit_micro_patch4_32", num_classes=10, depth=2, attention="naive",
+                        locality_attention=locality).eval()
+    x = torch.randn(2, 3, 32, 32)
+    probs = model.attention_probs(x)
+    assert len(probs) == 2 and probs[0].shape == (2, model.blocks[0].attn.num_heads, 65, 65)
+    for p in probs:
+        torch.testing.assert_close(p.sum(-1), torch.ones(p.shape[:-1]))
+    if locality:  # no token attends to itself
+        assert probs[0].diagonal(dim1=-2, dim2=-1).abs().max() == 0
+    # block 0's tokens, as forward_features makes them: its output is these weights times v
+    tokens = model.pos_drop(torch.cat([model.cls_token.expand(2, -1, -1), model.patch_embed(x)], 1) + model.pos_embed)
+    attn = model.blocks[0].attn
+    normed = model.blocks[0].norm1(tokens)
+    qkv, _ = attn._qkv(normed)
+    expected = (probs[0] @ qkv[:, :, 2].transpose(1, 2)).transpose(1, 2).reshape(2, 65, -1)
+    with torch.no_grad():
+        torch.testing.assert_close(attn.proj(expected), attn(normed), atol=1e-5, rtol=1e-5)

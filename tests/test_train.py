@@ -17,6 +17,7 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from omegaconf import OmegaConf
@@ -406,6 +407,33 @@ def test_predict_on_a_gpu_with_flash_agrees_with_the_cpu(cifar_run, cifar_slice)
     for g, c in zip(gpu, cpu):
         assert abs(g["top"][0][2] - c["top"][0][2]) < 0.05
         assert g["top"][0][1] == c["top"][0][1] or abs(c["top"][0][2] - c["top"][1][2]) < 0.05
+
+
+def test_attention_maps_of_a_checkpoint(cifar_run, cifar_slice, tmp_path):
+    _, out = cifar_run
+    image = sorted((cifar_slice / "cifar10" / "test" / "cat").iterdir())[0]
+    result = run_cli("attention_maps", str(out / "checkpoints" / "last.ckpt"), str(image), "--out",
+                     str(tmp_path / "maps.png"))
+    assert result.returncode == 0, result.stderr
+    maps = np.load(tmp_path / "maps.npz")
+    heads = load_checkpoint(out / "checkpoints" / "last.ckpt").model.blocks[-1].attn.num_heads
+    assert maps["rollout"].shape == (8, 8) and maps["heads"].shape == (heads, 8, 8)  # 32 px in 4 px patches
+    assert maps["probs"].shape == (heads, 65, 65)
+    np.testing.assert_allclose(maps["probs"].sum(-1), 1, rtol=1e-5)
+    np.testing.assert_allclose(maps["heads"].sum((1, 2)), 1, rtol=1e-5)  # the class token's row over the patches
+    assert maps["rollout"].sum() == pytest.approx(1, rel=1e-5)
+    assert (tmp_path / "maps.png").stat().st_size > 10_000
+    result = run_cli("attention_maps", str(out / "checkpoints" / "last.ckpt"), str(image), "--block", "9",
+                     "--out", str(tmp_path / "x.png"))
+    assert result.returncode == 1 and "--block 9: the model has 4 blocks (0 to 3, or -1 for the last)" in result.stderr
+
+
+def test_rollout_of_attention_that_stays_home_is_the_identity():
+    rollout = load_script("attention_maps").rollout
+    n = 5
+    assert torch.equal(rollout([torch.eye(n).expand(3, n, n)] * 4), torch.eye(n))
+    uniform = rollout([torch.full((2, n, n), 1 / n)])  # half the residual, half the mean
+    torch.testing.assert_close(uniform, 0.5 * torch.eye(n) + 0.5 / n)
 
 
 def test_finetune_from_an_exported_checkpoint(cifar_run, cifar_slice, tmp_path):

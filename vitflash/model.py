@@ -42,7 +42,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from timm.layers import DropPath
 
-from vitflash.ops import attention_qkvpacked, check_attention_impl
+from vitflash.ops import attention_probs, attention_qkvpacked, check_attention_impl
 
 
 class PatchEmbed(nn.Module):
@@ -138,21 +138,32 @@ class Attention(nn.Module):
             # shape (1,), not a scalar: FSDP refuses 0-d parameters
             self.log_scale = nn.Parameter(torch.full((1,), -0.5 * math.log(self.head_dim)))
 
+    def _qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, dict]:
+        """(B, N, C) tokens -> the (B, N, 3, H, D) fused projection and the attention op's
+        locality arguments."""
+        B, N, C = x.shape
+        if not self.locality:
+            return self.qkv(x).view(B, N, 3, self.num_heads, self.head_dim), {}
+        # q = (x W_q^T + b_q) * exp(log_scale): the learned scale on q's rows
+        scale, w, b = self.log_scale.exp(), self.qkv.weight, self.qkv.bias
+        w = torch.cat([w[:C] * scale, w[C:]])  # (3C, C)
+        b = torch.cat([b[:C] * scale, b[C:]]) if b is not None else None
+        qkv = F.linear(x, w, b).view(B, N, 3, self.num_heads, self.head_dim)
+        return qkv, dict(softmax_scale=1.0, mask_diagonal=True)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, N, C = x.shape
         drop = self.attn_drop if self.training else 0.0
-        locality = {}
-        if self.locality:  # q = (x W_q^T + b_q) * exp(log_scale): the learned scale on q's rows
-            scale, w, b = self.log_scale.exp(), self.qkv.weight, self.qkv.bias
-            w = torch.cat([w[:C] * scale, w[C:]])  # (3C, C)
-            b = torch.cat([b[:C] * scale, b[C:]]) if b is not None else None
-            qkv = F.linear(x, w, b)
-            locality = dict(softmax_scale=1.0, mask_diagonal=True)
-        else:
-            qkv = self.qkv(x)
-        qkv = qkv.view(B, N, 3, self.num_heads, self.head_dim)  # (B, N, 3, H, D)
+        qkv, locality = self._qkv(x)  # (B, N, 3, H, D)
         o = attention_qkvpacked(qkv, self.impl, dropout_p=drop, **locality)  # (B, N, H, D), contiguous
         return self.proj_drop(self.proj(o.reshape(B, N, C)))  # (B, N, C)
+
+    def probs(self, x: torch.Tensor) -> torch.Tensor:
+        """The attention weights this module applies to tokens `x` (B, N, C): (B, H, N, N),
+        whichever path it runs (they are the same weights; only naive writes them out)."""
+        qkv, locality = self._qkv(x)
+        q, k, _ = qkv.unbind(2)
+        return attention_probs(q, k, **locality)
 
 
 class Mlp(nn.Module):
@@ -398,6 +409,21 @@ class VisionTransformer(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.forward_head(self.forward_features(x))
+
+    @torch.no_grad()
+    def attention_probs(self, x: torch.Tensor) -> list[torch.Tensor]:
+        """Every block's attention weights for images `x` (B, C, H, W): a list of (B, H, N, N),
+        first block first, N = prefix + patch tokens. One forward, each block's weights computed
+        from the tokens that reach its attention."""
+        found: list[torch.Tensor] = []
+        hooks = [block.attn.register_forward_pre_hook(lambda m, args: found.append(m.probs(args[0])))
+                 for block in self.blocks]
+        try:
+            self.forward_features(x)
+        finally:
+            for hook in hooks:
+                hook.remove()
+        return found
 
 
 ATTN_INITS = ("default", "mimetic")

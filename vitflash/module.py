@@ -19,7 +19,9 @@ from typing import Callable
 import lightning as L
 import torch
 import torch.nn as nn
+from hydra.utils import instantiate
 from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy
+from omegaconf import OmegaConf
 from timm.data import Mixup
 from timm.loss import SoftTargetCrossEntropy
 from timm.optim import param_groups_layer_decay, param_groups_weight_decay
@@ -30,6 +32,7 @@ from torchmetrics import MetricCollection
 from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionMatrix
 
 import vitflash
+from vitflash.data import eval_inputs
 from vitflash.graph_step import AUTOCAST, WholeStepGraph
 from vitflash.model import ATTN_INITS
 from vitflash.ops import ATTENTION_IMPLS, check_attention_impl
@@ -811,3 +814,21 @@ def load_checkpoint(path: str | Path, attention: str | None = None,
     module.model.load_state_dict(state_dict)  # the network's weights: the module's other state is not saved
     module.inputs = checkpoint.get(INPUTS_KEY)  # what scripts/predict.py feeds it (None: an older checkpoint)
     return module
+
+
+def checkpoint_inputs(module: ViTModule, ckpt: str | Path) -> dict:
+    """The eval transform's settings and class names saved with the checkpoint; for a checkpoint
+    written before they were saved, the transform from its run folder's config (.hydra/), without
+    class names."""
+    if module.inputs is not None:
+        return module.inputs
+    config = Path(ckpt).resolve().parent.parent / ".hydra" / "config.yaml"
+    if not config.is_file():
+        raise ValueError(
+            f"{ckpt} does not record its eval transform (checkpoints of older vitflash versions do not), and "
+            f"no run config is beside it at {config}: keep the checkpoint in its run folder's checkpoints/, "
+            f"where scripts/train.py wrote it")
+    data = OmegaConf.load(config).data
+    log.warning("%s predates saved inputs: the eval transform is read from %s; classes are shown by index",
+                ckpt, config)
+    return eval_inputs(instantiate(data.get("augment") or {"_target_": "vitflash.data.Augment"}), data.img_size)

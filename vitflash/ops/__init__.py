@@ -8,12 +8,13 @@ from __future__ import annotations
 import torch
 
 from vitflash.ops.flash import check_head_dim, flash_attention, flash_attention_qkvpacked
-from vitflash.ops.reference import check_packed, naive_attention, sdpa_attention
+from vitflash.ops.reference import attention_probs, check_packed, naive_attention, sdpa_attention
 
 ATTENTION_IMPLS = ("flash", "naive", "sdpa")
 
 __all__ = [
     "ATTENTION_IMPLS",
+    "attention_probs",
     "attention_qkvpacked",
     "check_attention_impl",
     "check_head_dim",

@@ -85,16 +85,23 @@ def naive_attention(
     the low-precision error of the fused kernels.
     """
     check_qkv(q, k, v)
-    scale = check_softmax_scale(softmax_scale) or 1.0 / math.sqrt(q.shape[-1])
-    qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))  # (B, H, N, D)
-    scores = torch.matmul(qt, kt.transpose(-2, -1)) * scale  # (B, H, N, N)
-    if check_mask_diagonal(mask_diagonal, q.shape[1]):
-        scores = scores.masked_fill(_eye(q.shape[1], q.device), float("-inf"))
-    probs = torch.softmax(scores, dim=-1)  # (B, H, N, N)
+    probs = attention_probs(q, k, softmax_scale, mask_diagonal)  # (B, H, N, N)
     if check_dropout_p(dropout_p) > 0:
         probs = F.dropout(probs, dropout_p)
-    o = torch.matmul(probs, vt)  # (B, H, N, D)
+    o = torch.matmul(probs, v.transpose(1, 2))  # (B, H, N, D)
     return o.transpose(1, 2).contiguous()  # (B, N, H, D)
+
+
+def attention_probs(q: torch.Tensor, k: torch.Tensor, softmax_scale: float | None = None,
+                    mask_diagonal: bool = False) -> torch.Tensor:
+    """The attention weights softmax(q k^T * scale) of (B, N, H, D) q and k: (B, H, N, N), a
+    row per query, in q's dtype; what `naive_attention` multiplies v by, and what the flash
+    kernel never writes out (scripts/attention_maps.py shows them)."""
+    scale = check_softmax_scale(softmax_scale) or 1.0 / math.sqrt(q.shape[-1])
+    scores = torch.matmul(q.transpose(1, 2), k.transpose(1, 2).transpose(-2, -1)) * scale  # (B, H, N, N)
+    if check_mask_diagonal(mask_diagonal, q.shape[1]):
+        scores = scores.masked_fill(_eye(q.shape[1], q.device), float("-inf"))
+    return torch.softmax(scores, dim=-1)
 
 
 def sdpa_attention(
