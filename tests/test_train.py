@@ -434,6 +434,14 @@ def test_rollout_of_attention_that_stays_home_is_the_identity():
     assert torch.equal(rollout([torch.eye(n).expand(3, n, n)] * 4), torch.eye(n))
     uniform = rollout([torch.full((2, n, n), 1 / n)])  # half the residual, half the mean
     torch.testing.assert_close(uniform, 0.5 * torch.eye(n) + 0.5 / n)
+    # over the patches: the class token's row (prefix 1), or the patches' mean row (global_pool=avg)
+    patch_maps = load_script("attention_maps").patch_maps
+    weights = torch.softmax(torch.randn(3, 5, 5), -1)
+    cls = patch_maps(weights, prefix=1, grid=(2, 2))
+    torch.testing.assert_close(cls, (weights[:, 0, 1:] / weights[:, 0, 1:].sum(-1, keepdim=True)).view(3, 2, 2))
+    avg = patch_maps(weights[:, 1:, 1:], prefix=0, grid=(2, 2))
+    assert avg.shape == (3, 2, 2)
+    torch.testing.assert_close(avg.sum((1, 2)), torch.ones(3))
 
 
 def test_finetune_from_an_exported_checkpoint(cifar_run, cifar_slice, tmp_path):
