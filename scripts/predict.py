@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import logging
-import os
 from pathlib import Path
 
 import lightning as L
@@ -27,10 +25,9 @@ from torchvision.datasets.folder import IMG_EXTENSIONS
 
 from vitflash.cli import quiet, short_errors
 from vitflash.data import eval_transform_of, imagenet_words
+from vitflash.files import written_whole
 from vitflash.module import checkpoint_inputs, load_checkpoint
 from vitflash.ops import ATTENTION_IMPLS
-
-log = logging.getLogger(__name__)
 
 
 def image_files(inputs: list[str]) -> list[Path]:
@@ -102,15 +99,14 @@ def predict(ckpt: Path, inputs: list[str], top: int = 5, attention: str = "auto"
 
 
 def write_csv(rows: list[dict], out: Path, described: dict[str, str]) -> None:
+    """The rows as CSV (image, rank, class, index, probability, description): a whole file or none."""
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
-    with tmp.open("w", newline="") as f:
+    with written_whole(out) as tmp, open(tmp, "w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(["image", "rank", "class", "index", "probability", "description"])
         for row in rows:
             for rank, (name, index, p) in enumerate(row["top"], 1):
                 writer.writerow([row["image"], rank, name, index, f"{p:.6f}", described.get(name, "")])
-    os.replace(tmp, out)  # a finished file or none
 
 
 def main(argv: list[str] | None = None) -> None:
