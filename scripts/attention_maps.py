@@ -25,6 +25,7 @@ from PIL import Image
 
 from vitflash.cli import quiet, short_errors
 from vitflash.data import eval_transform_of
+from vitflash.files import written_whole
 from vitflash.module import checkpoint_inputs, load_checkpoint
 
 
@@ -117,8 +118,8 @@ def main(argv: list[str] | None = None) -> None:
     quiet()
     maps = attention_maps(args.checkpoint, args.image, args.block)
     plot(maps, args.out)
-    arrays = {k: maps[k].numpy() for k in ("rollout", "heads", "probs")}
-    np.savez(args.out.with_suffix(".npz"), **arrays)
+    with written_whole(args.out.with_suffix(".npz")) as tmp:
+        np.savez(tmp, **{k: maps[k].numpy() for k in ("rollout", "heads", "probs")})
     print(f"{args.image}: {maps['label']} {maps['p']:.3f}; wrote {args.out} and {args.out.with_suffix('.npz')}")
 
 
