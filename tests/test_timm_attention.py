@@ -6,6 +6,7 @@ import timm
 import torch
 
 import vitflash
+import vitflash.timm_attention
 
 
 def timm_vit(**kwargs) -> torch.nn.Module:
@@ -76,6 +77,20 @@ def test_none_restores_timms_attention_and_a_mask_runs_timms():
         vitflash.patch_timm_attention(model, None)
         assert "forward" not in vars(attn)
         torch.testing.assert_close(attn(x), ref)
+
+
+def test_auto_takes_sdpa_off_the_gpu_and_in_fp32(monkeypatch):
+    model = timm_vit()
+    taken = []
+    real = vitflash.timm_attention.attention_qkvpacked
+    monkeypatch.setattr(vitflash.timm_attention, "attention_qkvpacked",
+                        lambda qkv, impl, **kw: taken.append(impl) or real(qkv, impl, **kw))
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        ref = model(x)
+        assert vitflash.patch_timm_attention(model) == 2  # "auto"
+        torch.testing.assert_close(model(x), ref, atol=1e-5, rtol=1e-5)
+    assert taken == ["sdpa", "sdpa"]  # CPU tensors (a CUDA tensor in bf16/fp16 takes flash)
 
 
 def test_bad_models_and_paths_are_refused():

@@ -3,7 +3,7 @@
 through one of vitflash's paths, with its weights, modules and state dict unchanged.
 
     model = timm.create_model("vit_small_patch14_dinov2", pretrained=True)
-    vitflash.patch_timm_attention(model, "flash")    # every block's attention: vitflash's kernel
+    vitflash.patch_timm_attention(model)             # flash on the GPU in bf16/fp16, else sdpa
     with torch.autocast("cuda", dtype=torch.bfloat16):
         logits = model(images)
     vitflash.patch_timm_attention(model, None)       # timm's own attention again
@@ -28,18 +28,19 @@ from vitflash.ops import attention_qkvpacked, check_attention_impl
 _IMPL = "_vitflash_attention"
 
 
-def patch_timm_attention(model: nn.Module, impl: str | None) -> int:
+def patch_timm_attention(model: nn.Module, impl: str | None = "auto") -> int:
     """Route every timm ViT `Attention` module of `model` through vitflash's attention path
-    `impl` ("flash", "naive" or "sdpa"), or back to timm's own with None. Returns how many
-    modules changed; raises ValueError when there are none (another architecture) or when a
-    module's head dim is one `impl` cannot run."""
+    `impl` ("flash", "naive" or "sdpa"; "auto": flash for CUDA tensors in bf16/fp16, else
+    sdpa, decided at each call), or back to timm's own with None. Returns how many modules
+    changed; raises ValueError when there are none (another architecture) or when a module's
+    head dim is one `impl` cannot run."""
     modules = [m for m in model.modules() if isinstance(m, TimmAttention)]
     if not modules:
         raise ValueError(f"{type(model).__name__} has no timm ViT Attention module to patch: "
                          "patch_timm_attention takes timm models built of timm.models.vision_transformer.Attention")
     for module in modules:
         if impl is not None:
-            check_attention_impl(impl, module.head_dim)
+            check_attention_impl("flash" if impl == "auto" else impl, module.head_dim)
     for module in modules:
         if impl is None:
             module.__dict__.pop("forward", None)
@@ -63,7 +64,10 @@ def _forward(self: TimmAttention, x: torch.Tensor, attn_mask: torch.Tensor | Non
         q, k, v = qkv.unbind(2)  # (a norm under autocast returns fp32: back to v's dtype)
         qkv = torch.stack((self.q_norm(q).to(v.dtype), self.k_norm(k).to(v.dtype), v), dim=2)
     drop = self.attn_drop.p if self.training else 0.0
-    o = attention_qkvpacked(qkv, getattr(self, _IMPL), softmax_scale=self.scale, dropout_p=drop)
+    impl = getattr(self, _IMPL)
+    if impl == "auto":
+        impl = "flash" if qkv.is_cuda and qkv.dtype in (torch.float16, torch.bfloat16) else "sdpa"
+    o = attention_qkvpacked(qkv, impl, softmax_scale=self.scale, dropout_p=drop)
     x = getattr(self, "norm", nn.Identity())(o.reshape(B, N, -1))
     if gate is not None:
         x = x * gate
