@@ -35,6 +35,10 @@ attention kernel could gain over it in that case, and "flash's share" = (t_other
 
     python scripts/bench_model.py --suite cifar --paths flash sdpa no_attention --out <dir>
 
+In the large suite, `--paths ... timm_flash` also times timm's own model with vitflash's kernel
+(`vitflash.patch_timm_attention`), beside vitflash's model on flash; it is not one of the "other"
+paths that flash's ratio divides by.
+
 `--render <json>` prints the table of a result file again with this version's columns (no GPU
 needed; pass the run's --steps, --warmup and --repeats where they were not the defaults).
 """
@@ -52,6 +56,7 @@ import torch
 import torch.nn.functional as F
 
 from bench_attention import command_line, earlier_rows, environment, write_results  # scripts/ is on sys.path
+import vitflash
 import vitflash.model
 from vitflash import build_model
 
@@ -64,6 +69,10 @@ SUITES = {
 PATHS = {"cifar": ["flash", "sdpa", "naive"], "large": ["flash", "sdpa", "naive", "timm"]}
 REPEATS = 3
 CEILING = "no_attention"  # not an attention path: see the module docstring
+# timm's own model with vitflash's kernel (vitflash.patch_timm_attention): opt-in with --paths, and
+# not an "other" path for flash's ratio (it is flash too)
+TIMM_FLASH = "timm_flash"
+EXTRA = {"cifar": [CEILING], "large": [CEILING, TIMM_FLASH]}
 
 
 def _copy_of_v(qkv: torch.Tensor, impl: str, softmax_scale=None, dropout_p: float = 0.0,
@@ -133,8 +142,10 @@ def measure(step, warmup: int, steps: int, repeats: int,
 def run_case(name: str, batch: int, compile_mode: str | None, path: str, args) -> dict:
     img_size = int(name.rsplit("_", 1)[-1])
     torch.manual_seed(0)
-    if path == "timm":
+    if path in ("timm", TIMM_FLASH):
         model = timm.create_model(name, pretrained=False, num_classes=10).cuda()
+        if path == TIMM_FLASH:
+            vitflash.patch_timm_attention(model, "flash")
     else:
         model = build_model(name, attention="sdpa" if path == CEILING else path, num_classes=10).cuda()
     try:
@@ -197,7 +208,7 @@ def markdown(rows: list[dict], paths: list[str], env: dict, command: str, args) 
              + " " + " | ".join(f"{p} peak GiB" for p in paths) + " |",
              "|---|---|---|" + "---|" * (2 * len(paths) + 1 + 2 * ceiling)]
     for r in rows:
-        others = [ips(r, p) for p in paths if p not in ("flash", CEILING) and ips(r, p)]
+        others = [ips(r, p) for p in paths if p not in ("flash", CEILING, TIMM_FLASH) and ips(r, p)]
         ratio = f"{ips(r, 'flash') / max(others):.2f}x" if others and ips(r, "flash") else "n/a"
         bound = ""
         if ceiling:
@@ -239,17 +250,17 @@ def main(argv: list[str] | None = None) -> None:
     if args.render:
         data = json.loads(args.render.read_text())
         rows = data["results"]
-        known = dict.fromkeys([*PATHS["cifar"], *PATHS["large"], CEILING])
+        known = dict.fromkeys([*PATHS["cifar"], *PATHS["large"], CEILING, TIMM_FLASH])
         print(markdown(rows, [p for p in known if any(p in r for r in rows)], data["environment"],
                        data["command"], args), end="")
         return
     paths = PATHS[args.suite]
     if args.paths:  # (checked before the GPU: a mistyped path is named wherever it is run)
-        unknown = sorted(set(args.paths) - {*paths, CEILING})
+        unknown = sorted(set(args.paths) - {*paths, *EXTRA[args.suite]})
         if unknown:
             parser.error(f"unknown path(s) {', '.join(unknown)} for --suite {args.suite}: "
-                         f"choose from {', '.join([*paths, CEILING])}")
-        paths = [p for p in [*paths, CEILING] if p in args.paths]
+                         f"choose from {', '.join([*paths, *EXTRA[args.suite]])}")
+        paths = [p for p in [*paths, *EXTRA[args.suite]] if p in args.paths]
     if not torch.cuda.is_available():
         sys.exit("bench_model.py needs a CUDA GPU.")
 

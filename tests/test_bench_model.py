@@ -139,3 +139,16 @@ def test_the_peak_covers_the_warmup_where_cuda_graphs_allocate_their_memory(benc
     assert calls.count("reset") == 1 and calls.count("step") == 2 + 3 * 2
     assert first_reset == (0 if from_start else 2)
     assert secs == [0.002, 0.002] and gib == 3.0
+
+
+def test_timm_flash_is_a_large_suite_path_that_flash_is_not_divided_by(bench, capsys):
+    r = row("vit_base_patch16_224", 256, None, 100.0, commit="new")
+    r["sdpa"].update(img_per_s=90.0, img_per_s_min=90.0, img_per_s_max=90.0)
+    r["naive"].update(img_per_s=60.0, img_per_s_min=60.0, img_per_s_max=60.0)
+    r["timm_flash"] = dict(r["flash"], img_per_s=120.0, img_per_s_min=120.0, img_per_s_max=120.0)
+    table = bench.markdown([r], ["flash", "sdpa", "naive", "timm_flash"], ENV, "cmd",
+                           SimpleNamespace(steps=20, warmup=5, repeats=3))
+    assert "| 100 (100-100) | 90 (90-90) | 60 (60-60) | 120 (120-120) | 1.11x |" in table  # 100 / 90, not / 120
+    with pytest.raises(SystemExit):
+        bench.main(["--suite", "cifar", "--paths", "flash", "timm_flash"])
+    assert "unknown path(s) timm_flash for --suite cifar" in capsys.readouterr().err
