@@ -241,6 +241,7 @@ def test_each_job_of_a_sweep_over_groups_is_checked():
     ["-m", "model.optimizer.lr=1e-3,2e-3", "attention=flash,naive", "seed=1,2"],
     ["+trainer.limit_train_batches=10", "+model.optimizer.foreach=true", "+callbacks.extra.x=1"],
     ["trainer.max_time=00:01:00:00", "callbacks.progress_bar=null", "hydra.run.dir=/tmp/x"],
+    ["-m", "hydra/launcher=basic", "hydra/job_logging=default", "seed=1,2"],  # Hydra's own groups
     ["+base_lr=0.1", "model.optimizer.lr=${base_lr}"],  # a top-level key read through an interpolation
     ["attention=flsh", "x=1"],  # a mistyped group: left to Hydra, which lists the options
     ["--help"],

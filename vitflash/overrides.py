@@ -85,9 +85,9 @@ def unknown_key_error(config_dir: Path, config_name: str, argv: list[str]) -> st
     groups, keys = [], []
     for override in overrides:
         key = override.key_or_group
-        if key == "hydra" or key.startswith("hydra.") or override.package is not None:
-            continue
-        if (config_dir / key.replace(".", "/")).is_dir():
+        if key == "hydra" or key.startswith(("hydra.", "hydra/")) or override.package is not None:
+            continue  # Hydra's own keys and groups (hydra/launcher=...), and packaged choices
+        if "/" in key or (config_dir / key.replace(".", "/")).is_dir():
             # a group choice, or a sweep over choices: one line per choice
             prefix = _PREFIX[override.type.name]
             values = list(override.sweep_string_iterator()) if override.is_sweep_override() else None
