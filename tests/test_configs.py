@@ -242,6 +242,8 @@ def test_each_job_of_a_sweep_over_groups_is_checked():
     ["+trainer.limit_train_batches=10", "+model.optimizer.foreach=true", "+callbacks.extra.x=1"],
     ["trainer.max_time=00:01:00:00", "callbacks.progress_bar=null", "hydra.run.dir=/tmp/x"],
     ["-m", "hydra/launcher=basic", "hydra/job_logging=default", "seed=1,2"],  # Hydra's own groups
+    ["-m", "attention=glob(*)", "trainer.epochs=1"],  # a glob over a group's options: left to Hydra whole
+    ["-m", "seed=range(0,3)", "model.optimizer.lr=interval(1e-4,1e-3)"],  # a sweeper plugin's syntax
     ["+base_lr=0.1", "model.optimizer.lr=${base_lr}"],  # a top-level key read through an interpolation
     ["attention=flsh", "x=1"],  # a mistyped group: left to Hydra, which lists the options
     ["--help"],

@@ -47,7 +47,10 @@ def checked_keys(config_dir: Path, config_name: str) -> Callable:
         @functools.wraps(main)
         def wrapper(*args, **kwargs):
             if not args and not kwargs:
-                message = unknown_key_error(config_dir, config_name, sys.argv[1:])
+                try:
+                    message = unknown_key_error(config_dir, config_name, sys.argv[1:])
+                except Exception:  # noqa: BLE001 - a helper must never be why a valid command fails:
+                    message = None  # Hydra then composes and reports as it always did
                 if message is not None:
                     print(f"Error: {message}", file=sys.stderr)
                     sys.exit(1)
@@ -90,7 +93,10 @@ def unknown_key_error(config_dir: Path, config_name: str, argv: list[str]) -> st
         if "/" in key or (config_dir / key.replace(".", "/")).is_dir():
             # a group choice, or a sweep over choices: one line per choice
             prefix = _PREFIX[override.type.name]
-            values = list(override.sweep_string_iterator()) if override.is_sweep_override() else None
+            try:
+                values = list(override.sweep_string_iterator()) if override.is_sweep_override() else None
+            except HydraException:  # glob(...) over a group's options: Hydra expands it, with its config loader
+                return None
             groups.append([override.input_line] if values is None else [f"{prefix}{key}={v}" for v in values])
         elif override.type.name in ("CHANGE", "ADD"):
             keys.append(override)
