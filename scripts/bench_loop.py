@@ -344,7 +344,7 @@ def compose_case(case: str, attention: str, compile_mode: str, args, out_dir: Pa
         *overrides, *pins, f"attention={attention}",
         f"model.compile={compile_mode}", f"paths.output_dir={out_dir}", "logger=csv",
         f"+trainer.max_steps={max_steps}", "trainer.max_epochs=null",
-        "+trainer.limit_val_batches=0", "+trainer.num_sanity_val_steps=0", "+trainer.enable_checkpointing=false",
+        "trainer.limit_val_batches=0", "+trainer.num_sanity_val_steps=0", "+trainer.enable_checkpointing=false",
         "callbacks.model_checkpoint=null", "callbacks.last_checkpoint=null", "callbacks.step_checkpoint=null",
     ]
     if args.data_root:

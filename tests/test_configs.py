@@ -220,10 +220,23 @@ def test_a_plus_key_nothing_reads_is_an_error_not_a_silent_default():
 
 
 def test_a_key_the_class_takes_but_the_yaml_leaves_out_gets_the_plus():
-    error = unknown_key_error(CONFIGS, "train", ["trainer.limit_train_batches=10"])
-    assert error == ("trainer.limit_train_batches=10: the train config does not list trainer.limit_train_batches, "
-                     "but lightning.pytorch.Trainer takes limit_train_batches: add it with a plus, "
-                     "+trainer.limit_train_batches=10")
+    error = unknown_key_error(CONFIGS, "train", ["trainer.val_check_interval=0.5"])
+    assert error == ("trainer.val_check_interval=0.5: the train config does not list trainer.val_check_interval, "
+                     "but lightning.pytorch.Trainer takes val_check_interval: add it with a plus, "
+                     "+trainer.val_check_interval=0.5 `python scripts/train.py --cfg job` prints every key and its "
+                     "value.")
+
+
+def test_every_mistyped_key_is_named_at_once():
+    error = unknown_key_error(CONFIGS, "train", ["optim.lr=0.1", "data.batch_size=8", "trainer.epochs=3",
+                                                 "+model.optimizer.lrr=0.1"])
+    lines = error.splitlines()
+    assert lines[0] == "3 overrides cannot be applied as typed:"
+    assert lines[1].startswith("- optim.lr=0.1: ") and "Did you mean model.optimizer.lr?" in lines[1]
+    assert lines[2].startswith("- trainer.epochs=3: ") and "Did you mean trainer.max_epochs?" in lines[2]
+    assert lines[3].startswith("- +model.optimizer.lrr=0.1: ") and "takes no argument lrr" in lines[3]
+    assert lines[4] == "`python scripts/train.py --cfg job` prints every key and its value."
+    assert len(lines) == 5  # the valid data.batch_size=8 is not among them
 
 
 def test_each_job_of_a_sweep_over_groups_is_checked():
@@ -239,7 +252,8 @@ def test_each_job_of_a_sweep_over_groups_is_checked():
     ["experiment=cifar10_vit_tiny", "model.mixup_prob=0.5", "model.optimizer.lr=3e-3"],
     ["optim=sgd", "model.optimizer.momentum=0.8"],  # a key that the chosen group brings
     ["-m", "model.optimizer.lr=1e-3,2e-3", "attention=flash,naive", "seed=1,2"],
-    ["+trainer.limit_train_batches=10", "+model.optimizer.foreach=true", "+callbacks.extra.x=1"],
+    ["+trainer.val_check_interval=0.5", "+model.optimizer.foreach=true", "+callbacks.extra.x=1"],
+    ["trainer.limit_train_batches=10", "trainer.limit_val_batches=0.5", "trainer.limit_test_batches=0"],
     ["trainer.max_time=00:01:00:00", "callbacks.progress_bar=null", "hydra.run.dir=/tmp/x"],
     ["-m", "hydra/launcher=basic", "hydra/job_logging=default", "seed=1,2"],  # Hydra's own groups
     ["-m", "attention=glob(*)", "trainer.epochs=1"],  # a glob over a group's options: left to Hydra whole

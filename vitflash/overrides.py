@@ -8,7 +8,8 @@
 Hydra rejects `optim.lr=0.1` (the optimizer's node is `model.optimizer`) with "Key 'optim' is
 not in struct" and the advice to write `+optim.lr=0.1`, which adds a key that nothing reads:
 the run then trains with the default learning rate, and the value the user typed is lost.
-`checked_keys` looks at the overrides before Hydra does, and stops the run with one message:
+`checked_keys` looks at the overrides before Hydra does, and stops the run with one message
+that names every such override at once:
 - a key the composed config does not have, naming the closest keys that exist
   (`model.optimizer.lr`) and how to list them all; but where the node's class takes that
   argument and the yaml only leaves it out (`trainer.limit_train_batches`), the `+` it needs;
@@ -62,8 +63,9 @@ def checked_keys(config_dir: Path, config_name: str) -> Callable:
 
 
 def unknown_key_error(config_dir: Path, config_name: str, argv: list[str]) -> str | None:
-    """The error for the first override in `argv` (a script's command line) that sets a key the
-    composed config lacks, or adds one under a top-level name it lacks; None when there is none,
+    """The error naming each override in `argv` (a script's command line) that sets a key the
+    composed config lacks, or adds one under a top-level name it lacks (in a sweep, those of the
+    first job that has any; one per line when there are several); None when there is none,
     or when the command line is one this check leaves to Hydra (help, another config, an
     override Hydra cannot parse, a group choice that does not compose)."""
     from hydra import compose, initialize_config_dir
@@ -110,15 +112,20 @@ def unknown_key_error(config_dir: Path, config_name: str, argv: list[str]) -> st
             for job in jobs:
                 cfg = compose(config_name, overrides=list(job))
                 where = f" (in the sweep's job with {' '.join(job)})" if swept else ""
-                message = _first_unknown_key(cfg, config_name, keys, typed, where)
-                if message is not None:
-                    return message
+                problems = _unknown_keys(cfg, config_name, keys, typed, where)
+                if problems:
+                    hint = f"`python scripts/{config_name}.py --cfg job` prints every key and its value."
+                    if len(problems) == 1:
+                        return f"{problems[0]} {hint}"
+                    return "\n".join([f"{len(problems)} overrides cannot be applied as typed:",
+                                      *(f"- {problem}" for problem in problems), hint])
     except (HydraException, OmegaConfBaseException, OSError, ValueError):
         return None  # a mistyped group, or a value it cannot take: Hydra names the options itself
     return None
 
 
-def _first_unknown_key(cfg: DictConfig, config_name: str, keys: list, typed: str, where: str) -> str | None:
+def _unknown_keys(cfg: DictConfig, config_name: str, keys: list, typed: str, where: str) -> list[str]:
+    problems = []
     for override in keys:
         key, line = override.key_or_group, override.input_line
         parent, _, last = key.rpartition(".")
@@ -128,8 +135,9 @@ def _first_unknown_key(cfg: DictConfig, config_name: str, keys: list, typed: str
             target, takes = _target_takes(cfg, parent, last)
             if takes:
                 # Hydra's advice is right here: the class takes the argument, the yaml leaves it out
-                return (f"{line}{where}: the {config_name} config does not list {key}, but {target} takes {last}: "
-                        f"add it with a plus, +{line}")
+                problems.append(f"{line}{where}: the {config_name} config does not list {key}, but {target} "
+                                f"takes {last}: add it with a plus, +{line}")
+                continue
             problem = f"{line}{where}: the {config_name} config has no key {key}, so there is nothing to set."
         else:
             top = key.split(".")[0]
@@ -144,9 +152,8 @@ def _first_unknown_key(cfg: DictConfig, config_name: str, keys: list, typed: str
                     continue
                 problem = f"{line}{where}: {target} (the node {parent}) takes no argument {last}."
         close = suggestions(cfg, key)
-        hint = f" Did you mean {' or '.join(close)}?" if close else ""
-        return f"{problem}{hint} `python scripts/{config_name}.py --cfg job` prints every key and its value."
-    return None
+        problems.append(problem + (f" Did you mean {' or '.join(close)}?" if close else ""))
+    return problems
 
 
 def _target_takes(cfg: DictConfig, parent: str, name: str) -> tuple[str | None, bool | None]:
