@@ -9,15 +9,19 @@ model's evaluation forward (its EMA, flip or shift views where the run used them
 top classes and probabilities of each image (ImageNet class folders, such as Imagenette's
 n01440764, by their words: tench); `--out` also writes them as CSV (image, rank, class, index,
 probability, description). Lightning's predict loop runs it: on a CUDA GPU in bf16 autocast
-(flash attention under `--attention auto`), else on the CPU (SDPA).
+(flash attention under `--attention auto`), else on the CPU (SDPA). A file that PIL cannot read
+costs only its own prediction: the others are printed and written, and the unreadable ones are
+listed on stderr at the end (exit status 0; 1 when no file could be read).
 """
 from __future__ import annotations
 
 import argparse
 import csv
+import sys
 from pathlib import Path
 
 import lightning as L
+from lightning.pytorch.callbacks import BasePredictionWriter
 import torch
 from PIL import Image, UnidentifiedImageError
 from torch.utils.data import DataLoader, Dataset
@@ -48,10 +52,12 @@ def image_files(inputs: list[str]) -> list[Path]:
 
 
 class ImageFiles(Dataset):
-    """(transformed image, position) of each file, read as RGB."""
+    """(transformed image, position, "") of each file, read as RGB; for a file that PIL cannot
+    read, (a blank image of the same size, position, the reason), so that the batch goes on."""
 
-    def __init__(self, files: list[Path], transform):
+    def __init__(self, files: list[Path], transform, img_size: int):
         self.files, self.transform = files, transform
+        self.blank = transform(Image.new("RGB", (img_size, img_size)))
 
     def __len__(self) -> int:
         return len(self.files)
@@ -61,16 +67,29 @@ class ImageFiles(Dataset):
             with Image.open(self.files[i]) as img:
                 image = img.convert("RGB")
         except (UnidentifiedImageError, OSError) as e:
-            raise ValueError(f"{self.files[i]} is not an image that PIL can read ({e}): leave it out of the "
-                             f"inputs") from None
-        return self.transform(image), i
+            return self.blank, i, str(e) or type(e).__name__
+        return self.transform(image), i, ""
+
+
+class Collected(BasePredictionWriter):
+    """Each batch's class probabilities, and the reason of each file in it that could not be read."""
+
+    def __init__(self):
+        super().__init__(write_interval="batch")
+        self.probs: list[torch.Tensor] = []
+        self.unreadable: dict[int, str] = {}
+
+    def write_on_batch_end(self, trainer, pl_module, prediction, batch_indices, batch, batch_idx, dataloader_idx=0):
+        self.probs.append(prediction.cpu())
+        self.unreadable.update((int(i), why) for i, why in zip(batch[1], batch[2]) if why)
 
 
 def predict(ckpt: Path, inputs: list[str], top: int = 5, attention: str = "auto", batch_size: int = 64,
             num_workers: int = 0, device: str = "auto") -> list[dict]:
     """One row per image: {"image": path, "top": [(class name, class index, probability), ...]},
-    the `top` likeliest classes first. `device`: "cuda" (bf16 autocast), "cpu" (fp32) or "auto"
-    (cuda when there is one)."""
+    the `top` likeliest classes first, or for a file PIL cannot read {"image": path, "top": [],
+    "unreadable": the reason}; ValueError when no file could be read. `device`: "cuda" (bf16
+    autocast), "cpu" (fp32) or "auto" (cuda when there is one)."""
     if device not in ("auto", "cuda", "cpu"):
         raise ValueError(f"--device {device}: choose auto, cuda or cpu")
     cuda = torch.cuda.is_available() if device == "auto" else device == "cuda"
@@ -83,23 +102,31 @@ def predict(ckpt: Path, inputs: list[str], top: int = 5, attention: str = "auto"
     files = image_files(inputs)
     module = load_checkpoint(ckpt, attention=attention)
     spec = checkpoint_inputs(module, ckpt)
-    loader = DataLoader(ImageFiles(files, eval_transform_of(spec)), batch_size=batch_size,
+    loader = DataLoader(ImageFiles(files, eval_transform_of(spec), spec["img_size"]), batch_size=batch_size,
                         num_workers=num_workers, pin_memory=cuda)
+    collected = Collected()
     trainer = L.Trainer(accelerator="gpu" if cuda else "cpu", devices=1, precision="bf16-mixed" if cuda else "32-true",
                         logger=False, enable_checkpointing=False, enable_model_summary=False,
-                        enable_progress_bar=len(files) > batch_size)
-    probs = torch.cat(trainer.predict(module, loader))
+                        enable_progress_bar=len(files) > batch_size, callbacks=[collected])
+    trainer.predict(module, loader, return_predictions=False)
+    unreadable = collected.unreadable
+    if len(unreadable) == len(files):
+        listed = "; ".join(f"{files[i]} ({why})" for i, why in sorted(unreadable.items())[:3])
+        raise ValueError(f"no file could be read as an image by PIL: {listed}" + (" ..." if len(files) > 3 else "")
+                         + ": pass image files (JPEG, PNG, ...) or folders of them")
+    probs = torch.cat(collected.probs)
     classes = spec.get("classes")
     if classes is not None and len(classes) != probs.shape[1]:
         raise ValueError(f"{ckpt} names {len(classes)} classes but its head has {probs.shape[1]} outputs")
     values, indices = probs.topk(min(top, probs.shape[1]), dim=1)
-    return [{"image": str(path),
-             "top": [(classes[j] if classes else str(j), j, p) for p, j in zip(v.tolist(), i.tolist())]}
-            for path, v, i in zip(files, values, indices)]
+    return [{"image": str(path), "top": [], "unreadable": unreadable[n]} if n in unreadable else
+            {"image": str(path), "top": [(classes[j] if classes else str(j), j, p) for p, j in zip(v.tolist(), i.tolist())]}
+            for n, (path, v, i) in enumerate(zip(files, values, indices))]
 
 
 def write_csv(rows: list[dict], out: Path, described: dict[str, str]) -> None:
-    """The rows as CSV (image, rank, class, index, probability, description): a whole file or none."""
+    """The rows as CSV (image, rank, class, index, probability, description), the unreadable
+    files left out: a whole file or none."""
     out.parent.mkdir(parents=True, exist_ok=True)
     with written_whole(out) as tmp, open(tmp, "w", newline="") as f:
         writer = csv.writer(f)
@@ -127,13 +154,19 @@ def main(argv: list[str] | None = None) -> None:
     rows = predict(args.checkpoint, args.images, args.top, args.attention, args.batch_size, args.num_workers,
                    args.device)
     described = imagenet_words({name for row in rows for name, *_ in row["top"]})  # n01440764: tench
-    width = max(len(row["image"]) for row in rows)
-    for row in rows:
+    read = [row for row in rows if row["top"]]
+    width = max(len(row["image"]) for row in read)
+    for row in read:
         print(f"{row['image']:<{width}}  " + "  ".join(f"{described.get(name, name)} {p:.3f}"
                                                        for name, _, p in row["top"]))
     if args.out:
         write_csv(rows, args.out, described)
         print(f"wrote {args.out}")
+    skipped = [row for row in rows if not row["top"]]
+    if skipped:
+        print(f"skipped {len(skipped)} of {len(rows)} files that PIL cannot read as images:", file=sys.stderr)
+        for row in skipped:
+            print(f"  {row['image']}: {row['unreadable']}", file=sys.stderr)
 
 
 if __name__ == "__main__":

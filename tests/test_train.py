@@ -10,6 +10,7 @@ import math
 import importlib.util
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -384,9 +385,23 @@ def test_predict_classifies_image_files_as_the_test_scored_them(cifar_run, cifar
         written = list(csv.DictReader(f))
     assert [r["rank"] for r in written] == ["1", "2"] and written[0]["image"] == str(image)
     assert written[0]["class"] == classes[int(written[0]["index"])]
-    (tmp_path / "broken.jpg").write_bytes(b"not a jpeg")
-    result = run_cli("predict", str(best), str(tmp_path / "broken.jpg"))
-    assert result.returncode == 1 and f"{tmp_path / 'broken.jpg'} is not an image that PIL can read" in result.stderr
+    # a file PIL cannot read costs its own prediction only; with nothing readable the run stops
+    mixed = tmp_path / "mixed"
+    mixed.mkdir()
+    shutil.copy(image, mixed / "a.jpg")
+    (mixed / "b.jpg").write_bytes(b"not a jpeg")
+    (mixed / "c.png").write_bytes(b"\x89PNG\r\n\x1a\n truncated")
+    result = run_cli("predict", str(best), str(mixed), "--top", "1", "--out", str(tmp_path / "m.csv"))
+    assert result.returncode == 0, result.stderr
+    assert [line.split()[0] for line in result.stdout.splitlines()[:1]] == [str(mixed / "a.jpg")]
+    assert f"skipped 2 of 3 files that PIL cannot read as images:\n  {mixed / 'b.jpg'}: " in result.stderr
+    assert f"\n  {mixed / 'c.png'}: " in result.stderr
+    with (tmp_path / "m.csv").open() as f:
+        assert [r["image"] for r in csv.DictReader(f)] == [str(mixed / "a.jpg")]
+    alone, beside = (predict(best, [str(path)], top=1, attention="sdpa")[0]["top"][0] for path in (image, mixed))
+    assert alone[:2] == beside[:2] and alone[2] == pytest.approx(beside[2], abs=1e-5)  # a blank beside changes nothing
+    result = run_cli("predict", str(best), str(mixed / "b.jpg"))
+    assert result.returncode == 1 and f"no file could be read as an image by PIL: {mixed / 'b.jpg'} (" in result.stderr
     result = run_cli("predict", str(best), str(tmp_path / "missing"))
     assert result.returncode == 1 and "missing does not exist: pass image files or folders" in result.stderr
 
