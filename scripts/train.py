@@ -94,6 +94,10 @@ def train(cfg: DictConfig) -> dict[str, float]:
     if ckpt is not None:
         check_budget_left(ckpt, cfg.trainer.get("max_time"), cfg.ckpt_path)
     datamodule, module, trainer = build(cfg, ckpt=ckpt)
+    if ckpt is None:  # (a resume starts from the checkpoint's weights, whatever model.pretrained says)
+        weights = cfg.model.get("pretrained")
+        log.info("%s starts from %s", cfg.model.model_name, f"the weights of {weights} (model.pretrained)"
+                 if weights else "random weights (model.pretrained=null: trained from scratch)")
     del ckpt  # Lightning reads the file again, through configs/trainer's AtomicCheckpointIO
     start = time.perf_counter()
     try:

@@ -93,9 +93,10 @@ def test_max_time_stops_training_and_still_tests(tmp_path, caplog):
     is tested as after max_epochs; the log says where it stopped and how to finish the run."""
     cfg = compose_cfg(tmp_path, [*SMOKE, "trainer.max_epochs=1000", "trainer.max_time=00:00:00:04"])
     start = time.monotonic()
-    with caplog.at_level(logging.WARNING):
+    with caplog.at_level(logging.INFO):
         metrics = train(cfg)
     wall = time.monotonic() - start
+    assert "starts from random weights (model.pretrained=null: trained from scratch)" in caplog.text
     epochs = [e for e, _, _ in read_metrics(tmp_path / "out" / "csv" / "metrics.csv", "val/top1")]
     assert 1 <= len(epochs) < 1000
     assert 0.0 <= metrics["test/top1"] <= 1.0
@@ -459,7 +460,7 @@ def test_rollout_of_attention_that_stays_home_is_the_identity():
     torch.testing.assert_close(avg.sum((1, 2)), torch.ones(3))
 
 
-def test_finetune_from_an_exported_checkpoint(cifar_run, cifar_slice, tmp_path):
+def test_finetune_from_an_exported_checkpoint(cifar_run, cifar_slice, tmp_path, caplog):
     """The fine-tuning path end to end: a trained run, exported to timm's format, loaded by
     timm itself, then fine-tuned by train.py at another image size (position embedding
     resampled, fresh head) with layer-wise LR decay (experiment=cifar10_finetune, on the
@@ -491,8 +492,10 @@ def test_finetune_from_an_exported_checkpoint(cifar_run, cifar_slice, tmp_path):
             assert start[name].shape == (1, 1 + 16 * 16, value.shape[-1])
         elif not name.startswith("head."):  # the trained weights, as exported
             torch.testing.assert_close(start[name], value, msg=name)
-    metrics = train(cfg)
+    with caplog.at_level(logging.INFO):
+        metrics = train(cfg)
     assert torch.isfinite(torch.tensor(metrics["train/loss_epoch"])) and 0.0 <= metrics["test/top1"] <= 1.0
+    assert f"vit_micro_patch4_32 starts from the weights of {weights} (model.pretrained)" in caplog.text
     # layer decay: one LR per depth (LearningRateMonitor logs each parameter group's)
     rows = list(csv.DictReader((tmp_path / "out" / "csv" / "metrics.csv").open()))
     lrs = {k: float(r[k]) for r in rows for k in r if k.startswith("lr-AdamW") and r[k]}
