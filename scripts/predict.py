@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import os
 import sys
 from pathlib import Path
 
@@ -85,11 +86,13 @@ class Collected(BasePredictionWriter):
 
 
 def predict(ckpt: Path, inputs: list[str], top: int = 5, attention: str = "auto", batch_size: int = 64,
-            num_workers: int = 0, device: str = "auto") -> list[dict]:
+            num_workers: int | None = None, device: str = "auto") -> list[dict]:
     """One row per image: {"image": path, "top": [(class name, class index, probability), ...]},
     the `top` likeliest classes first, or for a file PIL cannot read {"image": path, "top": [],
     "unreadable": the reason}; ValueError when no file could be read. `device`: "cuda" (bf16
-    autocast), "cpu" (fp32) or "auto" (cuda when there is one)."""
+    autocast), "cpu" (fp32) or "auto" (cuda when there is one). `num_workers`: DataLoader
+    processes that decode the files; None: on CUDA with more files than one batch, one per CPU
+    core but one (up to 8), so that decoding keeps up with the GPU; else none."""
     if device not in ("auto", "cuda", "cpu"):
         raise ValueError(f"--device {device}: choose auto, cuda or cpu")
     cuda = torch.cuda.is_available() if device == "auto" else device == "cuda"
@@ -100,6 +103,10 @@ def predict(ckpt: Path, inputs: list[str], top: int = 5, attention: str = "auto"
     if batch_size < 1:
         raise ValueError(f"--batch-size {batch_size}: pass a whole number >= 1")
     files = image_files(inputs)
+    if num_workers is None:
+        num_workers = min(8, len(os.sched_getaffinity(0)) - 1) if cuda and len(files) > batch_size else 0
+    if num_workers < 0:
+        raise ValueError(f"--num-workers {num_workers}: pass a whole number >= 0")
     module = load_checkpoint(ckpt, attention=attention)
     spec = checkpoint_inputs(module, ckpt)
     loader = DataLoader(ImageFiles(files, eval_transform_of(spec), spec["img_size"]), batch_size=batch_size,
@@ -146,7 +153,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto",
                         help="auto (default): the CUDA GPU when there is one, else the CPU")
     parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--num-workers", type=int, default=0, help="DataLoader processes that decode images")
+    parser.add_argument("--num-workers", type=int,
+                        help="DataLoader processes that decode images (default: on a GPU with more images than one "
+                             "batch, one per CPU core but one, up to 8; else 0)")
     parser.add_argument("--out", type=Path, help="also write the predictions to this CSV file")
     args = parser.parse_args(argv)
 

@@ -400,6 +400,9 @@ def test_predict_classifies_image_files_as_the_test_scored_them(cifar_run, cifar
     with (tmp_path / "m.csv").open() as f:
         assert [r["image"] for r in csv.DictReader(f)] == [str(mixed / "a.jpg")]
     alone, beside = (predict(best, [str(path)], top=1, attention="sdpa")[0]["top"][0] for path in (image, mixed))
+    in_workers = predict(best, [str(mixed)], top=1, attention="sdpa", batch_size=1, num_workers=2)
+    assert [bool(row["top"]) for row in in_workers] == [True, False, False]  # the reasons come back from workers
+    assert in_workers[1]["unreadable"] and in_workers[0]["top"][0][:2] == beside[:2]
     assert alone[:2] == beside[:2] and alone[2] == pytest.approx(beside[2], abs=1e-5)  # a blank beside changes nothing
     result = run_cli("predict", str(best), str(mixed / "b.jpg"))
     assert result.returncode == 1 and f"no file could be read as an image by PIL: {mixed / 'b.jpg'} (" in result.stderr
