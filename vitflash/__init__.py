@@ -8,7 +8,6 @@ if not OmegaConf.has_resolver("if_cuda"):
     OmegaConf.register_new_resolver("if_cuda", lambda a, b: a if torch.cuda.is_available() else b)
 
 
-
 class SetupError(RuntimeError):
     """A run cannot start as configured, for a reason outside the config's values (no GPU for
     attention=flash, pretrained weights out of reach). scripts/ print it as a short message,
