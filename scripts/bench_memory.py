@@ -20,8 +20,10 @@ most of it the steps at batches near the limit; a first run on a new GPU also au
 flash kernel at each new B*H bucket (cached on disk after that).
 
     python scripts/bench_memory.py --out benchmarks/results
+    python scripts/bench_memory.py --grad-checkpointing off on   # each case also with activation checkpointing
 writes memory_<gpu>.json and .md there (a GPU is required). JSON rows: model, img_size,
-attention, max_batch, peak_gib and reserved_gib at max_batch, mib_per_image (the slope of
+attention, grad_checkpointing (true where each block reran its forward in the backward,
+VisionTransformer.set_grad_checkpointing), max_batch, peak_gib and reserved_gib at max_batch, mib_per_image (the slope of
 peak memory over the batches that fitted: activations and gradients per image, without
 the weights and optimizer state), first_oom, capped, seconds, and tries (batch, fits,
 peak_gib of each attempt).
@@ -178,7 +180,8 @@ def search_case(model, name: str, path: str, args) -> dict:
 
 def markdown(rows: list[dict], env: dict, command: str, args) -> str:
     """The results table: one line per (model, attention path)."""
-    naive = {r["model"]: r.get("max_batch") for r in rows if r["attention"] == "naive"}
+    naive = {(r["model"], r.get("grad_checkpointing", False)): r.get("max_batch")
+             for r in rows if r["attention"] == "naive"}
 
     def num(value, fmt):
         return "n/a" if value is None else fmt.format(value)
@@ -197,16 +200,18 @@ def markdown(rows: list[dict], env: dict, command: str, args) -> str:
              "| MiB / image | first OOM | tries | s |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        best = r.get("max_batch")
-        ratio = (f"{best / naive[r['model']]:.2f}x" if best and naive.get(r["model"])
-                 else "n/a")
+        best, ckpt = r.get("max_batch"), r.get("grad_checkpointing", False)
+        base = naive.get((r["model"], ckpt))
+        ratio = f"{best / base:.2f}x" if best and base else "n/a"
         cap = "+ (cap)" if r.get("capped") else ""
+        attention = f"{r['attention']} + grad ckpt" if ckpt else r["attention"]
         lines.append(
-            f"| {r['model']} | {r['img_size']} | {r['attention']} | {num(best, '{}')}{cap} | "
+            f"| {r['model']} | {r['img_size']} | {attention} | {num(best, '{}')}{cap} | "
             f"{ratio} | {num(r.get('peak_gib'), '{:.1f}')} | {num(r.get('reserved_gib'), '{:.1f}')} | "
             f"{num(r.get('mib_per_image'), '{:.0f}')} | {num(r.get('first_oom'), '{}')} | "
             f"{len(r.get('tries', []))} | {num(r.get('seconds'), '{:.0f}')} |")
-    errors = [(r["model"], r["attention"], r["error"]) for r in rows if "error" in r]
+    errors = [(r["model"], r["attention"] + (" + grad ckpt" if r.get("grad_checkpointing") else ""), r["error"])
+              for r in rows if "error" in r]
     if errors:
         lines += ["", "Failed:"] + [f"- {m} {p}: {e}" for m, p, e in errors]
     return "\n".join(lines) + "\n"
@@ -222,6 +227,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="the answer is exact to this many images")
     parser.add_argument("--max-batch", type=int, default=8192,
                         help="never try more than this (bounds the run time)")
+    parser.add_argument("--grad-checkpointing", nargs="+", choices=("off", "on"), default=["off"],
+                        help="activation checkpointing (each block reruns its forward in the backward): off, "
+                             "on, or both (each case measured with each; the / naive column compares like with "
+                             "like)")
     parser.add_argument("--steps", type=int, default=2,
                         help="training steps a batch must survive (>= 2: see the docstring)")
     args = parser.parse_args(argv)
@@ -252,16 +261,19 @@ def main(argv: list[str] | None = None) -> list[dict]:
     for name in args.models:
         torch.manual_seed(0)
         model = build_model(name, attention="sdpa", num_classes=10).cuda()
-        for path in args.attention:
-            print(f"{name} {path}:", flush=True)
-            row = {"model": name, "img_size": model.config["img_size"], "attention": path,
-                   **search_case(model, name, path, args)}
-            print(f"{name} {path}: max batch {row.get('max_batch')}"
-                  + (f" ({row['error']})" if "error" in row else ""), flush=True)
-            rows.append(row)
-            # after every row, so that a run stopped by a time limit keeps what it measured
-            table = markdown(rows, env, command, args)
-            write_results(args.out, "memory", env, command, rows, table)
+        for ckpt in args.grad_checkpointing:
+            model.set_grad_checkpointing(ckpt == "on")
+            for path in args.attention:
+                case = f"{name} {path}" + (" + grad ckpt" if ckpt == "on" else "")
+                print(f"{case}:", flush=True)
+                row = {"model": name, "img_size": model.config["img_size"], "attention": path,
+                       "grad_checkpointing": ckpt == "on", **search_case(model, name, path, args)}
+                print(f"{case}: max batch {row.get('max_batch')}"
+                      + (f" ({row['error']})" if "error" in row else ""), flush=True)
+                rows.append(row)
+                # after every row, so that a run stopped by a time limit keeps what it measured
+                table = markdown(rows, env, command, args)
+                write_results(args.out, "memory", env, command, rows, table)
         del model  # this model's weights, before the next one is built
         gc.collect()
         torch.cuda.empty_cache()

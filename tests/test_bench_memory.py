@@ -139,6 +139,17 @@ def test_results_written_with_their_columns(bench, tmp_path):
     assert "- vit_base_patch16_384 sdpa: even batch 8 does not fit" in lines
     assert "GPU memory 139.8 GiB" in lines[4] and "bisect to 8 images (cap 8192)" in lines[4]
 
+    # with activation checkpointing: its own rows, each set against naive with it too
+    ckpt = [{**row, "grad_checkpointing": True, "max_batch": row["max_batch"] and row["max_batch"] * 4}
+            for row in rows[:2]]
+    lines = bench.markdown(rows + ckpt, env, "python scripts/bench_memory.py", args).splitlines()
+    assert lines[header + 2] == "| vit_base_patch16_384 | 384 | flash | 700 | 2.50x | 134.0 | 136.5 | 190 | 708 | 2 | 31 |"
+    assert lines[header + 5:header + 7] == [
+        "| vit_base_patch16_384 | 384 | flash + grad ckpt | 2800 | 2.50x | 134.0 | 136.5 | 190 | 708 | 2 | 31 |",
+        "| vit_base_patch16_384 | 384 | naive + grad ckpt | 1120 | 1.00x | 133.0 | 135.0 | 480 | 288 | 2 | 20 |"]
+    assert bench.parse_args([]).grad_checkpointing == ["off"]
+    assert bench.parse_args(["--grad-checkpointing", "off", "on"]).grad_checkpointing == ["off", "on"]
+
 
 class FakeGPU:
     """Stands in for step_fn and the CUDA memory counters: a step at `batch` images peaks at

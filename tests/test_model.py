@@ -144,6 +144,44 @@ def test_backward_reaches_every_parameter_with_drop_path_and_layer_scale():
     assert no_grad == []
 
 
+@pytest.mark.parametrize("attention", ["naive", "sdpa", "flash"])
+def test_grad_checkpointing_reruns_each_block_to_the_same_gradients(attention):
+    """With set_grad_checkpointing the backward runs each block's forward again: the loss and
+    every gradient are the plain model's, dropout, stochastic depth and attention dropout (the
+    flash kernels' seed, drawn from torch's generator) drawing the same masks in the rerun."""
+    device = "cuda" if attention == "flash" and torch.cuda.is_available() else "cpu"  # CPU: the interpreter
+    torch.manual_seed(0)
+    model = build_model("vit_micro_patch4_32", num_classes=10, depth=2, attention=attention, drop_path_rate=0.3,
+                        proj_drop_rate=0.1, attn_drop_rate=0.2).to(device).train()
+    x = torch.randn(4, 3, 32, 32, device=device)
+    calls = []
+    model.blocks[1].register_forward_pre_hook(lambda *args: calls.append(torch.is_grad_enabled()))
+
+    def run(checkpointed: bool):
+        assert model.set_grad_checkpointing(checkpointed) is model
+        model.zero_grad(set_to_none=True)
+        calls.clear()
+        torch.manual_seed(1)
+        with torch.autocast(device, dtype=torch.bfloat16, enabled=attention == "flash"):
+            loss = model(x).float().logsumexp(-1).sum()
+        loss.backward()
+        return loss.detach(), {n: p.grad for n, p in model.named_parameters()}
+
+    loss, grads = run(False)
+    assert calls == [True]
+    loss_ckpt, grads_ckpt = run(True)
+    assert calls == [True, True]  # the forward, then its rerun in the backward
+    assert torch.equal(loss_ckpt, loss)
+    for name, grad in grads.items():
+        torch.testing.assert_close(grads_ckpt[name], grad, msg=name)
+    calls.clear()
+    with torch.no_grad(), torch.autocast(device, dtype=torch.bfloat16, enabled=attention == "flash"):
+        model(x)  # nothing to rerun without gradients: the plain forward
+    assert calls == [False]
+    with pytest.raises(ValueError, match="grad_checkpointing='yes' is not True or False"):
+        model.set_grad_checkpointing("yes")
+
+
 def test_timm_optimizer_helpers_group_by_depth():
     model = build_model("vit_micro_patch4_32", num_classes=10)
     groups = timm.optim.param_groups_layer_decay(

@@ -571,10 +571,10 @@ def test_logged_losses_are_the_steps_and_their_epoch_mean(tmp_path):
         assert value == pytest.approx(sum(loss * n for loss, n in losses) / 88, rel=1e-6)
 
 
-def fit_losses(compile_mode, attention: str, tmp_path: Path, steps: int = 3):
+def fit_losses(compile_mode, attention: str, tmp_path: Path, steps: int = 3, **kwargs):
     """Per-step training losses of `steps` steps from one seed, and the fitted module and trainer."""
     L.seed_everything(0)
-    module = ViTModule("vit_micro_patch4_32", num_classes=10, attention=attention, compile=compile_mode)
+    module = ViTModule("vit_micro_patch4_32", num_classes=10, attention=attention, compile=compile_mode, **kwargs)
     losses = []
 
     class Record(L.Callback):
@@ -586,6 +586,19 @@ def fit_losses(compile_mode, attention: str, tmp_path: Path, steps: int = 3):
                         num_sanity_val_steps=0, default_root_dir=tmp_path)
     trainer.fit(module, *loaders())
     return torch.stack(losses), module, trainer
+
+
+@pytest.mark.slow  # inductor compiles the forward and backward graphs on the CPU: ~20-60 s
+def test_grad_checkpointing_compiled_trains_as_the_plain_eager_model(tmp_path):
+    """model.grad_checkpointing under torch.compile: inductor traces each block's rerun into the
+    backward graph, and the losses of three steps are the plain eager model's."""
+    torch._dynamo.reset()
+    eager, _, _ = fit_losses(False, "sdpa", tmp_path)
+    torch._dynamo.utils.counters.clear()
+    compiled, module, _ = fit_losses("default", "sdpa", tmp_path, grad_checkpointing=True)
+    assert module.compile_mode == "default" and module.model.grad_checkpointing
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] >= 1
+    torch.testing.assert_close(compiled, eager, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.slow  # inductor compiles the forward and backward graphs on the CPU: ~20-60 s
@@ -687,6 +700,7 @@ def test_graph_step_refuses_what_it_cannot_capture():
         "ddp": (True, "cannot run under trainer=ddp, even with one device"),
         "accumulate_grad_batches": (4, "not every 4 \\(trainer.accumulate_grad_batches\\)"),
         "optimizer": (torch.optim.SGD, "not SGD: use optim=adamw"),
+        "grad_checkpointing": (True, "does not capture model.grad_checkpointing=true"),
     }
     for key, (value, message) in cases.items():
         with pytest.raises((ValueError, RuntimeError), match=message) as error:
@@ -694,6 +708,17 @@ def test_graph_step_refuses_what_it_cannot_capture():
         assert "model.graph_step=false" in str(error.value)
     with pytest.raises(ValueError, match="model.graph_step='yes' is not true, false or auto"):
         make(graph_step="yes")
+
+
+def test_grad_checkpointing_reaches_the_model_and_refuses_what_it_cannot_join():
+    from vitflash.module import check_grad_checkpointing
+
+    assert make(grad_checkpointing=True).model.grad_checkpointing and not make().model.grad_checkpointing
+    with pytest.raises(ValueError, match="model.grad_checkpointing='yes' is not true or false"):
+        make(grad_checkpointing="yes")
+    check_grad_checkpointing(True), check_grad_checkpointing(False, sharded=True)  # both run
+    with pytest.raises(ValueError, match="not supported under trainer=fsdp: set model.grad_checkpointing=false"):
+        check_grad_checkpointing(True, sharded=True)
 
 
 def test_graph_step_auto_trains_the_eager_step_where_it_cannot_capture(tmp_path, caplog):

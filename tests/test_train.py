@@ -88,6 +88,21 @@ def test_fast_dev_run_on_each_cpu_path(tmp_path, monkeypatch, attention):
     assert 0.0 <= metrics["test/top1"] <= 1.0
 
 
+def test_grad_checkpointing_reruns_each_block_in_the_training_step_only(tmp_path, monkeypatch):
+    calls = []
+    sdpa = vitflash.ops.sdpa_attention
+    monkeypatch.setattr(vitflash.ops, "sdpa_attention", lambda *a, **k: calls.append(1) or sdpa(*a, **k))
+    counts = {}
+    for checkpointed in (False, True):
+        calls.clear()
+        metrics = train(compose_cfg(tmp_path / str(checkpointed), [
+            *SMOKE, "debug=fdr", "attention=sdpa", f"model.grad_checkpointing={str(checkpointed).lower()}"]))
+        assert torch.isfinite(torch.tensor(metrics["train/loss_epoch"]))
+        counts[checkpointed] = len(calls)
+    depth = vitflash.create_model("vit_micro_patch4_32").config["depth"]
+    assert counts[True] - counts[False] == depth  # one training step (fast_dev_run): each block once more
+
+
 def test_max_time_stops_training_and_still_tests(tmp_path, caplog):
     """A wall-clock budget (trainer.max_time) ends fit early, and the best checkpoint so far
     is tested as after max_epochs; the log says where it stopped and how to finish the run."""

@@ -41,6 +41,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from timm.layers import DropPath
+from torch.utils.checkpoint import checkpoint
 
 from vitflash.ops import attention_probs, attention_qkvpacked, check_attention_impl
 
@@ -348,6 +349,7 @@ class VisionTransformer(nn.Module):
         self.fc_norm = nn.LayerNorm(embed_dim, eps=1e-6) if use_fc_norm else nn.Identity()
         self.head_drop = nn.Dropout(drop_rate)
         self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
+        self.grad_checkpointing = False  # set_grad_checkpointing
         self.init_weights()
         if attn_init == "mimetic":
             mimetic_init_(self)
@@ -378,6 +380,18 @@ class VisionTransformer(nn.Module):
             blk.attn.impl = impl
         return self
 
+    def set_grad_checkpointing(self, enable: bool = True) -> VisionTransformer:
+        """Activation checkpointing (timm's name and signature for it): while gradients are
+        recorded, each block keeps only its input for the backward and runs its forward again
+        there, so what the backward holds falls from every block's activations to the blocks'
+        inputs and one block's activations, at the cost of a second forward of every block.
+        Dropout, stochastic depth and the flash kernels' dropout draw the same masks in the
+        rerun (torch's RNG state is restored for it). Returns the model."""
+        if not isinstance(enable, bool):
+            raise ValueError(f"grad_checkpointing={enable!r} is not True or False")
+        self.grad_checkpointing = enable
+        return self
+
     def no_weight_decay(self) -> set[str]:
         """Parameters to keep out of weight decay (timm's optimizer helpers ask for this)."""
         return {"pos_embed", "cls_token"}
@@ -394,7 +408,11 @@ class VisionTransformer(nn.Module):
         if self.cls_token is not None:
             x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)  # (B, 1+N, C)
         x = self.pos_drop(x + self.pos_embed)
-        x = self.blocks(x)
+        if self.grad_checkpointing and torch.is_grad_enabled():
+            for block in self.blocks:
+                x = checkpoint(block, x, use_reentrant=False)
+        else:
+            x = self.blocks(x)
         return self.norm(x)
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:

@@ -107,7 +107,7 @@ def resolve_compile(mode: str | bool | None, cuda: bool, accumulate_grad_batches
 
 
 def check_graph_step(compile_mode, cuda: bool, precision: str, world_size: int, accumulate_grad_batches: int,
-                     optimizer, sharded: bool = False, ddp: bool = False) -> None:
+                     optimizer, sharded: bool = False, ddp: bool = False, grad_checkpointing: bool = False) -> None:
     """Raise a ValueError (SetupError without CUDA) where model.graph_step=true cannot run."""
     fix = "or set model.graph_step=false"
     if not cuda:
@@ -135,6 +135,10 @@ def check_graph_step(compile_mode, cuda: bool, precision: str, world_size: int, 
     if optimizer not in (torch.optim.AdamW, torch.optim.Adam):
         raise ValueError(f"model.graph_step=true captures a fused, capturable AdamW or Adam step, not "
                          f"{getattr(optimizer, '__name__', optimizer)}: use optim=adamw, {fix}")
+    if grad_checkpointing:  # each block's rerun saves and restores the RNG state, which a capture cannot
+        raise ValueError(f"model.graph_step=true does not capture model.grad_checkpointing=true (the rerun of "
+                         f"each block in the backward resets torch's RNG state): set model.grad_checkpointing="
+                         f"false, {fix}")
 
 
 def _number(value) -> bool:
@@ -175,6 +179,15 @@ def check_hyperparameters(optimizer, **values) -> None:
         test, must, hint = ranges[key]
         if not (value is None and key == "layer_decay") and not (_number(value) and test(value)):
             raise ValueError(f"model.{key}={value!r} is not {must}: pass {hint}")
+
+
+def check_grad_checkpointing(enabled: bool, sharded: bool = False) -> None:
+    """Raise a ValueError for activation checkpointing under FSDP (`sharded`): each block's rerun
+    would sit outside the block's FSDP unit, a combination not tested here (Lightning's
+    FSDPStrategy has activation checkpointing of its own, activation_checkpointing_policy)."""
+    if enabled and sharded:
+        raise ValueError("model.grad_checkpointing=true is not supported under trainer=fsdp: set "
+                         "model.grad_checkpointing=false, or use it with trainer=gpu or trainer=ddp")
 
 
 def check_ema(decay: float | None, warmup: bool = False, sharded: bool = False) -> None:
@@ -281,6 +294,10 @@ class ViTModule(L.LightningModule):
         eval_flip: test-time augmentation by horizontal flip: validation and test score the
             mean of the logits of each image and of its mirror image (two forwards per batch).
             Training is unchanged; eval.py can turn it on or off for any checkpoint.
+        grad_checkpointing: activation checkpointing in training
+            (`VisionTransformer.set_grad_checkpointing`): each block runs its forward again in the
+            backward instead of keeping its activations, for models or batches whose activations
+            crowd the GPU. Not with graph_step (auto turns it off) nor trainer=fsdp.
         eval_shift: test-time augmentation by translation, in pixels. With s > 0 validation and
             test also score each image moved s pixels left, right, up and down, its border
             filled by reflection as the padded crop of training fills it: five views (ten with
@@ -318,6 +335,7 @@ class ViTModule(L.LightningModule):
         ema_decay: float | None = None,
         ema_warmup: bool = False,
         graph_step: bool | str = "auto",
+        grad_checkpointing: bool = False,
         eval_flip: bool = False,
         eval_shift: int = 0,
     ):
@@ -343,6 +361,10 @@ class ViTModule(L.LightningModule):
         )
         check_eval_shift(eval_shift, min(self.model.patch_embed.img_size))
         self.eval_shift = eval_shift
+        try:
+            self.model.set_grad_checkpointing(grad_checkpointing)
+        except ValueError:
+            raise ValueError(f"model.grad_checkpointing={grad_checkpointing!r} is not true or false") from None
         # The EMA: a copy of the network, made before setup compiles self.model in place, so it
         # stays eager; no gradients, and not in the optimizer's groups (configure_optimizers
         # groups self.model's parameters) nor clipped. Its state_dict keys are EMA_PREFIX's.
@@ -368,9 +390,12 @@ class ViTModule(L.LightningModule):
         self.eval_flip = eval_flip
         if not isinstance(graph_step, bool) and graph_step != "auto":
             raise ValueError(f"model.graph_step={graph_step!r} is not true, false or auto")
-        if graph_step is True and not torch.cuda.is_available():  # the rest is checked at setup, on the trainer
-            check_graph_step(compile, cuda=False, precision="", world_size=1, accumulate_grad_batches=1,
-                             optimizer=torch.optim.AdamW)
+        if graph_step is True:  # the rest is checked at setup, on the trainer
+            if not torch.cuda.is_available():
+                check_graph_step(compile, cuda=False, precision="", world_size=1, accumulate_grad_batches=1,
+                                 optimizer=torch.optim.AdamW)
+            check_graph_step(compile, cuda=True, precision="bf16-mixed", world_size=1, accumulate_grad_batches=1,
+                             optimizer=torch.optim.AdamW, grad_checkpointing=grad_checkpointing)
         self.mixup = None
         if mixup_alpha > 0 or cutmix_alpha > 0:
             self.mixup = Mixup(
@@ -424,6 +449,7 @@ class ViTModule(L.LightningModule):
                     f"attention=flash runs in bf16/fp16 but trainer.precision={self.trainer.precision}: "
                     "set trainer.precision=bf16-mixed (as trainer=gpu does) or choose attention=sdpa"
                 )
+        check_grad_checkpointing(self.model.grad_checkpointing, sharded=isinstance(self.trainer.strategy, FSDPStrategy))
         if self.ema is not None:
             check_ema(self.hparams.ema_decay, sharded=isinstance(self.trainer.strategy, FSDPStrategy))
             if str(self.trainer.precision) in ("bf16-true", "16-true"):
@@ -508,7 +534,8 @@ class ViTModule(L.LightningModule):
                              sharded=isinstance(self.trainer.strategy, FSDPStrategy),
                              ddp=isinstance(self.trainer.strategy, DDPStrategy),
                              accumulate_grad_batches=self.trainer.accumulate_grad_batches,
-                             optimizer=getattr(self.optimizer_factory, "func", self.optimizer_factory))
+                             optimizer=getattr(self.optimizer_factory, "func", self.optimizer_factory),
+                             grad_checkpointing=self.model.grad_checkpointing)
         except (ValueError, vitflash.SetupError) as err:
             if choice is True:
                 raise
