@@ -1,0 +1,2 @@
+# the second call, on the same warm machine: this session's GPU tests again, with more time
+. .gpu/common.sh; export VITFLASH_TEST_CIFAR=$PWD/.gpu/cifar10-mini.tar.gz; timeout 320 python3 -m pytest -q -p no:cacheprovider --durations=15 tests/test_model.py tests/test_timm_attention.py tests/test_train.py -k "grad_checkpointing or timm or predict or eval_writes or per_class or attention_maps or rollout" > $OUT/tests_new2.log 2>&1; echo rc=$? >> $OUT/tests_new2.log
