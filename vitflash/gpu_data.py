@@ -27,6 +27,8 @@ from typing import Callable, Iterator
 import numpy as np
 import torch
 
+from vitflash.graph_step import capturing
+
 log = logging.getLogger(__name__)
 
 STORAGES = ("auto", "device", "stream")
@@ -267,11 +269,7 @@ class SeededTransform:
             torch.cuda.current_stream(self.device).wait_stream(warm)
             graph = torch.cuda.CUDAGraph()
             graph.register_generator_state(self.generator)
-            # thread_local: other threads of the process touch the device while this one captures
-            # (the streaming loader's staging thread waits on its copy events, DDP's NCCL watchdog
-            # queries its work): in global mode a call of theirs that lands inside the capture
-            # fails it, now and then, as timing falls
-            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+            with capturing(graph, self.device):
                 static_out = self.fn(static_in, self.generator)
         except Exception as e:  # noqa: BLE001 (whatever the op raised: said, then eager)
             log.warning("the augmentation of %s batches could not be captured into a CUDA graph (%s); "

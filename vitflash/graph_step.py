@@ -16,9 +16,9 @@ partial batch), no gradient accumulation, bf16-mixed or fp32.
 """
 from __future__ import annotations
 
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from functools import partial
-from typing import Callable
+from typing import Callable, Iterator
 
 import torch
 import torch.nn as nn
@@ -27,6 +27,27 @@ WARMUP_STEPS = 3  # eager steps before the capture, as PyTorch's recipe does
 # the trainer precisions a captured step runs in, and their autocast dtype (fp16's gradient
 # scaler reads the gradients' norm on the host, which a graph cannot)
 AUTOCAST: dict[str, torch.dtype | None] = {"bf16-mixed": torch.bfloat16, "32-true": None, "32": None}
+
+
+@contextmanager
+def capturing(graph: torch.cuda.CUDAGraph, device: torch.device | None = None) -> Iterator[None]:
+    """`torch.cuda.graph(graph)` in thread_local mode (other threads of the process may touch
+    the device meanwhile: the gpu data pipeline's loader thread pins memory and waits on copy
+    events, DDP's watchdog queries its work), on a side stream that the current stream then
+    waits for.
+
+    The wait keeps the first replay's random numbers right. When a capture begins, PyTorch
+    resets the graph-side seed and offset of every generator registered with the graph (the
+    device's default one always) by kernels on the capture stream, outside the capture. A
+    replay sets them to the generator's current seed and offset by kernels on the stream that
+    replays it. Nothing orders the two: on a GPU busy with other processes the capture's kernels
+    ran last now and then, and the first replay drew its numbers from the seed the generator had
+    at capture and from offset 0 (the augmentation of a run's first batch came out different
+    under load, found by `test_ddp_on_one_gpu_matches_the_single_device_trainer`)."""
+    side = torch.cuda.Stream(device)
+    with torch.cuda.graph(graph, stream=side, capture_error_mode="thread_local"):
+        yield
+    torch.cuda.current_stream(device).wait_stream(side)
 
 
 def make_capturable(optimizer: torch.optim.Optimizer) -> None:
@@ -112,10 +133,8 @@ class WholeStepGraph:
             self.static = (x.clone(), target.clone())
             self.optimizer.zero_grad(set_to_none=True)  # the graph allocates and writes the gradients
             self.graph = torch.cuda.CUDAGraph()
-            # thread_local: the gpu data pipeline's loader thread may pin memory or wait on an
-            # event while this thread captures (global mode would fail the capture for it)
             try:
-                with torch.cuda.graph(self.graph, capture_error_mode="thread_local"):
+                with capturing(self.graph):
                     self.outputs = self._body(*self.static)
             except RuntimeError as err:  # e.g. an op that waits on the device, or a compiled model's guard
                 raise RuntimeError(
