@@ -854,6 +854,48 @@ def test_graph_step_draws_new_random_masks_at_every_replay(compile):
     assert len(set(losses)) == len(losses), f"replays drew the same masks: losses {losses}"
 
 
+def test_capturing_orders_the_first_replay_after_the_captures_own_kernels(monkeypatch):
+    """When a capture begins, PyTorch resets the graph-side seed and offset of the graph's
+    generators by kernels on the capture stream, outside the capture; a replay sets them by
+    kernels on its own stream. `capturing` (both captures of vitflash go through it) captures on
+    a side stream of its own in thread_local mode and makes the current stream wait for it after
+    the capture, so that a replay's kernels run after the capture's. (On an H100 shared with
+    other processes, without the wait, the first batch's augmentation came out different.) Here
+    with stand-ins for CUDA's streams and graph: the order of the calls."""
+    from vitflash import graph_step, gpu_data
+
+    calls = []
+
+    class Stream:
+        def __init__(self, device=None, name="side"):
+            self.name = name
+            calls.append(("new stream", device))
+
+        def wait_stream(self, other):
+            calls.append((self.name, "waits for", other.name))
+
+    class Graph:
+        def __init__(self, graph, stream=None, capture_error_mode="global"):
+            calls.append(("capture on", stream.name, capture_error_mode))
+
+        def __enter__(self):
+            calls.append("begin")
+
+        def __exit__(self, *exc):
+            calls.append("end")
+
+    current = Stream(name="current")
+    monkeypatch.setattr(torch.cuda, "Stream", Stream)
+    monkeypatch.setattr(torch.cuda, "graph", Graph)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: current)
+    calls.clear()
+    with graph_step.capturing(object(), torch.device("cuda", 1)):
+        calls.append("the captured work")
+    assert calls == [("new stream", torch.device("cuda", 1)), ("capture on", "side", "thread_local"), "begin",
+                     "the captured work", "end", ("current", "waits for", "side")]
+    assert gpu_data.capturing is graph_step.capturing
+
+
 def test_a_loaded_optimizer_state_is_made_capturable_for_the_graph_step():
     """A run without the graph step saves capturable=False; resumed with it, the loaded groups
     must say capturable again, or the optimizer refuses the capture."""
