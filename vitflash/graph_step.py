@@ -40,10 +40,10 @@ def capturing(graph: torch.cuda.CUDAGraph, device: torch.device | None = None) -
     resets the graph-side seed and offset of every generator registered with the graph (the
     device's default one always) by kernels on the capture stream, outside the capture. A
     replay sets them to the generator's current seed and offset by kernels on the stream that
-    replays it. Nothing orders the two: on a GPU busy with other processes the capture's kernels
-    ran last now and then, and the first replay drew its numbers from the seed the generator had
-    at capture and from offset 0 (the augmentation of a run's first batch came out different
-    under load, found by `test_ddp_on_one_gpu_matches_the_single_device_trainer`)."""
+    replays it. Nothing orders the two: where the capture's kernels run last, the first replay
+    draws its numbers from the seed the generator had at capture and from offset 0. That is the
+    likely cause of a first batch whose augmentation came out different on a GPU busy with other
+    processes (`benchmarks/results/gpu_session_b18307d/`)."""
     side = torch.cuda.Stream(device)
     with torch.cuda.graph(graph, stream=side, capture_error_mode="thread_local"):
         yield
