@@ -743,6 +743,48 @@ def test_on_cuda_capture_holds_while_another_thread_waits_on_the_device(caplog):
     torch.testing.assert_close(graphed(images, 11), expected, rtol=0, atol=1e-5)  # a replay too
 
 
+# another process that keeps the GPU busy with bf16 matmuls until it is killed (at most 120 s)
+BUSY_GPU = """
+import sys, time, torch
+a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+a = (a @ a).clamp_(-1, 1); torch.cuda.synchronize(); print("busy", flush=True)
+t = time.time()
+while time.time() - t < 120:
+    a = (a @ a).clamp_(-1, 1)
+"""
+
+
+@pytest.mark.gpu
+def test_on_cuda_the_first_replay_makes_the_eager_batch_on_a_gpu_shared_with_other_processes(caplog):
+    """The first batch of a batch shape is the first replay of the augmentation's graph, right
+    after its capture. With three other processes keeping the GPU busy, eight fresh transforms each
+    capture and replay once: every first batch must be the eager one of its seed. Before the
+    capture stream was ordered before the replaying one (vitflash.graph_step.capturing), a run's
+    first batch came out different under such load (`benchmarks/results/gpu_session_b18307d/`).
+    Timing decides whether that race shows, so a pass alone proves little; a failure is the race."""
+    import subprocess
+    import sys
+
+    from vitflash.gpu_data import SeededTransform
+
+    aug = GPUAugment(Augment(train_crop="pad", auto_augment="rand-m9-mstd0.5-inc1", re_prob=0.25), 32)
+    images = torch.randint(0, 256, (64, 32, 32, 3), dtype=torch.uint8, generator=gen(9)).cuda()
+    eager = SeededTransform(aug.train, "cuda", graph=False)
+    expected = {seed: eager(images, seed) for seed in range(21, 29)}
+    busy = [subprocess.Popen([sys.executable, "-c", BUSY_GPU], stdout=subprocess.PIPE, text=True) for _ in range(3)]
+    try:
+        assert all(p.stdout.readline().strip() == "busy" for p in busy), "the processes that load the GPU did not start"
+        with caplog.at_level(logging.INFO, logger="vitflash.gpu_data"):
+            first = {seed: SeededTransform(aug.train, "cuda")(images, seed) for seed in expected}
+    finally:
+        for p in busy:
+            p.kill()
+            p.wait()
+    assert caplog.text.count("captured into a CUDA graph") == len(expected) and "could not be captured" not in caplog.text
+    for seed, batch in first.items():
+        torch.testing.assert_close(batch, expected[seed], rtol=0, atol=1e-5, msg=f"seed {seed}")
+
+
 def test_datamodule_state_restores_the_train_loader_mid_epoch():
     from vitflash.data import SyntheticDataModule
 
