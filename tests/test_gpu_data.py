@@ -745,7 +745,7 @@ def test_on_cuda_capture_holds_while_another_thread_waits_on_the_device(caplog):
 
 # another process that keeps the GPU busy with bf16 matmuls until it is killed (at most 120 s)
 BUSY_GPU = """
-import sys, time, torch
+import time, torch
 a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
 a = (a @ a).clamp_(-1, 1); torch.cuda.synchronize(); print("busy", flush=True)
 t = time.time()
