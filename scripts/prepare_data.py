@@ -10,7 +10,8 @@ An archive is checked against a SHA256SUMS file beside it when there is one, and
 with tarfile's "data" filter: members that would land outside the root, links pointing out
 of it and device files are refused. It is unpacked into a temporary folder inside the root
 and moved into place only once the whole archive has been read, its compressed stream's own
-checksum (gzip's CRC) included: a truncated or damaged archive leaves the root as it was.
+checksum (gzip's CRC) included: a truncated or damaged archive leaves the root as it was,
+and is named as damaged even where the damage first shows as a member the filter refuses.
 """
 from __future__ import annotations
 
@@ -63,19 +64,26 @@ def unpack(archive: Path, root: Path) -> None:
     # Beside the target, on its filesystem, so the final moves are renames.
     tmp = Path(tempfile.mkdtemp(prefix=f".unpacking-{archive.name}-", dir=root))
     try:
+        refused = None
         try:
             with tarfile.open(archive) as tar:
-                for member in tqdm(tar, desc=f"unpacking {archive.name}", unit=" files", mininterval=1):
-                    tar.extract(member, tmp, filter="data")
+                try:
+                    for member in tqdm(tar, desc=f"unpacking {archive.name}", unit=" files", mininterval=1):
+                        tar.extract(member, tmp, filter="data")
+                except tarfile.FilterError as e:
+                    refused = e
                 # Read to the end of the compressed stream: gzip/bz2/xz check their CRC there.
+                # After a refused member too: a damaged stream can decode into one (a byte
+                # flipped mid-stream once made a regular file's header read as a special
+                # file's), and then the damage is what to report.
                 while tar.fileobj.read(1 << 20):
                     pass
-        except tarfile.FilterError as e:
-            raise SystemExit(f"refusing to unpack {archive}: {e}. Nothing was unpacked") from e
         except (tarfile.TarError, EOFError, OSError, zlib.error) as e:
             raise SystemExit(
                 f"cannot read {archive} ({type(e).__name__}: {e}): it is truncated, damaged or not a tar "
                 f"archive. Nothing was unpacked into {root}; copy the archive again") from e
+        if refused is not None:
+            raise SystemExit(f"refusing to unpack {archive}: {refused}. Nothing was unpacked") from refused
         _move_into(tmp, root)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -604,6 +604,31 @@ def test_damaged_archive_unpacks_nothing(archive, tmp_path, capsys, how):
     assert not any(fresh.iterdir())  # no partial tree to train on
 
 
+def test_a_refused_member_of_a_damaged_archive_is_reported_as_the_damage(tmp_path):
+    """A damaged stream can decode into a member that the extraction filter refuses (a byte
+    flipped mid-stream once turned a JPEG's header into a special file's), before gzip's CRC
+    at the end shows the damage. The user must hear that the copy is damaged, not that the
+    archive holds something unsafe; an intact archive with that member is refused as unsafe."""
+    def with_fifo(path: Path) -> bytes:
+        with tarfile.open(path, "w:gz") as tar:
+            info = tarfile.TarInfo("cifar10/train/class0/0.jpg")
+            info.type = tarfile.FIFOTYPE
+            tar.addfile(info)
+        return path.read_bytes()
+
+    intact = tmp_path / "fifo.tar.gz"
+    data = bytearray(with_fifo(intact))
+    with pytest.raises(SystemExit, match="refusing to unpack .*special file. Nothing was unpacked"):
+        prepare.main(["--archive", str(intact), "--root", str(tmp_path / "data")])
+    data[-8] ^= 0xFF  # gzip's trailer: CRC32 of the uncompressed tar
+    bad = tmp_path / "bad" / "fifo.tar.gz"
+    bad.parent.mkdir()
+    bad.write_bytes(bytes(data))
+    with pytest.raises(SystemExit, match="truncated, damaged or not a tar archive. Nothing was unpacked"):
+        prepare.main(["--archive", str(bad), "--root", str(tmp_path / "data")])
+    assert not any((tmp_path / "data").iterdir())
+
+
 def test_archive_checked_against_sha256sums(archive, tmp_path):
     import hashlib
 
