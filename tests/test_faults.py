@@ -565,12 +565,20 @@ def jpeg_tree(root: Path, classes: int, per_class: dict[str, int], name: str = "
 
 @pytest.fixture(scope="module")
 def archive(tmp_path_factory) -> Path:
-    """A tar.gz of a small JPEG tree (3 classes x 4 train / 2 test images)."""
+    """A tar.gz of a small JPEG tree (3 classes x 4 train / 2 test images), the same bytes in
+    every run (no times, owners or gzip timestamp in it): the damaged copies below then hit the
+    same bytes each time."""
+    import gzip
+
+    def plain(member: tarfile.TarInfo) -> tarfile.TarInfo:
+        member.mtime, member.uid, member.gid, member.uname, member.gname = 0, 0, 0, "", ""
+        return member
+
     folder = tmp_path_factory.mktemp("archive")
     tree = jpeg_tree(folder / "src", 3, {"train": 4, "test": 2})
     path = folder / "tiny.tar.gz"
-    with tarfile.open(path, "w:gz") as tar:
-        tar.add(tree / "cifar10", arcname="cifar10")
+    with gzip.GzipFile(path, "wb", mtime=0) as gz, tarfile.open(fileobj=gz, mode="w") as tar:
+        tar.add(tree / "cifar10", arcname="cifar10", filter=plain)
     return path
 
 
