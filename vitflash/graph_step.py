@@ -41,13 +41,17 @@ def capturing(graph: torch.cuda.CUDAGraph, device: torch.device | None = None) -
     device's default one always) by kernels on the capture stream, outside the capture. A
     replay sets them to the generator's current seed and offset by kernels on the stream that
     replays it. Nothing orders the two: where the capture's kernels run last, the first replay
-    draws its numbers from the seed the generator had at capture and from offset 0. That is the
-    likely cause of a first batch whose augmentation came out different on a GPU busy with other
-    processes (`benchmarks/results/gpu_session_b18307d/`)."""
+    draws its numbers from the seed the generator had at capture and from offset 0. On an H100
+    busy with other processes a first batch's augmentation came out different so
+    (`benchmarks/results/gpu_session_b18307d/`); with the wait it came out as on an idle GPU, bit
+    for bit (`benchmarks/results/gpu_session_d1ef2a5/`). The wait comes after a failed capture
+    too, whose caller then runs the work eagerly on the current stream."""
     side = torch.cuda.Stream(device)
-    with torch.cuda.graph(graph, stream=side, capture_error_mode="thread_local"):
-        yield
-    torch.cuda.current_stream(device).wait_stream(side)
+    try:
+        with torch.cuda.graph(graph, stream=side, capture_error_mode="thread_local"):
+            yield
+    finally:
+        torch.cuda.current_stream(device).wait_stream(side)
 
 
 def make_capturable(optimizer: torch.optim.Optimizer) -> None:
