@@ -114,3 +114,45 @@ def test_a_patched_model_traces_into_one_graph(impl):
     with torch.autocast(device, dtype=torch.bfloat16, enabled=impl == "flash"):
         explained = torch._dynamo.explain(model)(x)
     assert (explained.graph_count, explained.graph_break_count) == (1, 0)
+
+
+def _grads(model: torch.nn.Module, x: torch.Tensor, low: bool) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """Logits and every qkv projection's weight gradient of one backward (bf16 autocast if low)."""
+    model.zero_grad(set_to_none=True)
+    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=low):
+        logits = model(x)
+    logits.float().logsumexp(-1).sum().backward()
+    return logits.detach().double(), [b.attn.qkv.weight.grad.double() for b in model.blocks]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("qk_norm", [False, True])
+def test_auto_runs_flash_in_a_full_size_timm_vit_on_the_gpu(monkeypatch, qk_norm):
+    """On the GPU, "auto" takes flash in a timm ViT-S/16 at 224 (197 tokens, 6 heads of 64: the
+    general kernels, not the short ones), eager and compiled. Under bf16 autocast its logits and
+    qkv gradients are as close to timm's own fp32 model as timm's own attention under bf16."""
+    torch.manual_seed(0)
+    model = timm.create_model("vit_small_patch16_224", pretrained=False, num_classes=10,
+                              qk_norm=qk_norm).cuda().train()
+    x = torch.randn(8, 3, 224, 224, device="cuda")
+    ref, ref_g = _grads(model, x, low=False)
+    timm_low, timm_g = _grads(model, x, low=True)  # timm's own attention (SDPA) in bf16
+    taken = []
+    real = vitflash.timm_attention.attention_qkvpacked
+    monkeypatch.setattr(vitflash.timm_attention, "attention_qkvpacked",
+                        lambda qkv, impl, **kw: taken.append(impl) or real(qkv, impl, **kw))
+    assert vitflash.patch_timm_attention(model) == 12  # "auto"
+    got, got_g = _grads(model, x, low=True)
+    assert taken == ["flash"] * 12
+    yard = (timm_low - ref).abs().max().item()
+    err = (got - ref).abs().max().item()
+    assert torch.isfinite(got).all() and err <= 2 * yard + 1e-5, (err, yard)
+    for g, t, r in zip(got_g, timm_g, ref_g):
+        yard_g = (t - r).abs().max().item()
+        err_g = (g - r).abs().max().item()
+        assert err_g <= 2 * yard_g + 1e-6, (err_g, yard_g)
+    # compiled (one graph, the flash ops as custom ops): the same logits as the eager patched model
+    compiled = torch.compile(model)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        out = compiled(x).double()
+    assert (out - ref).abs().max().item() <= 2 * yard + 1e-5
