@@ -269,6 +269,20 @@ def test_missing_dataset_says_how_to_prepare_it(tmp_path):
         ImageFolderDataModule(root=str(tmp_path / "imagenette"), **kwargs()).setup("fit")
 
 
+@pytest.mark.parametrize("shared", [True, False])
+def test_the_hint_names_the_shared_archive_only_where_it_is(tmp_path, monkeypatch, shared):
+    import vitflash.data
+    folder = tmp_path / "shared"
+    folder.mkdir()
+    if shared:
+        (folder / "cifar10-jpeg.tar.gz").write_bytes(b"")
+    monkeypatch.setattr(vitflash.data, "SHARED_DATA", folder)
+    named = f"--archive {folder / 'cifar10-jpeg.tar.gz'} " if shared else "--archive <path to cifar10-jpeg.tar.gz> "
+    with pytest.raises(FileNotFoundError, match="cifar10 not found under") as err:
+        CIFARDataModule(root=str(tmp_path / "data"), **kwargs()).prepare_data()
+    assert named in str(err.value) and "--download cifar10" in str(err.value)
+
+
 def test_image_folder_tree_and_class_count(tmp_path):
     write_tree(tmp_path / "train", per_class=3)
     write_tree(tmp_path / "val", per_class=1)

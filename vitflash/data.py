@@ -45,9 +45,15 @@ CIFAR_STD = (0.2470, 0.2435, 0.2616)
 PIPELINES = ("cpu", "gpu")
 
 
+# where the team's data archives sit, beside a checkout; named in a hint only where it has the archive
+SHARED_DATA = Path("../shared/data")
+
+
 def _prepare_hint(data_root: Path, archive: str) -> str:
-    return (f"Unpack the data first: `python scripts/prepare_data.py "
-            f"--archive ../shared/data/{archive} --root {data_root}`")
+    """How to unpack `archive` into data_root: from SHARED_DATA where it is there, else from
+    the user's own copy."""
+    path = SHARED_DATA / archive if (SHARED_DATA / archive).is_file() else f"<path to {archive}>"
+    return f"Unpack the data first: `python scripts/prepare_data.py --archive {path} --root {data_root}`"
 
 
 def _posterize(img: Image.Image, bits_to_keep: int, **kwargs) -> Image.Image:
@@ -682,7 +688,7 @@ class ImageFolderDataModule(ImageDataModule):
             archive = f"{self.root.name}-val.tar.gz"
             # name the shared archive only where there is one (Imagenette, not ImageNet)
             hint = (_prepare_hint(self.root.parent, archive) + " (and the same for each train shard)"
-                    if (Path("../shared/data") / archive).is_file() else
+                    if (SHARED_DATA / archive).is_file() else
                     f"Put the dataset there in that layout (`python scripts/prepare_data.py --archive "
                     f"<your archive> --root {self.root.parent}` unpacks a tar of it), or point "
                     f"data.root at it")
