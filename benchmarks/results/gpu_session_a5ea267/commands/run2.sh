@@ -1,0 +1,2 @@
+# second call, on the same warm machine: the one GPU test the first call's 300 s limit cut off, alone
+. .gpu/common.sh; export VITFLASH_TEST_CIFAR=$PWD/.gpu/cifar10-mini.tar.gz VITFLASH_CACHE_DIR=/tmp/cache; step gpu_ddp 200 python3 -m pytest -v -m gpu -p no:cacheprovider --durations=5 "tests/test_train.py::test_ddp_on_one_gpu_matches_the_single_device_trainer"; cat $OUT/steps.log; tail -5 $O/gpu_ddp.log
