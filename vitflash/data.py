@@ -45,7 +45,7 @@ CIFAR_STD = (0.2470, 0.2435, 0.2616)
 PIPELINES = ("cpu", "gpu")
 
 
-# where the team's data archives sit, beside a checkout; named in a hint only where it has the archive
+# where the project's data archives sit beside a checkout; a hint names it only where it has the archive
 SHARED_DATA = Path("../shared/data")
 
 
