@@ -143,14 +143,17 @@ def flash_candidates(shape, backward: str = "bwd", dropout: bool = False) -> dic
 
 def tuning_ms(shape, backward: str = "bwd", dropout: bool = False) -> dict:
     """What the autotuner measured for each candidate at this shape when it chose, fastest
-    first ({"fwd": [{"candidate": ..., "ms": ...}, ...], "bwd": ...}; None for an op whose
-    choice came from the cache file)."""
+    first by its short windows ({"fwd": [{"candidate": ..., "ms": ...}, ...], "bwd": ...};
+    None for an op whose choice came from the cache file). A finalist that it timed again
+    in CUDA-graph replays (the choice is the fastest there) also has "graph_ms"."""
     B, H, N, D = shape
     out = {}
     for key, op in (("fwd", "fwd"), ("bwd", backward)):
         times = launch.tuning_times(op, torch.bfloat16, N, D, B * H, dropout)
+        graph = launch.final_times(op, torch.bfloat16, N, D, B * H, dropout) or {}
         out[key] = None if times is None else [
-            {"candidate": c.to_json(), "ms": ms} for c, ms in sorted(times.items(), key=lambda kv: kv[1])]
+            {"candidate": c.to_json(), "ms": ms, **({"graph_ms": graph[c]} if c in graph else {})}
+            for c, ms in sorted(times.items(), key=lambda kv: kv[1])]
     return out
 
 
@@ -336,13 +339,50 @@ def _without(c: launch.Candidate, name: str) -> launch.Candidate:
                             c.num_stages)
 
 
+def tuner_choice(tuning: list[dict]) -> dict:
+    """The entry of tuning_ms's list for one op that the tuner kept: the fastest finalist in
+    CUDA-graph replays where it timed finalists so ("graph_ms"), else the fastest in its
+    short windows (runs of commits before the graph re-timing have no "graph_ms")."""
+    finals = [e for e in tuning if "graph_ms" in e]
+    return min(finals, key=lambda e: e["graph_ms"]) if finals else min(tuning, key=lambda e: e["ms"])
+
+
+def finals_table(results: list[dict]) -> list[str]:
+    """Markdown lines: per shape and op, the tuner's finalists, each one's time in its
+    short windows and in CUDA-graph replays (none where no row has graph timings)."""
+    lines = []
+    for r in results:
+        for op, tuning in sorted((r["flash"].get("tuning_ms") or {}).items()):
+            finals = [e for e in tuning or [] if "graph_ms" in e]
+            if not finals:
+                continue
+            kept = tuner_choice(tuning)
+            first = finals[0]  # the fastest in the short windows (the list is in their order)
+            for e in finals:
+                c = launch.Candidate.from_json(e["candidate"])
+                lines.append(f"| {tuple(r['shape'])} | {op} | {c.family}: {c.label()} | {e['ms']:.4f} | "
+                             f"{e['graph_ms']:.4f} | {e['graph_ms'] / first['graph_ms']:.3f} | "
+                             f"{'kept' if e is kept else ''} |")
+    if not lines:
+        return []
+    return ["## The autotuner's finalists", "",
+            "The candidates within `launch.FINAL_MARGIN` of the fastest in the tuner's short "
+            "windows (`ms`: each one's better round of two), timed again as CUDA-graph replays "
+            "(`graph_ms`, the median of `launch.GRAPH_ROUNDS` replays); the tuner keeps the "
+            "fastest there. The ratio is of graph times against the short windows' fastest "
+            "candidate: below 1, faster than it.", "",
+            "| (B, H, N, D) | op | finalist | windows ms | graph ms | graph / windows' first | |",
+            "|---|---|---|---|---|---|---|", *lines, ""]
+
+
 def backward_forms(tuning: list[dict]) -> dict:
     """From the tuner's own timings of the backward candidates at one shape (tuning_ms's
     "bwd" list), {form: (candidate, ms)}: the fastest of each launch form; TWIN_PARENT, the
     one-launch candidate whose split twin is the fastest twin (where it was timed); and
-    "fastest", the fastest candidate of all (the tuner's choice)."""
+    "fastest", the tuner's choice (tuner_choice) with its time in the short windows."""
     timed = [(launch.Candidate.from_json(e["candidate"]), e["ms"]) for e in tuning]
-    best = {"fastest": min(timed, key=lambda cm: cm[1])}
+    kept = tuner_choice(tuning)
+    best = {"fastest": (launch.Candidate.from_json(kept["candidate"]), kept["ms"])}
     for c, ms in timed:
         if c.form in FORMS and (c.form not in best or ms < best[c.form][1]):
             best[c.form] = (c, ms)
@@ -400,7 +440,7 @@ def pipe_table(results: list[dict]) -> list[str]:
                 continue
             piped = min(ms for c, ms in timed.items() if c.meta.get("PIPE"))
             rest = min(ms for c, ms in timed.items() if not c.meta.get("PIPE"))
-            chosen = min(timed, key=timed.__getitem__)
+            chosen = launch.Candidate.from_json(tuner_choice(tuning)["candidate"])
             lines.append(f"| {tuple(r['shape'])} | {op} | {piped:.4f} | {rest:.4f} | "
                          f"{piped / rest:.3f} | {len(pairs)}: {min(pairs):.3f}-{max(pairs):.3f}"
                          f" (median {statistics.median(pairs):.3f}) | {chosen.label()} |")
@@ -504,7 +544,7 @@ def markdown(results: list[dict], latency: dict, env: dict, command: str) -> str
                   "| (B, H, N, D) | backward |", "|---|---|"]
         lines += [f"| {tuple(s)} | {_candidate(c['bwd'])} |" for s, c in picked]
         lines.append("")
-    lines += forms_table(results) + pipe_table(results)
+    lines += finals_table(results) + forms_table(results) + pipe_table(results)
     errors = [(r["shape"], i, r[i]["error"]) for r in results for i in impls if "error" in r[i]]
     if errors:
         lines += ["", "Not run:"] + [f"- {tuple(s)} {i}: {e}" for s, i, e in errors]

@@ -308,6 +308,30 @@ def test_the_tuners_backward_timings_are_summed_up_by_launch_form():
         f"| (8, 12, 4097, 64) | 2.0000 | n/a | n/a | n/a | n/a | n/a | one launch: {OTHER_ONE.label()} |")
 
 
+def test_the_tuners_finalists_are_tabled_and_the_graph_fastest_is_its_choice():
+    """Where the tuner timed finalists in CUDA-graph replays ("graph_ms"), its choice is the
+    fastest of them (not the fastest in its short windows): the finalists' table marks it,
+    the launch-form table names it; a run without graph timings has no finalists' table."""
+    row = _forms_row({PAIR: 1.8, PAIR_8W: 1.85, ONE: 2.5})
+    tuning = row["flash"]["tuning_ms"]["bwd"]
+    tuning[0]["graph_ms"], tuning[1]["graph_ms"] = 2.0, 1.9
+    assert bench.tuner_choice(tuning) is tuning[1]
+    assert bench.tuner_choice([dict(e) for e in tuning if "graph_ms" not in e]) == tuning[2]
+    assert bench.backward_forms(tuning)["fastest"] == (PAIR_8W, 1.85)
+    env = {k: "x" for k in ("gpu", "commit", "torch", "triton", "cuda", "cudnn", "python", "date")}
+    lines = bench.markdown([row], {}, env, "cmd").splitlines()
+    at = lines.index("## The autotuner's finalists")
+    assert lines[at + 4:at + 8] == [
+        "| (B, H, N, D) | op | finalist | windows ms | graph ms | graph / windows' first | |",
+        "|---|---|---|---|---|---|---|",
+        f"| (8, 12, 4097, 64) | bwd | general_tma: {PAIR.label()} | 1.8000 | 2.0000 | 1.000 |  |",
+        f"| (8, 12, 4097, 64) | bwd | general_tma: {PAIR_8W.label()} | 1.8500 | 1.9000 | 0.950 | kept |"]
+    at = lines.index("## The autotuner's backward timings, the fastest of each launch form")
+    assert lines[at + 6].endswith(f"| split pair: {PAIR_8W.label()} |")
+    plain = bench.markdown([_forms_row({ONE: 2.0, OTHER_ONE: 2.5})], {}, env, "cmd")
+    assert "finalists" not in plain
+
+
 def test_the_pipe_twins_timings_are_set_against_their_twins():
     """gpu_session_60f6e25's table: per op, the fastest PIPE candidate against the fastest
     without, and each PIPE candidate against its own twin (the same blocks without PIPE);

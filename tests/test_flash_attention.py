@@ -6,6 +6,7 @@ absolute floor. Without CUDA the kernels run in Triton's interpreter (see confte
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -1252,6 +1253,36 @@ def test_dropout_under_a_cuda_graph_draws_a_new_mask_per_replay():
     assert torch.isfinite(first).all() and not torch.equal(first, out)
 
 
+@pytest.mark.gpu
+def test_the_tuner_times_its_finalists_in_cuda_graphs_gpu(monkeypatch, tmp_path):
+    """On a GPU, at a key seen first: the tuner's finalists (here every candidate within any
+    margin, at most three) are captured and replayed in CUDA graphs, their times are GPU
+    times of the same order as the short windows', the kept candidate is the fastest of
+    them, the captures leave the random generator where it was, and the op's results keep
+    to the FA2 rule."""
+    monkeypatch.setenv("VITFLASH_CACHE_DIR", str(tmp_path))
+    for name, value in (("_disk", None), ("_chosen", {}), ("_timings", {}), ("_graph_timings", {}),
+                        ("FINAL_MARGIN", float("inf")), ("FINALISTS", 3)):
+        monkeypatch.setattr(launch, name, value)
+    monkeypatch.setattr(flash_mod, "_plans", {})
+    B, N, H, D = 4, 577, 4, 64
+    qkv, do = _packed_inputs(B, N, H, D, torch.bfloat16, seed=5)
+    torch.manual_seed(11)
+    before = torch.cuda.get_rng_state()
+    flash_attention_qkvpacked(qkv.clone().requires_grad_()).backward(do)
+    torch.cuda.synchronize()
+    assert torch.equal(torch.cuda.get_rng_state(), before)
+    for op in ("fwd", "bwd"):
+        window = launch.tuning_times(op, torch.bfloat16, N, D, B * H)
+        graph = launch.final_times(op, torch.bfloat16, N, D, B * H)
+        assert graph is not None and len(graph) == min(3, len(window)) >= 2, op
+        assert sorted(graph, key=window.__getitem__) == sorted(window, key=window.__getitem__)[:len(graph)]
+        for cand, ms in graph.items():
+            assert 0.2 < ms / window[cand] < 5, (op, cand, ms, window[cand])
+        assert launch.chosen(op, torch.bfloat16, N, D, B * H) == min(graph, key=graph.__getitem__)
+    _assert_within_rule(qkv, do)
+
+
 def test_tuning_choices_survive_the_process(monkeypatch, tmp_path):
     """What the autotuner chose is written to $VITFLASH_CACHE_DIR/autotune.json (atomically,
     merged with what is there) and read back as the same candidate by a fresh reader."""
@@ -1396,8 +1427,11 @@ def _tuning_on_the_cpu(monkeypatch, tmp_path, op, cands, ms):
     # INTERPRET off in launch.py makes choose() tune (the kernels still run in the
     # interpreter); the inputs' device check, which reads it too, is left out
     for name, value in (("_disk", None), ("INTERPRET", False), ("_chosen", {}), ("_timings", {}),
-                        ("COMPILE_THREADS", 1), ("_TMA_LOADS", False), ("_TMA", False)):
+                        ("_graph_timings", {}), ("COMPILE_THREADS", 1), ("_TMA_LOADS", False),
+                        ("_TMA", False)):
         monkeypatch.setattr(launch, name, value)
+    # finalists (candidates within FINAL_MARGIN) keep the order of their made-up times
+    monkeypatch.setattr(launch, "_graph_times", lambda cands, window_ms, run: dict(window_ms))
     monkeypatch.setattr(flash_mod, "_plans", {})
     monkeypatch.setattr(flash_mod, "_check_tensor", lambda *a, **k: None)
     monkeypatch.setattr(launch, "_disk_key", lambda key, device: "|".join(map(str, key)))
@@ -1533,6 +1567,136 @@ def test_tuning_compiles_all_then_keeps_each_candidates_best_round(monkeypatch):
     assert [c for kind, c in events if kind == "time"] == [slow_once, steady, cands[3]] * launch.TIMING_ROUNDS
     with pytest.raises(RuntimeError, match="no flash-attention configuration compiles"):
         launch._time_candidates([too_big], run)
+
+
+def test_the_tuner_keeps_the_fastest_finalist_in_graph_replays(monkeypatch):
+    """The candidates within FINAL_MARGIN of the fastest in the short windows, at most
+    FINALISTS of them, are timed again in CUDA-graph replays, and the fastest there is kept
+    (the short windows ranked the D = 128 forwards otherwise than a busy GPU); with one
+    finalist nothing is replayed, and where a capture fails the windows' choice stands."""
+    cands = [launch.short_fwd(65, m, w) for m in (16, 32, 64) for w in (2, 4)]
+    window = dict(zip(cands, [1.00, 1.02, 1.05, 1.08, 1.09, 1.30]))  # 1.09: the fifth within 10%
+    graph = dict(zip(cands, [1.20, 1.30, 1.10, 1.15]))
+    monkeypatch.setattr(launch, "FINAL_MARGIN", 0.10)
+    monkeypatch.setattr(launch, "FINALISTS", 4)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    timing = []
+
+    def time_ms(fn):
+        fn()
+        return window[timing[-1]]
+
+    replayed = []
+
+    def graph_times(finals, window_ms, run):
+        replayed.append(list(finals))
+        assert window_ms == {c: window[c] for c in cands}  # each one's windows sized its graph
+        return None if fail else {c: graph[c] for c in finals}
+
+    monkeypatch.setattr(launch, "_time_ms", time_ms)
+    monkeypatch.setattr(launch, "_graph_times", graph_times)
+    fail = False
+    times, graph_ms = {}, {}
+    assert launch._time_candidates(cands, timing.append, times, None, graph_ms) is cands[2]
+    assert replayed == [cands[:4]]  # fastest first, the fifth within the margin left out
+    assert graph_ms == {c: graph[c] for c in cands[:4]} and times == window
+    fail = True
+    graph_ms = {}
+    assert launch._time_candidates(cands, timing.append, None, None, graph_ms) is cands[0]
+    assert graph_ms == {}
+    window.update({cands[1]: 1.11, cands[2]: 1.2})
+    replayed.clear()
+    assert launch._time_candidates(cands[:3], timing.append) is cands[0] and replayed == []
+
+
+class _FakeGraphs:
+    """Stand-ins for torch.cuda's streams, graphs and events on a CPU: a graph records the
+    calls made during its capture; a replay runs them again and advances a clock by each
+    call's made-up milliseconds (`ms_per_call`: one list a candidate, one value a replay in
+    turn); an event reads the clock."""
+
+    def __init__(self, monkeypatch, ms_per_call, fail_capture=False):
+        self.clock, self.log, fake = 0.0, [], self
+
+        class Stream:
+            def wait_stream(self, other):
+                pass
+
+        class Graph:
+            def capture_begin(self, capture_error_mode="global"):
+                fake.log.append(("begin", capture_error_mode))
+                if fail_capture:
+                    raise RuntimeError("operation not permitted when stream is capturing")
+                self.calls, fake.capturing = [], self
+
+            def capture_end(self):
+                fake.capturing = None
+
+            def replay(self):
+                cand = self.calls[0]
+                fake.log.append(("replay", cand))
+                fake.clock += len(self.calls) * fake.ms[cand].pop(0)
+
+        class Event:
+            def __init__(self, enable_timing=False):
+                self.at = None
+
+            def record(self):
+                self.at = fake.clock
+
+            def elapsed_time(self, end):
+                return end.at - self.at
+
+        self.ms, self.capturing = {c: list(v) for c, v in ms_per_call.items()}, None
+        monkeypatch.setattr(torch.cuda, "Stream", Stream)
+        monkeypatch.setattr(torch.cuda, "current_stream", lambda *a: Stream())
+        monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
+        monkeypatch.setattr(torch.cuda, "CUDAGraph", Graph)
+        monkeypatch.setattr(torch.cuda, "Event", Event)
+        monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+
+    def run(self, cand):
+        """A candidate's call: recorded into the graph being captured."""
+        assert self.capturing is not None, "a finalist ran outside its capture"
+        self.capturing.calls.append(cand)
+
+
+def test_graph_times_replay_each_finalist_in_turn(monkeypatch):
+    """Each finalist's graph holds about GRAPH_WINDOW_MS of its calls (by its time in the
+    short windows; at least 1, at most GRAPH_MAX_CALLS), captured in thread_local mode; each
+    graph is replayed once to warm up, then GRAPH_ROUNDS times in turn, and a finalist's time
+    is the median of its timed replays per call."""
+    a, b, c = (launch.short_fwd(65, m) for m in (16, 32, 64))
+    monkeypatch.setattr(launch, "GRAPH_ROUNDS", 3)
+    fake = _FakeGraphs(monkeypatch, {a: [9.0, 1.0, 3.0, 2.0], b: [9.0, 2.5, 2.5, 2.0],
+                                     c: [9.0, 0.5, 0.7, 0.6]})  # the warm-up replay first
+    got = launch._graph_times([a, b, c], {a: 2.0, b: 0.001, c: 50.0}, fake.run)
+    assert got == pytest.approx({a: 2.0, b: 2.5, c: 0.6})  # the warm-up's 9.0 is not counted
+    assert fake.log[:3] == [("begin", "thread_local")] * 3
+    assert [e[1] for e in fake.log[3:]] == [a, b, c] * (1 + 3)
+    assert fake.ms == {a: [], b: [], c: []}
+    # the graphs' sizes: 20 ms / 2 ms = 10 calls; capped at GRAPH_MAX_CALLS; at least one
+    sizes = {}
+    fake = _FakeGraphs(monkeypatch, {x: [1.0] * 4 for x in (a, b, c)})
+    real = torch.cuda.CUDAGraph.replay
+
+    def replay(graph):
+        sizes[graph.calls[0]] = len(graph.calls)
+        real(graph)
+
+    monkeypatch.setattr(torch.cuda.CUDAGraph, "replay", replay)
+    launch._graph_times([a, b, c], {a: 2.0, b: 0.001, c: 50.0}, fake.run)
+    assert sizes == {a: round(launch.GRAPH_WINDOW_MS / 2.0), b: launch.GRAPH_MAX_CALLS, c: 1}
+
+
+def test_graph_times_warn_and_step_aside_when_a_capture_fails(monkeypatch):
+    """A finalist whose launch cannot be captured leaves the choice to the short windows,
+    with a warning that says so; the tuning goes on."""
+    a, b = launch.short_fwd(65, 16), launch.short_fwd(65, 32)
+    fake = _FakeGraphs(monkeypatch, {a: [1.0], b: [1.0]}, fail_capture=True)
+    with pytest.warns(UserWarning, match=r"finalists in CUDA graphs failed \(RuntimeError: "
+                                         r"operation not permitted.*left to its short windows"):
+        assert launch._graph_times([a, b], {a: 1.0, b: 1.0}, fake.run) is None
 
 
 def test_tuning_leaves_out_a_candidate_the_compiler_fails_on(monkeypatch):

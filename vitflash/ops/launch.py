@@ -16,7 +16,8 @@ them from N and the block when the launch is built. The first call at a key (op,
 D, B*H rounded up to a power of two, dropout on or off) compiles every candidate on a pool
 of threads, checks each one's result against `heuristic`'s (a candidate that the compiler
 got wrong on this GPU is left out, with a warning), then times every one that compiles and
-agrees, and keeps the fastest;
+agrees in short windows, times the few fastest again as CUDA-graph replays (the GPU kept
+busy, as a training step keeps it), and keeps the fastest of those;
 the choice is written to a JSON file keyed by GPU and versions
 (`$VITFLASH_CACHE_DIR/autotune.json`, default `~/.cache/vitflash`), so later processes start
 at full speed (Triton keeps the compiled binaries in its own cache).
@@ -54,6 +55,7 @@ except ImportError:  # (Windows: none; of two processes writing at once, one's e
 
 INTERPRET = bool(kernels.INTERPRET)
 # bump when a kernel or the candidate list changes in a way that can change the best config:
+# 26, the finalists of the short windows timed again as CUDA-graph replays (_graph_ms);
 # 25, no backward tail programs at head dims with a 16-column second chunk or past 128
 #     columns (flash._bwd_tails): the best backward there changes (TMA loads win again);
 # 24, 23's lazy twins taken out again: the fastest twin 5-19% slower than the fastest plain
@@ -85,7 +87,7 @@ INTERPRET = bool(kernels.INTERPRET)
 # 6, the forwards' FMA-folded softmax (and the bwd_atomic op);
 # 5, split head dims (4 keyed the reverted TAILS candidates of 067433b, which a GPU
 #    machine's cache file may still hold)
-CACHE_VERSION = 25
+CACHE_VERSION = 26
 
 # the families of bwd_atomic's own kernels: dQ added element by element, or by TMA tiles
 ATOMIC_FAMILIES = ("atomic", "atomic_tma")
@@ -649,6 +651,7 @@ def fast_launches() -> int:
 # ----------------------------------------------------------------------------------------
 _chosen: dict[tuple, Candidate] = {}
 _timings: dict[tuple, dict[Candidate, float]] = {}
+_graph_timings: dict[tuple, dict[Candidate, float]] = {}
 _disk: dict | None = None
 
 
@@ -751,6 +754,14 @@ def tuning_times(op: str, dtype: torch.dtype, n: int, d: int, bh: int,
     return _timings.get(_key(op, dtype, n, d, bh, dropout))
 
 
+def final_times(op: str, dtype: torch.dtype, n: int, d: int, bh: int,
+                dropout: bool = False) -> dict[Candidate, float] | None:
+    """The milliseconds per call that this process's tuner measured in CUDA-graph replays
+    for each finalist at the key (`finalists`; the choice is the fastest of them), or None
+    where it timed none that way (one finalist, a failed capture, a cached choice)."""
+    return _graph_timings.get(_key(op, dtype, n, d, bh, dropout))
+
+
 def choose(op: str, dtype: torch.dtype, n: int, d: int, bh: int, device: torch.device,
            run: Callable[[Candidate], None],
            verify: Callable[[Candidate], tuple[torch.Tensor, ...]] | None = None,
@@ -773,10 +784,13 @@ def choose(op: str, dtype: torch.dtype, n: int, d: int, bh: int, device: torch.d
     cand = _saved(entry, op, n, d, bh)
     if cand is None:
         times = _timings[key] = {}
+        graph_times = _graph_timings[key] = {}
         cands = candidates(op, n, d, bh)
         _compile_all(cands, run)
         check = (heuristic(op, n, d), verify) if verify is not None else None
-        cand = _time_candidates(cands, run, times, check)
+        cand = _time_candidates(cands, run, times, check, graph_times)
+        if not graph_times:
+            del _graph_timings[key]
         _write_disk(entry, cand)
     _chosen[key] = cand
     return cand
@@ -914,8 +928,8 @@ def _disagreement(got: tuple[torch.Tensor, ...], ref: tuple[torch.Tensor, ...]) 
 
 def _time_candidates(cands: list[Candidate], run: Callable[[Candidate], None],
                      times: dict | None = None,
-                     check: tuple[Candidate, Callable[[Candidate], tuple[torch.Tensor, ...]]] | None = None
-                     ) -> Candidate:
+                     check: tuple[Candidate, Callable[[Candidate], tuple[torch.Tensor, ...]]] | None = None,
+                     graph_times: dict | None = None) -> Candidate:
     """The fastest of cands. All are compiled first, then timed back to back in
     TIMING_ROUNDS rounds, each keeping its best round: a candidate timed right after seconds
     of compiling, with the GPU idle, or in a slow moment of a shared machine, is not
@@ -925,6 +939,12 @@ def _time_candidates(cands: list[Candidate], run: Callable[[Candidate], None],
     timed candidate's milliseconds per call. A candidate whose compile fails is left out:
     silently where it does not fit the chip (UNFIT), with a warning where the compiler
     itself failed (_compile_error).
+
+    The short windows rank long calls otherwise than a GPU kept busy does, so their
+    finalists (`finalists`: within FINAL_MARGIN of the fastest) are timed again as CUDA-graph
+    replays (_graph_times), and the fastest there is kept; `graph_times`, if given, receives
+    those milliseconds. (On an H100 at (4, 16, 4097, 128) the short windows put the TMA
+    (64, 64) forward 0.6% ahead of the (128, 128) one, graph replays 6% behind it.)
 
     check = (reference, verify): before any is timed, each candidate's results, verify(cand),
     must agree with the reference candidate's (_disagreement). verify runs a candidate on
@@ -981,4 +1001,89 @@ def _time_candidates(cands: list[Candidate], run: Callable[[Candidate], None],
             best_ms[cand] = min(best_ms[cand], _time_ms(lambda: run(cand)))
     if times is not None:
         times.update(best_ms)
-    return min(ready, key=best_ms.__getitem__)
+    finals = finalists(best_ms)
+    if len(finals) < 2:
+        return finals[0]
+    final_ms = _graph_times(finals, best_ms, run)
+    if final_ms is None:  # a capture failed (warned): the windows' choice stands
+        return finals[0]
+    if graph_times is not None:
+        graph_times.update(final_ms)
+    return min(finals, key=final_ms.__getitem__)
+
+
+# The finalists: the candidates within FINAL_MARGIN of the fastest by the short windows, at
+# most FINALISTS of them, fastest first. The short windows (10 calls behind an idle sleep)
+# rank long calls otherwise than a GPU kept busy: at (4, 16, 4097, 128) on an H100 the TMA
+# (64, 64) forward came out 5.5% faster in them than in CUDA-graph replays, and the other
+# listed forwards moved between -4.3% and +3.9% (benchmarks/results/gpu_session_a5ea267/run4),
+# so two candidates' order can turn over a gap of up to about 10%.
+FINAL_MARGIN, FINALISTS = 0.10, 4
+# Each finalist's graph holds about GRAPH_WINDOW_MS of its calls (at most GRAPH_MAX_CALLS);
+# every graph is replayed once to warm up, then GRAPH_ROUNDS times in turn, back to back
+GRAPH_WINDOW_MS, GRAPH_MAX_CALLS, GRAPH_ROUNDS = 20.0, 500, 3
+
+
+def finalists(ms: dict) -> list:
+    """The keys of ms (candidate -> milliseconds a call) within FINAL_MARGIN of the
+    smallest value, at most FINALISTS of them, fastest first."""
+    ranked = sorted(ms, key=ms.__getitem__)
+    cut = ms[ranked[0]] * (1 + FINAL_MARGIN)
+    return [c for c in ranked if ms[c] <= cut][:FINALISTS]
+
+
+def _capture(fn: Callable[[], None], calls: int) -> torch.cuda.CUDAGraph:
+    """A CUDA graph of `calls` calls of fn, captured on a side stream that waits for the
+    current one (and the current one for it), in thread_local mode: other threads of the
+    process (a data loader's, DDP's) may use the device meanwhile. Unlike torch.cuda.graph,
+    it neither collects garbage nor empties the allocator's cache."""
+    graph = torch.cuda.CUDAGraph()
+    here = torch.cuda.current_stream()
+    side = torch.cuda.Stream()
+    side.wait_stream(here)
+    try:
+        with torch.cuda.stream(side):
+            graph.capture_begin(capture_error_mode="thread_local")
+            try:
+                for _ in range(calls):
+                    fn()
+            finally:
+                graph.capture_end()
+    finally:
+        here.wait_stream(side)
+    return graph
+
+
+def _graph_times(cands: list, window_ms: dict, run: Callable) -> dict | None:
+    """GPU milliseconds a call of each candidate as CUDA-graph replays time it (what
+    `scripts/bench_attention.py --timer graph` and a captured training step run), the
+    median of GRAPH_ROUNDS replays of a graph of about GRAPH_WINDOW_MS of its calls (sized
+    by window_ms, its time in the short windows), the graphs replayed in turn with the GPU
+    never idle between them, after one replay each to warm up. None, with a warning, where
+    a capture fails: a candidate whose launch cannot be captured leaves the choice to the
+    short windows."""
+    graphs = {}
+    try:
+        for cand in cands:
+            calls = max(1, min(GRAPH_MAX_CALLS, round(GRAPH_WINDOW_MS / max(window_ms[cand], 1e-6))))
+            graphs[cand] = (_capture(lambda: run(cand), calls), calls)
+        for graph, _ in graphs.values():
+            graph.replay()
+        marks = []
+        for _ in range(GRAPH_ROUNDS):
+            for cand, (graph, calls) in graphs.items():
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                graph.replay()
+                end.record()
+                marks.append((cand, start, end, calls))
+        torch.cuda.synchronize()
+    except RuntimeError as err:
+        torch.cuda.synchronize()
+        warnings.warn(f"flash attention: timing the tuner's finalists in CUDA graphs failed "
+                      f"({error_line(err)}); the choice is left to its short windows.", stacklevel=3)
+        return None
+    per_call = {cand: [] for cand in graphs}
+    for cand, start, end, calls in marks:
+        per_call[cand].append(start.elapsed_time(end) / calls)
+    return {cand: sorted(ts)[len(ts) // 2] for cand, ts in per_call.items()}
