@@ -1694,9 +1694,29 @@ def test_graph_times_warn_and_step_aside_when_a_capture_fails(monkeypatch):
     with a warning that says so; the tuning goes on."""
     a, b = launch.short_fwd(65, 16), launch.short_fwd(65, 32)
     fake = _FakeGraphs(monkeypatch, {a: [1.0], b: [1.0]}, fail_capture=True)
+    recovered = []
+    monkeypatch.setattr(launch, "recover_from_failed_capture", lambda *a: recovered.append(a))
     with pytest.warns(UserWarning, match=r"finalists in CUDA graphs failed \(RuntimeError: "
                                          r"operation not permitted.*left to its short windows"):
         assert launch._graph_times([a, b], {a: 1.0, b: 1.0}, fake.run) is None
+    assert recovered == [()]  # the random generator taken out of capture mode, once
+
+
+@pytest.mark.gpu
+def test_a_failed_finalist_capture_leaves_the_random_generator_usable_gpu():
+    """On a GPU, a finalist whose calls cannot be captured (here one that reads a device value
+    on the host) leaves the choice to the short windows, and random draws on the device go on
+    from where they were: a failed capture would otherwise leave the generator in capture mode."""
+    x = torch.ones(4, device="cuda")
+    a, b = launch.short_fwd(65, 16), launch.short_fwd(65, 32)
+    torch.manual_seed(3)
+    state = torch.cuda.get_rng_state()
+    with pytest.warns(UserWarning, match="finalists in CUDA graphs failed"):
+        assert launch._graph_times([a, b], {a: 0.01, b: 0.01}, lambda c: x.sum().item()) is None
+    assert torch.equal(torch.cuda.get_rng_state(), state)
+    drawn = torch.randn(8, device="cuda")  # raised "Offset increment outside graph capture ..."
+    torch.cuda.set_rng_state(state)
+    assert torch.equal(drawn, torch.randn(8, device="cuda"))
 
 
 def test_tuning_leaves_out_a_candidate_the_compiler_fails_on(monkeypatch):

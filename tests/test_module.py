@@ -977,6 +977,11 @@ def test_graph_step_says_what_to_change_when_the_capture_fails():
     x, y = torch.randn(16, 8, device="cuda"), torch.randint(0, 4, (16,), device="cuda")
     for _ in range(WARMUP_STEPS):
         whole.step(x, y)
+    state = torch.cuda.get_rng_state()
     with pytest.raises(RuntimeError, match="(?s)could not capture the training step.*model.graph_step=false"):
         whole.step(x, y)
     torch.cuda.synchronize()
+    # the failed capture leaves the device's random generator usable, where it was
+    drawn = torch.randn(8, device="cuda")  # raised "Offset increment outside graph capture ..."
+    torch.cuda.set_rng_state(state)
+    assert torch.equal(drawn, torch.randn(8, device="cuda"))

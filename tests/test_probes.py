@@ -517,3 +517,36 @@ def test_sustained_probe_times_calls_back_to_back_on_the_gpu(impl, backward):
     assert run["calls"] >= 10 and run["windows"][0]["from_ms"] == 0
     assert sum(w["calls"] for w in run["windows"]) == run["calls"]
     assert all(w["ms"] > 0 for w in run["windows"])
+
+
+def test_finalist_timers_table_sets_each_timer_beside_the_others():
+    """The finalist-timers probe's table: one row per finalist with the tuner's own timings
+    (n/a where it timed none in graphs) and each timer's, the kept one marked."""
+    probe = _load("finalist_timers")
+    env = {k: "x" for k in ("gpu", "commit", "torch", "triton", "cuda", "date")}
+    sustained = {"first": 1.1, "last": 1.2, "replays": 30, "calls": 19}
+    rows = [{"shape": [4, 16, 4097, 128], "finalists": [
+        {"label": "M=128 N=128, 8w 3s", "kept": False, "tuner_windows": 1.0636, "tuner_graph": 1.2346,
+         "windows": 1.06, "graph_turns": 1.23, "bench_op": 1.13, "bench_bare": 1.12, "sustained": sustained},
+        {"label": "general_tma: M=64 N=64, 4w 3s", "kept": True, "tuner_windows": 1.0686, "tuner_graph": None,
+         "windows": 1.07, "graph_turns": 1.15, "bench_op": 1.21, "bench_bare": 1.2, "sustained": sustained}]}]
+    lines = probe.markdown(rows, env, "cmd", 3, 2.0).splitlines()
+    assert lines[-2] == ("| (4, 16, 4097, 128) | M=128 N=128, 8w 3s | 1.0636 | 1.2346 | 1.0600 | 1.2300 | "
+                         "1.1300 | 1.1200 | 1.1000 | 1.2000 |  |")
+    assert lines[-1].endswith("| 1.0686 | n/a | 1.0700 | 1.1500 | 1.2100 | 1.2000 | 1.1000 | 1.2000 | kept |")
+
+
+@pytest.mark.gpu
+def test_finalist_timers_probe_times_every_finalist_on_the_gpu(monkeypatch, tmp_path):
+    """A short run of the probe at one shape, every candidate a finalist: each timer gives a
+    positive time for each, and the kept one is the tuner's choice."""
+    probe = _load("finalist_timers")
+    monkeypatch.setenv("VITFLASH_CACHE_DIR", str(tmp_path))
+    for name, value in (("_disk", None), ("_chosen", {}), ("_timings", {}), ("_graph_timings", {}),
+                        ("FINAL_MARGIN", float("inf")), ("FINALISTS", 2)):
+        monkeypatch.setattr(launch, name, value)
+    got = probe.probe_shape((2, 2, 577, 64), repeats=1, sustain_s=0.05)
+    assert len(got["finalists"]) == 2 and sum(f["kept"] for f in got["finalists"]) == 1
+    for f in got["finalists"]:
+        assert all(f[k] > 0 for k in ("windows", "graph_turns", "bench_op", "bench_bare"))
+        assert f["sustained"]["first"] > 0 and f["sustained"]["last"] > 0

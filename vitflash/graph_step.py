@@ -23,6 +23,8 @@ from typing import Callable, Iterator
 import torch
 import torch.nn as nn
 
+from vitflash.ops.launch import recover_from_failed_capture
+
 WARMUP_STEPS = 3  # eager steps before the capture, as PyTorch's recipe does
 # the trainer precisions a captured step runs in, and their autocast dtype (fp16's gradient
 # scaler reads the gradients' norm on the host, which a graph cannot)
@@ -45,13 +47,18 @@ def capturing(graph: torch.cuda.CUDAGraph, device: torch.device | None = None) -
     busy with other processes a first batch's augmentation came out different so
     (`benchmarks/results/gpu_session_b18307d/`); with the wait it came out as on an idle GPU, bit
     for bit (`benchmarks/results/gpu_session_d1ef2a5/`). The wait comes after a failed capture
-    too, whose caller then runs the work eagerly on the current stream."""
+    too, whose caller then runs the work eagerly on the current stream; and after a failed
+    capture the device's random generator is taken out of capture mode, where a failed
+    capture leaves it (`recover_from_failed_capture`)."""
     side = torch.cuda.Stream(device)
     try:
         with torch.cuda.graph(graph, stream=side, capture_error_mode="thread_local"):
             yield
-    finally:
+    except BaseException:
         torch.cuda.current_stream(device).wait_stream(side)
+        recover_from_failed_capture(device)
+        raise
+    torch.cuda.current_stream(device).wait_stream(side)
 
 
 def make_capturable(optimizer: torch.optim.Optimizer) -> None:

@@ -1036,7 +1036,8 @@ def _capture(fn: Callable[[], None], calls: int) -> torch.cuda.CUDAGraph:
     """A CUDA graph of `calls` calls of fn, captured on a side stream that waits for the
     current one (and the current one for it), in thread_local mode: other threads of the
     process (a data loader's, DDP's) may use the device meanwhile. Unlike torch.cuda.graph,
-    it neither collects garbage nor empties the allocator's cache."""
+    it neither collects garbage nor empties the allocator's cache. A capture that fails
+    leaves the device's random generator usable (recover_from_failed_capture)."""
     graph = torch.cuda.CUDAGraph()
     here = torch.cuda.current_stream()
     side = torch.cuda.Stream()
@@ -1049,9 +1050,34 @@ def _capture(fn: Callable[[], None], calls: int) -> torch.cuda.CUDAGraph:
                     fn()
             finally:
                 graph.capture_end()
-    finally:
+    except BaseException:
         here.wait_stream(side)
+        recover_from_failed_capture()
+        raise
+    here.wait_stream(side)
     return graph
+
+
+def recover_from_failed_capture(device: torch.device | int | None = None) -> None:
+    """Take the device's default random generator out of capture mode after a CUDA-graph
+    capture that failed. A capture puts the generator in that mode when it begins and takes
+    it out when it ends, but where the capture was invalidated (a host read of a device value
+    inside it, say) ending it raises first (torch 2.11 and 2.14): the generator stays in
+    capture mode, and every later random draw on the device raises "Offset increment outside
+    graph capture encountered unexpectedly". A capture that ends cleanly (one trivial kernel)
+    takes it out again; its random state is where it was before the failed capture."""
+    index = torch.device("cuda", device).index if isinstance(device, int) else getattr(device, "index", None)
+    device = torch.device("cuda", torch.cuda.current_device() if index is None else index)
+    scratch = torch.zeros(1, device=device)
+    here = torch.cuda.current_stream(device)
+    side = torch.cuda.Stream(device)
+    side.wait_stream(here)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.device(device), torch.cuda.stream(side):
+        graph.capture_begin(capture_error_mode="thread_local")
+        scratch.add_(1)
+        graph.capture_end()
+    here.wait_stream(side)
 
 
 def _graph_times(cands: list, window_ms: dict, run: Callable) -> dict | None:
