@@ -527,9 +527,9 @@ def test_finalist_timers_table_sets_each_timer_beside_the_others():
     sustained = {"first": 1.1, "last": 1.2, "replays": 30, "calls": 19}
     rows = [{"shape": [4, 16, 4097, 128], "finalists": [
         {"label": "M=128 N=128, 8w 3s", "kept": False, "tuner_windows": 1.0636, "tuner_graph": 1.2346,
-         "windows": 1.06, "graph_turns": 1.23, "bench_op": 1.13, "bench_bare": 1.12, "sustained": sustained},
+         "windows": 1.06, "graph_timer": 1.23, "bench_op": 1.13, "bench_bare": 1.12, "sustained": sustained},
         {"label": "general_tma: M=64 N=64, 4w 3s", "kept": True, "tuner_windows": 1.0686, "tuner_graph": None,
-         "windows": 1.07, "graph_turns": 1.15, "bench_op": 1.21, "bench_bare": 1.2, "sustained": sustained}]}]
+         "windows": 1.07, "graph_timer": 1.15, "bench_op": 1.21, "bench_bare": 1.2, "sustained": sustained}]}]
     lines = probe.markdown(rows, env, "cmd", 3, 2.0).splitlines()
     assert lines[-2] == ("| (4, 16, 4097, 128) | M=128 N=128, 8w 3s | 1.0636 | 1.2346 | 1.0600 | 1.2300 | "
                          "1.1300 | 1.1200 | 1.1000 | 1.2000 |  |")
@@ -548,5 +548,5 @@ def test_finalist_timers_probe_times_every_finalist_on_the_gpu(monkeypatch, tmp_
     got = probe.probe_shape((2, 2, 577, 64), repeats=1, sustain_s=0.05)
     assert len(got["finalists"]) == 2 and sum(f["kept"] for f in got["finalists"]) == 1
     for f in got["finalists"]:
-        assert all(f[k] > 0 for k in ("windows", "graph_turns", "bench_op", "bench_bare"))
+        assert all(f[k] > 0 for k in ("windows", "graph_timer", "bench_op", "bench_bare"))
         assert f["sustained"]["first"] > 0 and f["sustained"]["last"] > 0

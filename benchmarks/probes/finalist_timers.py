@@ -1,14 +1,16 @@
 """Probe: the tuner's forward finalists under every timer that has ranked them.
 
 The tuner times every candidate in short windows (`launch._time_ms`), then its finalists
-again in CUDA-graph replays (`launch._graph_times`: graphs of about 20 ms of calls, replayed
-in turn with the GPU never idle), and keeps the fastest there. `scripts/bench_attention.py
+again in CUDA-graph replays (`launch._graph_times`: a graph of about 20 ms of calls each,
+replayed back to back; at commit 74019cb the finalists' replays took turns, one of each
+after the other), and keeps the fastest there. `scripts/bench_attention.py
 --timer graph` times the op with `triton.testing.do_bench_cudagraph` (a graph of about 100 ms
 of calls, replayed 10 times with a synchronization between). At some shapes the two have
 ranked the same kernels differently. This probe sets, for each finalist at each shape:
 
 - `windows`: the tuner's short windows on the bare launch (median of the repeats);
-- `graph_turns`: `launch._graph_times` over all the finalists, on the bare launch;
+- `graph_timer`: `launch._graph_times` over all the finalists, on the bare launch (at
+  74019cb, in turns: the column `graph_turns` of that commit's results);
 - `bench_op`: the benchmark's timer on the op as a user calls it (`flash_attention_qkvpacked`
   with the finalist forced, its output allocated per call, autograd recording: the inputs
   require grad, as in the benchmark);
@@ -101,9 +103,9 @@ def probe_shape(shape, repeats: int, sustain_s: float) -> dict:
             })
         finally:
             _restore()
-    turns = [launch._graph_times(finals, window, lambda c: bare[c]()) for _ in range(repeats)]
+    timed = [launch._graph_times(finals, window, lambda c: bare[c]()) for _ in range(repeats)]
     for row, cand in zip(rows, finals):
-        row["graph_turns"] = statistics.median(t[cand] for t in turns if t)
+        row["graph_timer"] = statistics.median(t[cand] for t in timed if t)
         row["sustained"] = _sustained(bare[cand], window[cand], sustain_s)
     return {"shape": list(shape), "finalists": rows}
 
@@ -114,7 +116,7 @@ def markdown(results: list[dict], env: dict, command: str, repeats: int, sustain
              f"Commit {env['commit']}; torch {env['torch']}, triton {env['triton']}, CUDA {env['cuda']}; "
              f"{env['date']}. bf16, ms per call, median of {repeats} (tuner: its own timings when it "
              f"chose; sustained: {sustain_s:g} s of replays). See the probe's docstring for each timer.", "",
-             "| (B, H, N, D) | finalist | tuner windows | tuner graph | windows | graph turns | "
+             "| (B, H, N, D) | finalist | tuner windows | tuner graph | windows | graph timer | "
              "bench op | bench bare | sustained first | sustained last | |",
              "|---" * 11 + "|"]
     for r in results:
@@ -122,7 +124,7 @@ def markdown(results: list[dict], env: dict, command: str, repeats: int, sustain
             s = f["sustained"]
             tg = f"{f['tuner_graph']:.4f}" if f["tuner_graph"] is not None else "n/a"
             lines.append(f"| {tuple(r['shape'])} | {f['label']} | {f['tuner_windows']:.4f} | {tg} | "
-                         f"{f['windows']:.4f} | {f['graph_turns']:.4f} | {f['bench_op']:.4f} | "
+                         f"{f['windows']:.4f} | {f['graph_timer']:.4f} | {f['bench_op']:.4f} | "
                          f"{f['bench_bare']:.4f} | {s['first']:.4f} | {s['last']:.4f} | "
                          f"{'kept' if f['kept'] else ''} |")
     return "\n".join(lines) + "\n"

@@ -1019,9 +1019,9 @@ def _time_candidates(cands: list[Candidate], run: Callable[[Candidate], None],
 # listed forwards moved between -4.3% and +3.9% (benchmarks/results/gpu_session_a5ea267/run4),
 # so two candidates' order can turn over a gap of up to about 10%.
 FINAL_MARGIN, FINALISTS = 0.10, 4
-# Each finalist's graph holds about GRAPH_WINDOW_MS of its calls (at most GRAPH_MAX_CALLS);
-# every graph is replayed once to warm up, then GRAPH_ROUNDS times in turn, back to back
-GRAPH_WINDOW_MS, GRAPH_MAX_CALLS, GRAPH_ROUNDS = 20.0, 500, 3
+# Each finalist's graph holds about GRAPH_WINDOW_MS of its calls (at most GRAPH_MAX_CALLS); it
+# is replayed once to warm up, then GRAPH_ROUNDS times back to back, before the next finalist's
+GRAPH_WINDOW_MS, GRAPH_MAX_CALLS, GRAPH_ROUNDS = 20.0, 500, 5
 
 
 def finalists(ms: dict) -> list:
@@ -1082,34 +1082,32 @@ def recover_from_failed_capture(device: torch.device | int | None = None) -> Non
 
 def _graph_times(cands: list, window_ms: dict, run: Callable) -> dict | None:
     """GPU milliseconds a call of each candidate as CUDA-graph replays time it (what
-    `scripts/bench_attention.py --timer graph` and a captured training step run), the
-    median of GRAPH_ROUNDS replays of a graph of about GRAPH_WINDOW_MS of its calls (sized
-    by window_ms, its time in the short windows), the graphs replayed in turn with the GPU
-    never idle between them, after one replay each to warm up. None, with a warning, where
-    a capture fails: a candidate whose launch cannot be captured leaves the choice to the
-    short windows."""
-    graphs = {}
+    `scripts/bench_attention.py --timer graph` and a captured training step run): a graph of
+    about GRAPH_WINDOW_MS of its calls (sized by window_ms, its time in the short windows),
+    replayed once to warm up and then GRAPH_ROUNDS times back to back, the median replay a
+    call; one candidate after the other, each in a block of its own. (Replayed in turns, one
+    replay of each candidate after the other, the H100 timed the TMA (64, 64) forward at
+    (4, 16, 4097, 128) 5% faster than the (128, 128) one; alone, either way, 5% slower: the
+    benchmark's order. benchmarks/results/gpu_session_82d2523/run2.) None, with a warning,
+    where a capture fails: a candidate whose launch cannot be captured leaves the choice
+    to the short windows."""
+    per_call = {}
     try:
         for cand in cands:
             calls = max(1, min(GRAPH_MAX_CALLS, round(GRAPH_WINDOW_MS / max(window_ms[cand], 1e-6))))
-            graphs[cand] = (_capture(lambda: run(cand), calls), calls)
-        for graph, _ in graphs.values():
+            graph = _capture(lambda: run(cand), calls)
             graph.replay()
-        marks = []
-        for _ in range(GRAPH_ROUNDS):
-            for cand, (graph, calls) in graphs.items():
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
+            marks = [torch.cuda.Event(enable_timing=True) for _ in range(GRAPH_ROUNDS + 1)]
+            marks[0].record()
+            for mark in marks[1:]:
                 graph.replay()
-                end.record()
-                marks.append((cand, start, end, calls))
-        torch.cuda.synchronize()
+                mark.record()
+            torch.cuda.synchronize()
+            per_call[cand] = sorted(a.elapsed_time(b) / calls for a, b in zip(marks, marks[1:]))
+            del graph
     except RuntimeError as err:
         torch.cuda.synchronize()
         warnings.warn(f"flash attention: timing the tuner's finalists in CUDA graphs failed "
                       f"({error_line(err)}); the choice is left to its short windows.", stacklevel=3)
         return None
-    per_call = {cand: [] for cand in graphs}
-    for cand, start, end, calls in marks:
-        per_call[cand].append(start.elapsed_time(end) / calls)
-    return {cand: sorted(ts)[len(ts) // 2] for cand, ts in per_call.items()}
+    return {cand: ts[len(ts) // 2] for cand, ts in per_call.items()}
