@@ -360,7 +360,7 @@ def finals_table(results: list[dict]) -> list[str]:
             first = finals[0]  # the fastest in the short windows (the list is in their order)
             for e in finals:
                 c = launch.Candidate.from_json(e["candidate"])
-                lines.append(f"| {tuple(r['shape'])} | {op} | {c.family}: {c.label()} | {e['ms']:.4f} | "
+                lines.append(f"| {tuple(r['shape'])} | {op} | {c.label()} | {e['ms']:.4f} | "
                              f"{e['graph_ms']:.4f} | {e['graph_ms'] / first['graph_ms']:.3f} | "
                              f"{'kept' if e is kept else ''} |")
     if not lines:

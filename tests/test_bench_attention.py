@@ -324,8 +324,8 @@ def test_the_tuners_finalists_are_tabled_and_the_graph_fastest_is_its_choice():
     assert lines[at + 4:at + 8] == [
         "| (B, H, N, D) | op | finalist | windows ms | graph ms | graph / windows' first | |",
         "|---|---|---|---|---|---|---|",
-        f"| (8, 12, 4097, 64) | bwd | general_tma: {PAIR.label()} | 1.8000 | 2.0000 | 1.000 |  |",
-        f"| (8, 12, 4097, 64) | bwd | general_tma: {PAIR_8W.label()} | 1.8500 | 1.9000 | 0.950 | kept |"]
+        f"| (8, 12, 4097, 64) | bwd | {PAIR.label()} | 1.8000 | 2.0000 | 1.000 |  |",
+        f"| (8, 12, 4097, 64) | bwd | {PAIR_8W.label()} | 1.8500 | 1.9000 | 0.950 | kept |"]
     at = lines.index("## The autotuner's backward timings, the fastest of each launch form")
     assert lines[at + 6].endswith(f"| split pair: {PAIR_8W.label()} |")
     plain = bench.markdown([_forms_row({ONE: 2.0, OTHER_ONE: 2.5})], {}, env, "cmd")
