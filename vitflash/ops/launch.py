@@ -943,8 +943,9 @@ def _time_candidates(cands: list[Candidate], run: Callable[[Candidate], None],
     The short windows rank long calls otherwise than a GPU kept busy does, so their
     finalists (`finalists`: within FINAL_MARGIN of the fastest) are timed again as CUDA-graph
     replays (_graph_times), and the fastest there is kept; `graph_times`, if given, receives
-    those milliseconds. (On an H100 at (4, 16, 4097, 128) the short windows put the TMA
-    (64, 64) forward 0.6% ahead of the (128, 128) one, graph replays 6% behind it.)
+    those milliseconds. (On H100s at (4, 16, 4097, 128) the short windows put the TMA
+    (64, 64) forward and the (128, 128) one within 1% of each other, either first; graph
+    replays put the TMA (64, 64) one 4-6% behind.)
 
     check = (reference, verify): before any is timed, each candidate's results, verify(cand),
     must agree with the reference candidate's (_disagreement). verify runs a candidate on
@@ -1062,7 +1063,7 @@ def recover_from_failed_capture(device: torch.device | int | None = None) -> Non
     """Take the device's default random generator out of capture mode after a CUDA-graph
     capture that failed. A capture puts the generator in that mode when it begins and takes
     it out when it ends, but where the capture was invalidated (a host read of a device value
-    inside it, say) ending it raises first (torch 2.11 and 2.14): the generator stays in
+    inside it, say) ending it raises first (seen with torch 2.11): the generator stays in
     capture mode, and every later random draw on the device raises "Offset increment outside
     graph capture encountered unexpectedly". A capture that ends cleanly (one trivial kernel)
     takes it out again; its random state is where it was before the failed capture."""
