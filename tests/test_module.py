@@ -895,12 +895,14 @@ def test_capturing_orders_the_first_replay_after_the_captures_own_kernels(monkey
                      "the captured work", "end", ("current", "waits for", "side")]
     assert gpu_data.capturing is graph_step.capturing
     # a capture that fails: its error reaches the caller (who then runs the work eagerly on the
-    # current stream), and the current stream still waits for the capture's stream first
+    # current stream), the current stream still waits for the capture's stream first, and the
+    # device's random generator is taken out of capture mode
+    monkeypatch.setattr(graph_step, "recover_from_failed_capture", lambda device: calls.append(("recover", device)))
     calls.clear()
     with pytest.raises(RuntimeError, match="an op that cannot be captured"):
         with graph_step.capturing(object(), torch.device("cuda", 1)):
             raise RuntimeError("an op that cannot be captured")
-    assert calls[-2:] == ["end", ("current", "waits for", "side")]
+    assert calls[-3:] == ["end", ("current", "waits for", "side"), ("recover", torch.device("cuda", 1))]
 
 
 def test_a_loaded_optimizer_state_is_made_capturable_for_the_graph_step():
