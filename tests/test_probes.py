@@ -283,6 +283,16 @@ def test_tuning_spread_probe_sets_the_tuners_time_beside_the_benchmarks(tmp_path
     out = subprocess.run([sys.executable, str(PROBES / "tuning_spread.py"), str(path), str(second), "--against-bench"],
                          capture_output=True, text=True, check=True).stdout
     assert "| (4, 16, 4097, 128) | M=128 N=64, 4w 3s | 2 | 1.08-1.08x | 480 (480-480) | 1.060-1.060 |" in out
+    # a run whose tuner timed finalists in CUDA graphs: the kept forward is the graph-fastest
+    # one (here second in the short windows), set first, with its short-window time
+    regraphed = [dict(entry(64, 1.0), graph_ms=1.20), dict(entry(128, 1.02), graph_ms=1.10)]
+    third = tmp_path / "run3.json"
+    third.write_text(json.dumps({"results": {"shapes": [
+        {"shape": [4, 16, 4097, 128], "flash": {"fwd_ms": 1.12, "fwd_bwd_ms": 4.4,
+                                                "tuning_ms": {"fwd": regraphed, "bwd": bwd}}}]}}))
+    (row,) = probe.against_bench([third])
+    assert (row["fwd_first"], row["fwd_tuner"], row["fwd_second"]) == ("M=128 N=64, 4w 3s", 1.02, "M=64 N=64, 4w 3s")
+    assert row["fwd_second_ratio"] == pytest.approx(1.0 / 1.02)
 
 
 def test_agreement_probe_shows_rounding_well_inside_the_tuners_bound_on_its_inputs():
