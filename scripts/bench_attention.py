@@ -368,7 +368,8 @@ def finals_table(results: list[dict]) -> list[str]:
     return ["## The autotuner's finalists", "",
             "The candidates within `launch.FINAL_MARGIN` of the fastest in the tuner's short "
             "windows (`ms`: each one's better round of two), timed again as CUDA-graph replays "
-            "(`graph_ms`, the median of `launch.GRAPH_ROUNDS` replays); the tuner keeps the "
+            "(`graph_ms`: a block of `launch.GRAPH_ROUNDS` replays, its median, in each of "
+            "`launch.GRAPH_PASSES` passes over the finalists, the best block); the tuner keeps the "
             "fastest there. The ratio is of graph times against the short windows' fastest "
             "candidate: below 1, faster than it.", "",
             "| (B, H, N, D) | op | finalist | windows ms | graph ms | graph / windows' first | |",

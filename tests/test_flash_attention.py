@@ -1665,17 +1665,31 @@ def test_graph_times_replay_each_finalist_in_a_block_of_its_own(monkeypatch):
     """Each finalist's graph holds about GRAPH_WINDOW_MS of its calls (by its time in the
     short windows; at least 1, at most GRAPH_MAX_CALLS), captured in thread_local mode, and
     is replayed once to warm up, then GRAPH_ROUNDS times back to back before the next
-    finalist's (not in turns, which an H100 timed otherwise); a finalist's time is the
-    median of its timed replays per call."""
+    finalist's (not in turns, which an H100 timed otherwise): a block, whose time is the
+    median of its timed replays per call. GRAPH_PASSES passes over the finalists, every other
+    one in reverse order, each block captured afresh; a finalist keeps its best block."""
     a, b, c = (launch.short_fwd(65, m) for m in (16, 32, 64))
     monkeypatch.setattr(launch, "GRAPH_ROUNDS", 3)
+    monkeypatch.setattr(launch, "GRAPH_PASSES", 1)
     fake = _FakeGraphs(monkeypatch, {a: [9.0, 1.0, 3.0, 2.0], b: [9.0, 2.5, 2.5, 2.0],
                                      c: [9.0, 0.5, 0.7, 0.6]})  # the warm-up replay first
     got = launch._graph_times([a, b, c], {a: 2.0, b: 0.001, c: 50.0}, fake.run)
     assert got == pytest.approx({a: 2.0, b: 2.5, c: 0.6})  # the warm-up's 9.0 is not counted
     assert fake.log == [e for x in (a, b, c) for e in [("begin", "thread_local")] + [("replay", x)] * (1 + 3)]
     assert fake.ms == {a: [], b: [], c: []}
+    # three passes: a b c, c b a, a b c; each finalist's best block, whichever pass it fell in
+    monkeypatch.setattr(launch, "GRAPH_PASSES", 3)
+    fake = _FakeGraphs(monkeypatch, {a: [9.0, 2.0, 2.0, 2.0, 9.0, 1.5, 1.5, 1.5, 9.0, 3.0, 3.0, 3.0],
+                                     b: [9.0, 2.5, 2.5, 2.0, 9.0, 2.6, 2.6, 2.6, 9.0, 2.4, 2.4, 9.0],
+                                     c: [9.0, 0.5, 0.7, 0.6, 9.0, 0.9, 0.9, 0.9, 9.0, 0.8, 0.8, 0.8]})
+    got = launch._graph_times([a, b, c], {a: 2.0, b: 0.001, c: 50.0}, fake.run)
+    assert got == pytest.approx({a: 1.5, b: 2.4, c: 0.6})
+    order = [x for kind, x in fake.log if kind == "replay"][::4]  # each block's warm-up replay
+    assert order == [a, b, c, c, b, a, a, b, c]
+    assert [kind for kind, _ in fake.log].count("begin") == 9  # every block captured afresh
+    assert fake.ms == {a: [], b: [], c: []}
     # the graphs' sizes: 20 ms / 2 ms = 10 calls; capped at GRAPH_MAX_CALLS; at least one
+    monkeypatch.setattr(launch, "GRAPH_PASSES", 1)
     sizes = {}
     fake = _FakeGraphs(monkeypatch, {x: [1.0] * 4 for x in (a, b, c)})
     real = torch.cuda.CUDAGraph.replay

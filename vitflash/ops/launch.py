@@ -55,7 +55,9 @@ except ImportError:  # (Windows: none; of two processes writing at once, one's e
 
 INTERPRET = bool(kernels.INTERPRET)
 # bump when a kernel or the candidate list changes in a way that can change the best config:
-# 26, the finalists of the short windows timed again as CUDA-graph replays (_graph_ms);
+# 27, the finalists timed in two passes of blocks, the second in reverse order, each keeping
+#     its best block (_graph_times);
+# 26, the finalists of the short windows timed again as CUDA-graph replays (_graph_times);
 # 25, no backward tail programs at head dims with a 16-column second chunk or past 128
 #     columns (flash._bwd_tails): the best backward there changes (TMA loads win again);
 # 24, 23's lazy twins taken out again: the fastest twin 5-19% slower than the fastest plain
@@ -87,7 +89,7 @@ INTERPRET = bool(kernels.INTERPRET)
 # 6, the forwards' FMA-folded softmax (and the bwd_atomic op);
 # 5, split head dims (4 keyed the reverted TAILS candidates of 067433b, which a GPU
 #    machine's cache file may still hold)
-CACHE_VERSION = 26
+CACHE_VERSION = 27
 
 # the families of bwd_atomic's own kernels: dQ added element by element, or by TMA tiles
 ATOMIC_FAMILIES = ("atomic", "atomic_tma")
@@ -1021,8 +1023,10 @@ def _time_candidates(cands: list[Candidate], run: Callable[[Candidate], None],
 # so two candidates' order can turn over a gap of up to about 10%.
 FINAL_MARGIN, FINALISTS = 0.10, 4
 # Each finalist's graph holds about GRAPH_WINDOW_MS of its calls (at most GRAPH_MAX_CALLS); it
-# is replayed once to warm up, then GRAPH_ROUNDS times back to back, before the next finalist's
-GRAPH_WINDOW_MS, GRAPH_MAX_CALLS, GRAPH_ROUNDS = 20.0, 500, 5
+# is replayed once to warm up, then GRAPH_ROUNDS times back to back, before the next finalist's.
+# GRAPH_PASSES passes over the finalists, every other one in reverse order; each finalist keeps
+# its best block.
+GRAPH_WINDOW_MS, GRAPH_MAX_CALLS, GRAPH_ROUNDS, GRAPH_PASSES = 20.0, 500, 5, 2
 
 
 def finalists(ms: dict) -> list:
@@ -1089,26 +1093,36 @@ def _graph_times(cands: list, window_ms: dict, run: Callable) -> dict | None:
     call; one candidate after the other, each in a block of its own. (Replayed in turns, one
     replay of each candidate after the other, the H100 timed the TMA (64, 64) forward at
     (4, 16, 4097, 128) 5% faster than the (128, 128) one; alone, either way, 5% slower: the
-    benchmark's order. benchmarks/results/gpu_session_82d2523/run2.) None, with a warning,
-    where a capture fails: a candidate whose launch cannot be captured leaves the choice
-    to the short windows."""
-    per_call = {}
+    benchmark's order. benchmarks/results/gpu_session_82d2523/run2.)
+
+    GRAPH_PASSES passes over the candidates, every other one in reverse order (a, b, c, then
+    c, b, a), each block captured afresh; a candidate's time is its best block's median. One
+    pass left the choice to where a block fell: on an H100 at (4, 16, 4097, 128) the (128, 128)
+    forward, timed first, took 1.194 ms a call in its block and the TMA (64, 64) one 1.192, so
+    the tuner kept the latter, which the benchmark then timed 3.6% slower (457 against 474
+    TFLOP/s in the next fresh tuning; benchmarks/results/gpu_session_0858500, run1 and run5).
+
+    None, with a warning, where a capture fails: a candidate whose launch cannot be captured
+    leaves the choice to the short windows."""
+    blocks = {cand: [] for cand in cands}
     try:
-        for cand in cands:
-            calls = max(1, min(GRAPH_MAX_CALLS, round(GRAPH_WINDOW_MS / max(window_ms[cand], 1e-6))))
-            graph = _capture(lambda: run(cand), calls)
-            graph.replay()
-            marks = [torch.cuda.Event(enable_timing=True) for _ in range(GRAPH_ROUNDS + 1)]
-            marks[0].record()
-            for mark in marks[1:]:
+        for turn in range(GRAPH_PASSES):
+            for cand in (cands if turn % 2 == 0 else cands[::-1]):
+                calls = max(1, min(GRAPH_MAX_CALLS, round(GRAPH_WINDOW_MS / max(window_ms[cand], 1e-6))))
+                graph = _capture(lambda: run(cand), calls)
                 graph.replay()
-                mark.record()
-            torch.cuda.synchronize()
-            per_call[cand] = sorted(a.elapsed_time(b) / calls for a, b in zip(marks, marks[1:]))
-            del graph
+                marks = [torch.cuda.Event(enable_timing=True) for _ in range(GRAPH_ROUNDS + 1)]
+                marks[0].record()
+                for mark in marks[1:]:
+                    graph.replay()
+                    mark.record()
+                torch.cuda.synchronize()
+                ts = sorted(a.elapsed_time(b) / calls for a, b in zip(marks, marks[1:]))
+                blocks[cand].append(ts[len(ts) // 2])
+                del graph
     except RuntimeError as err:
         torch.cuda.synchronize()
         warnings.warn(f"flash attention: timing the tuner's finalists in CUDA graphs failed "
                       f"({error_line(err)}); the choice is left to its short windows.", stacklevel=3)
         return None
-    return {cand: ts[len(ts) // 2] for cand, ts in per_call.items()}
+    return {cand: min(ms) for cand, ms in blocks.items()}
