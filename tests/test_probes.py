@@ -450,6 +450,48 @@ def test_first_call_probe_puts_back_what_versions_15_and_16_took_off_the_hopper_
     assert "| (256, 12, 197, 64) | v15 | +9.00 | +0.50 | 0.40 | 0.90 |" in lines
 
 
+def test_first_call_probe_times_the_one_pass_finalists_and_can_share_a_warm_compile_cache(monkeypatch, tmp_path):
+    """"one_pass" keeps today's lists and times the finalists in one pass of blocks (cache
+    version 26's timer), to show what the second pass costs. With --warm-compile every case
+    gets one compile cache, filled by an untimed first call at each shape; without it, each
+    case gets an empty one of its own. Either way each case has an empty tuning cache."""
+    probe = _load("first_call")
+    original = launch.candidates
+    monkeypatch.setattr(launch, "GRAPH_PASSES", launch.GRAPH_PASSES)  # restored after the test
+    assert launch.GRAPH_PASSES == 2
+    probe.use_list("one_pass")
+    assert launch.GRAPH_PASSES == 1 and launch.candidates is original
+    # the children's environments, as run_child starts them
+    envs = []
+
+    class Done:
+        returncode, stderr = 0, ""
+        stdout = json.dumps(_first_call_rows()[0]) + "\n"
+
+    def fake_run(cmd, env, **kw):
+        envs.append((cmd[cmd.index("--variant") + 1], env["TRITON_CACHE_DIR"], env["VITFLASH_CACHE_DIR"]))
+        return Done()
+
+    monkeypatch.setattr(probe.subprocess, "run", fake_run)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(launch, "tma_loads", lambda: True)
+    monkeypatch.setattr(probe, "environment", lambda: dict(FIRST_CALL_ENV))
+    written = {}
+    monkeypatch.setattr(probe, "write_results", lambda out, name, env, command, results, table:
+                        written.update(env=env, table=table))
+    probe.main(["--shapes", "4,16,4097,128", "--variants", "listed", "one_pass", "--repeats", "2",
+                "--warm-compile", "--out", str(tmp_path)])
+    assert [v for v, _, _ in envs] == ["listed", "listed", "one_pass", "one_pass", "listed"]
+    assert len({c for _, c, _ in envs}) == 1  # one compile cache: the untimed call's, shared
+    assert len({t for _, _, t in envs}) == 5  # a tuning cache of its own each
+    assert written["env"]["warm_compile"] is True and "filled (--warm-compile)" in written["table"]
+    envs.clear()
+    probe.main(["--shapes", "4,16,4097,128", "--variants", "listed", "one_pass", "--repeats", "1",
+                "--out", str(tmp_path)])
+    assert [v for v, _, _ in envs] == ["listed", "one_pass"] and len({c for _, c, _ in envs}) == 2
+    assert "an empty compile cache" in written["table"]
+
+
 def test_first_call_probe_renders_a_saved_result_without_a_gpu(monkeypatch, tmp_path, capsys):
     """--render prints the tables of a result file again from its runs, on any machine; a
     result written before the forward-chosen column gets the column empty, not an error."""

@@ -9,12 +9,17 @@ after the tuner's own timings showed none near the fastest (benchmarks/results/
 tuning_spread_large_shapes.md). This probe times the flash op's first forward and first
 backward at each shape with the list as it is ("listed") and with earlier versions' lists
 put back: "v15" (the short forwards) and "v14" (those and the 8-warp backwards, `v14_extras`).
-Each case runs in a fresh process with an empty tuning cache ($VITFLASH_CACHE_DIR) and an
-empty Triton compile cache ($TRITON_CACHE_DIR), which is what a new machine pays; the cases
-alternate, `--repeats` rounds of them.
+"one_pass" keeps today's lists but times the tuner's finalists in one pass of CUDA-graph
+blocks, as cache version 26 did (launch.GRAPH_PASSES = 1), to show what version 27's second
+pass costs. Each case runs in a fresh process with an empty tuning cache ($VITFLASH_CACHE_DIR)
+and an empty Triton compile cache ($TRITON_CACHE_DIR), which is what a new machine pays; the
+cases alternate, `--repeats` rounds of them. `--warm-compile` gives every case one compile
+cache instead, filled by an untimed first call at each shape: the first call then pays the
+tuner's loading and timing without the compiles, so a difference in the timing stands out.
 
     python benchmarks/probes/first_call.py --shapes 256,12,197,64 --variants listed v15 --repeats 3
     python benchmarks/probes/first_call.py --shapes 256,12,197,64 4,16,4097,128 --variants listed v14
+    python benchmarks/probes/first_call.py --shapes 4,16,4097,128 --variants listed one_pass --warm-compile
 
 Needs a CUDA GPU of compute capability 9 (elsewhere the lists are the same). Writes
 <out>/first_call_<gpu>.json and .md; `--render <that json>` prints its tables again anywhere.
@@ -37,7 +42,7 @@ from vitflash.ops import flash_attention_qkvpacked, launch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 from bench_attention import command_line, environment, spread, write_results  # noqa: E402
 
-VARIANTS = ("listed", "v15", "v14")
+VARIANTS = ("listed", "v15", "v14", "one_pass")
 NAMES = ("BLOCK_M1", "BLOCK_N1", "BLOCK_M2", "BLOCK_N2")
 
 
@@ -63,8 +68,12 @@ def v14_extras(op: str, n: int, d: int) -> list[launch.Candidate]:
 
 def use_list(variant: str) -> None:
     """Make launch.candidates list an earlier version's candidates (this process only): "v15"
-    puts back the short forwards past 128 keys, "v14" those and version 14's backwards."""
+    puts back the short forwards past 128 keys, "v14" those and version 14's backwards;
+    "one_pass" keeps the lists and times the finalists in one pass (launch.GRAPH_PASSES)."""
     if variant == "listed":
+        return
+    if variant == "one_pass":
+        launch.GRAPH_PASSES = 1
         return
     launch._short_fwd_cut = lambda n, d: False
     if variant == "v15":
@@ -101,10 +110,11 @@ def child(shape: tuple[int, int, int, int], variant: str) -> dict:
     return row
 
 
-def run_child(shape: tuple[int, int, int, int], variant: str) -> dict:
-    """child() in a fresh process with empty tuning and compile caches."""
-    with tempfile.TemporaryDirectory() as tune, tempfile.TemporaryDirectory() as compiled:
-        env = dict(os.environ, VITFLASH_CACHE_DIR=tune, TRITON_CACHE_DIR=compiled)
+def run_child(shape: tuple[int, int, int, int], variant: str, compiled: str | None = None) -> dict:
+    """child() in a fresh process with an empty tuning cache, and an empty compile cache
+    unless `compiled` names one to use (--warm-compile)."""
+    with tempfile.TemporaryDirectory() as tune, tempfile.TemporaryDirectory() as empty:
+        env = dict(os.environ, VITFLASH_CACHE_DIR=tune, TRITON_CACHE_DIR=compiled or empty)
         out = subprocess.run([sys.executable, __file__, "--child", ",".join(map(str, shape)),
                               "--variant", variant], env=env, capture_output=True, text=True)
     if out.returncode != 0:
@@ -139,9 +149,12 @@ def markdown(summary: list[dict], env: dict, command: str) -> str:
     lines = [f"# First call at a new shape: today's candidate lists against earlier versions' ({env['gpu']})",
              "",
              f"`{command}`; commit {env['commit']}, torch {env['torch']}, triton {env['triton']}, "
-             f"{env['date']}. Each case in a fresh process with empty tuning and compile caches; "
-             f"seconds, median (min-max) of {env['repeats']}. v15: the short forwards past 128 keys "
-             "put back; v14: those and the 8-warp general backwards.",
+             f"{env['date']}. Each case in a fresh process with an empty tuning cache and "
+             + ("one compile cache that an untimed first call at each shape filled (--warm-compile)"
+                if env.get("warm_compile") else "an empty compile cache")
+             + f"; seconds, median (min-max) of {env['repeats']}. v15: the short forwards past 128 "
+             "keys put back; v14: those and the 8-warp general backwards; one_pass: the finalists "
+             "timed in one pass of blocks.",
              "",
              "| shape (B, H, N, D) | list | fwd / bwd candidates | first forward, s | first backward, s | "
              "forward chosen | backward chosen |",
@@ -176,8 +189,11 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--shapes", type=_shape, nargs="+", default=[(256, 12, 197, 64), (4, 16, 4097, 128)])
     parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=["listed", "v15"],
-                        help="the lists to time: listed (today's), v15, v14")
+                        help="the lists to time: listed (today's), v15, v14, one_pass")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--warm-compile", action="store_true",
+                        help="one compile cache for every case, filled by an untimed first call "
+                             "at each shape: the tuner's timing without the compiles")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     parser.add_argument("--render", type=Path, metavar="JSON",
                         help="print the tables of a result file this probe wrote, again (no GPU needed)")
@@ -197,19 +213,29 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit("first_call.py compares lists that differ only where TMA loads exist (compute "
                  "capability 9 or newer); on this GPU they are the same.")
     env, command = environment(), command_line()
-    env["repeats"] = args.repeats
-    rows = []
-    for r in range(args.repeats):
-        for shape in args.shapes:
-            for variant in (args.variants if r % 2 == 0 else args.variants[::-1]):
-                rows.append(run_child(shape, variant))
-                print(f"{tuple(shape)} {variant}: forward {rows[-1]['fwd_s']:.2f} s, backward "
-                      f"{rows[-1]['bwd_s']:.2f} s ({rows[-1]['fwd_candidates']} / "
-                      f"{rows[-1]['bwd_candidates']} candidates)", flush=True)
+    env["repeats"], env["warm_compile"] = args.repeats, args.warm_compile
+    with tempfile.TemporaryDirectory() as compiled:
+        if args.warm_compile:
+            for shape in args.shapes:
+                run_child(shape, "listed", compiled)
+        rows = _rounds(args, compiled if args.warm_compile else None)
     summary = summarize(rows)
     table = markdown(summary, env, command)
     write_results(args.out, "first_call", env, command, {"runs": rows, "summary": summary}, table)
     print(table, end="")
+
+
+def _rounds(args: argparse.Namespace, compiled: str | None) -> list[dict]:
+    """--repeats rounds over the shapes and variants, every other round in reverse order."""
+    rows = []
+    for r in range(args.repeats):
+        for shape in args.shapes:
+            for variant in (args.variants if r % 2 == 0 else args.variants[::-1]):
+                rows.append(run_child(shape, variant, compiled))
+                print(f"{tuple(shape)} {variant}: forward {rows[-1]['fwd_s']:.2f} s, backward "
+                      f"{rows[-1]['bwd_s']:.2f} s ({rows[-1]['fwd_candidates']} / "
+                      f"{rows[-1]['bwd_candidates']} candidates)", flush=True)
+    return rows
 
 
 if __name__ == "__main__":
