@@ -492,6 +492,56 @@ def test_first_call_probe_times_the_one_pass_finalists_and_can_share_a_warm_comp
     assert "an empty compile cache" in written["table"]
 
 
+LISTING = """
+        /*0100*/                   BAR.SYNC.DEFER_BLOCKING 0x0 ;
+        /*0110*/                   HGMMA.64x128x16.F32.BF16 R24, gdesc[UR12], RZ, !UPT ;
+        /*0120*/                   HGMMA.64x128x16.F32.BF16 R24, gdesc[UR12], R24, gsb0 ;
+        /*0130*/                   WARPGROUP.DEPBAR.LE gsb0, 0x0 ;
+        /*0140*/                   MUFU.EX2 R10, R10 ;
+        /*0150*/                   FFMA R11, R12, R13, R14 ;
+        /*0160*/                   MUFU.EX2 R11, R11 ;
+        /*0170*/                   HGMMA.64x128x16.F32.BF16 R88, R152, gdesc[UR4].tnspB, R88, gsb0 ;
+        /*0180*/                   LDGSTS.E.BYPASS.128 [R49], desc[UR16][R24.64], !P0 ;
+        /*0190*/               @!P0 BRA 0x100 ;
+        /*01a0*/                   EXIT ;
+        /*01b0*/                   SYNCS.PHASECHK.TRANS64 P0, [UR9], R8 ;
+        /*01c0*/               @!P0 BRA 0x1b0 ;
+        /*01d0*/                   BRA 0x130 ;
+"""
+
+
+def test_loop_sass_probe_sums_up_each_loop_of_the_machine_code():
+    """The loop probe finds a loop by its predicated branch back (not the barrier waits'
+    retry paths, which jump back unpredicated from past the program's end, nor a loop with
+    no matrix products) and counts, in order, its products, waits, program-wide barriers,
+    exponentials and loads."""
+    probe = _load("loop_sass")
+    (body,) = probe.loops(probe.instructions(LISTING))
+    assert [a for a, *_ in body] == list(range(0x100, 0x1a0, 0x10))
+    s = probe.summary(body)
+    assert (s["HGMMA"], s["waits"], s["BAR.SYNC"], s["MUFU.EX2"], s["pointer loads"], s["instructions"]) == (
+        3, 1, 1, 2, 1, 10)
+    assert s["order"] == "BAR [2 HGMMA] wait (2 EX2) [1 HGMMA] {1 LDGSTS}"
+
+
+def test_loop_sass_probe_on_a_compiled_forward():
+    """Compiled for sm_90 on the CPU, the general forward's main loop at (128 x 128) tiles in 8
+    warps (D = 64) holds the two products of a key tile (D / 16 + BLOCK_N / 16 HGMMA), one
+    exponential per score of each thread's share and one per row it holds (the rescale), one
+    wait, and a barrier of the whole program: both warp groups meet in every step. Run as its
+    command in a process of its own: the kernels must be compiled, not interpreted."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run([sys.executable, str(PROBES / "loop_sass.py"), "--op", "fwd_general", "--d", "64",
+                          "--configs", "128x128x8x3", "--n", "4097"],
+                         capture_output=True, text=True, env=env, check=True).stdout.splitlines()
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in out if line.startswith("| 128 x 128")]
+    main = max(rows, key=lambda r: int(r[4]))  # the loop over the full key tiles
+    hgmma, waits, bars, ex2 = (int(main[i]) for i in (5, 6, 7, 8))
+    assert hgmma == 64 // 16 + 128 // 16 and waits == 1 and bars >= 1
+    assert ex2 == 128 * 128 // 256 + 2
+    assert main[-1].startswith("BAR [4 HGMMA] wait (66 EX2) [8 HGMMA]")
+
+
 def test_first_call_probe_renders_a_saved_result_without_a_gpu(monkeypatch, tmp_path, capsys):
     """--render prints the tables of a result file again from its runs, on any machine; a
     result written before the forward-chosen column gets the column empty, not an error."""

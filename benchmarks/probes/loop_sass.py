@@ -1,0 +1,130 @@
+"""Probe: what one step of a general kernel's main loop does on Hopper, read from its SASS.
+Runs on the CPU: the kernel is compiled for sm_90 as `registers.py` compiles it (Triton's
+bundled ptxas, pointers aligned as the JIT compiles them), then each loop of the machine code
+(a branch back to an earlier address) is summed up: its matrix-unit instructions (HGMMA), the
+waits for them (WARPGROUP.DEPBAR), the barriers across the whole program (BAR.SYNC), the
+exponentials (MUFU.EX2), the tile loads (UTMALDG by TMA, LDGSTS by pointers) and its
+instructions in all, with the order of those events in one line.
+
+    python benchmarks/probes/loop_sass.py --op fwd_general --d 128 --configs 128x128x8x3,64x64x4x3 --n 4097
+    python benchmarks/probes/loop_sass.py --op fwd_general --d 128 --configs 128x128x8x3 --tma --n 4097
+    python benchmarks/probes/loop_sass.py --op bwd_general --d 64 --configs 32x128x4x3 --part 1 --tma --n 4097
+
+What it can show and what it cannot: where in a step the program waits for its matrix products
+and where all its warps meet. Two warp groups of one program (8 warps) that meet at a
+BAR.SYNC in every step run their softmax at the same time, so neither's softmax overlaps the
+other's products; two programs of 4 warps on one SM are not tied that way. How long anything
+takes is a GPU's to say: this counts instructions, it does not time them.
+"""
+from __future__ import annotations
+
+import argparse
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import triton
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from registers import CUOBJDUMP, PTXAS, compile_general_bwd, compile_general_fwd  # noqa: E402
+
+LINE = re.compile(r"^\s+/\*([0-9a-f]{4,})\*/\s+(@!?U?P\w+\s+)?([A-Z0-9_.]+)([^;]*);", re.M)
+# the classes the summary counts: (column, opcode prefix)
+CLASSES = (("HGMMA", "HGMMA"), ("waits", "WARPGROUP.DEPBAR"), ("BAR.SYNC", "BAR.SYNC"),
+           ("MUFU.EX2", "MUFU.EX2"), ("TMA loads", "UTMALDG"), ("pointer loads", "LDGSTS"))
+
+
+def sass(compiled) -> str:
+    """The SASS of a compiled kernel: its PTX assembled for sm_90a, listed by cuobjdump."""
+    with tempfile.TemporaryDirectory() as tmp:
+        ptx = Path(tmp) / "k.ptx"
+        ptx.write_text(compiled.asm["ptx"])
+        cubin = ptx.with_suffix(".cubin")
+        subprocess.run([str(PTXAS), "-arch=sm_90a", str(ptx), "-o", str(cubin)], capture_output=True,
+                       check=True)
+        return subprocess.run([str(CUOBJDUMP), "-sass", str(cubin)], capture_output=True, text=True,
+                              check=True).stdout
+
+
+def instructions(listing: str) -> list[tuple[int, str, str, bool]]:
+    """(address, opcode, operands, predicated) of each instruction of a cuobjdump listing."""
+    return [(int(a, 16), op, rest.strip(), bool(pred)) for a, pred, op, rest in LINE.findall(listing)]
+
+
+def loops(code: list[tuple[int, str, str, bool]]) -> list[list[tuple[int, str, str, bool]]]:
+    """The bodies of the loops that hold matrix products, shortest first: for each
+    predicated branch back to an earlier address (a loop's back edge), the instructions from
+    that target to the branch. An unpredicated branch back is not a loop: the retry paths of
+    the barrier waits, placed after the program's end, jump back into the code that way."""
+    out = []
+    for i, (addr, op, rest, predicated) in enumerate(code):
+        target = re.match(r"(0x[0-9a-f]+)", rest)
+        if not (op.startswith("BRA") and predicated and target) or int(target.group(1), 16) >= addr:
+            continue
+        body = [c for c in code[:i + 1] if c[0] >= int(target.group(1), 16)]
+        if any(c[1].startswith("HGMMA") for c in body) and not any(c[1] == "EXIT" for c in body):
+            out.append(body)
+    return sorted(out, key=len)
+
+
+def summary(body: list[tuple[int, str, str, bool]]) -> dict:
+    """Counts of each class of CLASSES in a loop body, its length, and its events in order:
+    runs of HGMMA as [n HGMMA], a wait as `wait`, a program-wide barrier as `BAR`, runs of
+    exponentials as (n EX2), runs of tile loads as {n TMA} / {n LDGSTS}."""
+    counts = {name: sum(op.startswith(prefix) for _, op, _, _ in body) for name, prefix in CLASSES}
+    events, last = [], None
+    for _, op, _, _ in body:
+        kind = next((name for name, prefix in CLASSES if op.startswith(prefix)), None)
+        if kind is None:
+            continue
+        if kind == last and kind in ("HGMMA", "MUFU.EX2", "TMA loads", "pointer loads"):
+            events[-1][1] += 1
+        else:
+            events.append([kind, 1])
+        last = kind
+    label = {"HGMMA": "[{} HGMMA]", "waits": "wait", "BAR.SYNC": "BAR", "MUFU.EX2": "({} EX2)",
+             "TMA loads": "{{{} TMA}}", "pointer loads": "{{{} LDGSTS}}"}
+    order = " ".join(label[k].format(n) if "{" in label[k] else label[k] for k, n in events)
+    return {**counts, "instructions": len(body), "order": order}
+
+
+def table(op: str, d: int, configs: str, tma: bool, n_seq: int, part: int) -> str:
+    """The markdown table of every loop of each configuration (BLOCK_M x BLOCK_N x warps x
+    stages; the backward's BLOCK_M1 x BLOCK_N1 in launch form `part`)."""
+    fwd = op == "fwd_general"
+    form = "" if fwd else f", launch {('one (PART 0)', 'dK/dV (PART 1)', 'dQ (PART 2)')[part]}"
+    head = [f"triton {triton.__version__}, sm_90; the general {'forward' if fwd else 'backward'}{form}, "
+            f"D = {d}, tiles loaded by {'TMA' if tma else 'pointers'}"
+            + (f", the tail tiles of N = {n_seq}" if n_seq else ""), "",
+            "| tiles | warps | stages | loop | instructions | " + " | ".join(n for n, _ in CLASSES)
+            + " | order of events |",
+            "|---|---|---|---|---|" + "---|" * len(CLASSES) + "---|"]
+    for config in configs.split(","):
+        m, n, warps, stages = map(int, config.split("x"))
+        compiled = (compile_general_fwd(d, m, n, warps, stages, tma, n_seq=n_seq) if fwd
+                    else compile_general_bwd(d, m, n, warps, stages, part, tma, n=n_seq))
+        for i, body in enumerate(loops(instructions(sass(compiled)))):
+            s = summary(body)
+            head.append(f"| {m} x {n} | {warps} | {stages} | {i + 1} | {s['instructions']} | "
+                        + " | ".join(str(s[name]) for name, _ in CLASSES) + f" | {s['order']} |")
+    return "\n".join(head) + "\n"
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--op", choices=("fwd_general", "bwd_general"), default="fwd_general")
+    p.add_argument("--d", type=int, default=128)
+    p.add_argument("--configs", default="128x128x8x3",
+                   help="BLOCK_M x BLOCK_N x warps x stages (the backward's BLOCK_M1 x BLOCK_N1), comma-separated")
+    p.add_argument("--tma", action="store_true", help="the general_tma twin (tiles by TMA descriptors)")
+    p.add_argument("--n", type=int, default=0, help="the sequence length whose tail tiles the kernel has (0: none)")
+    p.add_argument("--part", type=int, choices=(0, 1, 2), default=1,
+                   help="the backward's launch form: 0 both program kinds, 1 dK/dV, 2 dQ")
+    args = p.parse_args(argv)
+    print(table(args.op, args.d, args.configs, args.tma, args.n, args.part), end="")
+
+
+if __name__ == "__main__":
+    main()
