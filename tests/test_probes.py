@@ -524,6 +524,24 @@ def test_loop_sass_probe_sums_up_each_loop_of_the_machine_code():
     assert s["order"] == "BAR [2 HGMMA] wait (2 EX2) [1 HGMMA] {1 LDGSTS}"
 
 
+def test_loop_sass_probe_lists_a_configuration_that_does_not_compile(monkeypatch):
+    """A configuration whose compile aborts in a Triton pass (warp specialization did, on
+    triton 3.8 for sm_90) gets a row that says so, with the error's first line, and the
+    table goes on."""
+    probe = _load("loop_sass")
+
+    def fails(*args, **kwargs):
+        raise RuntimeError("PassManager::run failed\n(the MLIR reproducer)")
+
+    monkeypatch.setattr(probe, "compile_ws_fwd", fails)
+    out = probe.table("ws_fwd", 128, "128x64x4x3", False, 0, 1).splitlines()
+    assert out[0].endswith("without and with warp specialization")
+    rows = [line for line in out if line.startswith("| 128 x 64")]
+    assert rows == [f"| 128 x 64, warp_specialize={ws} | 4 | 3 | - | does not compile: PassManager::run failed |"
+                    + " |" * len(probe.CLASSES) + " |" for ws in (False, True)]
+    assert all(len(r.split("|")) == len(out[2].split("|")) for r in rows)  # the header's columns
+
+
 def test_loop_sass_probe_on_a_compiled_forward():
     """Compiled for sm_90 on the CPU, the general forward's main loop at (128 x 128) tiles in 8
     warps (D = 64) holds the two products of a key tile (D / 16 + BLOCK_N / 16 HGMMA), one

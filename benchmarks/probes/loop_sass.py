@@ -10,6 +10,14 @@ instructions in all, with the order of those events in one line.
     python benchmarks/probes/loop_sass.py --op fwd_general --d 128 --configs 128x128x8x3 --tma --n 4097
     python benchmarks/probes/loop_sass.py --op bwd_general --d 64 --configs 32x128x4x3 --part 1 --tma --n 4097
 
+`--op ws_fwd` compiles the minimal TMA forward of `warp_specialize.py` instead (its tiles loaded
+through descriptors, no tail), with and without Triton's warp specialization
+(`tl.range(..., warp_specialize=True)`), to see whether this Triton splits its warps into
+groups that no longer meet at a barrier every step; a configuration whose compile fails is
+listed with the error's first line:
+
+    python benchmarks/probes/loop_sass.py --op ws_fwd --d 128 --configs 128x128x8x3,128x64x4x3
+
 What it can show and what it cannot: where in a step the program waits for its matrix products
 and where all its warps meet. Two warp groups of one program (8 warps) that meet at a
 BAR.SYNC in every step run their softmax at the same time, so neither's softmax overlaps the
@@ -19,6 +27,7 @@ takes is a GPU's to say: this counts instructions, it does not time them.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import re
 import subprocess
 import sys
@@ -26,6 +35,8 @@ import tempfile
 from pathlib import Path
 
 import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from registers import CUOBJDUMP, PTXAS, compile_general_bwd, compile_general_fwd  # noqa: E402
@@ -90,31 +101,58 @@ def summary(body: list[tuple[int, str, str, bool]]) -> dict:
     return {**counts, "instructions": len(body), "order": order}
 
 
+def compile_ws_fwd(d: int, block_m: int, block_n: int, warps: int, stages: int, ws: bool):
+    """warp_specialize.py's TMA forward at head dim d, compiled for sm_90 (bf16), its key loop
+    warp-specialized or not."""
+    spec = importlib.util.spec_from_file_location("vitflash_ws_probe", Path(__file__).with_name("warp_specialize.py"))
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    signature = dict(O="*bf16", LSE="*fp32", QD=f"tensordesc<bf16[1,{block_m},{d}]>",
+                     KD=f"tensordesc<bf16[1,{block_n},{d}]>", qk_scale="fp32", H="i32", N="i32")
+    consts = dict(HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n, WS=ws)
+    signature.update(dict.fromkeys(consts, "constexpr"))
+    return triton.compile(ASTSource(fn=probe.fwd_tma, signature=signature, constexprs=consts),
+                          target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps, num_stages=stages))
+
+
 def table(op: str, d: int, configs: str, tma: bool, n_seq: int, part: int) -> str:
     """The markdown table of every loop of each configuration (BLOCK_M x BLOCK_N x warps x
-    stages; the backward's BLOCK_M1 x BLOCK_N1 in launch form `part`)."""
-    fwd = op == "fwd_general"
-    form = "" if fwd else f", launch {('one (PART 0)', 'dK/dV (PART 1)', 'dQ (PART 2)')[part]}"
-    head = [f"triton {triton.__version__}, sm_90; the general {'forward' if fwd else 'backward'}{form}, "
-            f"D = {d}, tiles loaded by {'TMA' if tma else 'pointers'}"
-            + (f", the tail tiles of N = {n_seq}" if n_seq else ""), "",
+    stages; the backward's BLOCK_M1 x BLOCK_N1 in launch form `part`; ws_fwd: each
+    configuration without and with warp specialization)."""
+    if op == "ws_fwd":
+        title = f"warp_specialize.py's TMA forward, D = {d}, without and with warp specialization"
+    else:
+        fwd = op == "fwd_general"
+        form = "" if fwd else f", launch {('one (PART 0)', 'dK/dV (PART 1)', 'dQ (PART 2)')[part]}"
+        title = (f"the general {'forward' if fwd else 'backward'}{form}, D = {d}, tiles loaded by "
+                 f"{'TMA' if tma else 'pointers'}" + (f", the tail tiles of N = {n_seq}" if n_seq else ""))
+    head = [f"triton {triton.__version__}, sm_90; {title}", "",
             "| tiles | warps | stages | loop | instructions | " + " | ".join(n for n, _ in CLASSES)
             + " | order of events |",
             "|---|---|---|---|---|" + "---|" * len(CLASSES) + "---|"]
     for config in configs.split(","):
         m, n, warps, stages = map(int, config.split("x"))
-        compiled = (compile_general_fwd(d, m, n, warps, stages, tma, n_seq=n_seq) if fwd
-                    else compile_general_bwd(d, m, n, warps, stages, part, tma, n=n_seq))
-        for i, body in enumerate(loops(instructions(sass(compiled)))):
-            s = summary(body)
-            head.append(f"| {m} x {n} | {warps} | {stages} | {i + 1} | {s['instructions']} | "
-                        + " | ".join(str(s[name]) for name, _ in CLASSES) + f" | {s['order']} |")
+        for ws in ((False, True) if op == "ws_fwd" else (None,)):
+            tiles = f"{m} x {n}" + ("" if ws is None else f", warp_specialize={ws}")
+            try:
+                compiled = (compile_ws_fwd(d, m, n, warps, stages, ws) if op == "ws_fwd"
+                            else compile_general_fwd(d, m, n, warps, stages, tma, n_seq=n_seq) if op == "fwd_general"
+                            else compile_general_bwd(d, m, n, warps, stages, part, tma, n=n_seq))
+            except RuntimeError as err:  # a compiler pass that aborts
+                first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+                head.append(f"| {tiles} | {warps} | {stages} | - | does not compile: {first} |"
+                            + " |" * len(CLASSES) + " |")
+                continue
+            for i, body in enumerate(loops(instructions(sass(compiled)))):
+                s = summary(body)
+                head.append(f"| {tiles} | {warps} | {stages} | {i + 1} | {s['instructions']} | "
+                            + " | ".join(str(s[name]) for name, _ in CLASSES) + f" | {s['order']} |")
     return "\n".join(head) + "\n"
 
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--op", choices=("fwd_general", "bwd_general"), default="fwd_general")
+    p.add_argument("--op", choices=("fwd_general", "bwd_general", "ws_fwd"), default="fwd_general")
     p.add_argument("--d", type=int, default=128)
     p.add_argument("--configs", default="128x128x8x3",
                    help="BLOCK_M x BLOCK_N x warps x stages (the backward's BLOCK_M1 x BLOCK_N1), comma-separated")
