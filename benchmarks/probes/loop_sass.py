@@ -29,9 +29,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import re
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import triton
@@ -39,24 +37,12 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from registers import CUOBJDUMP, PTXAS, compile_general_bwd, compile_general_fwd  # noqa: E402
+from registers import assemble, compile_general_bwd, compile_general_fwd  # noqa: E402
 
 LINE = re.compile(r"^\s+/\*([0-9a-f]{4,})\*/\s+(@!?U?P\w+\s+)?([A-Z0-9_.]+)([^;]*);", re.M)
 # the classes the summary counts: (column, opcode prefix)
 CLASSES = (("HGMMA", "HGMMA"), ("waits", "WARPGROUP.DEPBAR"), ("BAR.SYNC", "BAR.SYNC"),
            ("MUFU.EX2", "MUFU.EX2"), ("TMA loads", "UTMALDG"), ("pointer loads", "LDGSTS"))
-
-
-def sass(compiled) -> str:
-    """The SASS of a compiled kernel: its PTX assembled for sm_90a, listed by cuobjdump."""
-    with tempfile.TemporaryDirectory() as tmp:
-        ptx = Path(tmp) / "k.ptx"
-        ptx.write_text(compiled.asm["ptx"])
-        cubin = ptx.with_suffix(".cubin")
-        subprocess.run([str(PTXAS), "-arch=sm_90a", str(ptx), "-o", str(cubin)], capture_output=True,
-                       check=True)
-        return subprocess.run([str(CUOBJDUMP), "-sass", str(cubin)], capture_output=True, text=True,
-                              check=True).stdout
 
 
 def instructions(listing: str) -> list[tuple[int, str, str, bool]]:
@@ -143,7 +129,7 @@ def table(op: str, d: int, configs: str, tma: bool, n_seq: int, part: int) -> st
                 head.append(f"| {tiles} | {warps} | {stages} | - | does not compile: {first} |"
                             + " |" * len(CLASSES) + " |")
                 continue
-            for i, body in enumerate(loops(instructions(sass(compiled)))):
+            for i, body in enumerate(loops(instructions(assemble(compiled)[1]))):
                 s = summary(body)
                 head.append(f"| {tiles} | {warps} | {stages} | {i + 1} | {s['instructions']} | "
                             + " | ".join(str(s[name]) for name, _ in CLASSES) + f" | {s['order']} |")

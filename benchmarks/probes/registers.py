@@ -195,10 +195,9 @@ def _options(warps: int, stages: int, maxnreg: int) -> dict:
     return dict(num_warps=warps, num_stages=stages, **({"maxnreg": maxnreg} if maxnreg else {}))
 
 
-def usage(compiled, warps: int) -> dict:
-    """ptxas's registers and spill bytes for the compiled kernel, its shared memory, the
-    programs per SM these allow, and its length in machine instructions (SASS, as cuobjdump
-    lists it: the code, not how often each instruction runs)."""
+def assemble(compiled) -> tuple[str, str]:
+    """(ptxas's report, the SASS as cuobjdump lists it) of a kernel compiled for sm_90: its
+    PTX assembled for sm_90a by Triton's bundled ptxas."""
     with tempfile.TemporaryDirectory() as tmp:
         ptx = Path(tmp) / "k.ptx"
         ptx.write_text(compiled.asm["ptx"])
@@ -207,6 +206,14 @@ def usage(compiled, warps: int) -> dict:
                                 capture_output=True, text=True, check=True).stderr
         sass = subprocess.run([str(CUOBJDUMP), "-sass", str(cubin)], capture_output=True, text=True,
                               check=True).stdout
+    return report, sass
+
+
+def usage(compiled, warps: int) -> dict:
+    """ptxas's registers and spill bytes for the compiled kernel, its shared memory, the
+    programs per SM these allow, and its length in machine instructions (SASS, as cuobjdump
+    lists it: the code, not how often each instruction runs)."""
+    report, sass = assemble(compiled)
     instructions = len(re.findall(r"^\s+/\*[0-9a-f]{4,}\*/\s+\S", sass, flags=re.M))
     regs = int(re.search(r"Used (\d+) registers", report).group(1))
     spills = int(re.search(r"(\d+) bytes spill stores", report).group(1))
