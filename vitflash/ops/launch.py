@@ -1085,6 +1085,22 @@ def recover_from_failed_capture(device: torch.device | int | None = None) -> Non
     here.wait_stream(side)
 
 
+def _block_ms(fn: Callable[[], None], calls: int) -> float:
+    """One block of _graph_times: a CUDA graph of `calls` calls of fn, captured afresh,
+    replayed once to warm up and then GRAPH_ROUNDS times back to back; the median replay's
+    GPU milliseconds a call."""
+    graph = _capture(fn, calls)
+    graph.replay()
+    marks = [torch.cuda.Event(enable_timing=True) for _ in range(GRAPH_ROUNDS + 1)]
+    marks[0].record()
+    for mark in marks[1:]:
+        graph.replay()
+        mark.record()
+    torch.cuda.synchronize()
+    ts = sorted(a.elapsed_time(b) / calls for a, b in zip(marks, marks[1:]))
+    return ts[len(ts) // 2]
+
+
 def _graph_times(cands: list, window_ms: dict, run: Callable) -> dict | None:
     """GPU milliseconds a call of each candidate as CUDA-graph replays time it (what
     `scripts/bench_attention.py --timer graph` and a captured training step run): a graph of
@@ -1109,17 +1125,7 @@ def _graph_times(cands: list, window_ms: dict, run: Callable) -> dict | None:
         for turn in range(GRAPH_PASSES):
             for cand in (cands if turn % 2 == 0 else cands[::-1]):
                 calls = max(1, min(GRAPH_MAX_CALLS, round(GRAPH_WINDOW_MS / max(window_ms[cand], 1e-6))))
-                graph = _capture(lambda: run(cand), calls)
-                graph.replay()
-                marks = [torch.cuda.Event(enable_timing=True) for _ in range(GRAPH_ROUNDS + 1)]
-                marks[0].record()
-                for mark in marks[1:]:
-                    graph.replay()
-                    mark.record()
-                torch.cuda.synchronize()
-                ts = sorted(a.elapsed_time(b) / calls for a, b in zip(marks, marks[1:]))
-                blocks[cand].append(ts[len(ts) // 2])
-                del graph
+                blocks[cand].append(_block_ms(lambda: run(cand), calls))
     except RuntimeError as err:
         torch.cuda.synchronize()
         warnings.warn(f"flash attention: timing the tuner's finalists in CUDA graphs failed "
