@@ -83,7 +83,7 @@ def summary(body: list[tuple[int, str, str, bool]]) -> dict:
         last = kind
     label = {"HGMMA": "[{} HGMMA]", "waits": "wait", "BAR.SYNC": "BAR", "MUFU.EX2": "({} EX2)",
              "TMA loads": "{{{} TMA}}", "pointer loads": "{{{} LDGSTS}}"}
-    order = " ".join(label[k].format(n) if "{" in label[k] else label[k] for k, n in events)
+    order = " ".join(label[k].format(n) for k, n in events)  # ("wait", "BAR": no count)
     return {**counts, "instructions": len(body), "order": order}
 
 
