@@ -9,6 +9,7 @@ cuDNN's attention runs at the same shape in the same run, so every row has a rat
 
     python scripts/sweep_configs.py --op bwd --shapes 64,12,577,64 8,12,4097,64 4,16,4097,128
     python scripts/sweep_configs.py --op fwd --shapes 4,16,4097,128 128,8,197,96
+    python scripts/sweep_configs.py --op fwd --shapes 4,16,4097,128 --configs general:128,128:8:3 general_tma:128,64:8:2:128
 
 - `--op fwd` times the forward with each forward configuration.
 - `--op bwd` times forward+backward: the forward is the autotuner's choice, the backward
@@ -23,6 +24,11 @@ the GPU busy for its whole window). Each configuration is also timed as the auto
 candidates (`launch._time_ms`, windows of 10 calls; see its docstring), so
 a table shows where the two timers rank configurations differently. `--listed` sweeps the
 autotuner's own list at each shape only (TMA and tail-ahead twins included), not the grid.
+`--configs` sweeps the configurations it names instead, each as
+`FAMILY:TILES[,NAME=VALUE...]:WARPS:STAGES[:MAXNREG]` (tiles in the order of the op's block
+names: BLOCK_M,BLOCK_N for the forward and the atomic backward, BLOCK_M1,BLOCK_N1,BLOCK_M2,BLOCK_N2
+for the backward; a register cap makes Triton hold each thread to that many registers, e.g.
+two 8-warp programs an SM where the compiler alone would take more).
 Results go to `<out>/sweep_<op>_<gpu>.json` and `.md`, written after every shape so a run
 stopped by a time limit keeps what it measured. `--budget-s` stops starting new
 configurations after that many seconds.
@@ -74,6 +80,25 @@ def grid(op: str, d: int) -> list[launch.Candidate]:
     extra = [launch.Candidate(f, tuple(zip(names, t)), w, s)
              for f, t, w, s in itertools.product(families, tiles, (4, 8), (2, 3, 4))]
     return listed + [c for c in extra if c not in listed]
+
+
+def parse_config(op: str, text: str) -> launch.Candidate:
+    """A candidate from `FAMILY:TILES[,NAME=VALUE...]:WARPS:STAGES[:MAXNREG]` (see above)."""
+    names = ("BLOCK_M", "BLOCK_N") if op != "bwd" else ("BLOCK_M1", "BLOCK_N1", "BLOCK_M2", "BLOCK_N2")
+    families = launch.ATOMIC_FAMILIES if op == "bwd_atomic" else ("general", "general_tma")
+    try:
+        family, blocks, warps, stages, *cap = text.split(":")
+        values = blocks.split(",")
+        tiles = [int(v) for v in values[:len(names)]]
+        extra = [(k, int(v)) for k, v in (item.split("=") for item in values[len(names):])]
+        if len(tiles) != len(names) or len(cap) > 1 or family not in families:
+            raise ValueError
+        return launch.Candidate(family, tuple(zip(names, tiles)) + tuple(extra), int(warps), int(stages),
+                                int(cap[0]) if cap else 0)
+    except ValueError:
+        raise SystemExit(f"--configs {text!r}: expected FAMILY:{','.join(names)}[,NAME=VALUE...]:WARPS:STAGES"
+                         f"[:MAXNREG] with FAMILY one of {', '.join(families)}, e.g. "
+                         f"{families[0]}:{','.join(['64'] * len(names))}:4:3") from None
 
 
 def _forced(op: str, cand: launch.Candidate):
@@ -140,7 +165,7 @@ def tuner_case(fn, leaves, backward: bool, repeats: int) -> list[float]:
 
 
 def sweep_shape(op: str, shape, repeats: int, deadline: float, timer: str = "events",
-                listed_only: bool = False) -> dict:
+                listed_only: bool = False, configs: list[launch.Candidate] | None = None) -> dict:
     B, H, N, D = shape
     backward = op != "fwd"
     flops = 4 * B * H * N * N * D * (3.5 if backward else 1.0)
@@ -168,7 +193,7 @@ def sweep_shape(op: str, shape, repeats: int, deadline: float, timer: str = "eve
             o.backward(do)
 
     listed = launch.candidates(op, N, D, B * H)
-    for cand in (listed if listed_only else grid(op, D)):
+    for cand in configs or (listed if listed_only else grid(op, D)):
         if time.monotonic() > deadline:
             row["stopped"] = "time budget"
             break
@@ -244,8 +269,11 @@ def main() -> None:
                         help="; ".join(f"{k}: {v}" for k, v in TIMERS.items()))
     parser.add_argument("--listed", action="store_true",
                         help="only the autotuner's candidates at each shape, not the wider grid")
+    parser.add_argument("--configs", nargs="+", metavar="FAMILY:TILES:WARPS:STAGES[:MAXNREG]",
+                        help="only these configurations (see above), not the grid")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     args = parser.parse_args()
+    configs = [parse_config(args.op, c) for c in args.configs or ()]
     if not torch.cuda.is_available():
         sys.exit("sweep_configs.py needs a CUDA GPU: it times GPU kernels.")
     deadline = time.monotonic() + args.budget_s
@@ -254,7 +282,7 @@ def main() -> None:
     stem = result_stem(f"sweep_{args.op}", env)
     args.out.mkdir(parents=True, exist_ok=True)
     for shape in args.shapes:
-        rows.append(sweep_shape(args.op, shape, args.repeats, deadline, args.timer, args.listed))
+        rows.append(sweep_shape(args.op, shape, args.repeats, deadline, args.timer, args.listed, configs))
         (args.out / f"{stem}.json").write_text(json.dumps(
             {"command": command, "environment": env, "results": rows}, indent=1))
         (args.out / f"{stem}.md").write_text(markdown(args.op, rows, env, command))
