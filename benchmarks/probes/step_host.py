@@ -1,0 +1,113 @@
+"""Probe: where the host time of one training step goes, path by path (on a GPU).
+
+A CIFAR model's step at batch 256 under `torch.compile(mode="default")` is host-bound: the GPU
+waits for the host to enqueue each kernel. This builds the step of `scripts/bench_model.py`
+(AdamW fused, bf16 autocast, random images), times synchronized steps as that script does,
+then runs a few steps under `torch.profiler` and lists, for each attention path:
+
+- the step's median wall time, and the host time the profiler attributes to each operator
+  (self CPU time per step, the largest first);
+- the CUDA launches per step (runtime and driver API calls) and what they cost the host;
+- for flash, the plans the tuner chose (`launch._chosen`) and how many launch plans call their
+  compiled kernel directly (`launch.fast_launches()`; a plan that cannot, e.g. for a
+  misaligned pointer, goes through Triton's argument binding at every call).
+
+    python benchmarks/probes/step_host.py --model vit_tiny_patch4_32 --batch 256 --compile default --paths flash sdpa
+
+The profiler adds its own cost to every operator, so the per-operator figures compare paths
+with each other, not with the unprofiled step time above them.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "scripts"))
+from bench_model import step_fn  # noqa: E402
+
+from vitflash import build_model  # noqa: E402
+from vitflash.ops import launch  # noqa: E402
+
+LAUNCH_CALLS = ("cudaLaunchKernel", "cuLaunchKernel", "cuLaunchKernelEx", "cudaLaunchKernelExC")
+
+
+def step_ms(step, steps: int) -> float:
+    """Median milliseconds of `steps` synchronized steps, timed as bench_model.py times them."""
+    times = []
+    for _ in range(steps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        step()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def profile_path(model_name: str, batch: int, compile_mode: str | None, path: str, args) -> list[str]:
+    torch.manual_seed(0)
+    model = build_model(model_name, attention=path, num_classes=10).cuda()
+    step = step_fn(model, batch, int(model_name.rsplit("_", 1)[-1]), compile_mode)
+    for _ in range(args.warmup):
+        step()
+    torch.cuda.synchronize()
+    wall = [step_ms(step, args.steps) for _ in range(3)]
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(args.profiled):
+            step()
+        torch.cuda.synchronize()
+    events = prof.key_averages()
+    per_step = lambda us: us / args.profiled / 1e3  # noqa: E731  (ms per step)
+    lines = [f"## {path}", "",
+             f"Step: {statistics.median(wall):.2f} ms median of 3 x {args.steps} synchronized steps "
+             f"({min(wall):.2f}-{max(wall):.2f}); {batch / statistics.median(wall) * 1e3:,.0f} img/s.", ""]
+    launches = [e for e in events if e.key in LAUNCH_CALLS]
+    count = sum(e.count for e in launches) / args.profiled
+    cost = per_step(sum(e.self_cpu_time_total for e in launches))
+    lines += [f"CUDA launches per step: {count:.0f}, {cost:.2f} ms of host time in the launch calls.", ""]
+    if path == "flash":
+        chosen = "; ".join(f"{k[0]} N={k[2]} D={k[3]} BH<={k[4]}: {c.label()}" for k, c in launch._chosen.items())
+        lines += [f"Tuner's plans: {chosen or 'none'}. Launch plans calling their kernel directly: "
+                  f"{launch.fast_launches()}.", ""]
+    lines += [f"| operator (top {args.top} by self CPU time) | calls / step | self CPU ms / step |",
+              "|---|---|---|"]
+    for e in sorted(events, key=lambda e: -e.self_cpu_time_total)[:args.top]:
+        lines.append(f"| {e.key[:90]} | {e.count / args.profiled:.0f} | {per_step(e.self_cpu_time_total):.3f} |")
+    del model, step
+    torch._dynamo.reset()
+    torch.cuda.empty_cache()
+    return lines + [""]
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="vit_tiny_patch4_32")
+    p.add_argument("--batch", type=int, default=256)
+    p.add_argument("--compile", choices=("eager", "default", "reduce-overhead"), default="default")
+    p.add_argument("--paths", nargs="+", default=["flash", "sdpa"], choices=("flash", "sdpa", "naive"))
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--profiled", type=int, default=5)
+    p.add_argument("--top", type=int, default=20)
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        sys.exit("step_host.py needs a CUDA GPU: it profiles training steps on one.")
+    mode = None if args.compile == "eager" else args.compile
+    out = [f"# Host time of one training step: {args.model}, batch {args.batch}, {args.compile} "
+           f"({torch.cuda.get_device_name()})", "",
+           f"`python benchmarks/probes/step_host.py {' '.join(sys.argv[1:] if argv is None else argv)}`; "
+           f"torch {torch.__version__}.", ""]
+    for path in args.paths:
+        out += profile_path(args.model, args.batch, mode, path, args)
+        print("\n".join(out), flush=True)
+        out = []
+
+
+if __name__ == "__main__":
+    main()
