@@ -164,26 +164,31 @@ def tuner_case(fn, leaves, backward: bool, repeats: int) -> list[float]:
         return [launch._time_ms(fn) for _ in range(repeats)]
 
 
+def _cudnn_times(shape, backward: bool, repeats: int, timer: str, tflops) -> dict:
+    """cuDNN's attention at `shape` by the sweep's timer and by the tuner's, as TFLOP/s spreads;
+    its (B, H, N, D) tensors are freed on return, before the flash configurations run."""
+    B, H, N, D = shape
+    q, k, v = (torch.randn(B, H, N, D, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+               for _ in range(3))
+    do = torch.randn(B, H, N, D, device="cuda", dtype=torch.bfloat16)
+
+    def cudnn():
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            o = F.scaled_dot_product_attention(q, k, v)
+        if backward:
+            o.backward(do)
+
+    return {"cudnn": spread(tflops(time_case(cudnn, [q, k, v], backward, repeats, timer))),
+            "cudnn_tuner_timer": spread(tflops(tuner_case(cudnn, [q, k, v], backward, repeats)))}
+
+
 def sweep_shape(op: str, shape, repeats: int, deadline: float, timer: str = "events",
                 listed_only: bool = False, configs: list[launch.Candidate] | None = None) -> dict:
     B, H, N, D = shape
     backward = op != "fwd"
     flops = 4 * B * H * N * N * D * (3.5 if backward else 1.0)
     tflops = lambda ms: [flops / t * 1e-9 for t in ms]  # noqa: E731
-    q, k, v = (torch.randn(B, H, N, D, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-               for _ in range(3))
-    do_bhnd = torch.randn(B, H, N, D, device="cuda", dtype=torch.bfloat16)
-
-    def cudnn():
-        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-            o = F.scaled_dot_product_attention(q, k, v)
-        if backward:
-            o.backward(do_bhnd)
-
-    row = {"shape": list(shape), "cudnn": spread(tflops(time_case(cudnn, [q, k, v], backward, repeats, timer))),
-           "cudnn_tuner_timer": spread(tflops(tuner_case(cudnn, [q, k, v], backward, repeats))),
-           "configs": []}
-    del q, k, v
+    row = {"shape": list(shape), **_cudnn_times(shape, backward, repeats, timer, tflops), "configs": []}
     qkv = torch.randn(B, N, 3, H, D, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     do = torch.randn(B, N, H, D, device="cuda", dtype=torch.bfloat16)
 

@@ -161,6 +161,26 @@ def test_bench_attention_takes_shapes_of_its_own(monkeypatch, capsys):
     assert seen == [(32, 16, 577, 80, bench.torch.bfloat16)]
 
 
+def test_the_sweep_takes_named_configurations():
+    """--configs FAMILY:TILES[,NAME=VALUE...]:WARPS:STAGES[:MAXNREG] names the candidates to sweep,
+    tiles in the op's block order, extra blocks and a register cap kept; a malformed one is
+    refused with the form and an example, naming the families of the op."""
+    c = sweep.parse_config("fwd", "general_tma:128,64,TAIL_AHEAD=1:8:2:128")
+    assert c == launch.Candidate("general_tma", (("BLOCK_M", 128), ("BLOCK_N", 64), ("TAIL_AHEAD", 1)), 8, 2, 128)
+    assert c.label() == "general_tma: M=128 N=64 TAIL_AHEAD=1, 8w 2s cap 128"
+    b = sweep.parse_config("bwd", "general:32,128,128,64,SPLIT=1:4:3")
+    assert b.meta == dict(BLOCK_M1=32, BLOCK_N1=128, BLOCK_M2=128, BLOCK_N2=64, SPLIT=1)
+    assert (b.num_warps, b.num_stages, b.maxnreg) == (4, 3, 0)
+    assert sweep.parse_config("bwd_atomic", "atomic_tma:32,128:4:3").family == "atomic_tma"
+    bad = ["general:128:8:2", "general:128,64:8", "general:128,64:8:2:128:9", "general:128,x:8:2",
+           "general:128,64,TAIL_AHEAD:8:2", "short:128,64:4:1", "atomic:32,128:4:3"]
+    for text in bad:
+        with pytest.raises(SystemExit, match="expected FAMILY:BLOCK_M,BLOCK_N.*one of general, general_tma"):
+            sweep.parse_config("fwd", text)
+    with pytest.raises(SystemExit, match="BLOCK_M1,BLOCK_N1,BLOCK_M2,BLOCK_N2"):
+        sweep.parse_config("bwd", "general:32,128:4:3")
+
+
 @pytest.mark.parametrize("tma", [False, True])
 def test_the_sweep_grid_of_the_atomic_backward(monkeypatch, tma):
     """--op bwd_atomic sweeps the backwards that add into dQ: element-wise ("atomic") and, where
@@ -224,6 +244,18 @@ def test_the_sweep_of_the_listed_candidates_by_the_graph_timer():
     timed = [e for e in row["configs"] if "tflops" in e]
     assert timed and all(e["listed"] and e["tflops_tuner_timer"]["median"] > 0 for e in timed)
     assert row["cudnn_tuner_timer"]["median"] > 0
+
+
+@pytest.mark.gpu
+def test_the_sweep_of_named_configurations_runs_those_alone():
+    """--configs: exactly the named candidates, in their order, a register-capped one included,
+    each checked under the FA2 rule and timed."""
+    import time
+
+    named = [sweep.parse_config("fwd", "general:64,64:4:3"), sweep.parse_config("fwd", "general:128,32:4:3:128")]
+    row = sweep.sweep_shape("fwd", (4, 2, 197, 64), 1, time.monotonic() + 600, configs=named)
+    assert [launch.Candidate.from_json(e["candidate"]) for e in row["configs"]] == named
+    assert all(e["error"] is None and e["tflops"]["median"] > 0 for e in row["configs"])
 
 
 def test_the_one_call_table_sets_flash_and_the_floor_against_sdpa():

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import os
 import subprocess
 import sys
@@ -670,3 +671,40 @@ def test_finalist_timers_probe_times_every_finalist_on_the_gpu(monkeypatch, tmp_
     for f in got["finalists"]:
         assert all(f[k] > 0 for k in ("windows", "graph_timer", "bench_op", "bench_bare"))
         assert f["sustained"]["first"] > 0 and f["sustained"]["last"] > 0
+
+
+def test_step_host_probe_sums_launches_and_ranks_operators_per_step():
+    """The step-host probe's summaries of the profiler's averages: CUDA launches a step (runtime
+    and driver calls together) with their host time, and the operators by self CPU time, per
+    step, the largest first."""
+    from types import SimpleNamespace as Event
+
+    probe = _load("step_host")
+    events = [Event(key="cuLaunchKernel", count=600, self_cpu_time_total=4000.0),
+              Event(key="cudaLaunchKernel", count=40, self_cpu_time_total=600.0),
+              Event(key="vitflash::flash_attn_forward", count=18, self_cpu_time_total=1300.0),
+              Event(key="aten::mm", count=150, self_cpu_time_total=4200.0)]
+    assert probe.launch_line(events, 2) == "CUDA launches per step: 320, 2.30 ms of host time in the launch calls."
+    table = probe.operator_table(events, 2, 2)
+    assert table[2:] == ["| aten::mm | 75 | 2.100 |", "| cuLaunchKernel | 300 | 2.000 |"]
+
+
+def test_step_host_probe_needs_a_gpu(monkeypatch):
+    probe = _load("step_host")
+    monkeypatch.setattr(probe.torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit, match="needs a CUDA GPU"):
+        probe.main(["--paths", "flash"])
+
+
+@pytest.mark.gpu
+def test_step_host_probe_profiles_a_step_on_the_gpu(capsys):
+    """Two eager steps of the smallest preset on flash: the step time, its launches, the tuner's
+    plans (every one calling its kernels directly) and the operator table."""
+    probe = _load("step_host")
+    probe.main(["--model", "vit_micro_patch4_32", "--batch", "32", "--compile", "eager", "--paths", "flash",
+                "--warmup", "2", "--steps", "2", "--profiled", "1", "--top", "5"])
+    out = capsys.readouterr().out
+    assert "## flash" in out and "CUDA launches per step: " in out
+    direct = re.search(r"directly: (\d+) of (\d+)\.", out)
+    assert direct and direct.group(1) == direct.group(2) != "0"
+    assert out.count("\n| ") >= 6

@@ -8,9 +8,9 @@ then runs a few steps under `torch.profiler` and lists, for each attention path:
 - the step's median wall time, and the host time the profiler attributes to each operator
   (self CPU time per step, the largest first);
 - the CUDA launches per step (runtime and driver API calls) and what they cost the host;
-- for flash, the plans the tuner chose (`launch._chosen`) and how many launch plans call their
-  compiled kernel directly (`launch.fast_launches()`; a plan that cannot, e.g. for a
-  misaligned pointer, goes through Triton's argument binding at every call).
+- for flash, the plans the tuner chose (`launch._chosen`) and how many of the op's plans call
+  their compiled kernels directly (a launch that cannot, e.g. for a misaligned pointer, goes
+  through Triton's argument binding at every call).
 
     python benchmarks/probes/step_host.py --model vit_tiny_patch4_32 --batch 256 --compile default --paths flash sdpa
 
@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 from bench_model import step_fn  # noqa: E402
 
 from vitflash import build_model  # noqa: E402
-from vitflash.ops import launch  # noqa: E402
+from vitflash.ops import flash, launch  # noqa: E402
 
 LAUNCH_CALLS = ("cudaLaunchKernel", "cuLaunchKernel", "cuLaunchKernelEx", "cudaLaunchKernelExC")
 
@@ -50,6 +50,24 @@ def step_ms(step, steps: int) -> float:
     return statistics.median(times)
 
 
+def launch_line(events, steps: int) -> str:
+    """CUDA launches a step and the host time of the launch calls, from the profiler's
+    per-operator averages (objects with key, count and self_cpu_time_total in us) of `steps`
+    steps."""
+    launches = [e for e in events if e.key in LAUNCH_CALLS]
+    count = sum(e.count for e in launches) / steps
+    ms = sum(e.self_cpu_time_total for e in launches) / steps / 1e3
+    return f"CUDA launches per step: {count:.0f}, {ms:.2f} ms of host time in the launch calls."
+
+
+def operator_table(events, steps: int, top: int) -> list[str]:
+    """The `top` operators by self CPU time: calls and milliseconds a step."""
+    lines = [f"| operator (top {top} by self CPU time) | calls / step | self CPU ms / step |", "|---|---|---|"]
+    for e in sorted(events, key=lambda e: -e.self_cpu_time_total)[:top]:
+        lines.append(f"| {e.key[:90]} | {e.count / steps:.0f} | {e.self_cpu_time_total / steps / 1e3:.3f} |")
+    return lines
+
+
 def profile_path(model_name: str, batch: int, compile_mode: str | None, path: str, args) -> list[str]:
     torch.manual_seed(0)
     model = build_model(model_name, attention=path, num_classes=10).cuda()
@@ -62,23 +80,17 @@ def profile_path(model_name: str, batch: int, compile_mode: str | None, path: st
         for _ in range(args.profiled):
             step()
         torch.cuda.synchronize()
-    events = prof.key_averages()
-    per_step = lambda us: us / args.profiled / 1e3  # noqa: E731  (ms per step)
     lines = [f"## {path}", "",
              f"Step: {statistics.median(wall):.2f} ms median of 3 x {args.steps} synchronized steps "
              f"({min(wall):.2f}-{max(wall):.2f}); {batch / statistics.median(wall) * 1e3:,.0f} img/s.", ""]
-    launches = [e for e in events if e.key in LAUNCH_CALLS]
-    count = sum(e.count for e in launches) / args.profiled
-    cost = per_step(sum(e.self_cpu_time_total for e in launches))
-    lines += [f"CUDA launches per step: {count:.0f}, {cost:.2f} ms of host time in the launch calls.", ""]
+    events = prof.key_averages()
+    lines += [launch_line(events, args.profiled), ""]
     if path == "flash":
         chosen = "; ".join(f"{k[0]} N={k[2]} D={k[3]} BH<={k[4]}: {c.label()}" for k, c in launch._chosen.items())
-        lines += [f"Tuner's plans: {chosen or 'none'}. Launch plans calling their kernel directly: "
-                  f"{launch.fast_launches()}.", ""]
-    lines += [f"| operator (top {args.top} by self CPU time) | calls / step | self CPU ms / step |",
-              "|---|---|---|"]
-    for e in sorted(events, key=lambda e: -e.self_cpu_time_total)[:args.top]:
-        lines.append(f"| {e.key[:90]} | {e.count / args.profiled:.0f} | {per_step(e.self_cpu_time_total):.3f} |")
+        direct = sum(all(one.compiled is not None for one in plan) for plan in flash._plans.values())
+        lines += [f"Tuner's plans: {chosen or 'none'}. Plans whose every launch calls its compiled "
+                  f"kernel directly: {direct} of {len(flash._plans)}.", ""]
+    lines += operator_table(events, args.profiled, args.top)
     del model, step
     torch._dynamo.reset()
     torch.cuda.empty_cache()
