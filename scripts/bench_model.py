@@ -125,18 +125,22 @@ def measure(step, warmup: int, steps: int, repeats: int,
     torch.cuda.synchronize()
     if not peak_from_start:
         torch.cuda.reset_peak_memory_stats()
-    medians = []
-    for _ in range(repeats):
-        times = []
-        for _ in range(steps):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            step()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) / 1e3)
-        medians.append(statistics.median(times))
+    medians = [statistics.median(timed_steps(step, steps)) for _ in range(repeats)]
     return medians, torch.cuda.max_memory_allocated() / 2**30
+
+
+def timed_steps(step, steps: int) -> list[float]:
+    """Seconds of each of `steps` steps, each between CUDA events and synchronized, so that a
+    step's host time counts in full, as a training loop that waits for each loss pays it."""
+    times = []
+    for _ in range(steps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        step()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    return times
 
 
 def run_case(name: str, batch: int, compile_mode: str | None, path: str, args) -> dict:

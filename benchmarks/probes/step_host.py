@@ -29,25 +29,12 @@ from torch.profiler import ProfilerActivity, profile
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))
-from bench_model import step_fn  # noqa: E402
+from bench_model import step_fn, timed_steps  # noqa: E402
 
 from vitflash import build_model  # noqa: E402
 from vitflash.ops import flash, launch  # noqa: E402
 
 LAUNCH_CALLS = ("cudaLaunchKernel", "cuLaunchKernel", "cuLaunchKernelEx", "cudaLaunchKernelExC")
-
-
-def step_ms(step, steps: int) -> float:
-    """Median milliseconds of `steps` synchronized steps, timed as bench_model.py times them."""
-    times = []
-    for _ in range(steps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        step()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
 
 
 def launch_line(events, steps: int) -> str:
@@ -75,7 +62,7 @@ def profile_path(model_name: str, batch: int, compile_mode: str | None, path: st
     for _ in range(args.warmup):
         step()
     torch.cuda.synchronize()
-    wall = [step_ms(step, args.steps) for _ in range(3)]
+    wall = [statistics.median(timed_steps(step, args.steps)) * 1e3 for _ in range(3)]  # ms
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for _ in range(args.profiled):
             step()
