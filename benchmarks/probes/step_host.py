@@ -56,6 +56,8 @@ def operator_table(events, steps: int, top: int) -> list[str]:
 
 
 def profile_path(model_name: str, batch: int, compile_mode: str | None, path: str, args) -> list[str]:
+    """The section of one attention path: a fresh model and step, --warmup steps, the step
+    timed (3 x --steps), then --profiled steps under the profiler, summed up per step."""
     torch.manual_seed(0)
     model = build_model(model_name, attention=path, num_classes=10).cuda()
     step = step_fn(model, batch, int(model_name.rsplit("_", 1)[-1]), compile_mode)
