@@ -1446,21 +1446,22 @@ def _tuning_on_the_cpu(monkeypatch, tmp_path, op, cands, ms):
 
 def _break(monkeypatch, op, broken, ran):
     """Make candidate `broken` of op compute a negated result (o; dqkv), as a kernel that a
-    compiler got wrong could; record which candidate each plan is made for in `ran`."""
+    compiler got wrong could; record in `ran` the candidate whose launches ran last."""
     name = "_fwd_launches" if op == "fwd" else "_bwd_launches"
     real, out = getattr(flash_mod, name), 1 if op == "fwd" else 4  # o; dqkv (short backward)
 
-    class Negated:
-        def __init__(self, launch):
-            self.kernel, self.consts, self.launch = launch.kernel, launch.consts, launch
+    class Recorded:
+        def __init__(self, launch, cand):
+            self.kernel, self.consts, self.launch, self.cand = launch.kernel, launch.consts, launch, cand
 
         def __call__(self, *args):
+            ran.append(self.cand)
             self.launch(*args)
-            args[out].neg_()
+            if self.cand == broken:
+                args[out].neg_()
 
     def launches(c, *a):
-        ran.append(c)
-        return [Negated(x) for x in real(c, *a)] if c == broken else real(c, *a)
+        return [Recorded(x, c) for x in real(c, *a)]
 
     monkeypatch.setattr(flash_mod, name, launches)
 
@@ -1481,6 +1482,32 @@ def test_the_tuner_leaves_out_a_candidate_that_computes_wrongly(monkeypatch, tmp
         _assert_within_rule(qkv, do)
     assert launch.chosen(op, torch.float16, N, D, 2) == cands[1]  # the fastest that agrees
     assert broken not in launch.tuning_times(op, torch.float16, N, D, 2)
+
+
+def test_the_tuner_makes_each_candidates_launches_once(monkeypatch, tmp_path):
+    """While a new shape is tuned, each candidate's launches are made once and called again
+    for the check and every timing (so that after its first call each one calls its compiled
+    kernel directly); the chosen candidate's own launches become the shape's plan."""
+    N, D = 17, 32
+    cands = [launch.short_fwd(N, 16), launch.short_fwd(N, 32), launch.heuristic("fwd", N, D)]
+    _tuning_on_the_cpu(monkeypatch, tmp_path, "fwd", cands, {})
+    real, made = flash_mod._fwd_launches, []
+
+    def counted(c, *a):
+        made.append((c, real(c, *a)))
+        return made[-1][1]
+
+    monkeypatch.setattr(flash_mod, "_fwd_launches", counted)
+    windows = []
+    monkeypatch.setattr(launch, "_time_ms", lambda fn: (windows.append(fn), fn(), fn(), 5.0)[-1])
+    qkv, _ = _packed_inputs(1, N, 2, D, torch.float16, seed=3)
+    with torch.no_grad():
+        flash_attention_qkvpacked(qkv)
+    assert len(windows) >= len(cands)  # each candidate timed, two calls a window
+    assert sorted(map(str, (c for c, _ in made))) == sorted(map(str, cands))  # made once each
+    chosen = launch.chosen("fwd", torch.float16, N, D, 2)
+    plan = next(p for k, p in flash_mod._plans.items() if k[0] == "fwd")
+    assert plan is dict(made)[chosen]
 
 
 def test_the_tuner_stops_when_most_candidates_disagree(monkeypatch, tmp_path):

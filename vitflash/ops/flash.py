@@ -197,10 +197,19 @@ def _plan(op: str, t: torch.Tensor, B: int, N: int, H: int, D: int, dropout: boo
     plan = _plans.get(key)
     if plan is None:
         make = _fwd_launches if op == "fwd" else _bwd_launches  # bwd or bwd_atomic
-        cand = choose(op, t.dtype, N, D, B * H, t.device,
-                      lambda c: run(make(c, B, N, H, D, dropout, diag)),
-                      lambda c: verify(make(c, B, N, H, D, dropout, diag)), dropout=dropout)
-        plan = make(cand, B, N, H, D, dropout, diag)
+        made: dict[Candidate, list[Launch]] = {}
+
+        def launches(c: Candidate) -> list[Launch]:
+            # one plan per candidate while tuning: after its first call each of its Launches
+            # calls the compiled kernel directly, so the tuner's thousands of calls (a graph
+            # block alone holds about 20 ms of them) skip Triton's argument binding
+            if c not in made:
+                made[c] = make(c, B, N, H, D, dropout, diag)
+            return made[c]
+
+        cand = choose(op, t.dtype, N, D, B * H, t.device, lambda c: run(launches(c)),
+                      lambda c: verify(launches(c)), dropout=dropout)
+        plan = launches(cand)
         if not (t.is_cuda and torch.cuda.is_current_stream_capturing()):
             _plans[key] = plan  # a plan made during capture is untuned: not kept
     return plan
