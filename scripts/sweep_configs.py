@@ -56,6 +56,17 @@ from bench_attention import TIMERS, _timer, command_line, environment, parse_sha
 ABS_FLOOR = 1e-5
 
 
+def _families(op: str) -> tuple[str, ...]:
+    """The candidate families a sweep of op covers: the backwards that add into dQ for
+    bwd_atomic, the general kernels (pointer and TMA loads) otherwise."""
+    return launch.ATOMIC_FAMILIES if op == "bwd_atomic" else ("general", "general_tma")
+
+
+def _block_names(op: str) -> tuple[str, ...]:
+    """The tile sizes of op's general candidates, in their order."""
+    return ("BLOCK_M1", "BLOCK_N1", "BLOCK_M2", "BLOCK_N2") if op == "bwd" else ("BLOCK_M", "BLOCK_N")
+
+
 def grid(op: str, d: int) -> list[launch.Candidate]:
     """The listed candidates of op at head dim d (general ones; for bwd_atomic, those that
     add into dQ), then the extra ones of the grid (tile pairs x warps x stages), without
@@ -63,29 +74,25 @@ def grid(op: str, d: int) -> list[launch.Candidate]:
     programs of b queries x a keys, as in the list; an atomic one (a, b), programs of b keys
     adding the dQ of a queries at a time, by element or (atomic_tma, on Hopper) by tile. On
     Hopper each general configuration is also swept as its TMA-load twin (general_tma)."""
-    families = launch.ATOMIC_FAMILIES if op == "bwd_atomic" else ("general", "general_tma")
+    families = _families(op)
     listed = [c for c in launch.candidates(op, 4096, d) if c.family in families]
     # the families the list has here: the TMA ones only where TMA exists (Hopper)
     families = tuple(dict.fromkeys(c.family for c in listed)) or families[:1]
     if op == "fwd":
-        names, tiles = ("BLOCK_M", "BLOCK_N"), [(64, 32), (64, 64), (64, 128), (128, 32),
-                                                (128, 64), (128, 128)]
+        tiles = [(64, 32), (64, 64), (64, 128), (128, 32), (128, 64), (128, 128)]
     elif op == "bwd":
-        names = ("BLOCK_M1", "BLOCK_N1", "BLOCK_M2", "BLOCK_N2")
         tiles = [(a, b, b, a) for a, b in ((16, 64), (16, 128), (32, 64), (32, 128), (64, 64),
                                             (64, 128))]
     else:
-        names, tiles = ("BLOCK_M", "BLOCK_N"), [(16, 64), (16, 128), (32, 64), (32, 128),
-                                                (64, 64), (64, 128)]
-    extra = [launch.Candidate(f, tuple(zip(names, t)), w, s)
+        tiles = [(16, 64), (16, 128), (32, 64), (32, 128), (64, 64), (64, 128)]
+    extra = [launch.Candidate(f, tuple(zip(_block_names(op), t)), w, s)
              for f, t, w, s in itertools.product(families, tiles, (4, 8), (2, 3, 4))]
     return listed + [c for c in extra if c not in listed]
 
 
 def parse_config(op: str, text: str) -> launch.Candidate:
     """A candidate from `FAMILY:TILES[,NAME=VALUE...]:WARPS:STAGES[:MAXNREG]` (see above)."""
-    names = ("BLOCK_M", "BLOCK_N") if op != "bwd" else ("BLOCK_M1", "BLOCK_N1", "BLOCK_M2", "BLOCK_N2")
-    families = launch.ATOMIC_FAMILIES if op == "bwd_atomic" else ("general", "general_tma")
+    names, families = _block_names(op), _families(op)
     try:
         family, blocks, warps, stages, *cap = text.split(":")
         values = blocks.split(",")
