@@ -493,6 +493,43 @@ def test_first_call_probe_times_the_one_pass_finalists_and_can_share_a_warm_comp
     assert "an empty compile cache" in written["table"]
 
 
+def test_first_call_probe_remakes_each_launch_at_every_call_as_the_tuner_did_before(monkeypatch):
+    """"remade" keeps today's lists but makes each launch afresh at every call (the tuner
+    before 2dc8b0e), so that the probe can show what making them once saves a first call:
+    a plan's launches then build a new Launch per call, with the same kernel, grid,
+    constants, warps and stages, and compute the same result."""
+    from vitflash.ops import flash, flash_attention_qkvpacked
+
+    probe = _load("first_call")
+    for name in ("_fwd_launches", "_bwd_launches", "_plans"):
+        monkeypatch.setattr(flash, name, getattr(flash, name))  # restored after the test
+    qkv = torch.randn(1, 17, 3, 2, 32, dtype=torch.float16, generator=torch.Generator().manual_seed(0))
+    monkeypatch.setattr(flash, "_plans", {})
+    with torch.no_grad():
+        expected = flash_attention_qkvpacked(qkv)
+    made = []
+
+    class Counted(launch.Launch):
+        __slots__ = ()
+
+        def __init__(self, kernel, grid, consts, num_warps, num_stages, n_tensors, maxnreg=0):
+            made.append((kernel, grid, dict(consts), num_warps, num_stages))
+            super().__init__(kernel, grid, consts, num_warps, num_stages, n_tensors, maxnreg)
+
+    probe.use_list("remade")
+    monkeypatch.setattr(flash, "_plans", {})
+    monkeypatch.setattr(launch, "Launch", Counted)
+    with torch.no_grad():
+        first = flash_attention_qkvpacked(qkv)
+        (plan,) = flash._plans.values()
+        assert plan and all(isinstance(x, probe.Remade) for x in plan)
+        before = len(made)
+        second = flash_attention_qkvpacked(qkv)
+    assert len(made) == before + len(plan)  # one new Launch per launch of the plan, per call
+    assert made[-len(plan):] == [(x.kernel, x.grid, x.consts, x.num_warps, x.num_stages) for x in plan]
+    assert torch.equal(first, expected) and torch.equal(second, expected)
+
+
 LISTING = """
         /*0100*/                   BAR.SYNC.DEFER_BLOCKING 0x0 ;
         /*0110*/                   HGMMA.64x128x16.F32.BF16 R24, gdesc[UR12], RZ, !UPT ;

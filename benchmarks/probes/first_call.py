@@ -1,5 +1,5 @@
-"""Probe: what the candidates that recent cache versions took off the Hopper lists cost a first
-call at a new shape.
+"""Probe: what the candidates that recent cache versions took off the Hopper lists, and the
+tuner's other changes, cost a first call at a new shape.
 
 The tuner compiles and times every listed candidate the first time it meets a shape
 (launch.choose). On Hopper, version 15 dropped the 8-warp general backwards at D >= 64 (as
@@ -11,7 +11,9 @@ backward at each shape with the list as it is ("listed") and with earlier versio
 put back: "v15" (the short forwards) and "v14" (those and the 8-warp backwards, `v14_extras`).
 "one_pass" keeps today's lists but times the tuner's finalists in one pass of CUDA-graph
 blocks, as cache version 26 did (launch.GRAPH_PASSES = 1), to show what version 27's second
-pass costs. Each case runs in a fresh process with an empty tuning cache ($VITFLASH_CACHE_DIR)
+pass costs. "remade" keeps today's lists but makes each candidate's launches afresh at every
+call the tuner makes, as it did before 2dc8b0e (each call then goes through Triton's argument
+binding), to show what making them once per tuned shape saves. Each case runs in a fresh process with an empty tuning cache ($VITFLASH_CACHE_DIR)
 and an empty Triton compile cache ($TRITON_CACHE_DIR), which is what a new machine pays; the
 cases alternate, `--repeats` rounds of them. `--warm-compile` gives every case one compile
 cache instead, filled by an untimed first call at each shape: the first call then pays the
@@ -20,6 +22,7 @@ tuner's loading and timing without the compiles, so a difference in the timing s
     python benchmarks/probes/first_call.py --shapes 256,12,197,64 --variants listed v15 --repeats 3
     python benchmarks/probes/first_call.py --shapes 256,12,197,64 4,16,4097,128 --variants listed v14
     python benchmarks/probes/first_call.py --shapes 4,16,4097,128 --variants listed one_pass --warm-compile
+    python benchmarks/probes/first_call.py --shapes 256,3,65,64 --variants listed remade --warm-compile
 
 Needs a CUDA GPU of compute capability 9 (elsewhere the lists are the same). Writes
 <out>/first_call_<gpu>.json and .md; `--render <that json>` prints its tables again anywhere.
@@ -37,12 +40,12 @@ from pathlib import Path
 
 import torch
 
-from vitflash.ops import flash_attention_qkvpacked, launch
+from vitflash.ops import flash, flash_attention_qkvpacked, launch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 from bench_attention import command_line, environment, spread, write_results  # noqa: E402
 
-VARIANTS = ("listed", "v15", "v14", "one_pass")
+VARIANTS = ("listed", "v15", "v14", "one_pass", "remade")
 NAMES = ("BLOCK_M1", "BLOCK_N1", "BLOCK_M2", "BLOCK_N2")
 
 
@@ -66,14 +69,41 @@ def v14_extras(op: str, n: int, d: int) -> list[launch.Candidate]:
     return pointer + twins
 
 
+class Remade:
+    """A launch made afresh at every call, as the tuner's were before 2dc8b0e: each call goes
+    through Triton's argument binding instead of the compiled kernel's launcher."""
+
+    def __init__(self, made: launch.Launch):
+        self.made = made
+
+    def __getattr__(self, name: str):
+        return getattr(self.made, name)
+
+    def __call__(self, *args) -> None:
+        m = self.made
+        launch.Launch(m.kernel, m.grid, m.consts, m.num_warps, m.num_stages, m.n_tensors,
+                      m.options.get("maxnreg", 0))(*args)
+
+
+def remake_launches() -> None:
+    """Make flash's plans (this process only) of launches that are made afresh at each call."""
+    for name in ("_fwd_launches", "_bwd_launches"):
+        make = getattr(flash, name)
+        setattr(flash, name, lambda *a, _make=make, **k: [Remade(x) for x in _make(*a, **k)])
+
+
 def use_list(variant: str) -> None:
     """Make launch.candidates list an earlier version's candidates (this process only): "v15"
     puts back the short forwards past 128 keys, "v14" those and version 14's backwards;
-    "one_pass" keeps the lists and times the finalists in one pass (launch.GRAPH_PASSES)."""
+    "one_pass" keeps the lists and times the finalists in one pass (launch.GRAPH_PASSES);
+    "remade" keeps them and makes each launch afresh at every call (remake_launches)."""
     if variant == "listed":
         return
     if variant == "one_pass":
         launch.GRAPH_PASSES = 1
+        return
+    if variant == "remade":
+        remake_launches()
         return
     launch._short_fwd_cut = lambda n, d: False
     if variant == "v15":
@@ -154,7 +184,8 @@ def markdown(summary: list[dict], env: dict, command: str) -> str:
                 if env.get("warm_compile") else "an empty compile cache")
              + f"; seconds, median (min-max) of {env['repeats']}. v15: the short forwards past 128 "
              "keys put back; v14: those and the 8-warp general backwards; one_pass: the finalists "
-             "timed in one pass of blocks.",
+             "timed in one pass of blocks; remade: each launch made afresh at every call the tuner "
+             "makes (before 2dc8b0e).",
              "",
              "| shape (B, H, N, D) | list | fwd / bwd candidates | first forward, s | first backward, s | "
              "forward chosen | backward chosen |",
@@ -189,7 +220,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--shapes", type=_shape, nargs="+", default=[(256, 12, 197, 64), (4, 16, 4097, 128)])
     parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=["listed", "v15"],
-                        help="the lists to time: listed (today's), v15, v14, one_pass")
+                        help="the lists to time: listed (today's), v15, v14, one_pass, remade")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--warm-compile", action="store_true",
                         help="one compile cache for every case, filled by an untimed first call "
