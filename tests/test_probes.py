@@ -562,6 +562,24 @@ def test_loop_sass_probe_sums_up_each_loop_of_the_machine_code():
     assert s["order"] == "BAR [2 HGMMA] wait (2 EX2) [1 HGMMA] {1 LDGSTS}"
 
 
+def test_loop_sass_probe_budgets_a_step_at_hoppers_peak_rates():
+    """The budget of a loop step: each HGMMA is a warp group's m x n x k product (2048
+    multiply-adds a clock), made by every warp group of the program; its B operand always
+    comes from shared memory and its A operand where the listing names a descriptor rather
+    than registers (128 bytes a clock); each thread's exponentials go through MUFU (16 a
+    clock) and each warp's instructions through four schedulers."""
+    probe = _load("loop_sass")
+    (body,) = probe.loops(probe.instructions(LISTING))
+    one = probe.budget(body, 4)
+    # three 64 x 128 x 16 products; A from shared memory in the first two, from R152 in the third
+    assert one["tensor"] == 3 * 64 * 128 * 16 / 2048
+    assert one["smem"] == (2 * 2 * (128 * 16 + 64 * 16) + 2 * 128 * 16) / 128
+    assert (one["ex2"], one["issue"]) == (2 * 128 / 16, 10 * 4 / 4)
+    assert one["top"][0] == ("HGMMA", 3)
+    two = probe.budget(body, 8)  # two warp groups: twice each
+    assert all(two[k] == 2 * one[k] for k in ("tensor", "smem", "ex2", "issue"))
+
+
 def test_loop_sass_probe_lists_a_configuration_that_does_not_compile(monkeypatch):
     """A configuration whose compile aborts in a Triton pass (warp specialization did, on
     triton 3.8 for sm_90) gets a row that says so, with the error's first line, and the
@@ -588,13 +606,17 @@ def test_loop_sass_probe_on_a_compiled_forward():
     command in a process of its own: the kernels must be compiled, not interpreted."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     out = subprocess.run([sys.executable, str(PROBES / "loop_sass.py"), "--op", "fwd_general", "--d", "64",
-                          "--configs", "128x128x8x3", "--n", "4097"],
+                          "--configs", "128x128x8x3", "--n", "4097", "--budget"],
                          capture_output=True, text=True, env=env, check=True).stdout.splitlines()
     rows = [[c.strip() for c in line.strip("|").split("|")] for line in out if line.startswith("| 128 x 128")]
-    main = max(rows, key=lambda r: int(r[4]))  # the loop over the full key tiles
+    loops, budgets = rows[:len(rows) // 2], rows[len(rows) // 2:]
+    main = max(loops, key=lambda r: int(r[4]))  # the loop over the full key tiles
     hgmma, waits, bars, ex2 = (int(main[i]) for i in (5, 6, 7, 8))
     assert hgmma == 64 // 16 + 128 // 16 and waits == 1 and bars >= 1
     assert ex2 == 128 * 128 // 256 + 2
+    # its budget: S = Q K^T and P V, 128 x 128 x 64 multiply-adds each, at 2048 a clock
+    (step,) = [b for b in budgets if b[2] == main[3]]
+    assert float(step[3]) == 2 * 128 * 128 * 64 / 2048 and float(step[5]) == ex2 * 256 / 16
     assert main[-1].startswith("BAR [4 HGMMA] wait (66 EX2) [8 HGMMA]")
 
 

@@ -10,6 +10,16 @@ instructions in all, with the order of those events in one line.
     python benchmarks/probes/loop_sass.py --op fwd_general --d 128 --configs 128x128x8x3 --tma --n 4097
     python benchmarks/probes/loop_sass.py --op bwd_general --d 64 --configs 32x128x4x3 --part 1 --tma --n 4097
 
+`--budget` adds what one step of each loop asks of an SM at Hopper's peak rates, if its
+program had the SM alone: clocks of the matrix units (each HGMMA is one warp group's
+m x n x k product, 2048 bf16 multiply-adds a clock), of the shared-memory reads that feed
+them (the B operand always, A where it is not in registers; 128 bytes a clock), of the MUFU
+unit (each thread's exponentials, 16 a clock) and of instruction issue (each warp's
+instructions, four schedulers issuing one a clock each), with the most frequent opcodes.
+Where a step's softmax does not overlap its products, their clocks add:
+
+    python benchmarks/probes/loop_sass.py --op fwd_general --d 128 --configs 128x128x8x3 --n 4097 --budget
+
 `--op ws_fwd` compiles the minimal TMA forward of `warp_specialize.py` instead (its tiles loaded
 through descriptors, no tail), with and without Triton's warp specialization
 (`tl.range(..., warp_specialize=True)`), to see whether this Triton splits its warps into
@@ -27,6 +37,7 @@ takes is a GPU's to say: this counts instructions, it does not time them.
 from __future__ import annotations
 
 import argparse
+import collections
 import importlib.util
 import re
 import sys
@@ -87,6 +98,36 @@ def summary(body: list[tuple[int, str, str, bool]]) -> dict:
     return {**counts, "instructions": len(body), "order": order}
 
 
+HGMMA_SHAPE = re.compile(r"HGMMA\.(\d+)x(\d+)x(\d+)")
+# Hopper's rates per SM and clock (NVIDIA's H100 figures): dense bf16 multiply-adds of the
+# matrix units, bytes read from shared memory, MUFU.EX2 results, warp instructions issued
+# (four schedulers)
+FMA_PER_CLOCK, SMEM_BYTES_PER_CLOCK, EX2_PER_CLOCK, ISSUE_PER_CLOCK = 2048, 128, 16, 4
+
+
+def budget(body: list[tuple[int, str, str, bool]], warps: int) -> dict:
+    """Clocks that one step of a loop body asks of an SM at Hopper's peak rates, if its
+    program had the SM alone: "tensor" (each HGMMA one warp group's m x n x k product, made
+    by each of the program's warp groups), "smem" (the bf16 operands those products read from
+    shared memory: B always, A unless it comes from registers), "ex2" (each thread's
+    MUFU.EX2) and "issue" (each warp's instructions); and the eight most frequent opcodes per
+    thread. A model of the code, not a timing."""
+    fmas = smem = 0
+    for _, op, rest, _ in body:
+        # (the listing's opcode stops at the shape's "x": HGMMA.64 | x128x16.F32.BF16 R24, ...)
+        shape = HGMMA_SHAPE.match(op + rest)
+        if shape:
+            m, n, k = map(int, shape.groups())
+            a_operand = rest.split(None, 1)[1].split(",")[1].strip()  # dst, A, B, ...
+            fmas += m * n * k
+            smem += 2 * (n * k + (m * k if a_operand.startswith("gdesc") else 0))
+    groups = max(warps // 4, 1)
+    ex2 = sum(op.startswith("MUFU.EX2") for _, op, _, _ in body)
+    top = collections.Counter(op.split(".")[0] for _, op, _, _ in body).most_common(8)
+    return {"tensor": fmas * groups / FMA_PER_CLOCK, "smem": smem * groups / SMEM_BYTES_PER_CLOCK,
+            "ex2": ex2 * warps * 32 / EX2_PER_CLOCK, "issue": len(body) * warps / ISSUE_PER_CLOCK, "top": top}
+
+
 def compile_ws_fwd(d: int, block_m: int, block_n: int, warps: int, stages: int, ws: bool):
     """warp_specialize.py's TMA forward at head dim d, compiled for sm_90 (bf16), its key loop
     warp-specialized or not."""
@@ -101,10 +142,11 @@ def compile_ws_fwd(d: int, block_m: int, block_n: int, warps: int, stages: int, 
                           target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps, num_stages=stages))
 
 
-def table(op: str, d: int, configs: str, tma: bool, n_seq: int, part: int) -> str:
+def table(op: str, d: int, configs: str, tma: bool, n_seq: int, part: int, with_budget: bool = False) -> str:
     """The markdown table of every loop of each configuration (BLOCK_M x BLOCK_N x warps x
     stages; the backward's BLOCK_M1 x BLOCK_N1 in launch form `part`; ws_fwd: each
-    configuration without and with warp specialization)."""
+    configuration without and with warp specialization); with_budget: then a table of each
+    loop's budget()."""
     if op == "ws_fwd":
         title = f"warp_specialize.py's TMA forward, D = {d}, without and with warp specialization"
     else:
@@ -116,6 +158,11 @@ def table(op: str, d: int, configs: str, tma: bool, n_seq: int, part: int) -> st
             "| tiles | warps | stages | loop | instructions | " + " | ".join(n for n, _ in CLASSES)
             + " | order of events |",
             "|---|---|---|---|---|" + "---|" * len(CLASSES) + "---|"]
+    budgets = ["", "What one step of each loop asks of an SM at peak rates, in clocks (`budget`: a model "
+               "of the code, not a timing)", "",
+               "| tiles | warps | loop | tensor | shared-memory reads | MUFU.EX2 | issue | reads / tensor | "
+               "EX2 / tensor | issue / tensor | most frequent opcodes, per thread |",
+               "|---|---|---|---|---|---|---|---|---|---|---|"]
     for config in configs.split(","):
         m, n, warps, stages = map(int, config.split("x"))
         for ws in ((False, True) if op == "ws_fwd" else (None,)):
@@ -133,7 +180,12 @@ def table(op: str, d: int, configs: str, tma: bool, n_seq: int, part: int) -> st
                 s = summary(body)
                 head.append(f"| {tiles} | {warps} | {stages} | {i + 1} | {s['instructions']} | "
                             + " | ".join(str(s[name]) for name, _ in CLASSES) + f" | {s['order']} |")
-    return "\n".join(head) + "\n"
+                b = budget(body, warps)
+                t = b["tensor"] or float("nan")
+                budgets.append(f"| {tiles} | {warps} | {i + 1} | {b['tensor']:.0f} | {b['smem']:.0f} | {b['ex2']:.0f} | "
+                               f"{b['issue']:.0f} | {b['smem'] / t:.2f} | {b['ex2'] / t:.2f} | {b['issue'] / t:.2f} | "
+                               + ", ".join(f"{op} {n}" for op, n in b["top"]) + " |")
+    return "\n".join(head + (budgets if with_budget else [])) + "\n"
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -146,8 +198,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--n", type=int, default=0, help="the sequence length whose tail tiles the kernel has (0: none)")
     p.add_argument("--part", type=int, choices=(0, 1, 2), default=1,
                    help="the backward's launch form: 0 both program kinds, 1 dK/dV, 2 dQ")
+    p.add_argument("--budget", action="store_true",
+                   help="also what one step of each loop asks of an SM at Hopper's peak rates, in clocks")
     args = p.parse_args(argv)
-    print(table(args.op, args.d, args.configs, args.tma, args.n, args.part), end="")
+    print(table(args.op, args.d, args.configs, args.tma, args.n, args.part, args.budget), end="")
 
 
 if __name__ == "__main__":
