@@ -13,8 +13,9 @@ put back: "v15" (the short forwards) and "v14" (those and the 8-warp backwards, 
 blocks, as cache version 26 did (launch.GRAPH_PASSES = 1), to show what version 27's second
 pass costs. "remade" keeps today's lists but makes each candidate's launches afresh at every
 call the tuner makes, as it did before 2dc8b0e (each call then goes through Triton's argument
-binding), to show what making them once per tuned shape saves. Each case runs in a fresh process with an empty tuning cache ($VITFLASH_CACHE_DIR)
-and an empty Triton compile cache ($TRITON_CACHE_DIR), which is what a new machine pays; the
+binding), to show what making them once per tuned shape saves. Each case runs in a fresh
+process with an empty tuning cache ($VITFLASH_CACHE_DIR) and an empty Triton compile cache
+($TRITON_CACHE_DIR), which is what a new machine pays; the
 cases alternate, `--repeats` rounds of them. `--warm-compile` gives every case one compile
 cache instead, filled by an untimed first call at each shape: the first call then pays the
 tuner's loading and timing without the compiles, so a difference in the timing stands out.
