@@ -580,6 +580,42 @@ def test_loop_sass_probe_budgets_a_step_at_hoppers_peak_rates():
     assert all(two[k] == 2 * one[k] for k in ("tensor", "smem", "ex2", "issue"))
 
 
+def test_loop_sass_probe_budgets_the_older_warp_products_and_their_shared_memory_loads():
+    """mma.sync products (HMMA.16816: one warp's 16 x 8 x 16) count once per warp, and the
+    8 x 8 matrices that LDSM loads for them count as shared-memory reads (.4: four of them)."""
+    probe = _load("loop_sass")
+    listing = """
+        /*0100*/                   LDSM.16.MT88.4 R4, [R2] ;
+        /*0110*/                   LDSM.16.M88.2 R8, [R2+0x200] ;
+        /*0120*/                   HMMA.16816.F32.BF16 R12, R4, R8, R12 ;
+        /*0130*/                   HGMMA.64x32x16.F32.BF16 R24, gdesc[UR12], RZ, !UPT ;
+        /*0140*/               @!P0 BRA 0x100 ;
+"""
+    (body,) = probe.loops(probe.instructions(listing))
+    b = probe.budget(body, 4)
+    assert b["tensor"] == (16 * 8 * 16 * 4 + 64 * 32 * 16) / 2048
+    assert b["smem"] == ((4 + 2) * 8 * 8 * 2 * 4 + 2 * (32 * 16 + 64 * 16)) / 128
+
+
+def test_loop_sass_probe_reads_the_short_backward():
+    """`--op bwd_short` compiles the short backward (the keys of a head on chip) with the
+    options registers.py takes: the tuner's register-capped one-key form at N = 65 has one
+    loop, over 32-row query chunks, whose products are the five of a chunk (S^T, dP^T, dV,
+    dK, dQ: 32 x 64 x 64 multiply-adds each, 4 warps) for the 64 keys of the tile; the
+    options are refused for the general kernels. Run as its command in a process of its own."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    cmd = [sys.executable, str(PROBES / "loop_sass.py"), "--op", "bwd_short", "--d", "64", "--n", "65",
+           "--configs", "32x4", "--one-key", "--key-per-chunk", "--maxnreg", "168", "--budget"]
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env, check=True).stdout.splitlines()
+    assert "the short backward, D = 64, N = 65, one_key=True, key_per_chunk=True, maxnreg=168" in out[0]
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in out if line.startswith("| 32 x 65")]
+    (loop, step) = rows
+    assert loop[3] == "1" and step[2] == "1"
+    assert float(step[3]) == 5 * 32 * 64 * 64 / 2048
+    wrong = subprocess.run(cmd[:2] + ["--op", "bwd_general", "--one-key"], capture_output=True, text=True, env=env)
+    assert wrong.returncode == 2 and "apply to --op fwd_short and bwd_short" in wrong.stderr
+
+
 def test_loop_sass_probe_lists_a_configuration_that_does_not_compile(monkeypatch):
     """A configuration whose compile aborts in a Triton pass (warp specialization did, on
     triton 3.8 for sm_90) gets a row that says so, with the error's first line, and the

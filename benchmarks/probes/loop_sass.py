@@ -20,6 +20,12 @@ Where a step's softmax does not overlap its products, their clocks add:
 
     python benchmarks/probes/loop_sass.py --op fwd_general --d 128 --configs 128x128x8x3 --n 4097 --budget
 
+`--op fwd_short` and `--op bwd_short` read the short kernels (all keys of a head on chip) at
+length `--n` (65 by default), their configurations BLOCK_M x warps, with `--one-key`,
+`--key-per-chunk` and `--maxnreg` as `registers.py` takes them:
+
+    python benchmarks/probes/loop_sass.py --op bwd_short --d 64 --n 65 --configs 32x4 --one-key --key-per-chunk --maxnreg 168 --budget
+
 `--op ws_fwd` compiles the minimal TMA forward of `warp_specialize.py` instead (its tiles loaded
 through descriptors, no tail), with and without Triton's warp specialization
 (`tl.range(..., warp_specialize=True)`), to see whether this Triton splits its warps into
@@ -48,7 +54,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from registers import assemble, compile_general_bwd, compile_general_fwd  # noqa: E402
+from registers import assemble, compile_general_bwd, compile_general_fwd, compile_short  # noqa: E402
 
 LINE = re.compile(r"^\s+/\*([0-9a-f]{4,})\*/\s+(@!?U?P\w+\s+)?([A-Z0-9_.]+)([^;]*);", re.M)
 # the classes the summary counts: (column, opcode prefix)
@@ -99,6 +105,8 @@ def summary(body: list[tuple[int, str, str, bool]]) -> dict:
 
 
 HGMMA_SHAPE = re.compile(r"HGMMA\.(\d+)x(\d+)x(\d+)")
+HMMA_SHAPE = re.compile(r"HMMA\.(\d\d)(\d)(\d+)\.")  # HMMA.16816: one warp's m16 n8 k16
+LDSM_COUNT = re.compile(r"LDSM\.16\.MT?88(?:\.(\d))?")  # one warp's 1, 2 or 4 8 x 8 matrices
 # Hopper's rates per SM and clock (NVIDIA's H100 figures): dense bf16 multiply-adds of the
 # matrix units, bytes read from shared memory, MUFU.EX2 results, warp instructions issued
 # (four schedulers)
@@ -108,23 +116,31 @@ FMA_PER_CLOCK, SMEM_BYTES_PER_CLOCK, EX2_PER_CLOCK, ISSUE_PER_CLOCK = 2048, 128,
 def budget(body: list[tuple[int, str, str, bool]], warps: int) -> dict:
     """Clocks that one step of a loop body asks of an SM at Hopper's peak rates, if its
     program had the SM alone: "tensor" (each HGMMA one warp group's m x n x k product, made
-    by each of the program's warp groups), "smem" (the bf16 operands those products read from
-    shared memory: B always, A unless it comes from registers), "ex2" (each thread's
-    MUFU.EX2) and "issue" (each warp's instructions); and the eight most frequent opcodes per
-    thread. A model of the code, not a timing."""
-    fmas = smem = 0
+    by each of the program's warp groups; each HMMA, the older mma.sync, one warp's, made by
+    each warp, counted at the same peak, which mma.sync does not reach on Hopper), "smem" (the
+    bf16 operands those products read from shared memory: an HGMMA's B always and its A
+    unless it comes from registers; the 8 x 8 matrices that LDSM loads into registers for
+    HMMA), "ex2" (each thread's MUFU.EX2) and "issue" (each warp's instructions); and the
+    eight most frequent opcodes per thread. A model of the code, not a timing."""
+    group_fmas = group_bytes = warp_fmas = warp_bytes = 0
     for _, op, rest, _ in body:
         # (the listing's opcode stops at the shape's "x": HGMMA.64 | x128x16.F32.BF16 R24, ...)
         shape = HGMMA_SHAPE.match(op + rest)
         if shape:
             m, n, k = map(int, shape.groups())
             a_operand = rest.split(None, 1)[1].split(",")[1].strip()  # dst, A, B, ...
-            fmas += m * n * k
-            smem += 2 * (n * k + (m * k if a_operand.startswith("gdesc") else 0))
+            group_fmas += m * n * k
+            group_bytes += 2 * (n * k + (m * k if a_operand.startswith("gdesc") else 0))
+        elif HMMA_SHAPE.match(op):
+            m, n, k = map(int, HMMA_SHAPE.match(op).groups())
+            warp_fmas += m * n * k
+        elif LDSM_COUNT.match(op):
+            warp_bytes += int(LDSM_COUNT.match(op).group(1) or 1) * 8 * 8 * 2
     groups = max(warps // 4, 1)
     ex2 = sum(op.startswith("MUFU.EX2") for _, op, _, _ in body)
     top = collections.Counter(op.split(".")[0] for _, op, _, _ in body).most_common(8)
-    return {"tensor": fmas * groups / FMA_PER_CLOCK, "smem": smem * groups / SMEM_BYTES_PER_CLOCK,
+    return {"tensor": (group_fmas * groups + warp_fmas * warps) / FMA_PER_CLOCK,
+            "smem": (group_bytes * groups + warp_bytes * warps) / SMEM_BYTES_PER_CLOCK,
             "ex2": ex2 * warps * 32 / EX2_PER_CLOCK, "issue": len(body) * warps / ISSUE_PER_CLOCK, "top": top}
 
 
@@ -142,13 +158,23 @@ def compile_ws_fwd(d: int, block_m: int, block_n: int, warps: int, stages: int, 
                           target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps, num_stages=stages))
 
 
-def table(op: str, d: int, configs: str, tma: bool, n_seq: int, part: int, with_budget: bool = False) -> str:
+SHORT = ("fwd_short", "bwd_short")
+
+
+def table(op: str, d: int, configs: str, tma: bool, n_seq: int, part: int, with_budget: bool = False,
+          short: dict | None = None) -> str:
     """The markdown table of every loop of each configuration (BLOCK_M x BLOCK_N x warps x
     stages; the backward's BLOCK_M1 x BLOCK_N1 in launch form `part`; ws_fwd: each
-    configuration without and with warp specialization); with_budget: then a table of each
-    loop's budget()."""
+    configuration without and with warp specialization; the short kernels: BLOCK_M x warps,
+    compiled with `short`'s options of registers.compile_short); with_budget: then a table of
+    each loop's budget()."""
+    short = short or {}
     if op == "ws_fwd":
         title = f"warp_specialize.py's TMA forward, D = {d}, without and with warp specialization"
+    elif op in SHORT:
+        n_seq = n_seq or 65
+        title = (f"the short {'forward' if op == 'fwd_short' else 'backward'}, D = {d}, N = {n_seq}"
+                 + "".join(f", {k}={v}" for k, v in short.items() if v))
     else:
         fwd = op == "fwd_general"
         form = "" if fwd else f", launch {('one (PART 0)', 'dK/dV (PART 1)', 'dQ (PART 2)')[part]}"
@@ -164,11 +190,16 @@ def table(op: str, d: int, configs: str, tma: bool, n_seq: int, part: int, with_
                "EX2 / tensor | issue / tensor | most frequent opcodes, per thread |",
                "|---|---|---|---|---|---|---|---|---|---|---|"]
     for config in configs.split(","):
-        m, n, warps, stages = map(int, config.split("x"))
+        if op in SHORT:  # BLOCK_M x warps: one stage, the keys all on chip
+            m, warps = map(int, config.split("x"))
+            n, stages = n_seq, 1
+        else:
+            m, n, warps, stages = map(int, config.split("x"))
         for ws in ((False, True) if op == "ws_fwd" else (None,)):
             tiles = f"{m} x {n}" + ("" if ws is None else f", warp_specialize={ws}")
             try:
                 compiled = (compile_ws_fwd(d, m, n, warps, stages, ws) if op == "ws_fwd"
+                            else compile_short(op[:3], d, n, m, warps, tma=tma, **short) if op in SHORT
                             else compile_general_fwd(d, m, n, warps, stages, tma, n_seq=n_seq) if op == "fwd_general"
                             else compile_general_bwd(d, m, n, warps, stages, part, tma, n=n_seq))
             except RuntimeError as err:  # a compiler pass that aborts
@@ -184,24 +215,34 @@ def table(op: str, d: int, configs: str, tma: bool, n_seq: int, part: int, with_
                 t = b["tensor"] or float("nan")
                 budgets.append(f"| {tiles} | {warps} | {i + 1} | {b['tensor']:.0f} | {b['smem']:.0f} | {b['ex2']:.0f} | "
                                f"{b['issue']:.0f} | {b['smem'] / t:.2f} | {b['ex2'] / t:.2f} | {b['issue'] / t:.2f} | "
-                               + ", ".join(f"{op} {n}" for op, n in b["top"]) + " |")
+                               + ", ".join(f"{name} {count}" for name, count in b["top"]) + " |")
     return "\n".join(head + (budgets if with_budget else [])) + "\n"
 
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--op", choices=("fwd_general", "bwd_general", "ws_fwd"), default="fwd_general")
+    p.add_argument("--op", choices=("fwd_general", "bwd_general", "ws_fwd") + SHORT, default="fwd_general")
     p.add_argument("--d", type=int, default=128)
     p.add_argument("--configs", default="128x128x8x3",
-                   help="BLOCK_M x BLOCK_N x warps x stages (the backward's BLOCK_M1 x BLOCK_N1), comma-separated")
+                   help="BLOCK_M x BLOCK_N x warps x stages (the backward's BLOCK_M1 x BLOCK_N1; the short "
+                        "kernels' BLOCK_M x warps), comma-separated")
     p.add_argument("--tma", action="store_true", help="the general_tma twin (tiles by TMA descriptors)")
     p.add_argument("--n", type=int, default=0, help="the sequence length whose tail tiles the kernel has (0: none)")
     p.add_argument("--part", type=int, choices=(0, 1, 2), default=1,
                    help="the backward's launch form: 0 both program kinds, 1 dK/dV, 2 dQ")
     p.add_argument("--budget", action="store_true",
                    help="also what one step of each loop asks of an SM at Hopper's peak rates, in clocks")
+    p.add_argument("--one-key", action="store_true", help="the short kernels' one-key-tail twin")
+    p.add_argument("--key-per-chunk", action="store_true", help="the short backward's KEY_PER_CHUNK form")
+    p.add_argument("--maxnreg", type=int, default=0, help="the short kernels' register cap (0: none)")
     args = p.parse_args(argv)
-    print(table(args.op, args.d, args.configs, args.tma, args.n, args.part, args.budget), end="")
+    short = dict(one_key=args.one_key, key_per_chunk=args.key_per_chunk, maxnreg=args.maxnreg)
+    if args.op not in SHORT and any(short.values()):
+        p.error("--one-key, --key-per-chunk and --maxnreg apply to --op fwd_short and bwd_short")
+    if args.op == "fwd_short":
+        short.pop("key_per_chunk")
+    print(table(args.op, args.d, args.configs, args.tma, args.n, args.part, args.budget,
+                short if args.op in SHORT else None), end="")
 
 
 if __name__ == "__main__":
