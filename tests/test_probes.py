@@ -614,6 +614,13 @@ def test_loop_sass_probe_reads_the_short_backward():
     assert float(step[3]) == 5 * 32 * 64 * 64 / 2048
     wrong = subprocess.run(cmd[:2] + ["--op", "bwd_general", "--one-key"], capture_output=True, text=True, env=env)
     assert wrong.returncode == 2 and "apply to --op fwd_short and bwd_short" in wrong.stderr
+    wrong = subprocess.run(cmd[:2] + ["--op", "fwd_short", "--key-per-chunk"], capture_output=True, text=True, env=env)
+    assert wrong.returncode == 2 and "applies to --op bwd_short" in wrong.stderr
+    # the short forward makes one pass over its keys: a row says it has no loop
+    out = subprocess.run(cmd[:2] + ["--op", "fwd_short", "--d", "64", "--configs", "64x4"], capture_output=True,
+                         text=True, env=env, check=True).stdout.splitlines()
+    assert [line for line in out if line.startswith("| 64 x 65")] == [
+        "| 64 x 65 | 4 | 1 | - | no loop with matrix products |" + " |" * 7]
 
 
 def test_loop_sass_probe_lists_a_configuration_that_does_not_compile(monkeypatch):

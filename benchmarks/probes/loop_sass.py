@@ -131,11 +131,11 @@ def budget(body: list[tuple[int, str, str, bool]], warps: int) -> dict:
             a_operand = rest.split(None, 1)[1].split(",")[1].strip()  # dst, A, B, ...
             group_fmas += m * n * k
             group_bytes += 2 * (n * k + (m * k if a_operand.startswith("gdesc") else 0))
-        elif HMMA_SHAPE.match(op):
-            m, n, k = map(int, HMMA_SHAPE.match(op).groups())
+        elif mma := HMMA_SHAPE.match(op):
+            m, n, k = map(int, mma.groups())
             warp_fmas += m * n * k
-        elif LDSM_COUNT.match(op):
-            warp_bytes += int(LDSM_COUNT.match(op).group(1) or 1) * 8 * 8 * 2
+        elif ldsm := LDSM_COUNT.match(op):
+            warp_bytes += int(ldsm.group(1) or 1) * 8 * 8 * 2
     groups = max(warps // 4, 1)
     ex2 = sum(op.startswith("MUFU.EX2") for _, op, _, _ in body)
     top = collections.Counter(op.split(".")[0] for _, op, _, _ in body).most_common(8)
@@ -207,7 +207,11 @@ def table(op: str, d: int, configs: str, tma: bool, n_seq: int, part: int, with_
                 head.append(f"| {tiles} | {warps} | {stages} | - | does not compile: {first} |"
                             + " |" * len(CLASSES) + " |")
                 continue
-            for i, body in enumerate(loops(instructions(assemble(compiled)[1]))):
+            bodies = loops(instructions(assemble(compiled)[1]))
+            if not bodies:  # the short forward: one pass over its keys
+                head.append(f"| {tiles} | {warps} | {stages} | - | no loop with matrix products |"
+                            + " |" * len(CLASSES) + " |")
+            for i, body in enumerate(bodies):
                 s = summary(body)
                 head.append(f"| {tiles} | {warps} | {stages} | {i + 1} | {s['instructions']} | "
                             + " | ".join(str(s[name]) for name, _ in CLASSES) + f" | {s['order']} |")
@@ -239,8 +243,8 @@ def main(argv: list[str] | None = None) -> None:
     short = dict(one_key=args.one_key, key_per_chunk=args.key_per_chunk, maxnreg=args.maxnreg)
     if args.op not in SHORT and any(short.values()):
         p.error("--one-key, --key-per-chunk and --maxnreg apply to --op fwd_short and bwd_short")
-    if args.op == "fwd_short":
-        short.pop("key_per_chunk")
+    if args.op == "fwd_short" and short.pop("key_per_chunk"):
+        p.error("--key-per-chunk applies to --op bwd_short (the forward has no such form)")
     print(table(args.op, args.d, args.configs, args.tma, args.n, args.part, args.budget,
                 short if args.op in SHORT else None), end="")
 
