@@ -1016,9 +1016,32 @@ def _row_sum(w, a, a_hi, acc, acc_hi, BLOCK_D2: tl.constexpr):
 
 
 @triton.jit
+def _row_terms(w, a, a_hi, acc, acc_hi, BLOCK_D2: tl.constexpr):
+    """(acc + w a, acc_hi + w a_hi) in fp32: _row_sum's terms, each row of a weighted by
+    its w, added into (rows, head dim) accumulators without the sum over the rows, which
+    the caller takes once at the end (_key_sums)."""
+    acc += w[:, None] * a.to(tl.float32)
+    if BLOCK_D2 > 0:
+        acc_hi += w[:, None] * a_hi.to(tl.float32)
+    return acc, acc_hi
+
+
+@triton.jit
+def _key_sums(acc, acc_hi, BLOCK_D2: tl.constexpr):
+    """_row_terms' accumulators summed over their rows: the (1, head dim) rows they stand
+    for."""
+    total = tl.sum(acc, 0)[None, :]
+    total_hi = total
+    if BLOCK_D2 > 0:
+        total_hi = tl.sum(acc_hi, 0)[None, :]
+    return total, total_hi
+
+
+@triton.jit
 def _bwd_one_key(dk1, dk1_hi, dv1, dv1_hi, k1, k1_hi, v1, v1_hi, q, q_hi, do, do_hi, lse,
                  delta, qk_scale, seed, bh, rows, key, N, drop_p,
-                 BLOCK_D2: tl.constexpr, DROPOUT: tl.constexpr, DIAG: tl.constexpr):
+                 BLOCK_D2: tl.constexpr, DROPOUT: tl.constexpr, DIAG: tl.constexpr,
+                 LATE_SUMS: tl.constexpr):
     """A query chunk's share of the gradients through a single key, row `key` (< N), in
     vector arithmetic: dK and dV of that key (k1, v1, dk1, dv1 are (1, head dim) rows), and
     the chunk's column of dS, whose dQ term ds k1 the caller adds (_bwd_short_chunk). That
@@ -1039,8 +1062,12 @@ def _bwd_one_key(dk1, dk1_hi, dv1, dv1_hi, k1, k1_hi, v1, v1_hi, q, q_hi, do, do
         p_kept = tl.where(keep, p * scale, 0.0)
         dp = tl.where(keep, dp * scale, 0.0)
     ds = p * (dp - delta)
-    dv1, dv1_hi = _row_sum(p_kept, do, do_hi, dv1, dv1_hi, BLOCK_D2)
-    dk1, dk1_hi = _row_sum(ds, q, q_hi, dk1, dk1_hi, BLOCK_D2)
+    if LATE_SUMS:  # dk1, dv1 are (ROWS, head dim) accumulators of the terms
+        dv1, dv1_hi = _row_terms(p_kept, do, do_hi, dv1, dv1_hi, BLOCK_D2)
+        dk1, dk1_hi = _row_terms(ds, q, q_hi, dk1, dk1_hi, BLOCK_D2)
+    else:
+        dv1, dv1_hi = _row_sum(p_kept, do, do_hi, dv1, dv1_hi, BLOCK_D2)
+        dk1, dk1_hi = _row_sum(ds, q, q_hi, dk1, dk1_hi, BLOCK_D2)
     return dk1, dk1_hi, dv1, dv1_hi, ds
 
 
@@ -1051,7 +1078,7 @@ def _bwd_short_chunk(dk, dk_hi, dv, dv_hi, dk_t, dk_t_hi, dv_t, dv_t_hi,
                      HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_D2: tl.constexpr,
                      ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr,
                      HAS_TAIL: tl.constexpr, MASK_M: tl.constexpr, DROPOUT: tl.constexpr,
-                     DIAG: tl.constexpr, KEY_PER_CHUNK: tl.constexpr):
+                     DIAG: tl.constexpr, KEY_PER_CHUNK: tl.constexpr, LATE_SUMS: tl.constexpr):
     """One chunk of bwd_short_kernel: ROWS query rows from start_m (MASK_M: the chunk may
     reach past row N - 1). Computes the chunk's delta, writes its finished dQ and returns
     dK, dV (and the tail tile's dK, dV) with its share added, each as its two chunks."""
@@ -1074,7 +1101,8 @@ def _bwd_short_chunk(dk, dk_hi, dv, dv_hi, dk_t, dk_t_hi, dv_t, dv_t_hi,
         v_t, v_t_hi = _load_rows(QKV, bh, key_row, N, H, 3, 2, HEAD_DIM, BLOCK_D, BLOCK_D2, False)
         dk_t, dk_t_hi, dv_t, dv_t_hi, ds1 = _bwd_one_key(
             dk_t, dk_t_hi, dv_t, dv_t_hi, k_t, k_t_hi, v_t, v_t_hi, q, q_hi, do, do_hi, lse,
-            delta, qk_scale, seed, bh, rows, BLOCK_N, N, drop_p, BLOCK_D2, DROPOUT, DIAG)
+            delta, qk_scale, seed, bh, rows, BLOCK_N, N, drop_p, BLOCK_D2, DROPOUT, DIAG,
+            LATE_SUMS)
     dk, dk_hi, dv, dv_hi, ds_t = _bwd_dkdv_step(dk, dk_hi, dv, dv_hi, k, k_hi, v, v_hi, q, q_hi,
                                                 do, do_hi, lse, delta, qk_scale, seed, bh, rows,
                                                 0, N, drop_p, BLOCK_D2, DROPOUT, DIAG)
@@ -1089,7 +1117,7 @@ def _bwd_short_chunk(dk, dk_hi, dv, dv_hi, dk_t, dk_t_hi, dv_t, dv_t_hi,
                 dk_t, dk_t_hi, dv_t, dv_t_hi, ds1 = _bwd_one_key(
                     dk_t, dk_t_hi, dv_t, dv_t_hi, k_t, k_t_hi, v_t, v_t_hi, q, q_hi, do, do_hi,
                     lse, delta, qk_scale, seed, bh, rows, BLOCK_N, N, drop_p, BLOCK_D2, DROPOUT,
-                    DIAG)
+                    DIAG, LATE_SUMS)
             dq += ds1[:, None] * k_t.to(tl.float32)  # its dQ term, after dS K's
             if BLOCK_D2 > 0:
                 dq_hi += ds1[:, None] * k_t_hi.to(tl.float32)
@@ -1137,8 +1165,13 @@ def bwd_short_kernel(QKV, O, DO, LSE, DQKV, SEED, qk_scale, sm_scale, drop_p, H,
     # load and nothing reads them), so that the loop carries the same variables.
     k_t, k_t_hi = _load_rows(QKV, bh, offs_t, N, H, 3, 1, HEAD_DIM, BLOCK_D, BLOCK_D2, True)
     v_t, v_t_hi = _load_rows(QKV, bh, offs_t, N, H, 3, 2, HEAD_DIM, BLOCK_D, BLOCK_D2, True)
-    dk_t, dk_t_hi = _zeros(BLOCK_T, BLOCK_D, BLOCK_D2)
-    dv_t, dv_t_hi = _zeros(BLOCK_T, BLOCK_D, BLOCK_D2)
+    ONE_KEY: tl.constexpr = HAS_TAIL and BLOCK_T == 1
+    if ONE_KEY:  # (BLOCK_M, head dim) accumulators of the one key's terms, summed at the end
+        dk_t, dk_t_hi = _zeros(BLOCK_M, BLOCK_D, BLOCK_D2)
+        dv_t, dv_t_hi = _zeros(BLOCK_M, BLOCK_D, BLOCK_D2)
+    else:
+        dk_t, dk_t_hi = _zeros(BLOCK_T, BLOCK_D, BLOCK_D2)
+        dv_t, dv_t_hi = _zeros(BLOCK_T, BLOCK_D, BLOCK_D2)
     seed = tl.load(SEED) if DROPOUT else 0
 
     m_full = (N // BLOCK_M) * BLOCK_M
@@ -1147,13 +1180,22 @@ def bwd_short_kernel(QKV, O, DO, LSE, DQKV, SEED, qk_scale, sm_scale, drop_p, H,
             dk, dk_hi, dv, dv_hi, dk_t, dk_t_hi, dv_t, dv_t_hi, k, k_hi, v, v_hi, k_t, k_t_hi,
             v_t, v_t_hi, QKV, O, DO, LSE, DQKV, bh, start_m, seed, qk_scale, sm_scale, drop_p,
             H, N, HEAD_DIM, BLOCK_D, BLOCK_D2, BLOCK_M, BLOCK_N, BLOCK_T, HAS_TAIL, False,
-            DROPOUT, DIAG, KEY_PER_CHUNK)
-    if BLOCK_MT > 0:  # the rows past the last full chunk
+            DROPOUT, DIAG, KEY_PER_CHUNK, ONE_KEY)
+    # the rows past the last full chunk: into the same accumulators if their chunk has as
+    # many rows, else after the sums, into the summed rows
+    LATE_TAIL: tl.constexpr = ONE_KEY and BLOCK_MT == BLOCK_M
+    if ONE_KEY and not LATE_TAIL:
+        dk_t, dk_t_hi = _key_sums(dk_t, dk_t_hi, BLOCK_D2)
+        dv_t, dv_t_hi = _key_sums(dv_t, dv_t_hi, BLOCK_D2)
+    if BLOCK_MT > 0:
         dk, dk_hi, dv, dv_hi, dk_t, dk_t_hi, dv_t, dv_t_hi = _bwd_short_chunk(
             dk, dk_hi, dv, dv_hi, dk_t, dk_t_hi, dv_t, dv_t_hi, k, k_hi, v, v_hi, k_t, k_t_hi,
             v_t, v_t_hi, QKV, O, DO, LSE, DQKV, bh, m_full, seed, qk_scale, sm_scale, drop_p,
             H, N, HEAD_DIM, BLOCK_D, BLOCK_D2, BLOCK_MT, BLOCK_N, BLOCK_T, HAS_TAIL, True,
-            DROPOUT, DIAG, KEY_PER_CHUNK)
+            DROPOUT, DIAG, KEY_PER_CHUNK, LATE_TAIL)
+    if LATE_TAIL:
+        dk_t, dk_t_hi = _key_sums(dk_t, dk_t_hi, BLOCK_D2)
+        dv_t, dv_t_hi = _key_sums(dv_t, dv_t_hi, BLOCK_D2)
 
     _store_rows(DQKV, dk * sm_scale, dk_hi * sm_scale, bh, offs_n, N, H, 3, 1, HEAD_DIM,
                 BLOCK_D, BLOCK_D2)
