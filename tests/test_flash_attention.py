@@ -603,20 +603,20 @@ def test_one_key_twins_exactly_where_one_key_is_past_the_tile():
 
 
 def test_register_capped_short_backward_listed_at_65_keys_and_33_to_64_columns():
-    """The short backward's register-capped twin (32-row chunks, 4 warps, maxnreg 168, the
+    """The short backward's register-capped twin (16-row chunks, 4 warps, maxnreg 168, the
     kernel's KEY_PER_CHUNK form) is listed at N = 65 where a tile is 33-64 columns wide, the
     one shape it was timed at, and nowhere else; the cap travels through the tuning cache's
     JSON and into the launch's compile options, and only the one-key twin takes one."""
     for n, d in ((65, 64), (65, 48), (65, 40)):
         capped = [c for c in launch.candidates("bwd", n, d) if c.maxnreg]
-        assert capped == [launch.short_bwd(n, 32, 4, one_key=True, maxnreg=168)]
+        assert capped == [launch.short_bwd(n, 16, 4, one_key=True, maxnreg=168)]
         assert capped[0].meta["KEY_PER_CHUNK"] == 1 and capped[0].meta["BLOCK_T"] == 1
         assert launch.Candidate.from_json(json.loads(json.dumps(capped[0].to_json()))) == capped[0]
         assert capped[0].label().endswith("4w 1s cap 168")
     for n, d in ((65, 32), (65, 80), (65, 128), (17, 64), (33, 64), (129, 64), (64, 64), (197, 64)):
         assert not [c for c in launch.candidates("bwd", n, d) if c.maxnreg], (n, d)
         assert not [c for c in launch.candidates("fwd", n, d, bh=64) if c.maxnreg], (n, d)
-    (plan,) = flash_mod._bwd_launches(launch.short_bwd(65, 32, 4, one_key=True, maxnreg=168), 2, 65, 3, 64)
+    (plan,) = flash_mod._bwd_launches(launch.short_bwd(65, 16, 4, one_key=True, maxnreg=168), 2, 65, 3, 64)
     assert plan.options == {"num_warps": 4, "num_stages": 1, "maxnreg": 168}
     assert plan.consts["KEY_PER_CHUNK"] == 1
     (plain,) = flash_mod._bwd_launches(launch.short_bwd(65, 32, 4, one_key=True), 2, 65, 3, 64)
@@ -652,20 +652,24 @@ def test_key_per_chunk_backward_gives_the_same_bits(monkeypatch, D, dtype, dropo
     """The short backward's KEY_PER_CHUNK form (the key past the tile read again per query
     chunk, its vector work before the chunk's products) does the same arithmetic in the same
     order as the one-key twin it stands beside: dqkv equal bit for bit, with a split head
-    dim (48 = 32 + 16), dropout and the diagonal mask too. (The interpreter ignores the
-    register cap; on a GPU test_every_config_gpu runs the capped binary against float64.)"""
+    dim (48 = 32 + 16), dropout and the diagonal mask too; in 16-row chunks (the listed twin:
+    the last, 16-row chunk adds into the one key's unsummed terms with the full ones) and in
+    32-row chunks (it adds after their sums). (The interpreter ignores the register cap; on a
+    GPU test_every_config_gpu runs the capped binary against float64.)"""
     B, H, N = 2, 2, 65
     qkv, do = _packed_inputs(B, N, H, D, dtype, seed=D)
     seed = torch.tensor([99], dtype=torch.int64, device=DEVICE)
     fwd = launch.short_fwd(N, 32, heads=2, stages=2, one_key=True)
-    out = []
-    for bwd in (launch.short_bwd(N, 32, 4, one_key=True), launch.short_bwd(N, 32, 4, one_key=True, maxnreg=168)):
-        _force(monkeypatch, fwd, bwd)
-        o, lse = flash_mod._forward(qkv, D ** -0.5, dropout_p, seed, diag)
-        out.append(flash_mod._backward(do, qkv, o, lse, D ** -0.5, dropout_p, seed, mask_diagonal=diag))
-        assert flash_mod._plans[("bwd", dtype, qkv.device, B, N, H, D, dropout_p > 0, diag)][0].consts[
-            "KEY_PER_CHUNK"] == bool(bwd.maxnreg)
-    assert out[0].abs().sum() > 0 and torch.equal(out[0], out[1])
+    for rows in (16, 32):
+        out = []
+        for bwd in (launch.short_bwd(N, rows, 4, one_key=True),
+                    launch.short_bwd(N, rows, 4, one_key=True, maxnreg=168)):
+            _force(monkeypatch, fwd, bwd)
+            o, lse = flash_mod._forward(qkv, D ** -0.5, dropout_p, seed, diag)
+            out.append(flash_mod._backward(do, qkv, o, lse, D ** -0.5, dropout_p, seed, mask_diagonal=diag))
+            assert flash_mod._plans[("bwd", dtype, qkv.device, B, N, H, D, dropout_p > 0, diag)][0].consts[
+                "KEY_PER_CHUNK"] == bool(bwd.maxnreg)
+        assert out[0].abs().sum() > 0 and torch.equal(out[0], out[1]), rows
 
 
 def test_short_forward_takes_eight_warps_only_on_128_row_tiles():

@@ -1043,13 +1043,14 @@ def _bwd_one_key(dk1, dk1_hi, dv1, dv1_hi, k1, k1_hi, v1, v1_hi, q, q_hi, do, do
                  BLOCK_D2: tl.constexpr, DROPOUT: tl.constexpr, DIAG: tl.constexpr,
                  LATE_SUMS: tl.constexpr):
     """A query chunk's share of the gradients through a single key, row `key` (< N), in
-    vector arithmetic: dK and dV of that key (k1, v1, dk1, dv1 are (1, head dim) rows), and
-    the chunk's column of dS, whose dQ term ds k1 the caller adds (_bwd_short_chunk). That
-    is the tail of N = 2^k + 1, a class token and a power-of-two grid of patches
-    (65 = 64 + 1): the matrix units take at least 16 rows, so as a tail tile of products
-    the one key costs the work of 16. P and dS stay in fp32 here (the products round them
-    to the inputs' dtype). Padded query rows have
-    q = dO = 0 and LSE = +inf, so p = 0 and they add nothing."""
+    vector arithmetic: dK and dV of that key (k1, v1 are (1, head dim) rows; dk1, dv1 too,
+    or with LATE_SUMS (ROWS, head dim) accumulators of the rows' terms, which the caller
+    sums over the rows once, after its last chunk: _key_sums), and the chunk's column of
+    dS, whose dQ term ds k1 the caller adds (_bwd_short_chunk). That is the tail of
+    N = 2^k + 1, a class token and a power-of-two grid of patches (65 = 64 + 1): the matrix
+    units take at least 16 rows, so as a tail tile of products the one key costs the work
+    of 16. P and dS stay in fp32 here (the products round them to the inputs' dtype).
+    Padded query rows have q = dO = 0 and LSE = +inf, so p = 0 and they add nothing."""
     s = _rowdot(q, q_hi, k1, k1_hi, BLOCK_D2)  # (ROWS,): q k1^T
     p = tl.math.exp2(s * qk_scale - lse)
     if DIAG:
@@ -1145,15 +1146,20 @@ def bwd_short_kernel(QKV, O, DO, LSE, DQKV, SEED, qk_scale, sm_scale, drop_p, H,
     (BLOCK_M divides N), one BLOCK_MT-row chunk for the rest (65 rows: 64 + 16, or
     32 + 32 + 16, not 64 + 64); each chunk computes its own delta, adds to dK and dV, and
     writes its finished dQ. BLOCK_T = 1: the tail is one key (N = BLOCK_N + 1), done in
-    vector arithmetic rather than as a tile of products (_bwd_one_key). KEY_PER_CHUNK (with
-    BLOCK_T = 1): each chunk reads that key's row again (from cache) and does its vector work
-    before the chunk's products, instead of holding the row across the loop and working
-    after them; the same arithmetic in the same order, so the same bits, with fewer values
-    live at once. On an H200 (triton 3.6) at N = 65, D = 64 in 32-row chunks, 4 warps, that
-    is 248 registers a thread instead of 252, and under a cap of 168 (3 programs an SM
-    instead of 2) 160 bytes of local memory a thread instead of 256. That capped twin ran
-    2-7% faster than the fastest candidate without it at the four N = 65, D = 64 shapes;
-    without the cap the reread made most tiles slower (launch.SHORT_BWD_CAPPED)."""
+    vector arithmetic rather than as a tile of products (_bwd_one_key). Where at least two
+    full chunks pass (BLOCK_M < BLOCK_N), its dK and dV terms add up in (BLOCK_M, head dim)
+    accumulators, summed over the rows once after the full chunks (LATE_SUMS), rather than
+    summed across the threads in every chunk: compiled for sm_90 on the CPU (triton 3.8),
+    a 32-row chunk's loop in 4 warps went from 714 instructions and 20 barriers to 576 and
+    12, and on an H100 (triton 3.6) the 32-row and 16-row programs took 6-8% and 22-25%
+    less time at the four N = 65, D = 64 shapes (benchmarks/results/gpu_session_65e0e7e/run1/).
+    KEY_PER_CHUNK (with BLOCK_T = 1): each chunk reads that key's row again (from cache) and
+    does its vector work before the chunk's products, instead of holding the row across the
+    loop and working after them; the same arithmetic in the same order, so the same bits,
+    with fewer values live at once. In 16-row chunks, 4 warps, that is 216 registers a
+    thread instead of 232 (H100, triton 3.6), and under a cap of 168 (3 programs an SM
+    instead of 2) 56 bytes of local memory a thread: the fastest backward at those four
+    shapes (launch.SHORT_BWD_CAPPED)."""
     bh = tl.program_id(0)
     offs_n = tl.arange(0, BLOCK_N)
     offs_t = BLOCK_N + tl.arange(0, BLOCK_T)
@@ -1166,7 +1172,10 @@ def bwd_short_kernel(QKV, O, DO, LSE, DQKV, SEED, qk_scale, sm_scale, drop_p, H,
     k_t, k_t_hi = _load_rows(QKV, bh, offs_t, N, H, 3, 1, HEAD_DIM, BLOCK_D, BLOCK_D2, True)
     v_t, v_t_hi = _load_rows(QKV, bh, offs_t, N, H, 3, 2, HEAD_DIM, BLOCK_D, BLOCK_D2, True)
     ONE_KEY: tl.constexpr = HAS_TAIL and BLOCK_T == 1
-    if ONE_KEY:  # (BLOCK_M, head dim) accumulators of the one key's terms, summed at the end
+    # (BLOCK_M, head dim) accumulators of the one key's terms, summed once after the full
+    # chunks, where there are at least two of them (N = BLOCK_N + 1)
+    LATE_SUMS: tl.constexpr = ONE_KEY and BLOCK_M < BLOCK_N
+    if LATE_SUMS:
         dk_t, dk_t_hi = _zeros(BLOCK_M, BLOCK_D, BLOCK_D2)
         dv_t, dv_t_hi = _zeros(BLOCK_M, BLOCK_D, BLOCK_D2)
     else:
@@ -1180,11 +1189,11 @@ def bwd_short_kernel(QKV, O, DO, LSE, DQKV, SEED, qk_scale, sm_scale, drop_p, H,
             dk, dk_hi, dv, dv_hi, dk_t, dk_t_hi, dv_t, dv_t_hi, k, k_hi, v, v_hi, k_t, k_t_hi,
             v_t, v_t_hi, QKV, O, DO, LSE, DQKV, bh, start_m, seed, qk_scale, sm_scale, drop_p,
             H, N, HEAD_DIM, BLOCK_D, BLOCK_D2, BLOCK_M, BLOCK_N, BLOCK_T, HAS_TAIL, False,
-            DROPOUT, DIAG, KEY_PER_CHUNK, ONE_KEY)
+            DROPOUT, DIAG, KEY_PER_CHUNK, LATE_SUMS)
     # the rows past the last full chunk: into the same accumulators if their chunk has as
     # many rows, else after the sums, into the summed rows
-    LATE_TAIL: tl.constexpr = ONE_KEY and BLOCK_MT == BLOCK_M
-    if ONE_KEY and not LATE_TAIL:
+    LATE_TAIL: tl.constexpr = LATE_SUMS and BLOCK_MT == BLOCK_M
+    if LATE_SUMS and not LATE_TAIL:
         dk_t, dk_t_hi = _key_sums(dk_t, dk_t_hi, BLOCK_D2)
         dv_t, dv_t_hi = _key_sums(dv_t, dv_t_hi, BLOCK_D2)
     if BLOCK_MT > 0:

@@ -55,6 +55,8 @@ except ImportError:  # (Windows: none; of two processes writing at once, one's e
 
 INTERPRET = bool(kernels.INTERPRET)
 # bump when a kernel or the candidate list changes in a way that can change the best config:
+# 28, the short backward's one key summed over the rows once (kernels.bwd_short_kernel,
+#     LATE_SUMS), and its register-capped twin in 16-row chunks instead of 32 (SHORT_BWD_CAPPED);
 # 27, the finalists timed in two passes of blocks, the second in reverse order, each keeping
 #     its best block (_graph_times);
 # 26, the finalists of the short windows timed again as CUDA-graph replays (_graph_times);
@@ -89,7 +91,7 @@ INTERPRET = bool(kernels.INTERPRET)
 # 6, the forwards' FMA-folded softmax (and the bwd_atomic op);
 # 5, split head dims (4 keyed the reverted TAILS candidates of 067433b, which a GPU
 #    machine's cache file may still hold)
-CACHE_VERSION = 27
+CACHE_VERSION = 28
 
 # the families of bwd_atomic's own kernels: dQ added element by element, or by TMA tiles
 ATOMIC_FAMILIES = ("atomic", "atomic_tma")
@@ -246,15 +248,16 @@ def short_bwd(n: int, block_m: int, num_warps: int = 4, one_key: bool = False,
 
 
 # The short backward's register-capped twins, (BLOCK_M, warps, cap), at N = 65 and 33-64
-# columns: a 4-warp program of 32-row chunks takes 248-252 registers a thread, so 2 fit an
-# SM; capped at 168, 3 fit, for 160 bytes of local memory a thread in its KEY_PER_CHUNK form
-# (256 without it). On an H200 it ran 2-7% faster than the fastest candidate without the
-# cap at the four N = 65, D = 64 shapes, in two runs. Without the cap the KEY_PER_CHUNK form
-# was slower than the plain one: 1-5% at 32-row chunks in 4 warps (18% at D = 16), 2-12% at
-# 16-row ones; only the 8-warp tile, far from the best, gained 1-5%
-# (benchmarks/results/gpu_session_d2d37d3/run1/ and run2/). At D = 16 the kernel takes 128
-# registers anyway.
-SHORT_BWD_CAPPED = ((32, 4, 168),)
+# columns, in the kernel's KEY_PER_CHUNK form. With the one key's sums taken once after the
+# chunks (kernels.bwd_short_kernel, LATE_SUMS), a 4-warp program of 16-row chunks takes
+# 216-232 registers a thread, so 2 fit an SM; capped at 168, 3 fit, for 56 bytes of local
+# memory a thread. On an H100 (triton 3.6) at the four N = 65, D = 64 shapes it ran 8-9%
+# faster than the fastest candidate without the cap (the 32-row one-key twin), and 11-14%
+# faster than the fastest backward before the sums were moved, the 32-row capped twin, which
+# they made 1-5% slower (benchmarks/results/gpu_session_65e0e7e/run1/). Before them, on an
+# H200, that 32-row twin had run 2-7% faster than the rest (gpu_session_d2d37d3/). At D = 16
+# the kernel takes 128 registers anyway.
+SHORT_BWD_CAPPED = ((16, 4, 168),)
 
 
 def _tail_tiles(n: int, tails: int, one_key: bool) -> tuple[tuple[str, int], ...]:
