@@ -108,13 +108,19 @@ def test_registers_probe_short_tma_twin_loads_by_the_copy_engine():
 def test_registers_probe_one_key_twin_spills_less():
     """The short backward's one-key-tail twin at N = 65 (64 + 1), compiled for sm_90 by the
     register probe: the key past the tile as vectors instead of a 16-key tile of products
-    leaves smaller tiles live across the query chunks, so at the 32-row chunks in 4 warps
-    (the tile the tuner kept at (1024, 6, 65, 64)) it spills fewer bytes a thread and needs
-    less shared memory than the 16-key tail (triton 3.8 here: none against 12 bytes;
-    benchmarks/results/registers_sm90_aligned.md)."""
-    tile, twin = _probe_row("bwd", "32x4"), _probe_row("bwd", "32x4", "--one-key")
-    assert twin["spills"] < tile["spills"]
+    leaves smaller tiles live across the query chunks, so at the 16-row chunks in 4 warps
+    (the tile of the register-capped twin, launch.SHORT_BWD_CAPPED) it takes fewer registers
+    and less shared memory than the 16-key tail, neither spilling (triton 3.8 here: 203
+    against 246 registers, 28 against 38 KiB); in its KEY_PER_CHUNK form fewer still (174),
+    and under the cap of 168 it spills at most a few words (8 bytes here) for 3 programs an
+    SM (benchmarks/results/registers_sm90_aligned.md, its last section)."""
+    tile, twin = _probe_row("bwd", "16x4"), _probe_row("bwd", "16x4", "--one-key")
+    assert twin["registers"] < tile["registers"] and twin["spills"] == tile["spills"] == 0
     assert 0 < twin["smem"] < tile["smem"]
+    per_chunk = _probe_row("bwd", "16x4", "--one-key", "--key-per-chunk")
+    assert per_chunk["registers"] < twin["registers"] and per_chunk["spills"] == 0
+    capped = _probe_row("bwd", "16x4", "--one-key", "--key-per-chunk", "--maxnreg", "168")
+    assert capped["registers"] <= 168 and capped["spills"] <= 32 and capped["programs"] == 3
 
 
 def _table(out: str) -> list[dict]:
