@@ -105,7 +105,7 @@ def test_registers_probe_short_tma_twin_loads_by_the_copy_engine():
         assert row["registers"] <= 128 and row["spills"] == 0 and row["programs"] >= 4
 
 
-def test_registers_probe_one_key_twin_spills_less():
+def test_registers_probe_one_key_twin_takes_fewer_registers():
     """The short backward's one-key-tail twin at N = 65 (64 + 1), compiled for sm_90 by the
     register probe: the key past the tile as vectors instead of a 16-key tile of products
     leaves smaller tiles live across the query chunks, so at the 16-row chunks in 4 warps
