@@ -1006,23 +1006,15 @@ def bwd_dq_kernel(DQ_ACC, DQKV, sm_scale, H, N,
 
 
 @triton.jit
-def _row_sum(w, a, a_hi, acc, acc_hi, BLOCK_D2: tl.constexpr):
-    """(acc + w^T a, acc_hi + w^T a_hi) in fp32: a's rows weighted by w (one per row) and
-    summed, into a (1, head dim) row, chunk by chunk."""
-    acc += tl.sum(w[:, None] * a.to(tl.float32), 0)[None, :]
+def _row_terms(w, a, a_hi, acc, acc_hi, BLOCK_D2: tl.constexpr, LATE: tl.constexpr):
+    """acc + a's rows weighted by w (one weight per row), in fp32, chunk by chunk: summed
+    over the rows into (1, head dim) rows (w^T a), or with LATE added row by row into
+    (rows, head dim) accumulators whose rows the caller sums once at the end (_key_sums)."""
+    terms = w[:, None] * a.to(tl.float32)
+    acc += terms if LATE else tl.sum(terms, 0)[None, :]
     if BLOCK_D2 > 0:
-        acc_hi += tl.sum(w[:, None] * a_hi.to(tl.float32), 0)[None, :]
-    return acc, acc_hi
-
-
-@triton.jit
-def _row_terms(w, a, a_hi, acc, acc_hi, BLOCK_D2: tl.constexpr):
-    """(acc + w a, acc_hi + w a_hi) in fp32: _row_sum's terms, each row of a weighted by
-    its w, added into (rows, head dim) accumulators without the sum over the rows, which
-    the caller takes once at the end (_key_sums)."""
-    acc += w[:, None] * a.to(tl.float32)
-    if BLOCK_D2 > 0:
-        acc_hi += w[:, None] * a_hi.to(tl.float32)
+        terms_hi = w[:, None] * a_hi.to(tl.float32)
+        acc_hi += terms_hi if LATE else tl.sum(terms_hi, 0)[None, :]
     return acc, acc_hi
 
 
@@ -1063,12 +1055,8 @@ def _bwd_one_key(dk1, dk1_hi, dv1, dv1_hi, k1, k1_hi, v1, v1_hi, q, q_hi, do, do
         p_kept = tl.where(keep, p * scale, 0.0)
         dp = tl.where(keep, dp * scale, 0.0)
     ds = p * (dp - delta)
-    if LATE_SUMS:  # dk1, dv1 are (ROWS, head dim) accumulators of the terms
-        dv1, dv1_hi = _row_terms(p_kept, do, do_hi, dv1, dv1_hi, BLOCK_D2)
-        dk1, dk1_hi = _row_terms(ds, q, q_hi, dk1, dk1_hi, BLOCK_D2)
-    else:
-        dv1, dv1_hi = _row_sum(p_kept, do, do_hi, dv1, dv1_hi, BLOCK_D2)
-        dk1, dk1_hi = _row_sum(ds, q, q_hi, dk1, dk1_hi, BLOCK_D2)
+    dv1, dv1_hi = _row_terms(p_kept, do, do_hi, dv1, dv1_hi, BLOCK_D2, LATE_SUMS)
+    dk1, dk1_hi = _row_terms(ds, q, q_hi, dk1, dk1_hi, BLOCK_D2, LATE_SUMS)
     return dk1, dk1_hi, dv1, dv1_hi, ds
 
 
