@@ -1098,17 +1098,8 @@ def _bwd_short_chunk(dk, dk_hi, dv, dv_hi, dk_t, dk_t_hi, dv_t, dv_t_hi,
     # Padded keys (k = v = 0) get p = exp2(-lse) != 0 in _bwd_dkdv_step: harmless for
     # their own dK, dV rows, which are never stored, but they must not reach dQ.
     ds_t = tl.where(offs_n[:, None] < N, ds_t, 0.0)
-    # dQ = dS K. With the head dim in one chunk of at least 64 and fewer than 64 rows, it is
-    # computed as dQ^T = K^T dS^T: on Hopper a wgmma product of the head dim's 64 rows with K^T
-    # read from shared memory, where dS K is an mma.sync product (ROWS < 64) that loads K into
-    # registers at every chunk and dS^T transposed; sm_90, triton 3.8, 16-row chunks in 4 warps:
-    # 317 -> 308 instructions a loop, 10 -> 8 barriers, shared-memory reads -15%.
-    DQ_T: tl.constexpr = BLOCK_D2 == 0 and BLOCK_D >= 64 and ROWS < 64
-    if DQ_T:
-        dq_t = _dot(tl.trans(k), _round(ds_t, k.dtype), tl.zeros((BLOCK_D, ROWS), tl.float32))
-    else:
-        dq, dq_hi = _zeros(ROWS, BLOCK_D, BLOCK_D2)
-        dq, dq_hi = _dot_d(tl.trans(_round(ds_t, k.dtype)), k, k_hi, dq, dq_hi, BLOCK_D2)
+    dq, dq_hi = _zeros(ROWS, BLOCK_D, BLOCK_D2)
+    dq, dq_hi = _dot_d(tl.trans(_round(ds_t, k.dtype)), k, k_hi, dq, dq_hi, BLOCK_D2)
     if HAS_TAIL:
         if ONE_KEY:  # one key past the tile: vector arithmetic (_bwd_one_key)
             if not KEY_PER_CHUNK:
@@ -1116,25 +1107,16 @@ def _bwd_short_chunk(dk, dk_hi, dv, dv_hi, dk_t, dk_t_hi, dv_t, dv_t_hi,
                     dk_t, dk_t_hi, dv_t, dv_t_hi, k_t, k_t_hi, v_t, v_t_hi, q, q_hi, do, do_hi,
                     lse, delta, qk_scale, seed, bh, rows, BLOCK_N, N, drop_p, BLOCK_D2, DROPOUT,
                     DIAG, LATE_SUMS)
-            if DQ_T:  # its dQ term, after dS K's
-                dq_t += tl.trans(k_t.to(tl.float32)) * ds1[None, :]
-            else:
-                dq += ds1[:, None] * k_t.to(tl.float32)
-                if BLOCK_D2 > 0:
-                    dq_hi += ds1[:, None] * k_t_hi.to(tl.float32)
+            dq += ds1[:, None] * k_t.to(tl.float32)  # its dQ term, after dS K's
+            if BLOCK_D2 > 0:
+                dq_hi += ds1[:, None] * k_t_hi.to(tl.float32)
         else:
             dk_t, dk_t_hi, dv_t, dv_t_hi, ds_tt = _bwd_dkdv_step(
                 dk_t, dk_t_hi, dv_t, dv_t_hi, k_t, k_t_hi, v_t, v_t_hi, q, q_hi, do, do_hi, lse,
                 delta, qk_scale, seed, bh, rows, BLOCK_N, N, drop_p, BLOCK_D2, DROPOUT, DIAG)
             ds_tt = tl.where(offs_t[:, None] < N, ds_tt, 0.0)
-            if DQ_T:
-                dq_t = _dot(tl.trans(k_t), _round(ds_tt, k.dtype), dq_t)
-            else:
-                dq, dq_hi = _dot_d(tl.trans(_round(ds_tt, k.dtype)), k_t, k_t_hi, dq, dq_hi,
-                                   BLOCK_D2)
-    if DQ_T:
-        dq = tl.trans(dq_t)
-        dq_hi = dq  # (no second chunk: never read)
+            dq, dq_hi = _dot_d(tl.trans(_round(ds_tt, k.dtype)), k_t, k_t_hi, dq, dq_hi,
+                               BLOCK_D2)
     _store_rows(DQKV, dq * sm_scale, dq_hi * sm_scale, bh, rows, N, H, 3, 0, HEAD_DIM, BLOCK_D,
                 BLOCK_D2)
     return dk, dk_hi, dv, dv_hi, dk_t, dk_t_hi, dv_t, dv_t_hi
