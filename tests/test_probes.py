@@ -797,6 +797,19 @@ def test_step_host_probe_sums_launches_and_ranks_operators_per_step():
     assert table[2:] == ["| aten::mm | 75 | 2.100 |", "| cuLaunchKernel | 300 | 2.000 |"]
 
 
+def test_step_host_probe_sums_the_gpus_busy_time_per_step():
+    """The GPU's time a step counts device events only (kernels and copies), not the host
+    operators that launched them, and gives its share of the step's wall time."""
+    from types import SimpleNamespace as Event
+
+    probe = _load("step_host")
+    events = [Event(key="cutlass_gemm", device_type="DeviceType.CUDA", self_device_time_total=3000.0),
+              Event(key="Memcpy DtoD", device_type="DeviceType.CUDA", self_device_time_total=1000.0),
+              Event(key="aten::mm", device_type="DeviceType.CPU", self_device_time_total=3000.0)]
+    assert probe.device_line(events, 2, 4.0) == (
+        "GPU busy 2.00 ms a step (kernels and copies, under the profiler): 50% of the step's wall time above.")
+
+
 def test_step_host_probe_needs_a_gpu(monkeypatch):
     probe = _load("step_host")
     monkeypatch.setattr(probe.torch.cuda, "is_available", lambda: False)

@@ -8,6 +8,8 @@ then runs a few steps under `torch.profiler` and lists, for each attention path:
 - the step's median wall time, and the host time the profiler attributes to each operator
   (self CPU time per step, the largest first);
 - the CUDA launches per step (runtime and driver API calls) and what they cost the host;
+- the GPU's busy time per step (the kernels' and copies' device time), beside the wall time:
+  a step whose wall time is well above it waits on the host;
 - for flash, the plans the tuner chose (`launch._chosen`) and how many of the op's plans call
   their compiled kernels directly (a launch that cannot, e.g. for a misaligned pointer, goes
   through Triton's argument binding at every call).
@@ -47,6 +49,16 @@ def launch_line(events, steps: int) -> str:
     return f"CUDA launches per step: {count:.0f}, {ms:.2f} ms of host time in the launch calls."
 
 
+def device_line(events, steps: int, wall_ms: float) -> str:
+    """The GPU time a step (the device time of every kernel and copy, from the profiler's
+    per-operator averages: objects with device_type and self_device_time_total in us), and
+    its share of the unprofiled step's wall time."""
+    busy = sum(e.self_device_time_total for e in events
+               if str(getattr(e, "device_type", "")).endswith("CUDA")) / steps / 1e3
+    return (f"GPU busy {busy:.2f} ms a step (kernels and copies, under the profiler): "
+            f"{busy / wall_ms:.0%} of the step's wall time above.")
+
+
 def operator_table(events, steps: int, top: int) -> list[str]:
     """The `top` operators by self CPU time: calls and milliseconds a step."""
     lines = [f"| operator (top {top} by self CPU time) | calls / step | self CPU ms / step |", "|---|---|---|"]
@@ -73,7 +85,8 @@ def profile_path(model_name: str, batch: int, compile_mode: str | None, path: st
              f"Step: {statistics.median(wall):.2f} ms median of 3 x {args.steps} synchronized steps "
              f"({min(wall):.2f}-{max(wall):.2f}); {batch / statistics.median(wall) * 1e3:,.0f} img/s.", ""]
     events = prof.key_averages()
-    lines += [launch_line(events, args.profiled), ""]
+    lines += [launch_line(events, args.profiled), "",
+              device_line(events, args.profiled, statistics.median(wall)), ""]
     if path == "flash":
         chosen = "; ".join(f"{k[0]} N={k[2]} D={k[3]} BH<={k[4]}: {c.label()}" for k, c in launch._chosen.items())
         direct = sum(all(one.compiled is not None for one in plan) for plan in flash._plans.values())
