@@ -40,6 +40,23 @@ def test_warp_specialize_probe_forward_matches_sdpa(ws):
     assert (o.float() - ref).abs().max().item() < 2e-3
 
 
+@pytest.mark.parametrize("ws", [False, True])
+def test_warp_specialize_probe_dkdv_matches_the_float32_reference(ws):
+    """The probe's dK/dV program, with and without warp specialization, at a length that ends
+    in a partial tile (70 = 4 * 16 + 6), given the reference's LSE and delta: its dK and dV
+    against the float32 ones, what `--op bwd` prints as `err`."""
+    probe = _load("warp_specialize")
+    torch.manual_seed(0)
+    qkv = torch.randn(1, 70, 3, 2, 32, dtype=torch.float16)
+    do = torch.randn(1, 70, 2, 32, dtype=torch.float16)
+    lse, delta, (dk_ref, dv_ref) = probe.bwd_inputs(qkv, do)
+    launch, (dk, dv) = probe.run_bwd(qkv, do, lse, delta, 16, 16, 4, 1, ws)
+    launch()
+    assert dk_ref.abs().max() > 0.1 and dv_ref.abs().max() > 0.1
+    assert (dk.float() - dk_ref).abs().max().item() < 4e-3
+    assert (dv.float() - dv_ref).abs().max().item() < 4e-3
+
+
 def test_registers_probe_reports_what_ptxas_allocated():
     """The register probe, run as its command in a process of its own (the kernels must be
     compiled, not interpreted), compiles the short backward's register-capped twin at N = 65,
@@ -640,7 +657,7 @@ def test_loop_sass_probe_lists_a_configuration_that_does_not_compile(monkeypatch
 
     monkeypatch.setattr(probe, "compile_ws_fwd", fails)
     out = probe.table("ws_fwd", 128, "128x64x4x3", False, 0, 1).splitlines()
-    assert out[0].endswith("without and with warp specialization")
+    assert out[0].endswith("TMA forward, D = 128, without and with warp specialization")
     rows = [line for line in out if line.startswith("| 128 x 64")]
     assert rows == [f"| 128 x 64, warp_specialize={ws} | 4 | 3 | - | does not compile: PassManager::run failed |"
                     + " |" * len(probe.CLASSES) + " |" for ws in (False, True)]
@@ -667,6 +684,24 @@ def test_loop_sass_probe_on_a_compiled_forward():
     (step,) = [b for b in budgets if b[2] == main[3]]
     assert float(step[3]) == 2 * 128 * 128 * 64 / 2048 and float(step[5]) == ex2 * 256 / 16
     assert main[-1].startswith("BAR [4 HGMMA] wait (66 EX2) [8 HGMMA]")
+
+
+def test_loop_sass_probe_marks_a_warp_specialized_dkdv_loop():
+    """Compiled for sm_90 on the CPU, the probe's dK/dV program at 64 x 64 tiles in 4 warps: with
+    warp specialization its loop is split into partitions, whose matrix-product loops load
+    nothing themselves (the loads went to another partition); without it, one loop loads its
+    tiles through TMA. Run as its command in a process of its own: the kernels must be compiled,
+    not interpreted."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run([sys.executable, str(PROBES / "loop_sass.py"), "--op", "ws_bwd", "--d", "64",
+                          "--configs", "64x64x4x3"], capture_output=True, text=True, env=env,
+                         check=True).stdout.splitlines()
+    assert out[0].endswith("dK/dV program, D = 64, without and with warp specialization")
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in out if line.startswith("| 64 x 64")]
+    plain = [r for r in rows if r[0] == "64 x 64, warp_specialize=False"]
+    split = [r for r in rows if r[0] == "64 x 64, warp_specialize=True (split into partitions)"]
+    assert len(plain) == 1 and int(plain[0][9]) >= 2  # its Q and dO tiles through TMA
+    assert split and all(int(r[9]) == 0 and int(r[5]) > 0 for r in split)
 
 
 def test_first_call_probe_renders_a_saved_result_without_a_gpu(monkeypatch, tmp_path, capsys):

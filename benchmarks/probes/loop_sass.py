@@ -34,6 +34,12 @@ listed with the error's first line:
 
     python benchmarks/probes/loop_sass.py --op ws_fwd --d 128 --configs 128x128x8x3,128x64x4x3
 
+`--op ws_bwd` does the same for the probe's minimal dK/dV program (BLOCK_M x BLOCK_N = the
+streamed query tile x the key tile on chip). A warp-specialized compile is marked "(split into
+partitions)": its TTGIR holds a `ttg.warp_specialize` op, and each partition's loop gets a row:
+
+    python benchmarks/probes/loop_sass.py --op ws_bwd --d 64 --configs 32x128x4x3,64x64x4x3
+
 What it can show and what it cannot: where in a step the program waits for its matrix products
 and where all its warps meet. Two warp groups of one program (8 warps) that meet at a
 BAR.SYNC in every step run their softmax at the same time, so neither's softmax overlaps the
@@ -144,12 +150,18 @@ def budget(body: list[tuple[int, str, str, bool]], warps: int) -> dict:
             "ex2": ex2 * warps * 32 / EX2_PER_CLOCK, "issue": len(body) * warps / ISSUE_PER_CLOCK, "top": top}
 
 
-def compile_ws_fwd(d: int, block_m: int, block_n: int, warps: int, stages: int, ws: bool):
-    """warp_specialize.py's TMA forward at head dim d, compiled for sm_90 (bf16), its key loop
-    warp-specialized or not."""
+def _ws_probe():
+    """warp_specialize.py, the probe whose kernels the ws_ ops compile."""
     spec = importlib.util.spec_from_file_location("vitflash_ws_probe", Path(__file__).with_name("warp_specialize.py"))
     probe = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(probe)
+    return probe
+
+
+def compile_ws_fwd(d: int, block_m: int, block_n: int, warps: int, stages: int, ws: bool):
+    """warp_specialize.py's TMA forward at head dim d, compiled for sm_90 (bf16), its key loop
+    warp-specialized or not."""
+    probe = _ws_probe()
     signature = dict(O="*bf16", LSE="*fp32", QD=f"tensordesc<bf16[1,{block_m},{d}]>",
                      KD=f"tensordesc<bf16[1,{block_n},{d}]>", qk_scale="fp32", H="i32", N="i32")
     consts = dict(HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n, WS=ws)
@@ -158,6 +170,20 @@ def compile_ws_fwd(d: int, block_m: int, block_n: int, warps: int, stages: int, 
                           target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps, num_stages=stages))
 
 
+def compile_ws_bwd(d: int, block_m: int, block_n: int, warps: int, stages: int, ws: bool):
+    """warp_specialize.py's dK/dV program at head dim d, compiled for sm_90 (bf16), its query
+    loop warp-specialized or not."""
+    probe = _ws_probe()
+    signature = dict(DK="*bf16", DV="*bf16", LSE="*fp32", DELTA="*fp32",
+                     QD=f"tensordesc<bf16[1,{block_m},{d}]>", DOD=f"tensordesc<bf16[1,{block_m},{d}]>",
+                     KD=f"tensordesc<bf16[1,{block_n},{d}]>", qk_scale="fp32", sm_scale="fp32", H="i32", N="i32")
+    consts = dict(HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n, WS=ws)
+    signature.update(dict.fromkeys(consts, "constexpr"))
+    return triton.compile(ASTSource(fn=probe.bwd_dkdv_tma, signature=signature, constexprs=consts),
+                          target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps, num_stages=stages))
+
+
+WS_OPS = ("ws_fwd", "ws_bwd")
 SHORT = ("fwd_short", "bwd_short")
 
 
@@ -169,8 +195,9 @@ def table(op: str, d: int, configs: str, tma: bool, n_seq: int, part: int, with_
     compiled with `short`'s options of registers.compile_short); with_budget: then a table of
     each loop's budget()."""
     short = short or {}
-    if op == "ws_fwd":
-        title = f"warp_specialize.py's TMA forward, D = {d}, without and with warp specialization"
+    if op in WS_OPS:
+        title = (f"warp_specialize.py's {'TMA forward' if op == 'ws_fwd' else 'dK/dV program'}, D = {d}, "
+                 "without and with warp specialization")
     elif op in SHORT:
         n_seq = n_seq or 65
         title = (f"the short {'forward' if op == 'fwd_short' else 'backward'}, D = {d}, N = {n_seq}"
@@ -195,10 +222,11 @@ def table(op: str, d: int, configs: str, tma: bool, n_seq: int, part: int, with_
             n, stages = n_seq, 1
         else:
             m, n, warps, stages = map(int, config.split("x"))
-        for ws in ((False, True) if op == "ws_fwd" else (None,)):
+        for ws in ((False, True) if op in WS_OPS else (None,)):
             tiles = f"{m} x {n}" + ("" if ws is None else f", warp_specialize={ws}")
             try:
                 compiled = (compile_ws_fwd(d, m, n, warps, stages, ws) if op == "ws_fwd"
+                            else compile_ws_bwd(d, m, n, warps, stages, ws) if op == "ws_bwd"
                             else compile_short(op[:3], d, n, m, warps, tma=tma, **short) if op in SHORT
                             else compile_general_fwd(d, m, n, warps, stages, tma, n_seq=n_seq) if op == "fwd_general"
                             else compile_general_bwd(d, m, n, warps, stages, part, tma, n=n_seq))
@@ -207,6 +235,8 @@ def table(op: str, d: int, configs: str, tma: bool, n_seq: int, part: int, with_
                 head.append(f"| {tiles} | {warps} | {stages} | - | does not compile: {first} |"
                             + " |" * len(CLASSES) + " |")
                 continue
+            if ws and "ttg.warp_specialize" in compiled.asm["ttgir"]:
+                tiles += " (split into partitions)"
             bodies = loops(instructions(assemble(compiled)[1]))
             if not bodies:  # the short forward: one pass over its keys
                 head.append(f"| {tiles} | {warps} | {stages} | - | no loop with matrix products |"
@@ -225,7 +255,7 @@ def table(op: str, d: int, configs: str, tma: bool, n_seq: int, part: int, with_
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--op", choices=("fwd_general", "bwd_general", "ws_fwd") + SHORT, default="fwd_general")
+    p.add_argument("--op", choices=("fwd_general", "bwd_general", *WS_OPS) + SHORT, default="fwd_general")
     p.add_argument("--d", type=int, default=128)
     p.add_argument("--configs", default="128x128x8x3",
                    help="BLOCK_M x BLOCK_N x warps x stages (the backward's BLOCK_M1 x BLOCK_N1; the short "

@@ -1,5 +1,5 @@
 """Probe: does Triton's warp specialization (`tl.range(..., warp_specialize=True)`) speed up a
-flash-attention forward on Hopper?
+flash-attention forward, or the dK/dV loop of its backward, on Hopper?
 
 A minimal forward over the packed (B, N, 3, H, D) qkv, its Q and K/V tiles loaded through TMA
 tensor descriptors, is compiled with and without warp specialization at a few tile configs
@@ -9,12 +9,22 @@ the max error against a float32 SDPA. All variants compile first, together, unde
 AsyncCompileMode. A variant that does not finish (seen on triton 3.6) stops the probe: run it
 under `timeout`.
 
+`--op bwd` does the same for a minimal dK/dV program (one K/V tile on chip, the query tiles of
+its head streamed past it through TMA, given the forward's LSE and delta = rowsum(dO * O)), the
+loop that takes about 60% of the backward at the ViT shapes: each variant's dK and dV against a
+float32 reference and against the variant without warp specialization, and its time
+(`do_bench`, 3 repeats, median (min-max) in ms). Compiled for sm_90 by triton 3.8 on the CPU
+(`python benchmarks/probes/loop_sass.py --op ws_bwd ...`), the 4-warp 64 x 64 tile splits into
+partitions with register reallocation, while the 32 x 128 tile's warp-specialization pass fails.
+
 On a machine without a GPU it runs one tiny case under TRITON_INTERPRET=1 and prints errors only.
 This is a one-off measurement kept beside its output
-(benchmarks/results/gpu_session_dc8413a/warp_specialize_probe_*.log), not part of the library:
+(benchmarks/results/gpu_session_dc8413a/warp_specialize_probe_*.log for the forward), not part
+of the library:
 
-    python benchmarks/probes/warp_specialize.py
+    python benchmarks/probes/warp_specialize.py [--op fwd|bwd]
 """
+import argparse
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -59,6 +69,73 @@ def fwd_tma(O, LSE, QD, KD, qk_scale, H, N, HEAD_DIM: tl.constexpr, BLOCK_M: tl.
     tl.store(LSE + rows, m_i + tl.math.log2(l_i), mask=offs_m < N)
 
 
+@triton.jit
+def bwd_dkdv_tma(DK, DV, LSE, DELTA, QD, DOD, KD, qk_scale, sm_scale, H, N, HEAD_DIM: tl.constexpr,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WS: tl.constexpr):
+    """dK and dV of one BLOCK_N key tile of one head: the query tiles of the head streamed past
+    it (Q from qkv, dO through their descriptors), the scores recomputed from the base-2 LSE."""
+    pid_n, bh = kernels._split_pid(tl.program_id(0), N, BLOCK_N)
+    b = bh // H
+    h = bh % H
+    k = KD.load([b, pid_n * BLOCK_N, (H + h) * HEAD_DIM]).reshape(BLOCK_N, HEAD_DIM)
+    v = KD.load([b, pid_n * BLOCK_N, (2 * H + h) * HEAD_DIM]).reshape(BLOCK_N, HEAD_DIM)
+    dk = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
+    dv = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
+    offs_m = tl.arange(0, BLOCK_M)
+    for start_m in tl.range(0, N, BLOCK_M, warp_specialize=WS):
+        rows = start_m + offs_m
+        q = QD.load([b, start_m, h * HEAD_DIM]).reshape(BLOCK_M, HEAD_DIM)
+        do = DOD.load([b, start_m, h * HEAD_DIM]).reshape(BLOCK_M, HEAD_DIM)
+        lse = tl.load(LSE + bh * N + rows, mask=rows < N, other=0.0)
+        delta = tl.load(DELTA + bh * N + rows, mask=rows < N, other=0.0)
+        pt = tl.math.exp2(tl.dot(k, tl.trans(q)) * qk_scale - lse[None, :])
+        pt = tl.where(rows[None, :] < N, pt, 0.0)
+        dv = tl.dot(pt.to(do.dtype), do, dv)
+        dst = pt * (tl.dot(v, tl.trans(do)) - delta[None, :])
+        dk = tl.dot(dst.to(q.dtype), q, dk)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    out = (bh.to(tl.int64) * N + offs_n)[:, None] * HEAD_DIM + tl.arange(0, HEAD_DIM)[None, :]
+    tl.store(DK + out, (dk * sm_scale).to(DK.dtype.element_ty), mask=offs_n[:, None] < N)
+    tl.store(DV + out, dv.to(DV.dtype.element_ty), mask=offs_n[:, None] < N)
+
+
+def bwd_inputs(qkv, do):
+    """The backward's float32 reference from qkv (B, N, 3, H, D) and do (B, N, H, D): the
+    forward's base-2 LSE and delta (B, H, N), and dK, dV (B, H, N, D)."""
+    D = qkv.shape[-1]
+    q, k, v = (qkv[:, :, i].transpose(1, 2).float() for i in range(3))
+    g = do.transpose(1, 2).float()
+    s = q @ k.transpose(-1, -2) * D ** -0.5
+    p = s.softmax(-1)
+    delta = (g * (p @ v)).sum(-1)
+    ds = p * (g @ v.transpose(-1, -2) - delta[..., None])
+    lse = torch.logsumexp(s, -1) * LOG2E
+    return lse, delta, (ds.transpose(-1, -2) @ q * D ** -0.5, p.transpose(-1, -2) @ g)
+
+
+def _bwd_args(qkv, do, block_m, block_n):
+    """The dK/dV kernel's outputs (B, H, N, D) and its Q, dO and K/V descriptors."""
+    B, N, _, H, D = qkv.shape
+    flat, g = qkv.view(B, N, 3 * H * D), do.view(B, N, H * D)
+    qd = TensorDescriptor(flat, list(flat.shape), list(flat.stride()), [1, block_m, D])
+    dod = TensorDescriptor(g, list(g.shape), list(g.stride()), [1, block_m, D])
+    kd = TensorDescriptor(flat, list(flat.shape), list(flat.stride()), [1, block_n, D])
+    dk, dv = (torch.empty(B, H, N, D, device=qkv.device, dtype=qkv.dtype) for _ in range(2))
+    return dk, dv, qd, dod, kd
+
+
+def run_bwd(qkv, do, lse, delta, block_m, block_n, warps, stages, ws):
+    """A launcher of one dK/dV variant, and the dK and dV it writes."""
+    B, N, _, H, D = qkv.shape
+    dk, dv, qd, dod, kd = _bwd_args(qkv, do, block_m, block_n)
+    grid = (triton.cdiv(N, block_n) * B * H,)
+
+    def launch():
+        bwd_dkdv_tma[grid](dk, dv, lse, delta, qd, dod, kd, D ** -0.5 * LOG2E, D ** -0.5, H, N, D,
+                           block_m, block_n, ws, num_warps=warps, num_stages=stages)
+    return launch, (dk, dv)
+
+
 def _args(qkv, block_m, block_n):
     """The kernel's tensors: the output, the LSE and the Q and K/V descriptors over qkv."""
     B, N, _, H, D = qkv.shape
@@ -87,8 +164,47 @@ def _tflops(flops, fn):
     return f"{flops / ms[1] / 1e9:.0f} TFLOP/s ({flops / ms[2] / 1e9:.0f}-{flops / ms[0] / 1e9:.0f})"
 
 
-def main():
+def main_bwd(dev: str) -> None:
+    """--op bwd: each dK/dV variant against the float32 reference and against its variant
+    without warp specialization, and its time."""
+    small = dev == "cpu"
+    cases = {(1, 2, 70, 32): [(16, 16, 4, 1)]} if small else {
+        (8, 12, 4097, 64): [(32, 128, 4, 3), (64, 64, 4, 3), (64, 128, 8, 3)],
+        (4, 16, 4097, 128): [(64, 64, 4, 2), (64, 64, 4, 3)],
+        (256, 12, 197, 64): [(32, 128, 4, 3), (64, 64, 4, 3)]}
+    dt = torch.float16 if small else torch.bfloat16
+    for (B, H, N, D), cfgs in cases.items():
+        torch.manual_seed(0)
+        qkv = torch.randn(B, N, 3, H, D, device=dev, dtype=dt)
+        do = torch.randn(B, N, H, D, device=dev, dtype=dt)
+        lse, delta, ref = bwd_inputs(qkv, do)
+        for c in cfgs:
+            plain = None
+            for ws in (False, True):
+                try:
+                    fn, out = run_bwd(qkv, do, lse, delta, *c, ws)
+                    fn()
+                    err = max((o.float() - r).abs().max().item() for o, r in zip(out, ref))
+                    line = f"{(B, H, N, D)} {c} ws={ws} err {err:.4f}"
+                    if plain is not None:
+                        line += f", max diff from ws=False {max((o - p).abs().max().item() for o, p in zip(out, plain)):.4f}"
+                    plain = plain or out
+                    if not small:
+                        ms = sorted(triton.testing.do_bench(fn) for _ in range(3))
+                        line += f", {ms[1]:.3f} ms ({ms[0]:.3f}-{ms[2]:.3f})"
+                    print(line, flush=True)
+                except Exception as e:  # a variant that fails to compile or run: say so, go on
+                    print((B, H, N, D), c, ws, "FAILED", type(e).__name__, str(e).strip()[:300], flush=True)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--op", choices=("fwd", "bwd"), default="fwd")
+    args = p.parse_args(argv)
     dev = "cuda" if torch.cuda.is_available() else "cpu"
+    if args.op == "bwd":
+        main_bwd(dev)
+        return
     small = dev == "cpu"
     cases = {(1, 2, 70, 32): [(16, 16, 4, 1)]} if small else {
         (4, 16, 4097, 128): [(128, 128, 8, 3), (128, 64, 8, 3), (64, 64, 4, 3)],
