@@ -15,7 +15,7 @@ loop that takes about 60% of the backward at the ViT shapes: each variant's dK a
 float32 reference and against the variant without warp specialization, and its time
 (`do_bench`, 3 repeats, median (min-max) in ms). Compiled for sm_90 by triton 3.8 on the CPU
 (`python benchmarks/probes/loop_sass.py --op ws_bwd ...`), the 4-warp 64 x 64 tile splits into
-partitions with register reallocation, while the 32 x 128 tile's warp-specialization pass fails.
+partitions, while the 32 x 128 tile's warp-specialization pass fails.
 
 On a machine without a GPU it runs one tiny case under TRITON_INTERPRET=1 and prints errors only.
 This is a one-off measurement kept beside its output
