@@ -150,37 +150,32 @@ def budget(body: list[tuple[int, str, str, bool]], warps: int) -> dict:
             "ex2": ex2 * warps * 32 / EX2_PER_CLOCK, "issue": len(body) * warps / ISSUE_PER_CLOCK, "top": top}
 
 
-def _ws_probe():
-    """warp_specialize.py, the probe whose kernels the ws_ ops compile."""
+def _compile_ws(kernel: str, signature: dict, d: int, block_m: int, block_n: int, warps: int,
+                stages: int, ws: bool):
+    """warp_specialize.py's `kernel` at head dim d, compiled for sm_90 (bf16), its loop
+    warp-specialized or not; signature: its runtime arguments' types."""
     spec = importlib.util.spec_from_file_location("vitflash_ws_probe", Path(__file__).with_name("warp_specialize.py"))
     probe = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(probe)
-    return probe
+    consts = dict(HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n, WS=ws)
+    signature = {**signature, **dict.fromkeys(consts, "constexpr")}
+    return triton.compile(ASTSource(fn=getattr(probe, kernel), signature=signature, constexprs=consts),
+                          target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps, num_stages=stages))
 
 
 def compile_ws_fwd(d: int, block_m: int, block_n: int, warps: int, stages: int, ws: bool):
-    """warp_specialize.py's TMA forward at head dim d, compiled for sm_90 (bf16), its key loop
-    warp-specialized or not."""
-    probe = _ws_probe()
+    """warp_specialize.py's TMA forward, its key loop warp-specialized or not."""
     signature = dict(O="*bf16", LSE="*fp32", QD=f"tensordesc<bf16[1,{block_m},{d}]>",
                      KD=f"tensordesc<bf16[1,{block_n},{d}]>", qk_scale="fp32", H="i32", N="i32")
-    consts = dict(HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n, WS=ws)
-    signature.update(dict.fromkeys(consts, "constexpr"))
-    return triton.compile(ASTSource(fn=probe.fwd_tma, signature=signature, constexprs=consts),
-                          target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps, num_stages=stages))
+    return _compile_ws("fwd_tma", signature, d, block_m, block_n, warps, stages, ws)
 
 
 def compile_ws_bwd(d: int, block_m: int, block_n: int, warps: int, stages: int, ws: bool):
-    """warp_specialize.py's dK/dV program at head dim d, compiled for sm_90 (bf16), its query
-    loop warp-specialized or not."""
-    probe = _ws_probe()
+    """warp_specialize.py's dK/dV program, its query loop warp-specialized or not."""
     signature = dict(DK="*bf16", DV="*bf16", LSE="*fp32", DELTA="*fp32",
                      QD=f"tensordesc<bf16[1,{block_m},{d}]>", DOD=f"tensordesc<bf16[1,{block_m},{d}]>",
                      KD=f"tensordesc<bf16[1,{block_n},{d}]>", qk_scale="fp32", sm_scale="fp32", H="i32", N="i32")
-    consts = dict(HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n, WS=ws)
-    signature.update(dict.fromkeys(consts, "constexpr"))
-    return triton.compile(ASTSource(fn=probe.bwd_dkdv_tma, signature=signature, constexprs=consts),
-                          target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps, num_stages=stages))
+    return _compile_ws("bwd_dkdv_tma", signature, d, block_m, block_n, warps, stages, ws)
 
 
 WS_OPS = ("ws_fwd", "ws_bwd")

@@ -164,15 +164,22 @@ def _tflops(flops, fn):
     return f"{flops / ms[1] / 1e9:.0f} TFLOP/s ({flops / ms[2] / 1e9:.0f}-{flops / ms[0] / 1e9:.0f})"
 
 
-def main_bwd(dev: str) -> None:
+# (B, H, N, D) -> the variants (BLOCK_M, BLOCK_N, warps, stages) each op times on a GPU; without
+# one, a tiny case in the interpreter
+CASES = {
+    "fwd": {(4, 16, 4097, 128): [(128, 128, 8, 3), (128, 64, 8, 3), (64, 64, 4, 3)],
+            (8, 12, 4097, 64): [(128, 64, 4, 3), (128, 128, 8, 3)],
+            (256, 12, 197, 64): [(128, 64, 4, 3), (64, 64, 4, 3)]},
+    "bwd": {(8, 12, 4097, 64): [(32, 128, 4, 3), (64, 64, 4, 3), (64, 128, 8, 3)],
+            (4, 16, 4097, 128): [(64, 64, 4, 2), (64, 64, 4, 3)],
+            (256, 12, 197, 64): [(32, 128, 4, 3), (64, 64, 4, 3)]},
+}
+SMALL_CASES = {(1, 2, 70, 32): [(16, 16, 4, 1)]}
+
+
+def main_bwd(dev: str, small: bool, cases: dict, dt: torch.dtype) -> None:
     """--op bwd: each dK/dV variant against the float32 reference and against its variant
     without warp specialization, and its time."""
-    small = dev == "cpu"
-    cases = {(1, 2, 70, 32): [(16, 16, 4, 1)]} if small else {
-        (8, 12, 4097, 64): [(32, 128, 4, 3), (64, 64, 4, 3), (64, 128, 8, 3)],
-        (4, 16, 4097, 128): [(64, 64, 4, 2), (64, 64, 4, 3)],
-        (256, 12, 197, 64): [(32, 128, 4, 3), (64, 64, 4, 3)]}
-    dt = torch.float16 if small else torch.bfloat16
     for (B, H, N, D), cfgs in cases.items():
         torch.manual_seed(0)
         qkv = torch.randn(B, N, 3, H, D, device=dev, dtype=dt)
@@ -202,15 +209,12 @@ def main(argv=None):
     p.add_argument("--op", choices=("fwd", "bwd"), default="fwd")
     args = p.parse_args(argv)
     dev = "cuda" if torch.cuda.is_available() else "cpu"
-    if args.op == "bwd":
-        main_bwd(dev)
-        return
     small = dev == "cpu"
-    cases = {(1, 2, 70, 32): [(16, 16, 4, 1)]} if small else {
-        (4, 16, 4097, 128): [(128, 128, 8, 3), (128, 64, 8, 3), (64, 64, 4, 3)],
-        (8, 12, 4097, 64): [(128, 64, 4, 3), (128, 128, 8, 3)],
-        (256, 12, 197, 64): [(128, 64, 4, 3), (64, 64, 4, 3)]}
+    cases = SMALL_CASES if small else CASES[args.op]
     dt = torch.float16 if small else torch.bfloat16
+    if args.op == "bwd":
+        main_bwd(dev, small, cases, dt)
+        return
     inputs = {s: torch.randn(s[0], s[2], 3, s[1], s[3], device=dev, dtype=dt) for s in cases}
     if not small:  # compile every variant at once, then time
         t0 = time.time()
