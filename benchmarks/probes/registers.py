@@ -164,6 +164,8 @@ def compile_general_bwd(d: int, block_m1: int, block_n1: int, warps: int, stages
         (flash.bwd_tail_tiles if tails_anyway else flash._bwd_tails)(consts, n)
     else:
         consts.update(BLOCK_NT1=0, BLOCK_MT2=0)
+    if consts["WS"]:  # as flash._bwd_launches launches a WS=1 candidate: no key tail program
+        consts["BLOCK_NT1"] = 0
     signature.update({k: "constexpr" for k in consts})
     source = ASTSource(fn=kernels.bwd_kernel, signature=signature, constexprs=consts,
                        attrs=pointer_attrs(kernels.bwd_kernel, signature, aligned))
