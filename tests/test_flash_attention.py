@@ -261,33 +261,6 @@ def test_split_backward_parts_take_their_own_tiles(monkeypatch, tma, N, D):
 
 
 @pytest.mark.parametrize("tma", [False, True], ids=["pointers", "tma"])
-def test_warp_specialized_dkdv_launch(monkeypatch, tma):
-    """A split candidate with WS=1: its dK/dV launch's loop over the query tiles is
-    warp-specialized and has no key tail program (a loop inside that program's branch keeps
-    Triton from splitting either), its dQ launch is the WS=0 candidate's; it keeps to the FA2
-    rule at N = 197 (3 x 64 + 5 keys, masked in the last full tile). A candidate of one launch
-    with WS=1 is refused, naming the fix."""
-    monkeypatch.setattr(launch, "_TMA_LOADS", tma)
-    qkv, do = _packed_inputs(2, 197, 2, 32, torch.float16, seed=7)
-    family = "general_tma" if tma else "general"
-    tiles = tuple(zip(("BLOCK_M1", "BLOCK_N1", "BLOCK_M2", "BLOCK_N2"), (32, 64, 64, 32)))
-    fwd = launch.Candidate("general", (("BLOCK_M", 32), ("BLOCK_N", 32)))
-    plans = {}
-    for ws in (0, 1):
-        _force(monkeypatch, fwd, launch.Candidate(family, (*tiles, ("SPLIT", 1), ("WS", ws)), 4, 1))
-        _assert_within_rule(qkv, do)
-        plans[ws] = [p.consts for p in flash_mod._plans[next(k for k in flash_mod._plans if k[0] == "bwd")]]
-    (dq0, dkdv0), (dq1, dkdv1) = plans[0], plans[1]
-    assert dq1 == dq0 and dq1["WS"] is False  # the dQ launch: the same binary either way
-    assert (dkdv0["WS"], dkdv0["BLOCK_NT1"]) == (False, 16)  # 5 keys past 3 x 64: a 16-key tail
-    assert (dkdv1["WS"], dkdv1["BLOCK_NT1"]) == (True, 0)
-    assert dkdv1 == {**dkdv0, "WS": True, "BLOCK_NT1": 0}
-    _force(monkeypatch, fwd, launch.Candidate(family, (*tiles, ("WS", 1)), 4, 1))
-    with pytest.raises(ValueError, match="WS=1 needs SPLIT=1"):
-        _out_and_grads(flash_attention, qkv, do)
-
-
-@pytest.mark.parametrize("tma", [False, True], ids=["pointers", "tma"])
 @pytest.mark.parametrize("N, D, tiles, tails", [
     # 197 = 3 x 64 + 5 keys (and rows): a 16-key dK/dV program and a 16-row dQ program
     (197, 32, (32, 64, 64, 32), (16, 16)),
@@ -1977,8 +1950,7 @@ else:
         sig[name], sig[name + "2"] = box(rows, bd), box(rows, bd2 or bd)
     sig.update(qk_scale="fp32", sm_scale="fp32", drop_p="fp32", BH="i32", H="i32", N="i32")
     consts = dict(HEAD_DIM=D, BLOCK_D=bd, BLOCK_D2=bd2, BLOCK_M1=M1, BLOCK_N1=N1, BLOCK_M2=N1,
-                  BLOCK_N2=M1, DROPOUT=False, TMA=True, DIAG=False, PART=0, DQ_DELTA=False,
-                  WS=False)
+                  BLOCK_N2=M1, DROPOUT=False, TMA=True, DIAG=False, PART=0, DQ_DELTA=False)
     flash._bwd_tails(consts, 577)  # the tail tiles of N = 577 (a 16-key and a 16-row one)
     fn = kernels.bwd_kernel
 if not bd2:  # an unsplit head dim's second-chunk descriptors are None, as the launcher passes them

@@ -704,23 +704,6 @@ def test_loop_sass_probe_marks_a_warp_specialized_dkdv_loop():
     assert split and all(int(r[9]) == 0 and int(r[5]) > 0 for r in split)
 
 
-
-def test_loop_sass_probe_splits_the_library_dkdv_loop_of_a_ws_candidate():
-    """A split backward candidate's WS=1, compiled for sm_90 on the CPU as the launcher gives it
-    (no key tail program, here at N = 4097 where WS=0 has one): at 64 x 64 tiles in 4 warps
-    (D = 64) the dK/dV launch's loop over the query tiles is split into partitions whose
-    product loops load nothing themselves; without WS it is one loop that loads its tiles. Run
-    as its command in a process of its own: the kernels must be compiled, not interpreted."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    out = subprocess.run([sys.executable, str(PROBES / "loop_sass.py"), "--op", "bwd_general", "--d", "64",
-                          "--configs", "64x64x4x3", "--part", "1", "--tma", "--n", "4097", "--ws"],
-                         capture_output=True, text=True, env=env, check=True).stdout.splitlines()
-    rows = [[c.strip() for c in line.strip("|").split("|")] for line in out if line.startswith("| 64 x 64")]
-    plain = [r for r in rows if r[0] == "64 x 64, warp_specialize=False"]
-    split = [r for r in rows if r[0] == "64 x 64, warp_specialize=True (split into partitions)"]
-    assert len(plain) == 1 and int(plain[0][9]) >= 2  # its Q and dO tiles through TMA
-    assert split and all(int(r[9]) == 0 and int(r[5]) > 0 for r in split)
-
 def test_first_call_probe_renders_a_saved_result_without_a_gpu(monkeypatch, tmp_path, capsys):
     """--render prints the tables of a result file again from its runs, on any machine; a
     result written before the forward-chosen column gets the column empty, not an error."""

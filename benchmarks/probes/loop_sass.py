@@ -40,11 +40,6 @@ partitions)": its TTGIR holds a `ttg.warp_specialize` op, and each partition's l
 
     python benchmarks/probes/loop_sass.py --op ws_bwd --d 64 --configs 32x128x4x3,64x64x4x3
 
-`--ws` does the same for the library's own backward (`--op bwd_general`): its dK/dV loop over
-the query tiles as a candidate's WS=1 compiles it:
-
-    python benchmarks/probes/loop_sass.py --op bwd_general --d 64 --configs 32x128x4x3,64x64x4x3 --part 1 --tma --n 4097 --ws
-
 What it can show and what it cannot: where in a step the program waits for its matrix products
 and where all its warps meet. Two warp groups of one program (8 warps) that meet at a
 BAR.SYNC in every step run their softmax at the same time, so neither's softmax overlaps the
@@ -188,13 +183,12 @@ SHORT = ("fwd_short", "bwd_short")
 
 
 def table(op: str, d: int, configs: str, tma: bool, n_seq: int, part: int, with_budget: bool = False,
-          short: dict | None = None, ws_pairs: bool = False) -> str:
+          short: dict | None = None) -> str:
     """The markdown table of every loop of each configuration (BLOCK_M x BLOCK_N x warps x
     stages; the backward's BLOCK_M1 x BLOCK_N1 in launch form `part`; ws_fwd: each
     configuration without and with warp specialization; the short kernels: BLOCK_M x warps,
     compiled with `short`'s options of registers.compile_short); with_budget: then a table of
-    each loop's budget(); ws_pairs (bwd_general): each configuration without and with its dK/dV
-    loop warp-specialized (a candidate's WS=1)."""
+    each loop's budget()."""
     short = short or {}
     if op in WS_OPS:
         title = (f"warp_specialize.py's {'TMA forward' if op == 'ws_fwd' else 'dK/dV program'}, D = {d}, "
@@ -223,14 +217,14 @@ def table(op: str, d: int, configs: str, tma: bool, n_seq: int, part: int, with_
             n, stages = n_seq, 1
         else:
             m, n, warps, stages = map(int, config.split("x"))
-        for ws in ((False, True) if op in WS_OPS or ws_pairs else (None,)):
+        for ws in ((False, True) if op in WS_OPS else (None,)):
             tiles = f"{m} x {n}" + ("" if ws is None else f", warp_specialize={ws}")
             try:
                 compiled = (compile_ws_fwd(d, m, n, warps, stages, ws) if op == "ws_fwd"
                             else compile_ws_bwd(d, m, n, warps, stages, ws) if op == "ws_bwd"
                             else compile_short(op[:3], d, n, m, warps, tma=tma, **short) if op in SHORT
                             else compile_general_fwd(d, m, n, warps, stages, tma, n_seq=n_seq) if op == "fwd_general"
-                            else compile_general_bwd(d, m, n, warps, stages, part, tma, n=n_seq, ws=bool(ws)))
+                            else compile_general_bwd(d, m, n, warps, stages, part, tma, n=n_seq))
             except RuntimeError as err:  # a compiler pass that aborts
                 first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
                 head.append(f"| {tiles} | {warps} | {stages} | - | does not compile: {first} |"
@@ -270,18 +264,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--one-key", action="store_true", help="the short kernels' one-key-tail twin")
     p.add_argument("--key-per-chunk", action="store_true", help="the short backward's KEY_PER_CHUNK form")
     p.add_argument("--maxnreg", type=int, default=0, help="the short kernels' register cap (0: none)")
-    p.add_argument("--ws", action="store_true",
-                   help="bwd_general: each configuration without and with its dK/dV loop warp-specialized")
     args = p.parse_args(argv)
-    if args.ws and args.op != "bwd_general":
-        p.error("--ws applies to --op bwd_general (ws_fwd and ws_bwd always compile both)")
     short = dict(one_key=args.one_key, key_per_chunk=args.key_per_chunk, maxnreg=args.maxnreg)
     if args.op not in SHORT and any(short.values()):
         p.error("--one-key, --key-per-chunk and --maxnreg apply to --op fwd_short and bwd_short")
     if args.op == "fwd_short" and short.pop("key_per_chunk"):
         p.error("--key-per-chunk applies to --op bwd_short (the forward has no such form)")
     print(table(args.op, args.d, args.configs, args.tma, args.n, args.part, args.budget,
-                short if args.op in SHORT else None, args.ws), end="")
+                short if args.op in SHORT else None), end="")
 
 
 if __name__ == "__main__":

@@ -144,13 +144,12 @@ def _descriptors(signature: dict, boxes, bd: int, bd2: int, tma: bool) -> dict:
 
 def compile_general_bwd(d: int, block_m1: int, block_n1: int, warps: int, stages: int,
                         part: int, tma: bool = False, aligned: bool = True, maxnreg: int = 0,
-                        n: int = 0, tails_anyway: bool = False, ws: bool = False):
+                        n: int = 0, tails_anyway: bool = False):
     """kernels.bwd_kernel at head dim d with tiles (BLOCK_M1, BLOCK_N1, BLOCK_N1, BLOCK_M1),
     compiled for sm_90 (bf16, no dropout) as launch PART `part`; tma: the general_tma twin,
     its tiles through descriptors in boxes of the two tile heights (flash._backward); n: the
     sequence length whose tail tiles it has (flash._bwd_tails; 0: none); tails_anyway: those
-    tiles even at the head dims where flash._bwd_tails leaves them out; ws: the dK/dV loop
-    warp-specialized (a candidate's WS=1)."""
+    tiles even at the head dims where flash._bwd_tails leaves them out."""
     bd, bd2 = launch.split_d(d)
     signature = dict(QKV="*bf16", O="*bf16", DO="*bf16", LSE="*fp32", DELTA="*fp32", DQKV="*bf16",
                      SEED="*i64")
@@ -159,13 +158,11 @@ def compile_general_bwd(d: int, block_m1: int, block_n1: int, warps: int, stages
     signature.update(qk_scale="fp32", sm_scale="fp32", drop_p="fp32", BH="i32", H="i32", N="i32")
     consts.update(HEAD_DIM=d, BLOCK_D=bd, BLOCK_D2=bd2, BLOCK_M1=block_m1, BLOCK_N1=block_n1,
                   BLOCK_M2=block_n1, BLOCK_N2=block_m1, DROPOUT=False, TMA=tma, DIAG=False,
-                  PART=part, DQ_DELTA=part == 2, WS=ws and part != 2)
+                  PART=part, DQ_DELTA=part == 2)
     if n:
         (flash.bwd_tail_tiles if tails_anyway else flash._bwd_tails)(consts, n)
     else:
         consts.update(BLOCK_NT1=0, BLOCK_MT2=0)
-    if consts["WS"]:  # as flash._bwd_launches launches a WS=1 candidate: no key tail program
-        consts["BLOCK_NT1"] = 0
     signature.update({k: "constexpr" for k in consts})
     source = ASTSource(fn=kernels.bwd_kernel, signature=signature, constexprs=consts,
                        attrs=pointer_attrs(kernels.bwd_kernel, signature, aligned))

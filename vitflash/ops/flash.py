@@ -91,17 +91,10 @@ def _bwd_launches(c: Candidate, B: int, N: int, H: int, D: int, dropout: bool = 
                 Launch(kernels.bwd_dq_kernel, _cdiv(N, DELTA_BLOCK) * B * H,
                        {**head, "BLOCK_M": DELTA_BLOCK}, 4, 1, n_tensors=2)]
     consts = {**head, **m, **flags, "TMA": c.family == "general_tma"}
-    # WS: the dK/dV programs' loop over the query tiles warp-specialized (kernels._bwd_dkdv_tile);
-    # never the dQ launch's, so that a split candidate's dQ binary is the same either way
-    ws = bool(consts.pop("WS", 0))
-    split = consts.pop("SPLIT", 0)
-    if ws and not split:
-        raise ValueError(f"{c.label()}: WS=1 needs SPLIT=1 (Triton splits only a loop that is "
-                         "not inside a branch, and one launch branches on the program's kind)")
-    if not split:  # PART 0: both kinds of program in one launch, after delta's
+    if not consts.pop("SPLIT", 0):  # PART 0: both kinds of program in one launch, after delta's
         return [delta, Launch(kernels.bwd_kernel, _cdiv(N, m["BLOCK_N1"]) * B * H
                               + _cdiv(N, m["BLOCK_M2"]) * B * H,
-                              _bwd_tails({**consts, "PART": 0, "DQ_DELTA": False, "WS": False}, N),
+                              _bwd_tails({**consts, "PART": 0, "DQ_DELTA": False}, N),
                               c.num_warps, c.num_stages, n_tensors=7, maxnreg=c.maxnreg)]
     # a split candidate: dQ's launch, which computes delta as well (DQ_DELTA), then dK/dV's,
     # each with its own tiles, warps and stages (the dQ launch's: WARPS2 and STAGES2, else the
@@ -109,16 +102,12 @@ def _bwd_launches(c: Candidate, B: int, N: int, H: int, D: int, dropout: bool = 
     # them), so that one part's kernel is the same binary whatever the other part is.
     warps2, stages2 = consts.pop("WARPS2", c.num_warps), consts.pop("STAGES2", c.num_stages)
     m1, n1, m2, n2 = (consts[k] for k in ("BLOCK_M1", "BLOCK_N1", "BLOCK_M2", "BLOCK_N2"))
-    dkdv = _bwd_tails({**consts, "BLOCK_M2": n1, "BLOCK_N2": m1, "PART": 1, "DQ_DELTA": False,
-                       "WS": ws}, N)
-    if ws:  # no key tail program: its loop in a branch of its own keeps Triton from splitting either
-        dkdv["BLOCK_NT1"] = 0
     return [Launch(kernels.bwd_kernel, _cdiv(N, m2) * B * H,
-                   _bwd_tails({**consts, "BLOCK_M1": n2, "BLOCK_N1": m2, "PART": 2, "DQ_DELTA": True,
-                              "WS": False}, N),
+                   _bwd_tails({**consts, "BLOCK_M1": n2, "BLOCK_N1": m2, "PART": 2, "DQ_DELTA": True}, N),
                    warps2, stages2, n_tensors=7, maxnreg=c.maxnreg),
-            Launch(kernels.bwd_kernel, _cdiv(N, n1) * B * H, dkdv, c.num_warps, c.num_stages,
-                   n_tensors=7, maxnreg=c.maxnreg)]
+            Launch(kernels.bwd_kernel, _cdiv(N, n1) * B * H,
+                   _bwd_tails({**consts, "BLOCK_M2": n1, "BLOCK_N2": m1, "PART": 1, "DQ_DELTA": False}, N),
+                   c.num_warps, c.num_stages, n_tensors=7, maxnreg=c.maxnreg)]
 
 
 def _bwd_tails(consts: dict, N: int) -> dict:

@@ -716,11 +716,10 @@ def _bwd_dkdv_tile(pid_n, bh, QKV, DO, LSE, DELTA, DQKV, DQ_ACC, DQ_DESC, DQ_DES
                    BLOCK_D2: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                    ROWS: tl.constexpr, DROPOUT: tl.constexpr, ATOMIC_DQ: tl.constexpr,
                    TMA_DQ: tl.constexpr, TMA_KV: tl.constexpr, TMA: tl.constexpr,
-                   DIAG: tl.constexpr, WS: tl.constexpr):
+                   DIAG: tl.constexpr):
     """dK, dV of the ROWS keys from pid_n * BLOCK_N of head bh (_bwd_dkdv): K and V through
     KV_DESC(2) if TMA_KV, else by pointers; the query tiles through Q_DESC(2), DO_DESC(2) if
-    TMA. WS: the loop over the query tiles warp-specialized (Triton's `warp_specialize`: on
-    Hopper its loads can go to warps of their own, apart from the products')."""
+    TMA."""
     k_start = pid_n * BLOCK_N
     offs_n = k_start + tl.arange(0, ROWS)
     offs_m = tl.arange(0, BLOCK_M)
@@ -736,7 +735,7 @@ def _bwd_dkdv_tile(pid_n, bh, QKV, DO, LSE, DELTA, DQKV, DQ_ACC, DQ_DESC, DQ_DES
 
     dk, dk_hi = _zeros(ROWS, BLOCK_D, BLOCK_D2)
     dv, dv_hi = _zeros(ROWS, BLOCK_D, BLOCK_D2)
-    for start_m in tl.range(0, N, BLOCK_M, warp_specialize=WS):
+    for start_m in range(0, N, BLOCK_M):
         m0 = start_m
         if ATOMIC_DQ:
             m0 = (start_m + pid_n * BLOCK_M) % (tl.cdiv(N, BLOCK_M) * BLOCK_M)
@@ -779,7 +778,7 @@ def _bwd_dkdv(pid, QKV, DO, LSE, DELTA, DQKV, DQ_ACC, DQ_DESC, DQ_DESC2, Q_DESC,
               HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_D2: tl.constexpr,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_NT: tl.constexpr,
               DROPOUT: tl.constexpr, ATOMIC_DQ: tl.constexpr, TMA_DQ: tl.constexpr,
-              TMA: tl.constexpr, DIAG: tl.constexpr, WS: tl.constexpr):
+              TMA: tl.constexpr, DIAG: tl.constexpr):
     """dK, dV of one BLOCK_N key tile; Q, dO, LSE, delta stream past in BLOCK_M tiles.
     BLOCK_NT > 0: the program of the keys past the last full BLOCK_N tile computes a tile of
     BLOCK_NT keys, loaded by pointers (197 = 3 x 64 + a 16-key tile, not a fourth 64), and
@@ -802,12 +801,12 @@ def _bwd_dkdv(pid, QKV, DO, LSE, DELTA, DQKV, DQ_ACC, DQ_DESC, DQ_DESC2, Q_DESC,
         _bwd_dkdv_tile(pid_n, bh, QKV, DO, LSE, DELTA, DQKV, DQ_ACC, DQ_DESC, DQ_DESC2, KV_DESC,
                        KV_DESC2, DO_WIDE, DO_WIDE2, KV_DESC, KV_DESC2, seed, qk_scale, sm_scale,
                        drop_p, H, N, HEAD_DIM, BLOCK_D, BLOCK_D2, BLOCK_N, BLOCK_N, BLOCK_NT,
-                       DROPOUT, ATOMIC_DQ, TMA_DQ, False, TMA, DIAG, WS)
+                       DROPOUT, ATOMIC_DQ, TMA_DQ, False, TMA, DIAG)
     else:
         _bwd_dkdv_tile(pid_n, bh, QKV, DO, LSE, DELTA, DQKV, DQ_ACC, DQ_DESC, DQ_DESC2, Q_DESC,
                        Q_DESC2, DO_DESC, DO_DESC2, KV_DESC, KV_DESC2, seed, qk_scale, sm_scale,
                        drop_p, H, N, HEAD_DIM, BLOCK_D, BLOCK_D2, BLOCK_M, BLOCK_N, BLOCK_N,
-                       DROPOUT, ATOMIC_DQ, TMA_DQ, TMA, TMA, DIAG, WS)
+                       DROPOUT, ATOMIC_DQ, TMA_DQ, TMA, TMA, DIAG)
 
 
 @triton.jit
@@ -895,8 +894,7 @@ def bwd_kernel(QKV, O, DO, LSE, DELTA, DQKV, SEED, QKV_S, QKV_S2, QKV_L, QKV_L2,
                BLOCK_M1: tl.constexpr, BLOCK_N1: tl.constexpr,
                BLOCK_M2: tl.constexpr, BLOCK_N2: tl.constexpr, BLOCK_NT1: tl.constexpr,
                BLOCK_MT2: tl.constexpr, DROPOUT: tl.constexpr, TMA: tl.constexpr,
-               DIAG: tl.constexpr, PART: tl.constexpr, DQ_DELTA: tl.constexpr,
-               WS: tl.constexpr):
+               DIAG: tl.constexpr, PART: tl.constexpr, DQ_DELTA: tl.constexpr):
     """The general backward (after bwd_delta_kernel, but where DQ_DELTA: below). PART = 0,
     one launch of both program kinds: the first cdiv(N, BLOCK_N1) * B * H programs compute
     dK, dV (one key tile each), the rest dQ (one query tile each); one launch rather than two
@@ -904,8 +902,7 @@ def bwd_kernel(QKV, O, DO, LSE, DELTA, DQKV, SEED, QKV_S, QKV_S2, QKV_L, QKV_L2,
     PART = 2: of the dQ programs only. Compiled apart, each kind gets the registers it needs
     rather than the larger kind's count (launch.split_twins). DQ_DELTA (PART = 2): the dQ
     programs compute delta from O and dO themselves and store it, and the dK/dV launch runs
-    after them: a split backward needs no delta launch. WS: the dK/dV programs' loop over the
-    query tiles warp-specialized (_bwd_dkdv_tile).
+    after them: a split backward needs no delta launch.
 
     Tail programs (flash._bwd_tails; 0: none, the last program's tile is a full one,
     masked): the dK/dV program of the keys past the last full BLOCK_N1 tile takes a tile of
@@ -928,7 +925,7 @@ def bwd_kernel(QKV, O, DO, LSE, DELTA, DQKV, SEED, QKV_S, QKV_S2, QKV_L, QKV_L2,
         _bwd_dkdv(pid, QKV, DO, LSE, DELTA, DQKV, DQKV, DQKV, DQKV, QKV_S, QKV_S2, DO_S, DO_S2,
                   QKV_L, QKV_L2, DO_L, DO_L2, seed, qk_scale, sm_scale, drop_p, H, N, HEAD_DIM,
                   BLOCK_D, BLOCK_D2, BLOCK_M1, BLOCK_N1, BLOCK_NT1, DROPOUT, False, False, TMA,
-                  DIAG, WS)
+                  DIAG)
     else:
         _bwd_dq(pid - first_dq, QKV, O, DO, LSE, DELTA, DQKV, QKV_L, QKV_L2, DO_L, DO_L2, QKV_S,
                 QKV_S2, seed, qk_scale, sm_scale, drop_p, H, N, HEAD_DIM, BLOCK_D, BLOCK_D2,
@@ -957,7 +954,7 @@ def bwd_atomic_kernel(QKV, DO, LSE, DELTA, DQ_ACC, DQKV, SEED, DQ_DESC, DQ_DESC2
     _bwd_dkdv(tl.program_id(0), QKV, DO, LSE, DELTA, DQKV, DQ_ACC, DQ_DESC, DQ_DESC2, Q_DESC,
               Q_DESC2, DO_DESC, DO_DESC2, KV_DESC, KV_DESC2, DO_DESC, DO_DESC2, seed, qk_scale,
               sm_scale, drop_p, H, N, HEAD_DIM, BLOCK_D, BLOCK_D2, BLOCK_M, BLOCK_N, 0, DROPOUT,
-              True, TMA_DQ, TMA_DQ, DIAG, False)
+              True, TMA_DQ, TMA_DQ, DIAG)
 
 
 @triton.jit
