@@ -21,7 +21,7 @@ On a machine without a GPU it runs one tiny case under TRITON_INTERPRET=1 and pr
 This is a one-off measurement kept beside its output
 (benchmarks/results/gpu_session_dc8413a/warp_specialize_probe_*.log for the forward,
 gpu_session_dadf97f/run1/ws_bwd.log for the backward: the 32 x 128 variant with warp
-specialization did not finish compiling on triton 3.6), not part of the library:
+specialization did not finish, compiling or running, on triton 3.6), not part of the library:
 
     python benchmarks/probes/warp_specialize.py [--op fwd|bwd]
 """
