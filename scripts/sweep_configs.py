@@ -29,8 +29,9 @@ autotuner's own list at each shape only (TMA and tail-ahead twins included), not
 names: BLOCK_M,BLOCK_N for the forward and the atomic backward, BLOCK_M1,BLOCK_N1,BLOCK_M2,BLOCK_N2
 for the backward; a register cap makes Triton hold each thread to that many registers, e.g.
 two 8-warp programs an SM where the compiler alone would take more).
-Results go to `<out>/sweep_<op>_<gpu>.json` and `.md`, written after every shape so a run
-stopped by a time limit keeps what it measured. `--budget-s` stops starting new
+Results go to `<out>/sweep_<op>_<gpu>.json` and `.md`, written after cuDNN's times and after
+every configuration, so a run stopped by a time limit keeps what it measured (a shape it
+stopped in is marked so). `--budget-s` stops starting new
 configurations after that many seconds.
 """
 from __future__ import annotations
@@ -42,6 +43,7 @@ from functools import partial
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -189,15 +191,34 @@ def _cudnn_times(shape, backward: bool, repeats: int, timer: str, tflops) -> dic
             "cudnn_tuner_timer": spread(tflops(tuner_case(cudnn, [q, k, v], backward, repeats)))}
 
 
+def _flash_inputs(shape) -> tuple[torch.Tensor, torch.Tensor]:
+    """The packed bf16 qkv (B, N, 3, H, D), a leaf, and dO (B, N, H, D) of a shape, on the GPU."""
+    B, H, N, D = shape
+    qkv = torch.randn(B, N, 3, H, D, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    return qkv, torch.randn(B, N, H, D, device="cuda", dtype=torch.bfloat16)
+
+
+# what a shape's row says while its configurations are still running: what a result file
+# written then keeps if the run is stopped there (a time limit), until the shape finishes
+UNFINISHED = "the run ended while this shape's configurations were running"
+
+
 def sweep_shape(op: str, shape, repeats: int, deadline: float, timer: str = "events",
-                listed_only: bool = False, configs: list[launch.Candidate] | None = None) -> dict:
+                listed_only: bool = False, configs: list[launch.Candidate] | None = None,
+                save: Callable[[dict], None] | None = None) -> dict:
+    """The row of one shape: cuDNN's times, then each configuration's check and times.
+    save(row), if given, after cuDNN's and after each configuration, the row marked
+    "stopped": UNFINISHED until the last one has run (a time budget's stop stays marked)."""
     B, H, N, D = shape
     backward = op != "fwd"
     flops = 4 * B * H * N * N * D * (3.5 if backward else 1.0)
     tflops = lambda ms: [flops / t * 1e-9 for t in ms]  # noqa: E731
-    row = {"shape": list(shape), **_cudnn_times(shape, backward, repeats, timer, tflops), "configs": []}
-    qkv = torch.randn(B, N, 3, H, D, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    do = torch.randn(B, N, H, D, device="cuda", dtype=torch.bfloat16)
+    row = {"shape": list(shape), **_cudnn_times(shape, backward, repeats, timer, tflops), "configs": [],
+           "stopped": UNFINISHED}
+    print(tuple(shape), op, "cuDNN", row["cudnn"]["median"], row["cudnn_tuner_timer"]["median"], flush=True)
+    save = save or (lambda row: None)
+    save(row)
+    qkv, do = _flash_inputs(shape)
 
     def flash():
         o = flash_attention_qkvpacked(qkv, deterministic=op != "bwd_atomic")
@@ -208,7 +229,8 @@ def sweep_shape(op: str, shape, repeats: int, deadline: float, timer: str = "eve
     for cand in configs or (listed if listed_only else grid(op, D)):
         if time.monotonic() > deadline:
             row["stopped"] = "time budget"
-            break
+            save(row)
+            return row
         entry = {"candidate": cand.to_json(), "listed": cand in listed}
         _forced(op, cand)
         try:
@@ -225,6 +247,9 @@ def sweep_shape(op: str, shape, repeats: int, deadline: float, timer: str = "eve
         row["configs"].append(entry)
         print(tuple(shape), op, cand.label(), entry.get("tflops", {}).get("median"),
               entry.get("tflops_tuner_timer", {}).get("median"), entry["error"], flush=True)
+        save(row)
+    del row["stopped"]
+    save(row)
     return row
 
 
@@ -293,11 +318,16 @@ def main() -> None:
     command, rows = command_line(), []
     stem = result_stem(f"sweep_{args.op}", env)
     args.out.mkdir(parents=True, exist_ok=True)
-    for shape in args.shapes:
-        rows.append(sweep_shape(args.op, shape, args.repeats, deadline, args.timer, args.listed, configs))
+
+    def save(row: dict) -> None:  # every row so far and this one, as it stands
+        done = rows + [row]
         (args.out / f"{stem}.json").write_text(json.dumps(
-            {"command": command, "environment": env, "results": rows}, indent=1))
-        (args.out / f"{stem}.md").write_text(markdown(args.op, rows, env, command))
+            {"command": command, "environment": env, "results": done}, indent=1))
+        (args.out / f"{stem}.md").write_text(markdown(args.op, done, env, command))
+
+    for shape in args.shapes:
+        rows.append(sweep_shape(args.op, shape, args.repeats, deadline, args.timer, args.listed, configs,
+                                save))
     print(markdown(args.op, rows, env, command))
 
 

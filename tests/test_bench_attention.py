@@ -246,6 +246,33 @@ def test_the_sweep_of_the_listed_candidates_by_the_graph_timer():
     assert row["cudnn_tuner_timer"]["median"] > 0
 
 
+def test_the_sweep_saves_each_configuration_as_it_goes(monkeypatch):
+    """sweep_shape hands its row to `save` after cuDNN's times and after every configuration,
+    marked unfinished until the last one has run, so that a run killed by a time limit leaves
+    files that hold what it measured and say that it stopped; a time budget's stop stays
+    marked as such. (Run on the CPU: the GPU work is stood in for.)"""
+    ms = {"median": 1.0, "min": 1.0, "max": 1.0, "n": 1}
+    monkeypatch.setattr(sweep, "_cudnn_times", lambda *a: {"cudnn": ms, "cudnn_tuner_timer": ms})
+    monkeypatch.setattr(sweep, "_flash_inputs", lambda shape: (torch.zeros(1), torch.zeros(1)))
+    monkeypatch.setattr(sweep, "flash_attention_qkvpacked", lambda qkv, deterministic: qkv)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(sweep, "within_rule", lambda *a: None)
+    monkeypatch.setattr(sweep, "time_case", lambda *a: [0.5])
+    monkeypatch.setattr(sweep, "tuner_case", lambda *a: [0.5])
+    named = [sweep.parse_config("fwd", "general:64,64:4:3"), sweep.parse_config("fwd", "general:128,32:4:3")]
+    saved = []
+    save = lambda row: saved.append((len(row["configs"]), row.get("stopped")))  # noqa: E731
+    row = sweep.sweep_shape("fwd", (1, 1, 65, 64), 1, float("inf"), configs=named, save=save)
+    assert saved == [(0, sweep.UNFINISHED), (1, sweep.UNFINISHED), (2, sweep.UNFINISHED), (2, None)]
+    assert "stopped" not in row and all(e["tflops"]["median"] > 0 for e in row["configs"])
+    env = {k: "x" for k in ("gpu", "commit", "torch", "triton", "cuda", "cudnn", "date")}
+    partial_row = {**row, "configs": row["configs"][:1], "stopped": sweep.UNFINISHED}
+    assert f"Stopped early ({sweep.UNFINISHED})" in sweep.markdown("fwd", [partial_row], {**env, "repeats": 1}, "cmd")
+    saved.clear()
+    row = sweep.sweep_shape("fwd", (1, 1, 65, 64), 1, 0.0, configs=named, save=save)
+    assert saved == [(0, sweep.UNFINISHED), (0, "time budget")] and row["stopped"] == "time budget"
+
+
 @pytest.mark.gpu
 def test_the_sweep_of_named_configurations_runs_those_alone():
     """--configs: exactly the named candidates, in their order, a register-capped one included,
