@@ -49,6 +49,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from vitflash.files import written_whole
 from vitflash.ops import flash as flash_mod
 from vitflash.ops import flash_attention_qkvpacked, launch, naive_attention
 
@@ -319,11 +320,13 @@ def main() -> None:
     stem = result_stem(f"sweep_{args.op}", env)
     args.out.mkdir(parents=True, exist_ok=True)
 
-    def save(row: dict) -> None:  # every row so far and this one, as it stands
+    def save(row: dict) -> None:  # every row so far and this one, as it stands; each file whole
         done = rows + [row]
-        (args.out / f"{stem}.json").write_text(json.dumps(
-            {"command": command, "environment": env, "results": done}, indent=1))
-        (args.out / f"{stem}.md").write_text(markdown(args.op, done, env, command))
+        for suffix, text in ((".json", json.dumps({"command": command, "environment": env, "results": done},
+                                                  indent=1)),
+                             (".md", markdown(args.op, done, env, command))):
+            with written_whole(args.out / f"{stem}{suffix}") as tmp:
+                Path(tmp).write_text(text)
 
     for shape in args.shapes:
         rows.append(sweep_shape(args.op, shape, args.repeats, deadline, args.timer, args.listed, configs,

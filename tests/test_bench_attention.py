@@ -2,6 +2,9 @@
 the op chose at a shape (here the interpreter's fixed choice), in the JSON row and the table."""
 from __future__ import annotations
 
+import json
+import sys
+
 import pytest
 import torch
 
@@ -273,6 +276,36 @@ def test_the_sweep_saves_each_configuration_as_it_goes(monkeypatch):
     assert saved == [(0, sweep.UNFINISHED), (0, "time budget")] and row["stopped"] == "time budget"
 
 
+def test_the_sweep_files_hold_a_shape_in_progress(monkeypatch, tmp_path):
+    """The command's result files as a run killed in its second shape leaves them: the first
+    shape whole, the second marked unfinished with what it had measured. (Run on the CPU: the
+    shapes' GPU work is stood in for.)"""
+    ms = {"median": 1.0, "min": 1.0, "max": 1.0, "n": 1}
+
+    def shape_row(op, shape, repeats, deadline, timer, listed, configs, save):
+        row = {"shape": list(shape), "cudnn": ms, "cudnn_tuner_timer": ms, "configs": [],
+               "stopped": sweep.UNFINISHED}
+        save(row)
+        if shape[0] == 2:  # killed here
+            raise KeyboardInterrupt
+        del row["stopped"]
+        save(row)
+        return row
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(sweep, "environment", lambda: {k: "x" for k in ("gpu", "commit", "torch", "triton",
+                                                                         "cuda", "cudnn", "date")})
+    monkeypatch.setattr(sweep, "sweep_shape", shape_row)
+    monkeypatch.setattr(sys, "argv", ["sweep_configs.py", "--op", "fwd", "--shapes", "1,1,65,64", "2,1,65,64",
+                                      "--out", str(tmp_path)])
+    with pytest.raises(KeyboardInterrupt):
+        sweep.main()
+    saved = json.loads((tmp_path / "sweep_fwd_x.json").read_text())
+    assert [(r["shape"][0], r.get("stopped")) for r in saved["results"]] == [(1, None), (2, sweep.UNFINISHED)]
+    assert f"Stopped early ({sweep.UNFINISHED})" in (tmp_path / "sweep_fwd_x.md").read_text()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["sweep_fwd_x.json", "sweep_fwd_x.md"]
+
+
 @pytest.mark.gpu
 def test_the_sweep_of_named_configurations_runs_those_alone():
     """--configs: exactly the named candidates, in their order, a register-capped one included,
@@ -411,7 +444,6 @@ def test_the_pipe_twins_timings_are_set_against_their_twins():
 
 
 def test_render_prints_a_result_files_tables_without_a_gpu(tmp_path, capsys):
-    import json
 
     row = _forms_row({ONE: 2.5, TWIN: 2.25})
     env = {k: "x" for k in ("gpu", "commit", "torch", "triton", "cuda", "cudnn", "python", "date")}
