@@ -444,7 +444,6 @@ def test_the_pipe_twins_timings_are_set_against_their_twins():
 
 
 def test_render_prints_a_result_files_tables_without_a_gpu(tmp_path, capsys):
-
     row = _forms_row({ONE: 2.5, TWIN: 2.25})
     env = {k: "x" for k in ("gpu", "commit", "torch", "triton", "cuda", "cudnn", "python", "date")}
     path = tmp_path / "attention_graph_h200.json"
