@@ -7,7 +7,9 @@ allotted them.
     python benchmarks/probes/short_bwd.py --baseline <kernels.py of another commit>
 
 --configs lists BLOCK_M x warps, with an optional register cap per thread (Triton's `maxnreg`
-option): "16x4", "16x4x168". A capped configuration runs in the kernel's KEY_PER_CHUNK form, as
+option) and an optional number of software-pipeline stages of the loop over query chunks
+(Triton's `num_stages`; 1, what every listed candidate has, if not given): "16x4", "16x4x168",
+"16x4x168s2", "32x4s3". A capped configuration runs in the kernel's KEY_PER_CHUNK form, as
 launch.short_bwd lists it; --key-per-chunk runs every configuration of this tree's kernel in
 that form (a baseline kernel that lacks the parameter runs without it). Each configuration
 runs on the same inputs as the tuner's own backward at that shape, and its dqkv is checked
@@ -48,10 +50,18 @@ def load_kernels(path: Path):
     return module
 
 
-def parse_config(text: str) -> tuple[int, int, int]:
-    """"16x4" -> (16, 4, 0); "16x4x168" -> (16, 4, 168): BLOCK_M, warps, register cap."""
-    parts = [int(x) for x in text.split("x")]
-    return parts[0], parts[1], parts[2] if len(parts) > 2 else 0
+def parse_config(text: str) -> tuple[int, int, int, int]:
+    """"16x4" -> (16, 4, 0, 1); "16x4x168" -> (16, 4, 168, 1); "16x4x168s2" -> (16, 4, 168, 2);
+    "32x4s3" -> (32, 4, 0, 3): BLOCK_M, warps, register cap, pipeline stages."""
+    tiles, _, stages = text.partition("s")
+    try:
+        parts = [int(x) for x in tiles.split("x")]
+        if len(parts) not in (2, 3) or (stages and int(stages) < 1):
+            raise ValueError
+        return parts[0], parts[1], parts[2] if len(parts) > 2 else 0, int(stages or 1)
+    except ValueError:
+        raise SystemExit(f"--configs {text!r}: expected BLOCK_MxWARPS[xCAP][sSTAGES], "
+                         "e.g. 16x4, 16x4x168, 16x4x168s2") from None
 
 
 def measure(shape: tuple[int, int, int, int], configs: list[str], modules: dict, repeats: int,
@@ -70,10 +80,10 @@ def measure(shape: tuple[int, int, int, int], configs: list[str], modules: dict,
     one_key = launch.one_key_tail(N)
     results = {}
     for text in configs:
-        block_m, warps, cap = parse_config(text)
+        block_m, warps, cap, stages = parse_config(text)
         cand = launch.short_bwd(N, block_m, warps, one_key=one_key, maxnreg=cap if one_key else 0)
         (plan,) = flash_mod._bwd_launches(cand, B, N, H, D)
-        options = dict(num_warps=warps, num_stages=1, **({"maxnreg": cap} if cap else {}))
+        options = dict(num_warps=warps, num_stages=stages, **({"maxnreg": cap} if cap else {}))
         for name, module in modules.items():
             dqkv = torch.empty_like(qkv)
             kernel = module.bwd_short_kernel
@@ -130,7 +140,7 @@ def render(out: dict) -> str:
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--shapes", nargs="+", default=SHAPES, help="B,H,N,D each (N <= 160)")
-    p.add_argument("--configs", nargs="+", default=CONFIGS, help="BLOCK_M x warps [x register cap]")
+    p.add_argument("--configs", nargs="+", default=CONFIGS, help="BLOCK_M x warps [x register cap] [s stages]")
     p.add_argument("--baseline", type=Path, help="a kernels.py to time beside this tree's")
     p.add_argument("--key-per-chunk", action="store_true",
                    help="this tree's kernel in its KEY_PER_CHUNK form at every configuration")
