@@ -69,7 +69,7 @@ def test_registers_probe_reports_what_ptxas_allocated():
                           "--n", "65", "--tiles", "32x4", "--one-key", "--key-per-chunk", "--maxnreg", "0,168"],
                          capture_output=True, text=True, env=env, check=True).stdout
     rows = [line.strip("|").split("|") for line in out.splitlines() if line.startswith("| 65 ")]
-    (free, capped) = [dict(cap=r[3].strip(), registers=int(r[4]), smem=float(r[6]), programs=int(r[7]))
+    (free, capped) = [dict(cap=r[4].strip(), registers=int(r[5]), smem=float(r[7]), programs=int(r[8]))
                       for r in rows]
     assert (free["cap"], capped["cap"]) == ("-", "168")
     assert capped["registers"] <= 168 and capped["programs"] == 3
@@ -91,13 +91,47 @@ def test_registers_probe_compiles_pointers_aligned_as_the_jit_does():
 def _probe_row(op: str, tile: str, *flags: str) -> dict:
     """The register probe at N = 65, D = 64 for one tile, run as its command in a process of
     its own (compiled, not interpreted): its row as registers, spill bytes, shared KiB,
-    programs per SM and SASS instructions."""
+    programs per SM, SASS instructions and how many of those are asynchronous copies."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     out = subprocess.run([sys.executable, str(PROBES / "registers.py"), "--op", op, "--d", "64", "--n", "65",
                           "--tiles", tile, *flags], capture_output=True, text=True, env=env, check=True).stdout
     (row,) = [line.strip("|").split("|") for line in out.splitlines() if line.startswith("| 65 ")]
-    return dict(registers=int(row[4]), spills=int(row[5]), smem=float(row[6]), programs=int(row[7]),
-                instructions=int(row[8]))
+    return dict(stages=int(row[3]), registers=int(row[5]), spills=int(row[6]), smem=float(row[7]),
+                programs=int(row[8]), instructions=int(row[9]), async_copies=int(row[10]))
+
+
+def test_registers_probe_compiles_the_short_backward_pipelined_on_request():
+    """A tile's "sN" compiles the short kernel with N software-pipeline stages: the backward's
+    loop over query chunks then loads its next chunk's tiles ahead, by asynchronous copies into
+    shared memory (LDGSTS in the SASS), which the listed one-stage kernel has none of. At
+    16-row chunks in 4 warps (N = 65, one-key tail, triton 3.8 here) the two stages take more
+    registers and shared memory (benchmarks/results/registers_sm90_short_bwd_stages.md)."""
+    one = _probe_row("bwd", "16x4", "--one-key")
+    two = _probe_row("bwd", "16x4s2", "--one-key")
+    assert (one["stages"], two["stages"]) == (1, 2)
+    assert one["async_copies"] == 0 < two["async_copies"]
+    assert two["smem"] > one["smem"] and two["registers"] >= one["registers"]
+
+
+def test_short_bwd_probe_reads_stages_from_its_configs():
+    """The short-backward probe's configurations: BLOCK_M x warps, an optional register cap
+    and an optional number of pipeline stages (1 where not given, as every listed candidate);
+    a malformed one stops it with the form named."""
+    probe = _load("short_bwd")
+    assert probe.parse_config("16x4") == (16, 4, 0, 1)
+    assert probe.parse_config("16x4x168s2") == (16, 4, 168, 2)
+    assert probe.parse_config("32x4s3") == (32, 4, 0, 3)
+    for bad in ("16", "16x4x168x2", "16x4s0", "16x4sx"):
+        with pytest.raises(SystemExit, match="BLOCK_MxWARPS"):
+            probe.parse_config(bad)
+
+
+def test_registers_probe_refuses_a_malformed_tile():
+    """A tile that is not BLOCK_MxWARPS[sSTAGES] stops the probe with a message naming the form."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run([sys.executable, str(PROBES / "registers.py"), "--op", "bwd", "--tiles", "16x4s0"],
+                         capture_output=True, text=True, env=env)
+    assert run.returncode != 0 and "BLOCK_MxWARPS[sSTAGES]" in run.stderr
 
 
 def test_registers_probe_traces_dropout_in_on_request():

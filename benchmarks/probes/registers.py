@@ -21,7 +21,9 @@ BLOCK_M x BLOCK_N x warps x stages).
 
     python benchmarks/probes/registers.py --op fwd --d 64 --n 65 --tiles 64x4,32x4 --maxnreg 0,128,160
 
---tiles lists BLOCK_M x warps; --maxnreg lists register caps per thread (0: the compiler's
+--tiles lists BLOCK_M x warps, each with an optional number of software-pipeline stages
+(Triton's `num_stages`; 1, what every listed short candidate has, if not given: "16x4s2"; the
+backward's loop over query chunks is the one loop they pipeline); --maxnreg lists register caps per thread (0: the compiler's
 choice), passed to Triton as its `maxnreg` option; --tma compiles the forward's short_tma twin,
 whose tiles come through TMA descriptors; --one-key the twin for N = 2^k + 1 (either op, and
 with --tma), whose one key past the tile is done in vector arithmetic (a tail of BLOCK_T = 1).
@@ -83,13 +85,13 @@ def pointer_attrs(fn, signature: dict, aligned: bool = True) -> dict:
 
 def compile_short(op: str, d: int, n: int, block_m: int, warps: int, maxnreg: int = 0,
                   tma: bool = False, one_key: bool = False, dropout: bool = False,
-                  aligned: bool = True, key_per_chunk: bool = False):
+                  aligned: bool = True, key_per_chunk: bool = False, stages: int = 1):
     """The short forward or backward at head dim d, length n and a BLOCK_M-row tile, compiled
     for sm_90 (bf16, one head per program; attention dropout traced in if dropout). tma: the
     forward's "short_tma" twin, its tiles loaded through TMA descriptors. one_key: the
     one-key-tail twin (launch.short_fwd / short_bwd(..., one_key=True)). aligned: pointer
     parameters 16-byte aligned, as the JIT compiles them (pointer_attrs). key_per_chunk: the
-    backward's KEY_PER_CHUNK form (its register-capped twin's)."""
+    backward's KEY_PER_CHUNK form (its register-capped twin's). stages: Triton's num_stages."""
     bd, bd2 = launch.split_d(d)
     head = dict(HEAD_DIM=d, BLOCK_D=bd, BLOCK_D2=bd2, BLOCK_M=block_m,
                 BLOCK_MT=launch.tail_tile(n, block_m), DROPOUT=dropout, DIAG=False)
@@ -121,7 +123,7 @@ def compile_short(op: str, d: int, n: int, block_m: int, warps: int, maxnreg: in
         tiles.pop("BLOCK_M")
         fn, consts = kernels.bwd_short_kernel, {**head, **tiles}
     signature.update(dict.fromkeys(consts, "constexpr"))
-    options = _options(warps, 1, maxnreg)
+    options = _options(warps, stages, maxnreg)
     source = ASTSource(fn=fn, signature=signature, constexprs=consts,
                        attrs=pointer_attrs(fn, signature, aligned))
     return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
@@ -212,16 +214,17 @@ def assemble(compiled) -> tuple[str, str]:
 def usage(compiled, warps: int) -> dict:
     """ptxas's registers and spill bytes for the compiled kernel, its shared memory, the
     programs per SM these allow, and its length in machine instructions (SASS, as cuobjdump
-    lists it: the code, not how often each instruction runs)."""
+    lists it: the code, not how often each instruction runs), and how many of those are
+    asynchronous global-to-shared copies (LDGSTS: loads the software pipeliner issues ahead)."""
     report, sass = assemble(compiled)
-    instructions = len(re.findall(r"^\s+/\*[0-9a-f]{4,}\*/\s+\S", sass, flags=re.M))
+    opcodes = re.findall(r"^\s+/\*[0-9a-f]{4,}\*/\s+(\S+)", sass, flags=re.M)
     regs = int(re.search(r"Used (\d+) registers", report).group(1))
     spills = int(re.search(r"(\d+) bytes spill stores", report).group(1))
     smem = compiled.metadata.shared
     per_warp = (regs + 7) // 8 * 8 * 32
     programs = min(65536 // (per_warp * warps), 228 * 1024 // (smem + 1024), 64 // warps)
     return dict(registers=regs, spill_bytes=spills, smem_kib=smem / 1024, programs_per_sm=programs,
-                instructions=instructions)
+                instructions=len(opcodes), async_copies=sum(o.startswith("LDGSTS") for o in opcodes))
 
 
 def main(argv=None):
@@ -231,7 +234,8 @@ def main(argv=None):
     p.add_argument("--n", type=lambda s: [int(x) for x in s.split(",")], default=None,
                    help="sequence lengths (default 65); bwd_general, fwd_general: the first one's "
                         "tail tiles (default: none; the forward a 16-key one)")
-    p.add_argument("--tiles", default="64x4,32x4", help="BLOCK_M x warps, comma-separated")
+    p.add_argument("--tiles", default="64x4,32x4",
+                   help="BLOCK_M x warps [s stages], comma-separated: 64x4,16x4s2")
     p.add_argument("--maxnreg", default="0", help="register caps, comma-separated (0: none)")
     p.add_argument("--tma", action="store_true", help="the forward's short_tma twin (tiles by TMA)")
     p.add_argument("--one-key", action="store_true",
@@ -264,16 +268,30 @@ def main(argv=None):
                                                   ("dropout", args.dropout), ("KEY_PER_CHUNK", args.key_per_chunk),
                                                   ("unaligned", args.unaligned)) if on)
     print(f"triton {triton.__version__}, sm_90; {args.op}{twin}, D = {args.d}")
-    print("| N | BLOCK_M | warps | cap | registers | spill bytes | shared KiB | programs / SM | SASS instructions |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| N | BLOCK_M | warps | stages | cap | registers | spill bytes | shared KiB | programs / SM "
+          "| SASS instructions | of them async copies (LDGSTS) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for n in args.n:
         for tile in args.tiles.split(","):
-            block_m, warps = map(int, tile.split("x"))
+            block_m, warps, stages = parse_tile(tile)
             for cap in map(int, args.maxnreg.split(",")):
                 u = usage(compile_short(args.op, args.d, n, block_m, warps, cap, args.tma, args.one_key,
-                                        args.dropout, aligned, args.key_per_chunk), warps)
-                print(f"| {n} | {block_m} | {warps} | {cap or '-'} | {u['registers']} | {u['spill_bytes']} "
-                      f"| {u['smem_kib']:.0f} | {u['programs_per_sm']} | {u['instructions']} |", flush=True)
+                                        args.dropout, aligned, args.key_per_chunk, stages), warps)
+                print(f"| {n} | {block_m} | {warps} | {stages} | {cap or '-'} | {u['registers']} "
+                      f"| {u['spill_bytes']} | {u['smem_kib']:.0f} | {u['programs_per_sm']} "
+                      f"| {u['instructions']} | {u['async_copies']} |", flush=True)
+
+
+def parse_tile(text: str) -> tuple[int, int, int]:
+    """"64x4" -> (64, 4, 1); "16x4s2" -> (16, 4, 2): BLOCK_M, warps, pipeline stages."""
+    tile, _, stages = text.partition("s")
+    try:
+        block_m, warps = map(int, tile.split("x"))
+        if stages and int(stages) < 1:
+            raise ValueError
+        return block_m, warps, int(stages or 1)
+    except ValueError:
+        raise SystemExit(f"--tiles {text!r}: expected BLOCK_MxWARPS[sSTAGES], e.g. 64x4 or 16x4s2") from None
 
 
 def plans_table(shapes: list[str]) -> None:
