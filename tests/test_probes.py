@@ -102,8 +102,8 @@ def _probe_row(op: str, tile: str, *flags: str) -> dict:
 
 def test_registers_probe_compiles_the_short_backward_pipelined_on_request():
     """A tile's "sN" compiles the short kernel with N software-pipeline stages: the backward's
-    loop over query chunks then loads its next chunk's tiles ahead, by asynchronous copies into
-    shared memory (LDGSTS in the SASS), which the listed one-stage kernel has none of. At
+    loop over query chunks then issues loads ahead, as asynchronous copies into shared memory
+    (LDGSTS in the SASS), which the listed one-stage kernel has none of. At
     16-row chunks in 4 warps (N = 65, one-key tail, triton 3.8 here) the two stages take more
     registers and shared memory (benchmarks/results/registers_sm90_short_bwd_stages.md)."""
     one = _probe_row("bwd", "16x4", "--one-key")
