@@ -24,9 +24,10 @@ BLOCK_M x BLOCK_N x warps x stages).
 --tiles lists BLOCK_M x warps, each with an optional number of software-pipeline stages
 (Triton's `num_stages`; 1, what every listed short candidate has, if not given: "16x4s2"; the
 backward's loop over query chunks is the one loop they pipeline); --maxnreg lists register
-caps per thread (0: the compiler's choice), passed to Triton as its `maxnreg` option; --tma compiles the forward's short_tma twin,
-whose tiles come through TMA descriptors; --one-key the twin for N = 2^k + 1 (either op, and
-with --tma), whose one key past the tile is done in vector arithmetic (a tail of BLOCK_T = 1).
+caps per thread (0: the compiler's choice), passed to Triton as its `maxnreg` option; --tma
+compiles the forward's short_tma twin, whose tiles come through TMA descriptors; --one-key the
+twin for N = 2^k + 1 (either op, and with --tma), whose one key past the tile is done in
+vector arithmetic (a tail of BLOCK_T = 1).
 Programs per SM: the fewest that registers (64K a SM, allocated per warp in steps of 8 a
 thread), shared memory (228 KiB, 1 KiB of it reserved per program) and the 64-warp limit allow.
 
