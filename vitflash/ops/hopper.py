@@ -1,0 +1,217 @@
+"""A Hopper (sm_90) forward written in Gluon, Triton's lower-level language, where the
+program says itself when each matrix product is issued and waited for.
+
+Why a second forward: in the Triton forward (kernels.fwd_kernel), compiled for sm_90, a
+program waits for every earlier product when it waits for a tile's scores, so the softmax of
+a tile never runs while the tensor cores work (benchmarks/KERNEL_NOTES.md: at D = 128 the
+exponentials alone take half the products' clocks). Here each warp group issues the score
+product of tile j, S_j = Q K_j^T, then the product of the previous tile's probabilities,
+O += P_{j-1} V_{j-1}, waits for S_j alone, and computes tile j's softmax while P_{j-1} V_{j-1}
+runs: FlashAttention-3's overlap within a warp group. K and V stream through STAGES
+shared-memory buffers, each filled by the tensor memory accelerator (TMA) and signalled by
+its own mbarrier.
+
+Scope: bf16 or fp16 qkv (B, N, 3, H, D), contiguous, D in {64, 128}, no dropout, no diagonal
+mask; the same O (B, N, H, D) and base-2 LSE (B, H, N) as fwd_kernel. Only on a CUDA device
+of compute capability 9.x, and only where Gluon imports (`available()`): the launcher lists
+its configurations as candidates beside the Triton ones, and the tuner keeps whichever is
+fastest. Gluon kernels do not run in the interpreter: the CPU tests compile this one for
+sm_90 and check what it compiles to; its results are tested on the GPU.
+"""
+from __future__ import annotations
+
+import torch
+
+try:  # Gluon is experimental: its absence or a changed API must leave the Triton path whole
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import (
+        fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    # the CTA-wide barrier: gl.barrier in triton 3.8, gl.thread_barrier in 3.6
+    _cta_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
+    _IMPORT_ERROR: Exception | None = None
+except Exception as err:  # pragma: no cover - depends on the installed triton
+    _IMPORT_ERROR = err
+
+HEAD_DIMS = (64, 128)
+
+
+def available() -> bool:
+    """Whether Gluon and its Hopper module import in this triton."""
+    return _IMPORT_ERROR is None
+
+
+def supported(device: torch.device, dtype: torch.dtype, d: int) -> bool:
+    """Whether this forward can run for qkv of `dtype` with head dim d on `device`."""
+    return (available() and device.type == "cuda" and d in HEAD_DIMS
+            and dtype in (torch.bfloat16, torch.float16)
+            and torch.cuda.get_device_capability(device)[0] == 9)
+
+
+def shared_bytes(d: int, block_m: int, block_n: int, stages: int, itemsize: int = 2) -> int:
+    """Shared memory of one program: Q, the K and V buffers, the O tile for its store."""
+    return itemsize * d * (2 * block_m + 2 * stages * block_n)
+
+
+if _IMPORT_ERROR is None:
+
+    @gluon.jit
+    def _softmax(s, m_i, l_i, qk_scale, cols, N, MASK: gl.constexpr):
+        """One tile's online-softmax update: its probabilities against the new row maximum,
+        that maximum, the new row sums and the factor that rescales the old ones. Scores are
+        unscaled; the maximum is in log2 units (qk_scale = softmax scale * log2 e)."""
+        if MASK:  # the partial key tile: keys past N count for nothing
+            s = gl.where(gl.expand_dims(cols, 0) < N, s, float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)
+        p = gl.exp2(s * qk_scale - gl.expand_dims(m_new, 1))
+        alpha = gl.exp2(m_i - m_new)
+        l_i = l_i * alpha + gl.sum(p, axis=1)
+        return p, m_new, l_i, alpha
+
+    @gluon.jit
+    def _load_kv(kv_desc, b, j, k_col, v_col, bar, k_buf, v_buf,
+                 BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr):
+        """Key tile j's K and V rows into one buffer pair, signalling `bar` when both land."""
+        mbarrier.expect(bar, 2 * BLOCK_N * HEAD_DIM * kv_desc.dtype.primitive_bitwidth // 8)
+        tma.async_copy_global_to_shared(kv_desc, [b, j * BLOCK_N, k_col], bar, k_buf)
+        tma.async_copy_global_to_shared(kv_desc, [b, j * BLOCK_N, v_col], bar, v_buf)
+
+    @gluon.jit
+    def _step(j, q_smem, k_smem, v_smem, bars, acc, p, m_i, l_i, s_zero, qk_scale, N,
+              kv_desc, b, k_col, v_col, n_tiles, cols0,
+              BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
+              MASK: gl.constexpr, p_layout: gl.constexpr, row_o: gl.constexpr):
+        """Key tile j (j >= 1): S_j issued, then P_{j-1} V_{j-1}; S_j's softmax runs while the
+        second product does; then the rescale, and tile j - 1 + STAGES into the freed buffer."""
+        stage = j % STAGES
+        mbarrier.wait(bars.index(stage), (j // STAGES) & 1)
+        s = warpgroup_mma(q_smem, k_smem.index(stage).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0)),
+                          s_zero, use_acc=False, is_async=True)
+        prev = (j - 1) % STAGES
+        acc = warpgroup_mma(p, v_smem.index(prev).reshape([BLOCK_N, HEAD_DIM]), acc,
+                            is_async=True)
+        s = warpgroup_mma_wait(num_outstanding=1, deps=(s, ))
+        p_new, m_i, l_i, alpha = _softmax(s, m_i, l_i, qk_scale, j * BLOCK_N + cols0, N, MASK)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+        acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
+        p = gl.convert_layout(p_new.to(kv_desc.dtype), p_layout)
+        if j - 1 + STAGES < n_tiles:  # every warp is past its reads of buffer `prev`
+            _cta_barrier()
+            _load_kv(kv_desc, b, j - 1 + STAGES, k_col, v_col, bars.index(prev),
+                     k_smem.index(prev), v_smem.index(prev), BLOCK_N, HEAD_DIM)
+        return acc, p, m_i, l_i
+
+    @gluon.jit
+    def fwd_wgmma_kernel(q_desc, kv_desc, o_desc, LSE, qk_scale, H, N,
+                         HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                         STAGES: gl.constexpr, num_warps: gl.constexpr):
+        """O and LSE of BLOCK_M query rows of one (batch, head). The descriptors view qkv as
+        (B, N, 3 * H * D) in (1, BLOCK_M, D) boxes (q_desc) and (1, BLOCK_N, D) boxes
+        (kv_desc), and o as (B, N, H * D) (o_desc, (1, BLOCK_M, D)): rows past N are outside
+        their batch's bounds, read as zeros and never written."""
+        n_m = gl.cdiv(N, BLOCK_M)
+        pid = gl.program_id(0)
+        pid_m = pid % n_m
+        bh = pid // n_m
+        b = bh // H
+        h = bh % H
+        q_col = h * HEAD_DIM
+        k_col = (H + h) * HEAD_DIM
+        v_col = (2 * H + h) * HEAD_DIM
+        dtype: gl.constexpr = kv_desc.dtype
+
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BLOCK_N, 16])
+        o_layout: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, HEAD_DIM, 16])
+        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+        row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+        row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+
+        q_smem = gl.allocate_shared_memory(dtype, [1, BLOCK_M, HEAD_DIM], q_desc.layout)
+        k_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, BLOCK_N, HEAD_DIM], kv_desc.layout)
+        v_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, BLOCK_N, HEAD_DIM], kv_desc.layout)
+        bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(STAGES):
+            mbarrier.init(bars.index(i), count=1)
+        mbarrier.init(q_bar, count=1)
+        fence_async_shared()
+
+        n_tiles = gl.cdiv(N, BLOCK_N)
+        n_full = N // BLOCK_N
+        mbarrier.expect(q_bar, BLOCK_M * HEAD_DIM * dtype.primitive_bitwidth // 8)
+        tma.async_copy_global_to_shared(q_desc, [b, pid_m * BLOCK_M, q_col], q_bar, q_smem)
+        for i in gl.static_range(STAGES):
+            if i < n_tiles:
+                _load_kv(kv_desc, b, i, k_col, v_col, bars.index(i), k_smem.index(i),
+                         v_smem.index(i), BLOCK_N, HEAD_DIM)
+
+        cols0 = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+        s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
+        m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, row_s)
+        l_i = gl.zeros([BLOCK_M], gl.float32, row_s)
+        acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, o_layout)
+        q2 = q_smem.reshape([BLOCK_M, HEAD_DIM])
+
+        # tile 0: its scores alone (masked: it is the partial tile when N < BLOCK_N)
+        mbarrier.wait(q_bar, 0)
+        mbarrier.wait(bars.index(0), 0)
+        s = warpgroup_mma(q2, k_smem.index(0).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0)),
+                          s_zero, use_acc=False, is_async=True)
+        s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
+        p_new, m_i, l_i, alpha = _softmax(s, m_i, l_i, qk_scale, cols0, N, True)
+        p = gl.convert_layout(p_new.to(dtype), p_layout)
+
+        for j in range(1, n_full):
+            acc, p, m_i, l_i = _step(j, q2, k_smem, v_smem, bars, acc, p, m_i, l_i, s_zero,
+                                     qk_scale, N, kv_desc, b, k_col, v_col, n_tiles, cols0,
+                                     BLOCK_N, HEAD_DIM, STAGES, False, p_layout, row_o)
+        if n_full >= 1 and n_full < n_tiles:  # the partial key tile after full ones
+            acc, p, m_i, l_i = _step(n_full, q2, k_smem, v_smem, bars, acc, p, m_i, l_i, s_zero,
+                                     qk_scale, N, kv_desc, b, k_col, v_col, n_tiles, cols0,
+                                     BLOCK_N, HEAD_DIM, STAGES, True, p_layout, row_o)
+        last = (n_tiles - 1) % STAGES
+        acc = warpgroup_mma(p, v_smem.index(last).reshape([BLOCK_N, HEAD_DIM]), acc,
+                            is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+
+        for i in gl.static_range(STAGES):
+            mbarrier.invalidate(bars.index(i))
+        mbarrier.invalidate(q_bar)
+
+        rows = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=row_s)
+        gl.store(LSE + bh.to(gl.int64) * N + rows, m_i + gl.log2(l_i), mask=rows < N)
+        o = acc / gl.expand_dims(gl.convert_layout(l_i, row_o), 1)
+        o_smem = gl.allocate_shared_memory(dtype, [1, BLOCK_M, HEAD_DIM], o_desc.layout)
+        o_smem.reshape([BLOCK_M, HEAD_DIM]).store(o.to(dtype))
+        fence_async_shared()
+        tma.async_copy_shared_to_global(o_desc, [b, pid_m * BLOCK_M, q_col], o_smem)
+        tma.store_wait(pendings=0)
+
+
+def _layout(rows: int, d: int, dtype: torch.dtype):
+    return gl.NVMMASharedLayout.get_default_for(
+        [1, rows, d], gl.bfloat16 if dtype == torch.bfloat16 else gl.float16)
+
+
+def descriptors(qkv: torch.Tensor, o: torch.Tensor, block_m: int, block_n: int) -> tuple:
+    """The TMA descriptors fwd_wgmma_kernel reads qkv (B, N, 3, H, D) and writes o (B, N, H, D)
+    through, each viewed as (B, N, the rest) so that a batch's rows end at N."""
+    D = qkv.shape[-1]
+    out = []
+    for t, rows in ((qkv, block_m), (qkv, block_n), (o, block_m)):
+        flat = t.view(t.shape[0], t.shape[1], -1)
+        out.append(TensorDescriptor(flat, list(flat.shape), list(flat.stride()), [1, rows, D],
+                                    _layout(rows, D, t.dtype)))
+    return tuple(out)
+
+
+def forward(qkv: torch.Tensor, o: torch.Tensor, lse: torch.Tensor, qk_scale: float,
+            block_m: int, block_n: int, stages: int, num_warps: int) -> None:
+    """Fill o and lse from qkv (see fwd_wgmma_kernel): one launch."""
+    B, N, _, H, D = qkv.shape
+    grid = (-(-N // block_m) * B * H, )
+    fwd_wgmma_kernel[grid](*descriptors(qkv, o, block_m, block_n), lse, qk_scale, H, N,
+                           D, block_m, block_n, stages, num_warps=num_warps)
