@@ -70,25 +70,26 @@ if _IMPORT_ERROR is None:
         return p, m_new, l_i, alpha
 
     @gluon.jit
-    def _load_kv(kv_desc, b, j, k_col, v_col, bar, k_buf, v_buf,
-                 BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr):
-        """Key tile j's K and V rows into one buffer pair, signalling `bar` when both land."""
-        mbarrier.expect(bar, 2 * BLOCK_N * HEAD_DIM * kv_desc.dtype.primitive_bitwidth // 8)
-        tma.async_copy_global_to_shared(kv_desc, [b, j * BLOCK_N, k_col], bar, k_buf)
-        tma.async_copy_global_to_shared(kv_desc, [b, j * BLOCK_N, v_col], bar, v_buf)
+    def _load(desc, b, j, col, bar, buf, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr):
+        """Rows [j * BLOCK_N, (j + 1) * BLOCK_N) of one head's K or V (column `col`) into
+        `buf`, signalling `bar` when they land."""
+        mbarrier.expect(bar, BLOCK_N * HEAD_DIM * desc.dtype.primitive_bitwidth // 8)
+        tma.async_copy_global_to_shared(desc, [b, j * BLOCK_N, col], bar, buf)
 
     @gluon.jit
-    def _step(j, q_smem, k_smem, v_smem, bars, acc, p, m_i, l_i, s_zero, qk_scale, N,
+    def _step(j, q_smem, k_smem, v_smem, k_bars, v_bars, acc, p, m_i, l_i, s_zero, qk_scale, N,
               kv_desc, b, k_col, v_col, n_tiles, cols0,
               BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
               MASK: gl.constexpr, p_layout: gl.constexpr, row_o: gl.constexpr):
         """Key tile j (j >= 1): S_j issued, then P_{j-1} V_{j-1}; S_j's softmax runs while the
-        second product does; then the rescale, and tile j - 1 + STAGES into the freed buffer."""
+        second product does; then the rescale, and the freed buffers refilled: K_j's with
+        K_{j+STAGES}, V_{j-1}'s with V_{j-1+STAGES}, each needed a step or more later."""
         stage = j % STAGES
-        mbarrier.wait(bars.index(stage), (j // STAGES) & 1)
+        prev = (j - 1) % STAGES
+        mbarrier.wait(k_bars.index(stage), (j // STAGES) & 1)
         s = warpgroup_mma(q_smem, k_smem.index(stage).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0)),
                           s_zero, use_acc=False, is_async=True)
-        prev = (j - 1) % STAGES
+        mbarrier.wait(v_bars.index(prev), ((j - 1) // STAGES) & 1)
         acc = warpgroup_mma(p, v_smem.index(prev).reshape([BLOCK_N, HEAD_DIM]), acc,
                             is_async=True)
         s = warpgroup_mma_wait(num_outstanding=1, deps=(s, ))
@@ -96,10 +97,13 @@ if _IMPORT_ERROR is None:
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
         acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
         p = gl.convert_layout(p_new.to(kv_desc.dtype), p_layout)
-        if j - 1 + STAGES < n_tiles:  # every warp is past its reads of buffer `prev`
+        if j - 1 + STAGES < n_tiles:  # every warp is past its reads of both buffers
             _cta_barrier()
-            _load_kv(kv_desc, b, j - 1 + STAGES, k_col, v_col, bars.index(prev),
-                     k_smem.index(prev), v_smem.index(prev), BLOCK_N, HEAD_DIM)
+            _load(kv_desc, b, j - 1 + STAGES, v_col, v_bars.index(prev), v_smem.index(prev),
+                  BLOCK_N, HEAD_DIM)
+            if j + STAGES < n_tiles:
+                _load(kv_desc, b, j + STAGES, k_col, k_bars.index(stage), k_smem.index(stage),
+                      BLOCK_N, HEAD_DIM)
         return acc, p, m_i, l_i
 
     @gluon.jit
@@ -132,10 +136,12 @@ if _IMPORT_ERROR is None:
         q_smem = gl.allocate_shared_memory(dtype, [1, BLOCK_M, HEAD_DIM], q_desc.layout)
         k_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, BLOCK_N, HEAD_DIM], kv_desc.layout)
         v_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, BLOCK_N, HEAD_DIM], kv_desc.layout)
-        bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        k_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         for i in gl.static_range(STAGES):
-            mbarrier.init(bars.index(i), count=1)
+            mbarrier.init(k_bars.index(i), count=1)
+            mbarrier.init(v_bars.index(i), count=1)
         mbarrier.init(q_bar, count=1)
         fence_async_shared()
 
@@ -145,8 +151,8 @@ if _IMPORT_ERROR is None:
         tma.async_copy_global_to_shared(q_desc, [b, pid_m * BLOCK_M, q_col], q_bar, q_smem)
         for i in gl.static_range(STAGES):
             if i < n_tiles:
-                _load_kv(kv_desc, b, i, k_col, v_col, bars.index(i), k_smem.index(i),
-                         v_smem.index(i), BLOCK_N, HEAD_DIM)
+                _load(kv_desc, b, i, k_col, k_bars.index(i), k_smem.index(i), BLOCK_N, HEAD_DIM)
+                _load(kv_desc, b, i, v_col, v_bars.index(i), v_smem.index(i), BLOCK_N, HEAD_DIM)
 
         cols0 = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
         s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
@@ -157,28 +163,33 @@ if _IMPORT_ERROR is None:
 
         # tile 0: its scores alone (masked: it is the partial tile when N < BLOCK_N)
         mbarrier.wait(q_bar, 0)
-        mbarrier.wait(bars.index(0), 0)
+        mbarrier.wait(k_bars.index(0), 0)
         s = warpgroup_mma(q2, k_smem.index(0).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0)),
                           s_zero, use_acc=False, is_async=True)
         s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
+        if STAGES < n_tiles:  # K_0's buffer is free: K_STAGES into it
+            _cta_barrier()
+            _load(kv_desc, b, STAGES, k_col, k_bars.index(0), k_smem.index(0), BLOCK_N, HEAD_DIM)
         p_new, m_i, l_i, alpha = _softmax(s, m_i, l_i, qk_scale, cols0, N, True)
         p = gl.convert_layout(p_new.to(dtype), p_layout)
 
         for j in range(1, n_full):
-            acc, p, m_i, l_i = _step(j, q2, k_smem, v_smem, bars, acc, p, m_i, l_i, s_zero,
+            acc, p, m_i, l_i = _step(j, q2, k_smem, v_smem, k_bars, v_bars, acc, p, m_i, l_i, s_zero,
                                      qk_scale, N, kv_desc, b, k_col, v_col, n_tiles, cols0,
                                      BLOCK_N, HEAD_DIM, STAGES, False, p_layout, row_o)
         if n_full >= 1 and n_full < n_tiles:  # the partial key tile after full ones
-            acc, p, m_i, l_i = _step(n_full, q2, k_smem, v_smem, bars, acc, p, m_i, l_i, s_zero,
+            acc, p, m_i, l_i = _step(n_full, q2, k_smem, v_smem, k_bars, v_bars, acc, p, m_i, l_i, s_zero,
                                      qk_scale, N, kv_desc, b, k_col, v_col, n_tiles, cols0,
                                      BLOCK_N, HEAD_DIM, STAGES, True, p_layout, row_o)
         last = (n_tiles - 1) % STAGES
+        mbarrier.wait(v_bars.index(last), ((n_tiles - 1) // STAGES) & 1)
         acc = warpgroup_mma(p, v_smem.index(last).reshape([BLOCK_N, HEAD_DIM]), acc,
                             is_async=True)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
 
         for i in gl.static_range(STAGES):
-            mbarrier.invalidate(bars.index(i))
+            mbarrier.invalidate(k_bars.index(i))
+            mbarrier.invalidate(v_bars.index(i))
         mbarrier.invalidate(q_bar)
 
         rows = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=row_s)
