@@ -15,7 +15,8 @@ the loop's synchronizing instructions (BAR.SYNC, mbarrier waits, wgmma waits).
 
     python benchmarks/probes/gluon_fwd.py --compile --d 128 --configs 128x128x2x8 128x64x3x8
 
-Configurations are BLOCK_M x BLOCK_N x STAGES x warps.
+Configurations are BLOCK_M x BLOCK_N x STAGES x warps (fwd_wgmma_kernel), with a suffix wR
+for the warp-specialized fwd_ws_kernel whose two consumer warp groups get R registers each.
 """
 from __future__ import annotations
 
@@ -38,20 +39,24 @@ from vitflash.ops import hopper  # noqa: E402
 
 SIX = ["256,12,197,64", "256,6,197,64", "64,12,577,64", "32,16,1025,64", "8,12,4097,64",
        "4,16,4097,128"]
-DEFAULT_CONFIGS = {64: ["128x128x2x8", "128x128x3x8", "128x64x3x8", "64x128x2x4", "64x128x3x4"],
-                   128: ["128x128x2x8", "128x64x3x8", "128x64x2x8"]}
+DEFAULT_CONFIGS = {64: ["64x128x2x4w240", "64x128x3x4w240", "64x128x4x4w240", "128x128x3x8",
+                        "128x64x3x8", "64x128x2x4"],
+                   128: ["64x128x2x4w240", "128x128x2x8", "128x64x3x8"]}
 
 
-def parse_config(text: str) -> tuple[int, int, int, int]:
+def parse_config(text: str) -> tuple[int, int, int, int, int]:
+    """"MxNxSxW" (fwd_wgmma_kernel) or "MxNxSxWwR" (fwd_ws_kernel, consumers at R registers)
+    -> (BLOCK_M, BLOCK_N, STAGES, warps, R or 0)."""
+    text, _, regs = text.partition("w")
     m, n, s, w = (int(x) for x in text.split("x"))
-    return m, n, s, w
+    return m, n, s, w, int(regs or 0)
 
 
 def compile_sm90(d: int, cfg: tuple[int, int, int, int]):
     """fwd_wgmma_kernel compiled for sm_90 (bf16) by the installed triton, no GPU needed."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
-    bm, bn, stages, warps = cfg
+    bm, bn, stages, warps, regs = cfg
 
     def desc(rows: int) -> str:
         return f"tensordesc<bf16[1,{rows},{d}],{hopper._layout(rows, d, torch.bfloat16)!r}>"
@@ -60,8 +65,16 @@ def compile_sm90(d: int, cfg: tuple[int, int, int, int]):
                H="i32", N="i32", HEAD_DIM="constexpr", BLOCK_M="constexpr", BLOCK_N="constexpr",
                STAGES="constexpr", num_warps="constexpr")
     consts = dict(HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, STAGES=stages, num_warps=warps)
-    src = GluonASTSource(fn=hopper.fwd_wgmma_kernel, signature=sig, constexprs=consts)
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps))
+    options = dict(num_warps=warps)
+    fn = hopper.fwd_wgmma_kernel
+    if regs:
+        fn = hopper.fwd_ws_kernel
+        sig = {**{k: v for k, v in sig.items() if k != "num_warps"}, "CONSUMER_REGS": "constexpr",
+               "num_warps": "constexpr"}
+        consts["CONSUMER_REGS"] = regs
+        options["maxnreg"] = hopper.ws_maxnreg(regs)
+    src = GluonASTSource(fn=fn, signature=sig, constexprs=consts)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
 
 
 def assemble(compiled) -> tuple[str, str]:
@@ -89,7 +102,7 @@ def compile_rows(d: int, configs: list[str]) -> list[str]:
         count = lambda prefix: sum(v for k, v in ops.items() if k.startswith(prefix))  # noqa: E731
         regs = re.search(r"Used (\d+) registers", report).group(1)
         spills = re.search(r"(\d+) bytes spill stores", report).group(1)
-        smem = hopper.shared_bytes(d, *parse_config(text)[:3]) / 1024
+        smem = hopper.shared_bytes(d, *parse_config(text)[:3]) / 1024  # (ws: 2 Q, no O buffer)
         rows.append(f"| {text} | {regs} | {spills} | {smem:.0f} | {count('HGMMA')} | "
                     f"{count('WARPGROUP.DEPBAR')} | {count('BAR.SYNC')} | "
                     f"{count('SYNCS.PHASECHK')} |")
@@ -121,11 +134,11 @@ def check(shape, configs: list[str]) -> dict:
     flash_lse_err = (lse_flash.double() - lse64).abs().max().item()
     out = {}
     for text in configs:
-        bm, bn, stages, warps = parse_config(text)
+        bm, bn, stages, warps, regs = parse_config(text)
         o = torch.full((B, N, H, D), float("nan"), device="cuda", dtype=qkv.dtype)
         lse = torch.full((B, H, N), float("nan"), device="cuda")
         try:
-            hopper.forward(qkv, o, lse, scale * 1.4426950408889634, bm, bn, stages, warps)
+            hopper.forward(qkv, o, lse, scale * 1.4426950408889634, bm, bn, stages, warps, regs)
             torch.cuda.synchronize()
         except Exception as err:  # a configuration that does not compile or fit: named
             out[text] = {"error": str(err).splitlines()[0][:200]}

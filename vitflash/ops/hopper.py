@@ -202,6 +202,168 @@ if _IMPORT_ERROR is None:
         tma.store_wait(pendings=0)
 
 
+    # Warp-specialized form: no CTA-wide barrier in the loop. Two consumer partitions of one
+    # warp group each own 64 (BLOCK_M) query rows of a 2 * BLOCK_M tile and share its K and V
+    # buffers; a one-warp loader partition refills a buffer once both consumers have
+    # signalled it empty (an mbarrier of count 2). The consumers never wait for each other,
+    # so one's softmax can run beside the other's products (FlashAttention-3's overlap across
+    # warp groups) as well as beside its own P V (the overlap within one).
+
+    @gluon.jit
+    def _ws_loader(q_desc, kv_desc, o_desc, LSE, qk_scale, H, N, bh, b, row0, q_col, k_col,
+                   v_col, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, k_empty, v_empty,
+                   HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                   STAGES: gl.constexpr):
+        """Both consumers' Q rows, then every key tile's K and V, each into its buffer once
+        that buffer is empty (mbarriers start in the phase before 0: the first waits pass)."""
+        for r in gl.static_range(2):
+            mbarrier.expect(q_bars.index(r), BLOCK_M * HEAD_DIM * q_desc.dtype.primitive_bitwidth // 8)
+            tma.async_copy_global_to_shared(q_desc, [b, row0 + r * BLOCK_M, q_col], q_bars.index(r),
+                                            q_smem.index(r))
+        for j in range(gl.cdiv(N, BLOCK_N)):
+            stage = j % STAGES
+            phase = (j // STAGES) & 1
+            mbarrier.wait(k_empty.index(stage), phase ^ 1)
+            _load(kv_desc, b, j, k_col, k_ready.index(stage), k_smem.index(stage), BLOCK_N, HEAD_DIM)
+            mbarrier.wait(v_empty.index(stage), phase ^ 1)
+            _load(kv_desc, b, j, v_col, v_ready.index(stage), v_smem.index(stage), BLOCK_N, HEAD_DIM)
+
+    @gluon.jit
+    def _ws_step(j, q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, acc, p, m_i, l_i,
+                 s_zero, qk_scale, N, cols0, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+                 STAGES: gl.constexpr, MASK: gl.constexpr, p_layout: gl.constexpr,
+                 row_o: gl.constexpr):
+        """Key tile j >= 1 in one consumer, as _step, signalling each buffer empty as soon as
+        its product is done instead of refilling it."""
+        stage = j % STAGES
+        prev = (j - 1) % STAGES
+        mbarrier.wait(k_ready.index(stage), (j // STAGES) & 1)
+        s = warpgroup_mma(q, k_smem.index(stage).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0)),
+                          s_zero, use_acc=False, is_async=True)
+        mbarrier.wait(v_ready.index(prev), ((j - 1) // STAGES) & 1)
+        acc = warpgroup_mma(p, v_smem.index(prev).reshape([BLOCK_N, HEAD_DIM]), acc,
+                            is_async=True)
+        s = warpgroup_mma_wait(num_outstanding=1, deps=(s, ))
+        mbarrier.arrive(k_empty.index(stage), count=1)
+        p_new, m_i, l_i, alpha = _softmax(s, m_i, l_i, qk_scale, j * BLOCK_N + cols0, N, MASK)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+        mbarrier.arrive(v_empty.index(prev), count=1)
+        acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
+        p = gl.convert_layout(p_new.to(v_smem.dtype), p_layout)
+        return acc, p, m_i, l_i
+
+    @gluon.jit
+    def _ws_consumer(q_desc, kv_desc, o_desc, LSE, qk_scale, H, N, bh, b, row0, q_col, k_col,
+                     v_col, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, k_empty, v_empty,
+                     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                     STAGES: gl.constexpr, R: gl.constexpr):
+        """Query rows row0 + R * BLOCK_M ... in one warp group: the online softmax over every
+        key tile, then O (through this consumer's Q buffer, free by then) and the LSE."""
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16])
+        o_layout: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_DIM, 16])
+        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+        row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+        row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+        dtype: gl.constexpr = v_smem.dtype
+        n_tiles = gl.cdiv(N, BLOCK_N)
+        n_full = N // BLOCK_N
+
+        cols0 = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+        s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
+        m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, row_s)
+        l_i = gl.zeros([BLOCK_M], gl.float32, row_s)
+        acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, o_layout)
+        q_buf = q_smem.index(R)
+        q = q_buf.reshape([BLOCK_M, HEAD_DIM])
+
+        mbarrier.wait(q_bars.index(R), 0)
+        mbarrier.wait(k_ready.index(0), 0)
+        s = warpgroup_mma(q, k_smem.index(0).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0)),
+                          s_zero, use_acc=False, is_async=True)
+        s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
+        mbarrier.arrive(k_empty.index(0), count=1)
+        p_new, m_i, l_i, alpha = _softmax(s, m_i, l_i, qk_scale, cols0, N, True)
+        p = gl.convert_layout(p_new.to(dtype), p_layout)
+        for j in range(1, n_full):
+            acc, p, m_i, l_i = _ws_step(j, q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
+                                        acc, p, m_i, l_i, s_zero, qk_scale, N, cols0, BLOCK_N,
+                                        HEAD_DIM, STAGES, False, p_layout, row_o)
+        if n_full >= 1 and n_full < n_tiles:
+            acc, p, m_i, l_i = _ws_step(n_full, q, k_smem, v_smem, k_ready, v_ready, k_empty,
+                                        v_empty, acc, p, m_i, l_i, s_zero, qk_scale, N, cols0,
+                                        BLOCK_N, HEAD_DIM, STAGES, True, p_layout, row_o)
+        last = (n_tiles - 1) % STAGES
+        mbarrier.wait(v_ready.index(last), ((n_tiles - 1) // STAGES) & 1)
+        acc = warpgroup_mma(p, v_smem.index(last).reshape([BLOCK_N, HEAD_DIM]), acc,
+                            is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+
+        rows = row0 + R * BLOCK_M + gl.arange(0, BLOCK_M, layout=row_s)
+        gl.store(LSE + bh.to(gl.int64) * N + rows, m_i + gl.log2(l_i), mask=rows < N)
+        o = acc / gl.expand_dims(gl.convert_layout(l_i, row_o), 1)
+        q.store(o.to(dtype))  # this consumer's last S product read its Q long ago
+        fence_async_shared()
+        tma.async_copy_shared_to_global(o_desc, [b, row0 + R * BLOCK_M, q_col], q_buf)
+        tma.store_wait(pendings=0)
+
+    @gluon.jit
+    def _ws_consumer1(q_desc, kv_desc, o_desc, LSE, qk_scale, H, N, bh, b, row0, q_col, k_col,
+                      v_col, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, k_empty, v_empty,
+                      HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                      STAGES: gl.constexpr):
+        """The second consumer (a worker partition: same signature as the loader's)."""
+        _ws_consumer(q_desc, kv_desc, o_desc, LSE, qk_scale, H, N, bh, b, row0, q_col, k_col,
+                     v_col, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, k_empty, v_empty,
+                     HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, 1)
+
+    @gluon.jit
+    def fwd_ws_kernel(q_desc, kv_desc, o_desc, LSE, qk_scale, H, N,
+                      HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                      STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+                      num_warps: gl.constexpr):
+        """fwd_wgmma_kernel's result for 2 * BLOCK_M query rows (BLOCK_M = 64, num_warps = 4:
+        the default partition is the first consumer), warp-specialized (see above)."""
+        n_m = gl.cdiv(N, 2 * BLOCK_M)
+        pid = gl.program_id(0)
+        bh = pid // n_m
+        b = bh // H
+        h = bh % H
+        row0 = (pid % n_m) * 2 * BLOCK_M
+        dtype: gl.constexpr = kv_desc.dtype
+        q_smem = gl.allocate_shared_memory(dtype, [2, 1, BLOCK_M, HEAD_DIM], q_desc.layout)
+        k_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, BLOCK_N, HEAD_DIM], kv_desc.layout)
+        v_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, BLOCK_N, HEAD_DIM], kv_desc.layout)
+        q_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for r in gl.static_range(2):
+            mbarrier.init(q_bars.index(r), count=1)
+        for i in gl.static_range(STAGES):
+            mbarrier.init(k_ready.index(i), count=1)
+            mbarrier.init(v_ready.index(i), count=1)
+            mbarrier.init(k_empty.index(i), count=2)  # one arrival from each consumer
+            mbarrier.init(v_empty.index(i), count=2)
+        fence_async_shared()
+        q_col = h * HEAD_DIM
+        k_col = (H + h) * HEAD_DIM
+        v_col = (2 * H + h) * HEAD_DIM
+        gl.warp_specialize([
+            (_ws_consumer, (q_desc, kv_desc, o_desc, LSE, qk_scale, H, N, bh, b, row0, q_col,
+                            k_col, v_col, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready,
+                            k_empty, v_empty, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, 0)),
+            (_ws_consumer1, (q_desc, kv_desc, o_desc, LSE, qk_scale, H, N, bh, b, row0, q_col,
+                             k_col, v_col, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready,
+                             k_empty, v_empty, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES)),
+            (_ws_loader, (q_desc, kv_desc, o_desc, LSE, qk_scale, H, N, bh, b, row0, q_col,
+                          k_col, v_col, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready,
+                          k_empty, v_empty, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES)),
+        ], [4, 1], [CONSUMER_REGS, 24])
+
+
 def _layout(rows: int, d: int, dtype: torch.dtype):
     return gl.NVMMASharedLayout.get_default_for(
         [1, rows, d], gl.bfloat16 if dtype == torch.bfloat16 else gl.float16)
@@ -220,9 +382,22 @@ def descriptors(qkv: torch.Tensor, o: torch.Tensor, block_m: int, block_n: int) 
 
 
 def forward(qkv: torch.Tensor, o: torch.Tensor, lse: torch.Tensor, qk_scale: float,
-            block_m: int, block_n: int, stages: int, num_warps: int) -> None:
-    """Fill o and lse from qkv (see fwd_wgmma_kernel): one launch."""
+            block_m: int, block_n: int, stages: int, num_warps: int, ws_regs: int = 0) -> None:
+    """Fill o and lse from qkv: one launch of fwd_wgmma_kernel, or with ws_regs (the consumer
+    partitions' registers) of fwd_ws_kernel, whose programs take 2 * block_m rows."""
     B, N, _, H, D = qkv.shape
+    if ws_regs:
+        grid = (-(-N // (2 * block_m)) * B * H, )
+        fwd_ws_kernel[grid](*descriptors(qkv, o, block_m, block_n), lse, qk_scale, H, N, D,
+                            block_m, block_n, stages, ws_regs, num_warps=4,
+                            maxnreg=ws_maxnreg(ws_regs))
+        return
     grid = (-(-N // block_m) * B * H, )
     fwd_wgmma_kernel[grid](*descriptors(qkv, o, block_m, block_n), lse, qk_scale, H, N,
                            D, block_m, block_n, stages, num_warps=num_warps)
+
+
+def ws_maxnreg(consumer_regs: int) -> int:
+    """The kernel-wide register cap of fwd_ws_kernel: three warp groups (two consumers and
+    the loader's one warp, allocated as a group) whose caps sum to three times it."""
+    return -(-(2 * consumer_regs + 24) // 24) * 8
