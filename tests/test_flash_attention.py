@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 
 from vitflash.ops import flash as flash_mod
-from vitflash.ops import kernels, launch
+from vitflash.ops import hopper, kernels, launch
 from vitflash.ops import (
     attention_qkvpacked,
     flash_attention,
@@ -459,7 +459,7 @@ _COMPILE_FOR_HOPPER = '''
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from vitflash.ops import kernels, launch
+from vitflash.ops import hopper, kernels, launch
 D, M = {D}, 64
 bd, bd2 = launch.split_d(D)
 sig = dict(QKV="*bf16", DO="*bf16", LSE="*fp32", DELTA="*fp32", DQ_ACC="*fp32", DQKV="*bf16",
@@ -684,6 +684,47 @@ def test_short_forward_takes_eight_warps_only_on_128_row_tiles():
     assert not [(m, w) for m, w in seen if w == 8 and m < 128]
 
 
+def test_gluon_forwards_are_listed_only_where_they_were_measured_to_pay(monkeypatch):
+    """On Hopper the forward lists one Gluon candidate past N = 256 at D = 64 (the 4-warp
+    form) and D = 128 (the warp-specialized one); never at N <= 256, at other head dims, with
+    dropout (the Gluon kernels have none), or for the backward."""
+    monkeypatch.setattr(launch, "_GLUON", True)
+    monkeypatch.setattr(launch, "_TMA", True)
+
+    def gluon(op, n, d, dropout=False):
+        return [c for c in launch.candidates(op, n, d, 96, dropout) if c.family in launch.GLUON_FAMILIES]
+
+    (c64,) = gluon("fwd", 577, 64)
+    assert c64.family == "gluon" and c64.meta == dict(BLOCK_M=64, BLOCK_N=128)
+    assert (c64.num_warps, c64.num_stages) == (4, 2)
+    (c128,) = gluon("fwd", 4097, 128)
+    assert c128.family == "gluon_ws" and c128.meta == dict(BLOCK_M=64, BLOCK_N=128, CONSUMER_REGS=240)
+    assert gluon("fwd", launch.GLUON_MIN_N, 64) == [c64]
+    for op, n, d, dropout in (("fwd", 197, 64, False), ("fwd", 256, 128, False), ("fwd", 577, 80, False),
+                              ("fwd", 577, 32, False), ("fwd", 577, 64, True), ("bwd", 577, 64, False),
+                              ("bwd_atomic", 4097, 128, False)):
+        assert gluon(op, n, d, dropout) == [], (op, n, d, dropout)
+    monkeypatch.setattr(launch, "_GLUON", False)  # not a Hopper, or no Gluon in this triton
+    assert gluon("fwd", 577, 64) == []
+
+
+def test_a_gluon_candidate_plans_one_gluon_launch_but_not_with_a_mask_or_dropout():
+    """A Gluon candidate becomes a GluonLaunch of its kernel (the warp-specialized one with its
+    consumers' register count and the kernel-wide cap that gives it); with the diagonal mask
+    or dropout, which the Gluon kernels lack, the plan falls back to the Triton forward."""
+    ws = launch.Candidate("gluon_ws", (("BLOCK_M", 64), ("BLOCK_N", 128), ("CONSUMER_REGS", 240)), 4, 2)
+    (g,) = flash_mod._fwd_launches(ws, 2, 4097, 16, 128)
+    assert isinstance(g, launch.GluonLaunch) and g.rows == 128 and g.num_stages == 2
+    assert g.consts["CONSUMER_REGS"] == 240 and g.options["maxnreg"] == hopper.ws_maxnreg(240)
+    assert flash_mod._fwd_descriptors(g, None) == ()
+    four = launch.Candidate("gluon", (("BLOCK_M", 64), ("BLOCK_N", 128)), 4, 2)
+    (g,) = flash_mod._fwd_launches(four, 2, 577, 12, 64)
+    assert isinstance(g, launch.GluonLaunch) and g.rows == 64 and "maxnreg" not in g.options
+    for kw in (dict(diag=True), dict(dropout=True)):
+        (t,) = flash_mod._fwd_launches(four, 2, 577, 12, 64, **kw)
+        assert isinstance(t, launch.Launch) and t.kernel is kernels.fwd_kernel, kw
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("D", [64, 80, 96, 128])
 @pytest.mark.parametrize("N", [1, 65, 197, 577])
@@ -699,6 +740,24 @@ def test_every_config_gpu(monkeypatch, N, D):
                                                   (65, 64, True), (197, 64, True), (197, 16, True)])
 def test_every_config_narrow_heads_and_masked_gpu(monkeypatch, N, D, mask_diagonal):
     _every_candidate_within_rule(monkeypatch, N, D, mask_diagonal=mask_diagonal)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("N", [257, 577, 1000, 2049])
+def test_gluon_forward_gpu(monkeypatch, N, D):
+    """The Gluon forward listed at this head dim (on Hopper), at full and partial last query
+    and key tiles, under the rule on o and, through the Triton backward that reads its LSE,
+    on dq, dk, dv."""
+    if not launch.gluon_forward():
+        pytest.skip("the Gluon forwards run on Hopper GPUs with a triton that has Gluon")
+    (cand,) = [c for c in launch.candidates("fwd", N, D, 2 * 4) if c.family in launch.GLUON_FAMILIES]
+    _force(monkeypatch, cand, launch.heuristic("bwd", N, D))
+    for dtype in DTYPES:
+        qkv, do = _packed_inputs(2, N, 4, D, dtype, seed=N + D)
+        _assert_within_rule(qkv, do)
+        assert isinstance(flash_mod._plans[("fwd", dtype, qkv.device, 2, N, 4, D, False, False)][0],
+                          launch.GluonLaunch)
 
 
 def _every_candidate_within_rule(monkeypatch, N, D, **kw):

@@ -898,3 +898,34 @@ def test_step_host_probe_profiles_a_step_on_the_gpu(capsys):
     direct = re.search(r"directly: (\d+) of (\d+)\.", out)
     assert direct and direct.group(1) == direct.group(2) != "0"
     assert out.count("\n| ") >= 6
+
+
+def test_gluon_fwd_probe_compiles_both_forms_for_sm90():
+    """The Gluon forwards compile for sm_90 with this triton (no GPU needed; outside the
+    interpreter, whose jit functions Gluon cannot call), at the configurations launch.py lists
+    and an 8-warp one: no spills, wgmma products in the binary, mbarrier waits for the TMA
+    loads; the warp-specialized form's consumers get the registers asked for (setmaxnreg)
+    and the loader its 24."""
+    probe = _load("gluon_fwd")
+    if not probe.hopper.available():
+        pytest.skip(f"Gluon does not import in this triton: {probe.hopper._IMPORT_ERROR}")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    cells = []
+    for d, configs in ((128, ["64x128x2x4w240", "128x128x2x8"]), (64, ["64x128x2x4"])):
+        out = subprocess.run([sys.executable, str(PROBES / "gluon_fwd.py"), "--compile", "--d", str(d),
+                              "--configs", *configs], capture_output=True, text=True, env=env, check=True).stdout
+        cells += [[c.strip() for c in r.strip("|").split("|")] for r in out.splitlines() if re.match(r"\| \d", r)]
+    assert [c[0] for c in cells] == ["64x128x2x4w240", "128x128x2x8", "64x128x2x4"]
+    for config, regs, spills, smem, hgmma, waits, bars, mbar_waits, moves in cells:
+        assert int(spills) == 0 and int(regs) <= 255, config
+        assert int(hgmma) > 0 and int(mbar_waits) > 0, config
+        moves = moves.split(", ")
+        assert ("dec 24" in moves and "inc 240" in moves) if "w" in config else moves == ["-"], config
+
+
+def test_gluon_fwd_probe_reads_both_forms_from_its_configs():
+    probe = _load("gluon_fwd")
+    assert probe.parse_config("128x64x3x8") == (128, 64, 3, 8, 0)
+    assert probe.parse_config("64x128x2x4w240") == (64, 128, 2, 4, 240)
+    with pytest.raises(ValueError):
+        probe.parse_config("64x128x2")

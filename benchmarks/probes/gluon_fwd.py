@@ -35,7 +35,7 @@ import torch
 import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from vitflash.ops import hopper  # noqa: E402
+from vitflash.ops import hopper, launch  # noqa: E402
 
 SIX = ["256,12,197,64", "256,6,197,64", "64,12,577,64", "32,16,1025,64", "8,12,4097,64",
        "4,16,4097,128"]
@@ -50,6 +50,13 @@ def parse_config(text: str) -> tuple[int, int, int, int, int]:
     text, _, regs = text.partition("w")
     m, n, s, w = (int(x) for x in text.split("x"))
     return m, n, s, w, int(regs or 0)
+
+
+def gluon_launch(text: str, d: int) -> launch.GluonLaunch:
+    """The op's launch of configuration `text` at head dim d."""
+    bm, bn, stages, warps, regs = parse_config(text)
+    blocks = (("BLOCK_M", bm), ("BLOCK_N", bn)) + ((("CONSUMER_REGS", regs), ) if regs else ())
+    return launch.GluonLaunch(launch.Candidate("gluon_ws" if regs else "gluon", blocks, warps, stages), d)
 
 
 def compile_sm90(d: int, cfg: tuple[int, int, int, int]):
@@ -94,18 +101,22 @@ def assemble(compiled) -> tuple[str, str]:
 def compile_rows(d: int, configs: list[str]) -> list[str]:
     rows = [f"triton {triton.__version__}, sm_90, D = {d}, bf16", "",
             "| config | registers | spill bytes | shared KiB | HGMMA | wgmma waits | BAR.SYNC | "
-            "mbarrier waits |", "|---|---|---|---|---|---|---|---|"]
+            "mbarrier waits | setmaxnreg |", "|---|---|---|---|---|---|---|---|---|"]
     for text in configs:
-        report, sass = assemble(compile_sm90(d, parse_config(text)))
+        compiled = compile_sm90(d, parse_config(text))
+        report, sass = assemble(compiled)
         ops = Counter(re.findall(r"^\s+/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)",
                                  sass, flags=re.M))
         count = lambda prefix: sum(v for k, v in ops.items() if k.startswith(prefix))  # noqa: E731
         regs = re.search(r"Used (\d+) registers", report).group(1)
         spills = re.search(r"(\d+) bytes spill stores", report).group(1)
-        smem = hopper.shared_bytes(d, *parse_config(text)[:3]) / 1024  # (ws: 2 Q, no O buffer)
+        smem = compiled.metadata.shared / 1024
+        # the warp-specialized form's register moves between partitions ("-": none)
+        moves = re.findall(r"setmaxnreg\.(inc|dec)\.sync\.aligned\.u32\s+(\d+);", compiled.asm["ptx"])
+        moves = ", ".join(sorted({f"{kind} {n}" for kind, n in moves}, key=lambda m: (m[:3], int(m[4:])))) or "-"
         rows.append(f"| {text} | {regs} | {spills} | {smem:.0f} | {count('HGMMA')} | "
                     f"{count('WARPGROUP.DEPBAR')} | {count('BAR.SYNC')} | "
-                    f"{count('SYNCS.PHASECHK')} |")
+                    f"{count('SYNCS.PHASECHK')} | {moves} |")
     return rows
 
 
@@ -134,11 +145,11 @@ def check(shape, configs: list[str]) -> dict:
     flash_lse_err = (lse_flash.double() - lse64).abs().max().item()
     out = {}
     for text in configs:
-        bm, bn, stages, warps, regs = parse_config(text)
+        run = gluon_launch(text, D)
         o = torch.full((B, N, H, D), float("nan"), device="cuda", dtype=qkv.dtype)
         lse = torch.full((B, H, N), float("nan"), device="cuda")
         try:
-            hopper.forward(qkv, o, lse, scale * 1.4426950408889634, bm, bn, stages, warps, regs)
+            run(qkv, o, lse, None, scale * 1.4426950408889634, 0.0, H, N)
             torch.cuda.synchronize()
         except Exception as err:  # a configuration that does not compile or fit: named
             out[text] = {"error": str(err).splitlines()[0][:200]}
@@ -172,8 +183,8 @@ def time_shape(shape, configs: list[str], ok: dict, repeats: int) -> dict:
     cases = {}
     for text in configs:
         if ok.get(text, {}).get("ok"):
-            cfg = parse_config(text)
-            cases[f"gluon {text}"] = lambda cfg=cfg: hopper.forward(qkv, o, lse, qs, *cfg)
+            run = gluon_launch(text, D)
+            cases[f"gluon {text}"] = lambda run=run: run(qkv, o, lse, None, qs, 0.0, H, N)
 
     def flash_fwd():
         with torch.no_grad():

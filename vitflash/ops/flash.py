@@ -53,6 +53,12 @@ _plans: dict[tuple, list[Launch]] = {}
 
 def _fwd_launches(c: Candidate, B: int, N: int, H: int, D: int, dropout: bool = False,
                   diag: bool = False) -> list[Launch]:
+    if c.family in _launch.GLUON_FAMILIES:
+        if not (dropout or diag):
+            return [_launch.GluonLaunch(c, D)]
+        # the Gluon forwards have neither; dropout is in the tuning key (never listed with
+        # it), the diagonal mask is not: a call with it takes the untuned Triton forward
+        c = _launch.heuristic("fwd", N, D)
     short = c.family in _launch.SHORT_FWD_FAMILIES
     kernel = kernels.fwd_short_kernel if short else kernels.fwd_kernel
     meta = {**c.meta, "DROPOUT": dropout, "TMA": c.family in ("general_tma", "short_tma"), "DIAG": diag}
@@ -252,7 +258,10 @@ def _fwd_descriptors(launch: Launch, qkv: torch.Tensor) -> tuple:
     short one: with TMA, qkv's in boxes of each height that its tiles have (BLOCK_M, BLOCK_MT,
     BLOCK_N, BLOCK_T, BLOCK_T2), in the places of the heights 16 ... 256, None elsewhere; all
     None without TMA. Second-chunk twins are None for an unsplit head dim (_tma_descriptors):
-    the launch encodes every descriptor passed, at a cost in host time."""
+    the launch encodes every descriptor passed, at a cost in host time. A Gluon forward
+    makes its own: none."""
+    if isinstance(launch, _launch.GluonLaunch):
+        return ()
     c = launch.consts
     if launch.kernel is not kernels.fwd_short_kernel:
         if not c["TMA"]:

@@ -13,12 +13,14 @@ its own mbarrier.
 
 Scope: bf16 or fp16 qkv (B, N, 3, H, D), contiguous, D in {64, 128}, no dropout, no diagonal
 mask; the same O (B, N, H, D) and base-2 LSE (B, H, N) as fwd_kernel. Only on a CUDA device
-of compute capability 9.x, and only where Gluon imports (`available()`): the launcher lists
-its configurations as candidates beside the Triton ones, and the tuner keeps whichever is
-fastest. Gluon kernels do not run in the interpreter: the CPU tests compile this one for
+of compute capability 9.x, and only where Gluon imports (`available()`): launch.py lists
+its configurations as forward candidates beside the Triton ones ("gluon", "gluon_ws",
+launched by launch.GluonLaunch), and the tuner keeps whichever is fastest. Gluon kernels do not run in the interpreter: the CPU tests compile this one for
 sm_90 and check what it compiles to; its results are tested on the GPU.
 """
 from __future__ import annotations
+
+import functools
 
 import torch
 
@@ -47,11 +49,6 @@ def supported(device: torch.device, dtype: torch.dtype, d: int) -> bool:
     return (available() and device.type == "cuda" and d in HEAD_DIMS
             and dtype in (torch.bfloat16, torch.float16)
             and torch.cuda.get_device_capability(device)[0] == 9)
-
-
-def shared_bytes(d: int, block_m: int, block_n: int, stages: int, itemsize: int = 2) -> int:
-    """Shared memory of one program: Q, the K and V buffers, the O tile for its store."""
-    return itemsize * d * (2 * block_m + 2 * stages * block_n)
 
 
 if _IMPORT_ERROR is None:
@@ -364,7 +361,9 @@ if _IMPORT_ERROR is None:
         ], [4, 1], [CONSUMER_REGS, 24])
 
 
+@functools.lru_cache(maxsize=None)
 def _layout(rows: int, d: int, dtype: torch.dtype):
+    """The shared-memory layout of a (1, rows, d) TMA box of `dtype` (128-byte swizzle)."""
     return gl.NVMMASharedLayout.get_default_for(
         [1, rows, d], gl.bfloat16 if dtype == torch.bfloat16 else gl.float16)
 
@@ -379,22 +378,6 @@ def descriptors(qkv: torch.Tensor, o: torch.Tensor, block_m: int, block_n: int) 
         out.append(TensorDescriptor(flat, list(flat.shape), list(flat.stride()), [1, rows, D],
                                     _layout(rows, D, t.dtype)))
     return tuple(out)
-
-
-def forward(qkv: torch.Tensor, o: torch.Tensor, lse: torch.Tensor, qk_scale: float,
-            block_m: int, block_n: int, stages: int, num_warps: int, ws_regs: int = 0) -> None:
-    """Fill o and lse from qkv: one launch of fwd_wgmma_kernel, or with ws_regs (the consumer
-    partitions' registers) of fwd_ws_kernel, whose programs take 2 * block_m rows."""
-    B, N, _, H, D = qkv.shape
-    if ws_regs:
-        grid = (-(-N // (2 * block_m)) * B * H, )
-        fwd_ws_kernel[grid](*descriptors(qkv, o, block_m, block_n), lse, qk_scale, H, N, D,
-                            block_m, block_n, stages, ws_regs, num_warps=4,
-                            maxnreg=ws_maxnreg(ws_regs))
-        return
-    grid = (-(-N // block_m) * B * H, )
-    fwd_wgmma_kernel[grid](*descriptors(qkv, o, block_m, block_n), lse, qk_scale, H, N,
-                           D, block_m, block_n, stages, num_warps=num_warps)
 
 
 def ws_maxnreg(consumer_regs: int) -> int:

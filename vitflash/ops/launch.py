@@ -8,7 +8,9 @@ programs); "short" holds all keys of a head on chip, a power-of-two tile and a t
 in the forward where that saves work); "atomic", the key-tile programs that bwd_atomic adds
 to the backward's candidates. On Hopper, "general_tma", "short_tma" (the forward's) and
 "atomic_tma" are their twins that load tiles through TMA descriptors, the last also adding dQ
-tiles in bulk. A general backward candidate with SPLIT = 1 launches its dK/dV programs and
+tiles in bulk. Also on Hopper, past N = 256 at head dims 64 and 128, the forward lists
+"gluon" and "gluon_ws": the Gluon kernels of `hopper.py` (a 4-warp form, and a
+warp-specialized one), launched by `GluonLaunch`. A general backward candidate with SPLIT = 1 launches its dK/dV programs and
 its dQ programs apart (split_twins), the dQ launch with tiles, warps and stages of its own
 where that was measured to pay (split_pairs). The tiles of a partial last block of queries
 (short kernels) or keys (general forward) are not part of a candidate: `tail_tile` derives
@@ -46,7 +48,7 @@ import torch
 import triton
 
 from vitflash.files import written_whole
-from vitflash.ops import kernels
+from vitflash.ops import hopper, kernels
 
 try:
     import fcntl  # an advisory lock around the cache file's read-merge-replace
@@ -55,6 +57,7 @@ except ImportError:  # (Windows: none; of two processes writing at once, one's e
 
 INTERPRET = bool(kernels.INTERPRET)
 # bump when a kernel or the candidate list changes in a way that can change the best config:
+# 29, the Gluon forwards on Hopper past N = 256 at D = 64 and 128 ("gluon", "gluon_ws");
 # 28, the short backward's one key summed over the rows once (kernels.bwd_short_kernel,
 #     LATE_SUMS), and its register-capped twin in 16-row chunks instead of 32 (SHORT_BWD_CAPPED);
 # 27, the finalists timed in two passes of blocks, the second in reverse order, each keeping
@@ -91,7 +94,7 @@ INTERPRET = bool(kernels.INTERPRET)
 # 6, the forwards' FMA-folded softmax (and the bwd_atomic op);
 # 5, split head dims (4 keyed the reverted TAILS candidates of 067433b, which a GPU
 #    machine's cache file may still hold)
-CACHE_VERSION = 28
+CACHE_VERSION = 29
 
 # the families of bwd_atomic's own kernels: dQ added element by element, or by TMA tiles
 ATOMIC_FAMILIES = ("atomic", "atomic_tma")
@@ -101,13 +104,20 @@ BOX_HEIGHTS = (16, 32, 64, 128, 256)
 # the short forward's families: tiles loaded by pointers, or by TMA descriptors (Hopper)
 SHORT_FWD_FAMILIES = ("short", "short_tma")
 
+# the Gluon forwards (hopper.py): fwd_wgmma_kernel, and fwd_ws_kernel (warp-specialized)
+GLUON_FAMILIES = ("gluon", "gluon_ws")
+# listed from this length on: at N = 197 no Gluon configuration reached the Triton forward
+# on an H200 or an H100 (benchmarks/results/gpu_session_17e1b36/)
+GLUON_MIN_N = 257
+
 
 @dataclass(frozen=True)
 class Candidate:
     """One way to run an op: kernel family, block sizes, warps, pipeline stages and a cap on
     registers per thread (Triton's maxnreg option; 0: the compiler's choice)."""
 
-    family: str  # "general", "general_tma", "short", "short_tma", "atomic" or "atomic_tma"
+    family: str  # "general", "general_tma", "short", "short_tma", "atomic", "atomic_tma",
+    # "gluon" or "gluon_ws"
     blocks: tuple[tuple[str, int], ...]
     num_warps: int = 4
     num_stages: int = 1
@@ -270,10 +280,11 @@ def _tail_tiles(n: int, tails: int, one_key: bool) -> tuple[tuple[str, int], ...
     return tuple(tiles.items())
 
 
-def candidates(op: str, n: int, d: int, bh: int = 1) -> list[Candidate]:
+def candidates(op: str, n: int, d: int, bh: int = 1, dropout: bool = False) -> list[Candidate]:
     """Every candidate of op ("fwd", "bwd", or "bwd_atomic": the backward that may add into
     dQ atomically, nondeterministic) at sequence length n, head dim d and B * H = bh (forward
-    programs that loop over several heads need bh to be a multiple of them).
+    programs that loop over several heads need bh to be a multiple of them), with attention
+    dropout or without (the Gluon forwards have none: gluon_candidates).
 
     The limits below size shared memory and registers by bd, the columns a head-dim tile
     takes on chip: the padded block_d(d), or d itself for a split head dim (80 = 64 + 16
@@ -298,6 +309,8 @@ def candidates(op: str, n: int, d: int, bh: int = 1) -> list[Candidate]:
             out += _c("general", names, (64, 32, 4, 2), (32, 64, 4, 2), (64, 64, 8, 2), (32, 32, 4, 1))
         out += _tma_twins(out, d)
         out += tail_ahead_twins(out, n)
+        if not dropout:
+            out += gluon_candidates(n, d)
         if keys <= SHORT_FWD_MAX and keys * bd <= 256 * 128 and not _short_fwd_cut(n, d):
             # 8 warps only on 128-row tiles: below that they never came within 1.5x of the
             # best at the CIFAR shapes (benchmarks/results/tuning_spread_small_shapes.md), and
@@ -369,6 +382,31 @@ def candidates(op: str, n: int, d: int, bh: int = 1) -> list[Candidate]:
 
 
 _TMA: bool | None = None
+_GLUON: bool | None = None
+
+
+def gluon_forward() -> bool:
+    """Whether this machine runs the Gluon forwards of hopper.py: Gluon imports in this
+    triton and the GPU is a Hopper (compute capability 9.x: wgmma, which later GPUs lack).
+    Never in the interpreter, which does not run Gluon kernels."""
+    global _GLUON
+    if _GLUON is None:
+        _GLUON = (not INTERPRET and hopper.available() and torch.cuda.is_available()
+                  and torch.cuda.get_device_capability()[0] == 9)
+    return _GLUON
+
+
+def gluon_candidates(n: int, d: int) -> list[Candidate]:
+    """The Gluon forwards listed at sequence length n and head dim d, on Hopper: at D = 64 the
+    4-warp form with (64, 128) tiles in 2 stages, 1.02-1.03x the tuned Triton forward at
+    N = 577-4097 on an H100; at D = 128 the warp-specialized form (two 64-row consumers at
+    240 registers, 128-key tiles, 2 stages), 1.10-1.26x it at N = 577-4097
+    (benchmarks/results/gpu_session_17e1b36/). Not at N <= 256, where neither came near."""
+    if n < GLUON_MIN_N or d not in hopper.HEAD_DIMS or not gluon_forward():
+        return []
+    if d == 64:
+        return [Candidate("gluon", (("BLOCK_M", 64), ("BLOCK_N", 128)), 4, 2)]
+    return [Candidate("gluon_ws", (("BLOCK_M", 64), ("BLOCK_N", 128), ("CONSUMER_REGS", 240)), 4, 2)]
 
 
 def tma_reductions() -> bool:
@@ -651,6 +689,48 @@ def fast_launches() -> int:
     return _fast_count
 
 
+class GluonLaunch:
+    """A Gluon forward (hopper.py) in an op's plan, called as a Launch of the Triton forward
+    is, (qkv, o, lse, seed, qk_scale, drop_p, H, N), without the descriptor arguments: it
+    makes its own TMA descriptors at each call, and never runs with dropout (seed and drop_p
+    are not read). Its calls go through Gluon's own launch path."""
+
+    __slots__ = ("kernel", "consts", "options", "block_m", "block_n", "rows")
+
+    def __init__(self, c: Candidate, D: int):
+        m = c.meta
+        self.block_m, self.block_n = m["BLOCK_M"], m["BLOCK_N"]
+        self.consts = dict(HEAD_DIM=D, BLOCK_M=self.block_m, BLOCK_N=self.block_n,
+                           STAGES=c.num_stages)
+        self.options = dict(num_warps=c.num_warps)
+        self.kernel, self.rows = hopper.fwd_wgmma_kernel, self.block_m
+        if c.family == "gluon_ws":
+            self.kernel, self.rows = hopper.fwd_ws_kernel, 2 * self.block_m
+            self.consts["CONSUMER_REGS"] = m["CONSUMER_REGS"]
+            self.options["maxnreg"] = hopper.ws_maxnreg(m["CONSUMER_REGS"])
+
+    @property
+    def num_warps(self) -> int:
+        return self.options["num_warps"]
+
+    @property
+    def num_stages(self) -> int:
+        return self.consts["STAGES"]
+
+    @property
+    def compiled(self) -> None:
+        """None: no direct launch of a compiled binary (see Launch.compiled)."""
+        return None
+
+    def __call__(self, qkv, o, lse, seed, qk_scale, drop_p, H, N) -> None:
+        args = (*hopper.descriptors(qkv, o, self.block_m, self.block_n), lse, qk_scale, H, N)
+        grid = (-(-N // self.rows) * qkv.shape[0] * H, )
+        if getattr(_compiling, "only", False):  # in _compile_all: compile, launch nothing
+            self.kernel.warmup(*args, grid=grid, **self.consts, **self.options)
+            return
+        self.kernel[grid](*args, **self.consts, **self.options)
+
+
 # ----------------------------------------------------------------------------------------
 # Choosing a candidate
 # ----------------------------------------------------------------------------------------
@@ -790,7 +870,7 @@ def choose(op: str, dtype: torch.dtype, n: int, d: int, bh: int, device: torch.d
     if cand is None:
         times = _timings[key] = {}
         graph_times = _graph_timings[key] = {}
-        cands = candidates(op, n, d, bh)
+        cands = candidates(op, n, d, bh, dropout)
         _compile_all(cands, run)
         check = (heuristic(op, n, d), verify) if verify is not None else None
         cand = _time_candidates(cands, run, times, check, graph_times)
