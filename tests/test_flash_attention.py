@@ -708,6 +708,69 @@ def test_gluon_forwards_are_listed_only_where_they_were_measured_to_pay(monkeypa
     assert gluon("fwd", 577, 64) == []
 
 
+def test_the_gluon_forwards_are_opt_in(monkeypatch):
+    """VITFLASH_GLUON=1 asks for the Gluon forwards (and they still need a Hopper GPU, which
+    this machine may not have); unset or 0 leaves them out; any other value is an error that
+    names the variable and its two values."""
+    for value, listed in ((None, False), ("0", False), ("1", None)):
+        monkeypatch.setattr(launch, "_GLUON", None)
+        if value is None:
+            monkeypatch.delenv("VITFLASH_GLUON", raising=False)
+        else:
+            monkeypatch.setenv("VITFLASH_GLUON", value)
+        hopper_here = (not launch.INTERPRET and hopper.available() and torch.cuda.is_available()
+                       and torch.cuda.get_device_capability()[0] == 9)
+        assert launch.gluon_forward() is (hopper_here if listed is None else listed), value
+    monkeypatch.setattr(launch, "_GLUON", None)
+    monkeypatch.setenv("VITFLASH_GLUON", "yes")
+    with pytest.raises(ValueError, match=r"VITFLASH_GLUON='yes'.*set it to 1.*or to 0"):
+        launch.gluon_forward()
+
+
+# A GluonLaunch's warm-up (what the tuner's _compile_all runs) compiled for sm_90 with no GPU:
+# a stand-in driver names the target, and the kernel's binder, compile options and keyword
+# constexprs are Triton's own. Outside the interpreter (Gluon cannot call its jit functions).
+_GLUON_LAUNCH_WARMUP = """
+import torch
+from triton.backends.compiler import GPUTarget
+from triton.runtime.driver import driver
+
+
+class Hopper:
+    def get_current_device(self): return 0
+    def get_current_stream(self, device=None): return 0
+    def get_current_target(self): return GPUTarget("cuda", 90, 32)
+    def get_active_torch_device(self): return torch.device("cpu")
+
+
+driver.set_active(Hopper())
+from vitflash.ops import launch
+
+for family, blocks, D, N in (("gluon_ws", (("BLOCK_M", 64), ("BLOCK_N", 128), ("CONSUMER_REGS", 240)), 128, 577),
+                             ("gluon", (("BLOCK_M", 64), ("BLOCK_N", 128)), 64, 300)):
+    g = launch.GluonLaunch(launch.Candidate(family, blocks, 4, 2), D)
+    qkv = torch.zeros(2, N, 3, 3, D, dtype=torch.bfloat16)
+    o, lse = torch.zeros(2, N, 3, D, dtype=torch.bfloat16), torch.zeros(2, 3, N)
+    launch._compiling.only = True
+    g(qkv, o, lse, lse, 0.1, 0.0, 3, N)
+    (ck,) = g.kernel.device_caches[0][0].values()
+    print(family, D, ck.metadata.num_warps, getattr(ck.metadata, "maxnreg", None), "wgmma" in ck.asm["ptx"])
+"""
+
+
+def test_a_gluon_launch_compiles_its_kernel_for_sm90():
+    """Both Gluon plans compile through GluonLaunch's own call (keyword constexprs, the
+    descriptors it makes, the warp-specialized form's register cap) for sm_90, where the
+    tuner's compile-only pass would: 12 warps (two consumer groups and the loader's warp
+    allocated as a group) under a 168-register cap, or 4 warps with none."""
+    if not hopper.available():
+        pytest.skip(f"Gluon does not import in this triton: {hopper._IMPORT_ERROR}")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run([sys.executable, "-c", _GLUON_LAUNCH_WARMUP], capture_output=True, text=True,
+                         env=env, check=True).stdout.split("\n")
+    assert out[:2] == ["gluon_ws 128 12 168 True", "gluon 64 4 None True"]
+
+
 def test_a_gluon_candidate_plans_one_gluon_launch_but_not_with_a_mask_or_dropout():
     """A Gluon candidate becomes a GluonLaunch of its kernel (the warp-specialized one with its
     consumers' register count and the kernel-wide cap that gives it); with the diagonal mask
@@ -749,6 +812,8 @@ def test_gluon_forward_gpu(monkeypatch, N, D):
     """The Gluon forward listed at this head dim (on Hopper), at full and partial last query
     and key tiles, under the rule on o and, through the Triton backward that reads its LSE,
     on dq, dk, dv."""
+    monkeypatch.setenv("VITFLASH_GLUON", "1")
+    monkeypatch.setattr(launch, "_GLUON", None)
     if not launch.gluon_forward():
         pytest.skip("the Gluon forwards run on Hopper GPUs with a triton that has Gluon")
     (cand,) = [c for c in launch.candidates("fwd", N, D, 2 * 4) if c.family in launch.GLUON_FAMILIES]

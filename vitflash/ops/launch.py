@@ -57,7 +57,6 @@ except ImportError:  # (Windows: none; of two processes writing at once, one's e
 
 INTERPRET = bool(kernels.INTERPRET)
 # bump when a kernel or the candidate list changes in a way that can change the best config:
-# 29, the Gluon forwards on Hopper past N = 256 at D = 64 and 128 ("gluon", "gluon_ws");
 # 28, the short backward's one key summed over the rows once (kernels.bwd_short_kernel,
 #     LATE_SUMS), and its register-capped twin in 16-row chunks instead of 32 (SHORT_BWD_CAPPED);
 # 27, the finalists timed in two passes of blocks, the second in reverse order, each keeping
@@ -94,7 +93,7 @@ INTERPRET = bool(kernels.INTERPRET)
 # 6, the forwards' FMA-folded softmax (and the bwd_atomic op);
 # 5, split head dims (4 keyed the reverted TAILS candidates of 067433b, which a GPU
 #    machine's cache file may still hold)
-CACHE_VERSION = 29
+CACHE_VERSION = 28
 
 # the families of bwd_atomic's own kernels: dQ added element by element, or by TMA tiles
 ATOMIC_FAMILIES = ("atomic", "atomic_tma")
@@ -386,12 +385,21 @@ _GLUON: bool | None = None
 
 
 def gluon_forward() -> bool:
-    """Whether this machine runs the Gluon forwards of hopper.py: Gluon imports in this
-    triton and the GPU is a Hopper (compute capability 9.x: wgmma, which later GPUs lack).
-    Never in the interpreter, which does not run Gluon kernels."""
+    """Whether the forward lists the Gluon kernels of hopper.py: asked for (VITFLASH_GLUON=1),
+    Gluon imports in this triton and the GPU is a Hopper (compute capability 9.x: wgmma,
+    which later GPUs lack). Never in the interpreter, which does not run Gluon kernels.
+
+    Opt-in: the kernels have passed the FA2 rule and been timed on Hopper GPUs called
+    directly (benchmarks/probes/gluon_fwd.py), but the op's own path through them (the
+    tuner, GluonLaunch, the backward reading their LSE) has so far run only as a compile on
+    the CPU; it becomes the default once its GPU tests (test_gluon_forward_gpu) have passed."""
     global _GLUON
     if _GLUON is None:
-        _GLUON = (not INTERPRET and hopper.available() and torch.cuda.is_available()
+        asked = os.environ.get("VITFLASH_GLUON", "0").strip()
+        if asked not in ("0", "1"):
+            raise ValueError(f"VITFLASH_GLUON={asked!r}: set it to 1 to list the Gluon forwards on "
+                             "Hopper GPUs, or to 0 (the default) to leave them out")
+        _GLUON = (asked == "1" and not INTERPRET and hopper.available() and torch.cuda.is_available()
                   and torch.cuda.get_device_capability()[0] == 9)
     return _GLUON
 
@@ -401,7 +409,8 @@ def gluon_candidates(n: int, d: int) -> list[Candidate]:
     4-warp form with (64, 128) tiles in 2 stages, 1.02-1.03x the tuned Triton forward at
     N = 577-4097 on an H100; at D = 128 the warp-specialized form (two 64-row consumers at
     240 registers, 128-key tiles, 2 stages), 1.10-1.26x it at N = 577-4097
-    (benchmarks/results/gpu_session_17e1b36/). Not at N <= 256, where neither came near."""
+    (benchmarks/results/gpu_session_17e1b36/). Not at N <= 256, where neither came near;
+    nowhere unless gluon_forward()."""
     if n < GLUON_MIN_N or d not in hopper.HEAD_DIMS or not gluon_forward():
         return []
     if d == 64:
@@ -746,10 +755,12 @@ def _cache_file() -> Path:
 
 
 def _disk_key(key: tuple, device: torch.device) -> str:
+    """The cache file's entry for key on device: GPU name, versions, the key; a forward's
+    entries chosen among the Gluon forwards too (VITFLASH_GLUON=1) are kept apart."""
     op, dtype, n, d, bh, dropout = key
     return (f"{torch.cuda.get_device_name(device)}|torch {torch.__version__}|triton "
             f"{triton.__version__}|v{CACHE_VERSION}|{op}|{str(dtype).split('.')[-1]}|N={n}|D={d}|BH<={bh}"
-            + ("|dropout" if dropout else ""))
+            + ("|dropout" if dropout else "") + ("|gluon" if op == "fwd" and gluon_forward() else ""))
 
 
 def _load_cache(path: Path) -> dict:
