@@ -472,7 +472,9 @@ def markdown(results: list[dict], latency: dict, env: dict, command: str) -> str
              f"Command: `{command}`", "",
              f"Commit {env['commit']}; torch {env['torch']}, triton {env['triton']}, CUDA "
              f"{env['cuda']}, cuDNN {env['cudnn']}, Python {env['python']}; {env['date']}. bf16, non-causal, "
-             + (f"attention dropout p = {env['dropout_p']} in every path, " if env.get("dropout_p") else "") +
+             + (f"attention dropout p = {env['dropout_p']} in every path, " if env.get("dropout_p") else "")
+             + ("flash's forward tuner timing the Gluon forwards too (VITFLASH_GLUON=1), "
+                if env.get("gluon_forward") else "") +
              "random inputs, " + TIMERS[env.get("timer", "events")] + " median, each case repeated "
              f"{env.get('repeats', REPEATS)} times: median of the repeats (min-max). TFLOP/s count 4*B*H*N^2*D "
              "for the forward, 3.5x that for forward+backward. Peak extra memory: what one "
@@ -563,6 +565,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--warmup-ms", type=int, default=25)
     parser.add_argument("--rep-ms", type=int, default=100)
     parser.add_argument("--repeats", type=int, default=REPEATS)
+    parser.add_argument("--gluon", action="store_true",
+                        help="let flash's forward tuner also time the Gluon forwards (Hopper, "
+                             "VITFLASH_GLUON=1; results go to attention_..._gluon_<gpu>.*)")
     parser.add_argument("--timer", choices=tuple(TIMERS), default="events",
                         help="events: eager calls between CUDA events (host time shows where it "
                              "exceeds the GPU's); graph: CUDA-graph replays (results go to "
@@ -585,6 +590,11 @@ def main(argv: list[str] | None = None) -> None:
         return
     if not torch.cuda.is_available():
         sys.exit("bench_attention.py needs a CUDA GPU: it times GPU kernels.")
+    if args.gluon:
+        os.environ["VITFLASH_GLUON"] = "1"  # read at the first forward choice (launch.gluon_forward)
+        if not launch.gluon_forward():
+            sys.exit("--gluon: the Gluon forwards run only on a Hopper GPU (compute capability 9.x) "
+                     "with a triton whose Gluon imports; run without --gluon here")
     shapes = args.shape or {"all": SHAPES, "small": SMALL_SHAPES, "large": LARGE_SHAPES,
                             "varied": VARIED_SHAPES}[args.shapes]
 
@@ -606,6 +616,9 @@ def main(argv: list[str] | None = None) -> None:
     env["repeats"] = args.repeats
     if args.timer == "graph":
         env["timer"], prefix = "graph", prefix + "_graph"
+    if args.gluon:
+        prefix += "_gluon"
+    env["gluon_forward"] = launch.gluon_forward()
     command = command_line()
     latency = {"shape": list(LATENCY_SHAPE)}
     for impl in LATENCY_IMPLS:
