@@ -929,3 +929,29 @@ def test_gluon_fwd_probe_reads_both_forms_from_its_configs():
     assert probe.parse_config("64x128x2x4w240") == (64, 128, 2, 4, 240)
     with pytest.raises(ValueError):
         probe.parse_config("64x128x2")
+
+
+def test_gluon_bwd_probe_compiles_its_kernel_for_sm90():
+    """The Gluon dK/dV backward (a probe's kernel, not yet listed) compiles for sm_90 at both
+    head dims with no spills: one loop step's four products as wgmma (S^T and dP^T over the
+    head dim, dV and dK over the query tile), and mbarrier waits for its TMA loads."""
+    probe = _load("gluon_bwd")
+    if not probe.hopper.available():
+        pytest.skip(f"Gluon does not import in this triton: {probe.hopper._IMPORT_ERROR}")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    for d in (64, 128):
+        out = subprocess.run([sys.executable, str(PROBES / "gluon_bwd.py"), "--compile", "--d", str(d)],
+                             capture_output=True, text=True, env=env, check=True).stdout
+        cells = [[c.strip() for c in r.strip("|").split("|")] for r in out.splitlines() if re.match(r"\| \d", r)]
+        assert [c[0] for c in cells] == probe.DEFAULT_CONFIGS[d]
+        for config, regs, spills, smem, hgmma, waits, bars, mbar_waits in cells:
+            assert int(spills) == 0 and int(regs) <= 255, (d, config)
+            # 16-deep k-steps: S^T and dP^T over d, dV and dK over the 64-row query tile
+            assert int(hgmma) == 2 * d // 16 + 2 * 64 // 16 and int(mbar_waits) > 0, (d, config)
+
+
+def test_gluon_bwd_probe_refuses_warps_that_do_not_match_its_keys():
+    probe = _load("gluon_bwd")
+    assert probe.parse_config("64x128x2x8") == (64, 128, 2, 8)
+    with pytest.raises(ValueError, match="each warp group of 4 takes 64 keys"):
+        probe.parse_config("64x128x2x4")
