@@ -932,9 +932,9 @@ def test_gluon_fwd_probe_reads_both_forms_from_its_configs():
 
 
 def test_gluon_bwd_probe_compiles_its_kernel_for_sm90():
-    """The Gluon dK/dV backward (a probe's kernel, not yet listed) compiles for sm_90 at both
-    head dims with no spills: one loop step's four products as wgmma (S^T and dP^T over the
-    head dim, dV and dK over the query tile), and mbarrier waits for its TMA loads."""
+    """The Gluon backward's two kernels (a probe's, not yet listed) compile for sm_90 at both
+    head dims with no spills: one loop step's products as wgmma (the dK/dV kernel's four, the
+    dQ kernel's three), and mbarrier waits for their TMA loads."""
     probe = _load("gluon_bwd")
     if not probe.hopper.available():
         pytest.skip(f"Gluon does not import in this triton: {probe.hopper._IMPORT_ERROR}")
@@ -942,16 +942,46 @@ def test_gluon_bwd_probe_compiles_its_kernel_for_sm90():
     for d in (64, 128):
         out = subprocess.run([sys.executable, str(PROBES / "gluon_bwd.py"), "--compile", "--d", str(d)],
                              capture_output=True, text=True, env=env, check=True).stdout
-        cells = [[c.strip() for c in r.strip("|").split("|")] for r in out.splitlines() if re.match(r"\| \d", r)]
-        assert [c[0] for c in cells] == probe.DEFAULT_CONFIGS[d]
+        cells = [[c.strip() for c in r.strip("|").split("|")] for r in out.splitlines() if re.match(r"\| (dkdv|dq) ", r)]
+        assert [c[0] for c in cells] == ([f"dkdv {c}" for c in probe.DEFAULT_CONFIGS[d]]
+                                         + [f"dq {c}" for c in probe.DQ_CONFIGS[d]])
         for config, regs, spills, smem, hgmma, waits, bars, mbar_waits in cells:
             assert int(spills) == 0 and int(regs) <= 255, (d, config)
-            # 16-deep k-steps: S^T and dP^T over d, dV and dK over the 64-row query tile
-            assert int(hgmma) == 2 * d // 16 + 2 * 64 // 16 and int(mbar_waits) > 0, (d, config)
+            m, n = (int(x) for x in config.split()[1].split("x")[:2])
+            # the loop's products in 16-deep steps: dK/dV's S^T and dP^T over d, dV and dK over
+            # the query tile; dQ's S and dP over d, dQ over the key tile
+            products = 2 * d // 16 + (2 * m // 16 if config.startswith("dkdv") else n // 16)
+            assert int(hgmma) == products and int(mbar_waits) > 0, (d, config)
 
 
-def test_gluon_bwd_probe_refuses_warps_that_do_not_match_its_keys():
+def test_gluon_bwd_probe_refuses_warps_that_do_not_match_its_rows():
     probe = _load("gluon_bwd")
     assert probe.parse_config("64x128x2x8") == (64, 128, 2, 8)
     with pytest.raises(ValueError, match="each warp group of 4 takes 64 keys"):
         probe.parse_config("64x128x2x4")
+    assert probe.parse_config("128x64x2x8", "dq") == (128, 64, 2, 8)
+    with pytest.raises(ValueError, match="each warp group of 4 takes 64 queries"):
+        probe.parse_config("128x64x2x4", "dq")
+
+
+def test_gluon_bwd_probe_holds_each_kernels_gradients_to_the_rule(monkeypatch):
+    """The probe's check, its kernels stood in for on the CPU: gradients as exact as float32
+    naive attention's pass, each kernel judged on its own gradients only (dK and dV; dQ), and
+    a dQ off by 1% anywhere fails; the failure is named by kernel and configuration."""
+    probe = _load("gluon_bwd")
+    monkeypatch.setattr(probe, "DEVICE", "cpu")
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+
+    def stand_in(qkv, do, lse, delta, scale, cfg, kernel, dqkv=None):
+        grads = probe.reference_grads(qkv, do, scale, torch.float32)
+        dqkv = torch.full_like(qkv, float("nan"))
+        for g in ((1, 2) if kernel == "dkdv" else (0, )):
+            dqkv[:, :, g] = grads[g] * (1.05 if kernel == "dq" and cfg[0] == 128 else 1.0)
+        return dqkv
+
+    monkeypatch.setattr(probe, "gluon_grads", stand_in)
+    ok = probe.check((1, 2, 20, 64), ["64x128x2x8"], ["64x64x2x4", "128x64x2x8"])
+    assert list(ok) == ["dkdv 64x128x2x8", "dq 64x64x2x4", "dq 128x64x2x8"]
+    assert ok["dkdv 64x128x2x8"]["ok"] and set(ok["dkdv 64x128x2x8"]) == {
+        "ok", "dk_err", "dk_naive_err", "dv_err", "dv_naive_err"}
+    assert ok["dq 64x64x2x4"]["ok"] and not ok["dq 128x64x2x8"]["ok"]

@@ -1,6 +1,6 @@
-"""A Gluon dK/dV backward for Hopper, against the tuned Triton backward and cuDNN: a probe.
+"""A Gluon backward for Hopper (dK/dV and dQ kernels), against the tuned Triton backward and cuDNN.
 
-The kernel here is a first form, compiled for sm_90 but not yet run on a GPU; it joins
+The kernels here are a first form, compiled for sm_90 but not yet run on a GPU; they join
 vitflash/ops/hopper.py (and the backward's candidates) only once this probe has held it to
 the FA2 rule there and timed it ahead.
 
@@ -11,24 +11,25 @@ S^T = K Q_i^T and dP^T = V dO_i^T are issued together as asynchronous wgmma prod
 S^T is in, P^T = exp2(S^T * qk_scale - LSE_i) (the forward's base-2 row statistics, broadcast
 along the columns) goes to the tensor cores as dV += P^T dO_i while dP^T finishes; then
 dS^T = P^T * (dP^T - delta_i) and dK += dS^T Q_i. dK is scaled by the softmax scale once, at the
-end. dQ is not computed here: with it, a plan would run the Triton backward's dQ launch (a
-split candidate's, which also computes delta) and this kernel for dK and dV.
+end. dQ has a kernel of its own in the forward's shape (Q and dO resident, K and V streaming:
+dQ += dS K_j), so the two never add into the same rows and nothing is atomic.
 
-On a Hopper GPU: at each shape, dK and dV of each configuration under the FA2 rule (against
+On a Hopper GPU: at each shape, each configuration's gradients under the FA2 rule (against
 float64, beside bf16 naive attention's own error; LSE from vitflash's forward, delta from
 torch), then timed by `triton.testing.do_bench_cudagraph`, `--repeats` times, median and
-min-max, beside vitflash's whole tuned backward and cuDNN's (SDPA), in the same process.
+min-max, beside vitflash's whole tuned backward and cuDNN's (SDPA), in the same process; the
+table sums the best dK/dV and dQ configurations and the delta into one backward.
 
     python benchmarks/probes/gluon_bwd.py --out <dir> [--shapes 4,16,4097,128 ...] \
-        [--configs 64x128x2x4 ...] [--repeats 3]
+        [--configs 64x128x2x8 ...] [--dq-configs 64x64x2x4 ...] [--repeats 3]
 
 With --compile (no GPU needed): each configuration compiled for sm_90 by the installed
 triton and assembled by its ptxas (registers, spills, shared memory, wgmma and barrier counts).
 
     python benchmarks/probes/gluon_bwd.py --compile --d 128 --configs 64x128x2x8
 
-Configurations are BLOCK_M x BLOCK_N x STAGES x warps; each warp group of 4 warps owns 64
-of the BLOCK_N keys (warps = BLOCK_N / 16).
+Configurations are BLOCK_M x BLOCK_N x STAGES x warps (--configs: dK/dV, where each warp
+group of 4 owns 64 of the BLOCK_N keys; --dq-configs: dQ, 64 of the BLOCK_M queries).
 """
 from __future__ import annotations
 
@@ -165,144 +166,262 @@ if hopper.available():
         tma.async_copy_shared_to_global(dkv_desc, [b, pid_n * BLOCK_N, v_col], out)
         tma.store_wait(pendings=0)
 
-# (128x128x2x8 at D = 64 compiles with 120 bytes of spills a thread: not listed)
+    @gluon.jit
+    def bwd_dq_kernel(q_desc, kv_desc, do_desc, dq_desc, LSE, DELTA, qk_scale, sm_scale, H, N,
+                      HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                      STAGES: gl.constexpr, num_warps: gl.constexpr):
+        """dQ of BLOCK_M queries of one (batch, head): Q and dO stay in shared memory while the
+        key tiles stream past (K and V in a ring of STAGES TMA buffers). S = Q K_j^T and
+        dP = dO V_j^T issued together; P = exp2(S * qk_scale - LSE), dS = P * (dP - delta),
+        dQ += dS K_j. Keys past N need no mask: their K rows are read as zeros, so their dS
+        adds nothing. Descriptors as bwd_dkdv_kernel's, with K/V boxes of BLOCK_N rows and
+        dq_desc (dqkv) of BLOCK_M."""
+        n_m = gl.cdiv(N, BLOCK_M)
+        pid = gl.program_id(0)
+        pid_m = pid % n_m
+        bh = pid // n_m
+        b = bh // H
+        h = bh % H
+        q_col = h * HEAD_DIM
+        k_col = (H + h) * HEAD_DIM
+        v_col = (2 * H + h) * HEAD_DIM
+        dtype: gl.constexpr = kv_desc.dtype
+        nbytes: gl.constexpr = dtype.primitive_bitwidth // 8
+
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BLOCK_N, 16])
+        acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, HEAD_DIM, 16])
+        op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
+        row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+
+        q_smem = gl.allocate_shared_memory(dtype, [1, BLOCK_M, HEAD_DIM], q_desc.layout)
+        do_smem = gl.allocate_shared_memory(dtype, [1, BLOCK_M, HEAD_DIM], do_desc.layout)
+        k_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, BLOCK_N, HEAD_DIM], kv_desc.layout)
+        v_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, BLOCK_N, HEAD_DIM], kv_desc.layout)
+        qdo_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        k_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        mbarrier.init(qdo_bar, count=1)
+        for i in gl.static_range(STAGES):
+            mbarrier.init(k_bars.index(i), count=1)
+            mbarrier.init(v_bars.index(i), count=1)
+        fence_async_shared()
+
+        mbarrier.expect(qdo_bar, 2 * BLOCK_M * HEAD_DIM * nbytes)
+        tma.async_copy_global_to_shared(q_desc, [b, pid_m * BLOCK_M, q_col], qdo_bar, q_smem)
+        tma.async_copy_global_to_shared(do_desc, [b, pid_m * BLOCK_M, q_col], qdo_bar, do_smem)
+        n_tiles = gl.cdiv(N, BLOCK_N)
+        for i in gl.static_range(STAGES):
+            if i < n_tiles:
+                _load_rows(kv_desc, b, i * BLOCK_N, k_col, k_bars.index(i), k_smem.index(i),
+                           BLOCK_N, HEAD_DIM)
+                _load_rows(kv_desc, b, i * BLOCK_N, v_col, v_bars.index(i), v_smem.index(i),
+                           BLOCK_N, HEAD_DIM)
+
+        rows = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=row_s)
+        base = bh.to(gl.int64) * N
+        # rows past N: zeros of Q and dO, so any finite statistics do; their dQ is not written
+        lse = gl.load(LSE + base + rows, mask=rows < N, other=0.0)
+        delta = gl.load(DELTA + base + rows, mask=rows < N, other=0.0)
+        s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
+        dq = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, acc_layout)
+        q2 = q_smem.reshape([BLOCK_M, HEAD_DIM])
+        do2 = do_smem.reshape([BLOCK_M, HEAD_DIM])
+        mbarrier.wait(qdo_bar, 0)
+        for j in range(n_tiles):
+            stage = j % STAGES
+            phase = (j // STAGES) & 1
+            mbarrier.wait(k_bars.index(stage), phase)
+            k2 = k_smem.index(stage).reshape([BLOCK_N, HEAD_DIM])
+            s = warpgroup_mma(q2, k2.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            mbarrier.wait(v_bars.index(stage), phase)
+            v2 = v_smem.index(stage).reshape([BLOCK_N, HEAD_DIM])
+            dp = warpgroup_mma(do2, v2.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            s = warpgroup_mma_wait(num_outstanding=1, deps=(s, ))
+            p = gl.exp2(s * qk_scale - gl.expand_dims(lse, 1))
+            dp = warpgroup_mma_wait(num_outstanding=0, deps=(dp, ))
+            ds = p * (dp - gl.expand_dims(delta, 1))
+            dq = warpgroup_mma(gl.convert_layout(ds.to(dtype), op_layout), k2, dq, is_async=True)
+            dq = warpgroup_mma_wait(num_outstanding=0, deps=(dq, ))
+            if j + STAGES < n_tiles:  # every warp is past its reads of this stage's buffers
+                hopper._cta_barrier()
+                _load_rows(kv_desc, b, (j + STAGES) * BLOCK_N, k_col, k_bars.index(stage),
+                           k_smem.index(stage), BLOCK_N, HEAD_DIM)
+                _load_rows(kv_desc, b, (j + STAGES) * BLOCK_N, v_col, v_bars.index(stage),
+                           v_smem.index(stage), BLOCK_N, HEAD_DIM)
+
+        mbarrier.invalidate(qdo_bar)
+        for i in gl.static_range(STAGES):
+            mbarrier.invalidate(k_bars.index(i))
+            mbarrier.invalidate(v_bars.index(i))
+        out = gl.allocate_shared_memory(dtype, [1, BLOCK_M, HEAD_DIM], dq_desc.layout)
+        out.reshape([BLOCK_M, HEAD_DIM]).store((dq * sm_scale).to(dtype))
+        fence_async_shared()
+        tma.async_copy_shared_to_global(dq_desc, [b, pid_m * BLOCK_M, q_col], out)
+        tma.store_wait(pendings=0)
+
+
+# dK/dV configurations (128x128x2x8 at D = 64 compiles with 120 bytes of spills a thread:
+# not listed), and dQ ones
 DEFAULT_CONFIGS = {64: ["64x128x2x8", "64x64x2x4"], 128: ["64x128x2x8", "64x64x2x4"]}
+DQ_CONFIGS = {64: ["64x64x2x4", "128x64x2x8", "64x128x2x4"], 128: ["64x64x2x4", "128x64x2x8"]}
 SHAPES = ["64,12,577,64", "8,12,4097,64", "32,16,577,128", "4,16,4097,128"]
 
 
-def parse_config(text: str) -> tuple[int, int, int, int]:
-    """"MxNxSxW" -> (BLOCK_M, BLOCK_N, STAGES, warps), warps = BLOCK_N / 16 (a warp group a
-    64 keys)."""
+def parse_config(text: str, kernel: str = "dkdv") -> tuple[int, int, int, int]:
+    """"MxNxSxW" -> (BLOCK_M, BLOCK_N, STAGES, warps): for the dK/dV kernel warps = BLOCK_N / 16
+    (a warp group a 64 keys), for the dQ kernel BLOCK_M / 16 (a warp group a 64 queries)."""
     m, n, s, w = (int(x) for x in text.split("x"))
-    if w * 16 != n:
-        raise ValueError(f"{text}: {w} warps for {n} keys; each warp group of 4 takes 64 keys")
+    rows, what = (n, "keys") if kernel == "dkdv" else (m, "queries")
+    if w * 16 != rows:
+        raise ValueError(f"{text}: {w} warps for {rows} {what}; each warp group of 4 takes 64 {what}")
     return m, n, s, w
 
 
-def _sig(d: int, bm: int, bn: int) -> dict:
+def _sig(d: int, bm: int, bn: int, kernel: str) -> dict:
     def desc(rows: int) -> str:
         return f"tensordesc<bf16[1,{rows},{d}],{hopper._layout(rows, d, torch.bfloat16)!r}>"
 
-    return dict(q_desc=desc(bm), kv_desc=desc(bn), do_desc=desc(bm), dkv_desc=desc(bn),
+    out = dict(dkv_desc=desc(bn)) if kernel == "dkdv" else dict(dq_desc=desc(bm))
+    return dict(q_desc=desc(bm), kv_desc=desc(bn), do_desc=desc(bm), **out,
                 LSE="*fp32", DELTA="*fp32", qk_scale="fp32", sm_scale="fp32", H="i32", N="i32",
                 HEAD_DIM="constexpr", BLOCK_M="constexpr", BLOCK_N="constexpr",
                 STAGES="constexpr", num_warps="constexpr")
 
 
-def compile_sm90(d: int, cfg: tuple[int, int, int, int]):
-    """bwd_dkdv_kernel compiled for sm_90 (bf16) by the installed triton, no GPU needed."""
+def compile_sm90(d: int, cfg: tuple[int, int, int, int], kernel: str = "dkdv"):
+    """bwd_dkdv_kernel (or bwd_dq_kernel) compiled for sm_90 (bf16) by the installed triton,
+    no GPU needed."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
     bm, bn, stages, warps = cfg
     consts = dict(HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, STAGES=stages, num_warps=warps)
-    src = GluonASTSource(fn=bwd_dkdv_kernel, signature=_sig(d, bm, bn), constexprs=consts)
+    fn = bwd_dkdv_kernel if kernel == "dkdv" else bwd_dq_kernel
+    src = GluonASTSource(fn=fn, signature=_sig(d, bm, bn, kernel), constexprs=consts)
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps))
 
 
-def compile_rows(d: int, configs: list[str]) -> list[str]:
+def compile_rows(d: int, configs: list[str], dq_configs: list[str]) -> list[str]:
     rows = [f"triton {triton.__version__}, sm_90, D = {d}, bf16", "",
             "| config | registers | spill bytes | shared KiB | HGMMA | wgmma waits | BAR.SYNC | "
             "mbarrier waits |", "|---|---|---|---|---|---|---|---|"]
-    for text in configs:
-        compiled = compile_sm90(d, parse_config(text))
+    for kernel, text in [("dkdv", c) for c in configs] + [("dq", c) for c in dq_configs]:
+        compiled = compile_sm90(d, parse_config(text, kernel), kernel)
         report, sass = assemble(compiled)
         ops = Counter(re.findall(r"^\s+/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)",
                                  sass, flags=re.M))
         count = lambda prefix: sum(v for k, v in ops.items() if k.startswith(prefix))  # noqa: E731
         regs = re.search(r"Used (\d+) registers", report).group(1)
         spills = re.search(r"(\d+) bytes spill stores", report).group(1)
-        rows.append(f"| {text} | {regs} | {spills} | {compiled.metadata.shared / 1024:.0f} | "
+        rows.append(f"| {kernel} {text} | {regs} | {spills} | {compiled.metadata.shared / 1024:.0f} | "
                     f"{count('HGMMA')} | {count('WARPGROUP.DEPBAR')} | {count('BAR.SYNC')} | "
                     f"{count('SYNCS.PHASECHK')} |")
     return rows
 
 
-def dkdv(qkv, do, lse, delta, scale: float, cfg: tuple[int, int, int, int]) -> torch.Tensor:
-    """dqkv with this kernel's dK and dV (dQ left NaN)."""
+def gluon_grads(qkv, do, lse, delta, scale: float, cfg: tuple[int, int, int, int], kernel: str,
+                dqkv: torch.Tensor | None = None) -> torch.Tensor:
+    """dqkv (B, N, 3, H, D) with one kernel's gradients filled in: dK and dV ("dkdv") or dQ
+    ("dq"); the rest NaN in a new tensor, or what `dqkv` held."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
     bm, bn, stages, warps = cfg
     B, N, _, H, D = qkv.shape
-    dqkv = torch.full_like(qkv, float("nan"))
-    flat = qkv.view(B, N, 3 * H * D)
+    dqkv = torch.full_like(qkv, float("nan")) if dqkv is None else dqkv
 
-    def desc(t, rows):  # as hopper.descriptors makes the forward's
+    def desc(t, rows):  # as hopper.descriptors makes the forward's: (B, N, the rest)
+        t = t.view(B, N, -1)
         return TensorDescriptor(t, list(t.shape), list(t.stride()), [1, rows, D],
                                 hopper._layout(rows, D, t.dtype))
 
-    grid = (triton.cdiv(N, bn) * B * H, )
-    bwd_dkdv_kernel[grid](desc(flat, bm), desc(flat, bn), desc(do.view(B, N, H * D), bm),
-                          desc(dqkv.view(B, N, 3 * H * D), bn), lse, delta,
-                          scale * 1.4426950408889634, scale, H, N, D, bm, bn, stages, num_warps=warps)
+    fn, out_rows, tile = ((bwd_dkdv_kernel, bn, bn) if kernel == "dkdv" else (bwd_dq_kernel, bm, bm))
+    grid = (triton.cdiv(N, tile) * B * H, )
+    fn[grid](desc(qkv, bm), desc(qkv, bn), desc(do, bm), desc(dqkv, out_rows), lse, delta,
+             scale * 1.4426950408889634, scale, H, N, D, bm, bn, stages, num_warps=warps)
     return dqkv
 
 
-def reference_grads(qkv, do, scale, dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """dK, dV (B, N, H, D) of naive attention in `dtype` arithmetic, one batch at a time."""
-    dks, dvs = [], []
+def reference_grads(qkv, do, scale, dtype) -> list[torch.Tensor]:
+    """dQ, dK, dV (B, N, H, D) of naive attention in `dtype` arithmetic, one batch at a time."""
+    grads = [[], [], []]
     for x, g in zip(qkv.unbind(0), do.unbind(0)):
         q, k, v = (t.transpose(0, 1).to(dtype).requires_grad_() for t in x.unbind(1))
         o = ((q @ k.transpose(-1, -2)) * scale).softmax(-1) @ v
-        dk, dv = torch.autograd.grad(o, (k, v), g.transpose(0, 1).to(dtype))
-        dks.append(dk.transpose(0, 1))
-        dvs.append(dv.transpose(0, 1))
-    return torch.stack(dks), torch.stack(dvs)
+        for acc, t in zip(grads, torch.autograd.grad(o, (q, k, v), g.transpose(0, 1).to(dtype))):
+            acc.append(t.transpose(0, 1))
+    return [torch.stack(t) for t in grads]
 
 
-def check(shape, configs: list[str]) -> dict:
-    """Every configuration's dK and dV under the FA2 rule."""
+DEVICE = "cuda"  # (the CPU tests of check's arithmetic set "cpu")
+
+
+def _inputs(shape, seed: int | None = 0):
+    """qkv, do, and the forward's LSE (vitflash's) and delta = rowsum(dO * O) (B, H, N)."""
     from vitflash.ops import flash
     B, H, N, D = shape
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    qkv = torch.randn(B, N, 3, H, D, device="cuda", generator=gen).to(torch.bfloat16)
-    do = torch.randn(B, N, H, D, device="cuda", generator=gen).to(torch.bfloat16)
-    scale = D ** -0.5
-    o, lse = flash._forward(qkv, scale)
-    delta = (o.float() * do.float()).sum(-1).transpose(1, 2).contiguous()  # (B, H, N)
+    gen = torch.Generator(device=DEVICE).manual_seed(seed or 0)
+    qkv = torch.randn(B, N, 3, H, D, device=DEVICE, generator=gen).to(torch.bfloat16)
+    do = torch.randn(B, N, H, D, device=DEVICE, generator=gen).to(torch.bfloat16)
+    o, lse = flash._forward(qkv, D ** -0.5)
+    delta = (o.float() * do.float()).sum(-1).transpose(1, 2).contiguous()
+    return qkv, do, lse, delta
+
+
+def check(shape, configs: list[str], dq_configs: list[str]) -> dict:
+    """Every configuration's gradients under the FA2 rule (keyed "dkdv <config>", "dq <config>")."""
+    qkv, do, lse, delta = _inputs(shape)
+    scale = shape[3] ** -0.5
     ref = reference_grads(qkv, do, scale, torch.float64)
     low = reference_grads(qkv, do, scale, torch.bfloat16)
     out = {}
-    for text in configs:
+    for kernel, text in [("dkdv", c) for c in configs] + [("dq", c) for c in dq_configs]:
+        name = f"{kernel} {text}"
         try:
-            dqkv = dkdv(qkv, do, lse, delta, scale, parse_config(text))
+            dqkv = gluon_grads(qkv, do, lse, delta, scale, parse_config(text, kernel), kernel)
             torch.cuda.synchronize()
         except Exception as err:  # a configuration that does not compile or fit: named
-            out[text] = {"error": str(err).splitlines()[0][:200]}
+            out[name] = {"ok": False, "error": str(err).splitlines()[0][:200]}
             continue
         row = {"ok": True}
-        for name, got, r, lo in (("dk", dqkv[:, :, 1], ref[0], low[0]), ("dv", dqkv[:, :, 2], ref[1], low[1])):
-            err = (got.double() - r).abs().max().item()
-            naive = (lo.double() - r).abs().max().item()
-            row[f"{name}_err"], row[f"{name}_naive_err"] = err, naive
+        for g in ((1, 2) if kernel == "dkdv" else (0, )):
+            err = (dqkv[:, :, g].double() - ref[g]).abs().max().item()
+            naive = (low[g].double() - ref[g]).abs().max().item()
+            grad = ("dq", "dk", "dv")[g]
+            row[f"{grad}_err"], row[f"{grad}_naive_err"] = err, naive
             row["ok"] &= math.isfinite(err) and err <= 2 * naive + 1e-5
-        out[text] = row
+        out[name] = row
     return out
 
 
-def time_shape(shape, configs: list[str], ok: dict, repeats: int) -> dict:
-    """GPU ms of each checked configuration, of vitflash's tuned backward (dQ, dK, dV) and of
-    cuDNN's backward (SDPA), each the median of do_bench_cudagraph, `repeats` times."""
+def time_shape(shape, ok: dict, repeats: int) -> dict:
+    """GPU ms of each configuration that kept to the rule, of the delta it needs (torch), of
+    vitflash's tuned backward and of cuDNN's (SDPA), each the median of do_bench_cudagraph,
+    `repeats` times."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
     import torch.nn.functional as F
-    from vitflash.ops import flash, flash_attention_qkvpacked
+    from vitflash.ops import flash_attention_qkvpacked
     B, H, N, D = shape
     scale = D ** -0.5
-    qkv = torch.randn(B, N, 3, H, D, device="cuda", dtype=torch.bfloat16)
-    do = torch.randn(B, N, H, D, device="cuda", dtype=torch.bfloat16)
-    o, lse = flash._forward(qkv, scale)
-    delta = (o.float() * do.float()).sum(-1).transpose(1, 2).contiguous()
+    qkv, do, lse, delta = _inputs(shape, seed=1)
+    o = torch.randn(B, N, H, D, device="cuda", dtype=torch.bfloat16)
+    dqkv = torch.empty_like(qkv)
     cases = {}
-    for text in configs:
-        if ok.get(text, {}).get("ok"):
-            cfg = parse_config(text)
-            cases[f"gluon dK/dV {text}"] = lambda cfg=cfg: dkdv(qkv, do, lse, delta, scale, cfg)
+    for name, r in ok.items():
+        if r.get("ok"):
+            kernel, text = name.split()
+            cfg = parse_config(text, kernel)
+            cases[f"gluon {name}"] = (lambda cfg=cfg, kernel=kernel:
+                                      gluon_grads(qkv, do, lse, delta, scale, cfg, kernel, dqkv))
+    cases["delta (torch)"] = lambda: (o.float() * do.float()).sum(-1)
     leaf = qkv.detach().requires_grad_()
     out_f = flash_attention_qkvpacked(leaf)
-    cases["flash backward (tuned, dQ dK dV)"] = lambda: torch.autograd.grad(out_f, leaf, do, retain_graph=True)
-    q, k, v = (torch.randn(B, H, N, D, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    cases["flash backward"] = lambda: torch.autograd.grad(out_f, leaf, do, retain_graph=True)
+    q, k, v = (torch.randn(B, H, N, D, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+               for _ in range(3))
     with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
         out_c = F.scaled_dot_product_attention(q, k, v)
     g = do.transpose(1, 2)
-    cases["cuDNN backward (dQ dK dV)"] = lambda: torch.autograd.grad(out_c, (q, k, v), g, retain_graph=True)
+    cases["cuDNN backward"] = lambda: torch.autograd.grad(out_c, (q, k, v), g, retain_graph=True)
     result = {}
     for name, fn in cases.items():
         fn()
@@ -315,7 +434,9 @@ def time_shape(shape, configs: list[str], ok: dict, repeats: int) -> dict:
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--shapes", nargs="+", default=SHAPES, help="B,H,N,D")
-    p.add_argument("--configs", nargs="+", default=None, help="BLOCK_M x BLOCK_N x STAGES x warps")
+    p.add_argument("--configs", nargs="+", default=None,
+                   help="the dK/dV kernel's BLOCK_M x BLOCK_N x STAGES x warps (default: per head dim)")
+    p.add_argument("--dq-configs", nargs="+", default=None, help="the dQ kernel's, likewise")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--compile", action="store_true", help="compile for sm_90 only (no GPU)")
@@ -324,7 +445,8 @@ def main(argv=None) -> None:
     if not hopper.available():
         sys.exit(f"Gluon does not import in triton {triton.__version__}: {hopper._IMPORT_ERROR}")
     if args.compile:
-        print("\n".join(compile_rows(args.d, args.configs or DEFAULT_CONFIGS[args.d])))
+        print("\n".join(compile_rows(args.d, args.configs or DEFAULT_CONFIGS[args.d],
+                                      args.dq_configs or DQ_CONFIGS[args.d])))
         return
     if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
         sys.exit("needs a Hopper GPU (compute capability 9.x); --compile needs none")
@@ -333,19 +455,27 @@ def main(argv=None) -> None:
     rows, results = [], []
     for text in args.shapes:
         shape = tuple(int(x) for x in text.split(","))
-        configs = args.configs or DEFAULT_CONFIGS[shape[3]]
-        ok = check(shape, configs)
-        times = time_shape(shape, configs, ok, args.repeats)
+        d = shape[3]
+        ok = check(shape, args.configs or DEFAULT_CONFIGS[d], args.dq_configs or DQ_CONFIGS[d])
+        times = time_shape(shape, ok, args.repeats)
         results.append({"shape": shape, "check": ok, "times": times})
         print(json.dumps(results[-1]), flush=True)
+        cell = lambda t: f"{t['ms']:.3f} ({t['ms_min']:.3f}-{t['ms_max']:.3f})"  # noqa: E731
         for name, t in times.items():
-            fails = "" if not name.startswith("gluon") else ("" if ok[name.split()[-1]]["ok"] else " (outside the rule)")
-            rows.append(f"| {shape} | {name}{fails} | {t['ms']:.3f} ({t['ms_min']:.3f}-{t['ms_max']:.3f}) |")
-        rows += [f"| {shape} | {c}: {r} | - |" for c, r in ok.items() if not r.get("ok")]
-    table = ["# Gluon dK/dV backward against the tuned backward and cuDNN", "",
+            rows.append(f"| {shape} | {name} | {cell(t)} |")
+        rows += [f"| {shape} | {name}: outside the rule or failed: {r} | - |" for name, r in ok.items()
+                 if not r.get("ok")]
+        best = {k: min((t["ms"] for n, t in times.items() if n.startswith(f"gluon {k} ")), default=None)
+                for k in ("dkdv", "dq")}
+        if None not in best.values():
+            total = best["dkdv"] + best["dq"] + times["delta (torch)"]["ms"]
+            rows.append(f"| {shape} | **Gluon backward: best dK/dV + best dQ + delta** | {total:.3f} "
+                        f"({times['flash backward']['ms'] / total:.2f}x flash's, "
+                        f"{times['cuDNN backward']['ms'] / total:.2f}x cuDNN's speed) |")
+    table = ["# Gluon backward (dK/dV and dQ kernels) against the tuned backward and cuDNN", "",
              f"Command: `python {' '.join(sys.argv)}`", "", env + "; bf16; do_bench_cudagraph "
-             f"median of each repeat; ms median (min-max) of {args.repeats}. The Gluon rows are "
-             "dK and dV alone; the others all three gradients.", "",
+             f"median of each repeat; ms median (min-max) of {args.repeats}. The Gluon rows are one "
+             "kernel each; flash's and cuDNN's backward give all three gradients.", "",
              "| (B, H, N, D) | case | ms |", "|---|---|---|", *rows]
     print("\n".join(table))
     if args.out:
