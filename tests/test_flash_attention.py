@@ -749,18 +749,21 @@ from vitflash.ops import launch
 for family, blocks, D, N in (("gluon_ws", (("BLOCK_M", 64), ("BLOCK_N", 128), ("CONSUMER_REGS", 240)), 128, 577),
                              ("gluon", (("BLOCK_M", 64), ("BLOCK_N", 128)), 64, 300)):
     g = launch.GluonLaunch(launch.Candidate(family, blocks, 4, 2), D)
-    qkv = torch.zeros(2, N, 3, 3, D, dtype=torch.bfloat16)
-    o, lse = torch.zeros(2, N, 3, D, dtype=torch.bfloat16), torch.zeros(2, 3, N)
-    launch._compiling.only = True
-    g(qkv, o, lse, lse, 0.1, 0.0, 3, N)
-    (ck,) = g.kernel.device_caches[0][0].values()
-    print(family, D, ck.metadata.num_warps, getattr(ck.metadata, "maxnreg", None), "wgmma" in ck.asm["ptx"])
+    for dtype in (torch.bfloat16, torch.float16):
+        qkv = torch.zeros(2, N, 3, 3, D, dtype=dtype)
+        o, lse = torch.zeros(2, N, 3, D, dtype=dtype), torch.zeros(2, 3, N)
+        launch._compiling.only = True
+        g(qkv, o, lse, lse, 0.1, 0.0, 3, N)
+    compiled = list(g.kernel.device_caches[0][0].values())
+    print(family, D, len(compiled), *{(ck.metadata.num_warps, getattr(ck.metadata, "maxnreg", None),
+                                       "wgmma" in ck.asm["ptx"]) for ck in compiled})
 """
 
 
 def test_a_gluon_launch_compiles_its_kernel_for_sm90():
     """Both Gluon plans compile through GluonLaunch's own call (keyword constexprs, the
-    descriptors it makes, the warp-specialized form's register cap) for sm_90, where the
+    descriptors it makes, the warp-specialized form's register cap), for bf16 and fp16
+    qkv (one binary each), for sm_90, where the
     tuner's compile-only pass would: 12 warps (two consumer groups and the loader's warp
     allocated as a group) under a 168-register cap, or 4 warps with none."""
     if not hopper.available():
@@ -768,7 +771,7 @@ def test_a_gluon_launch_compiles_its_kernel_for_sm90():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     out = subprocess.run([sys.executable, "-c", _GLUON_LAUNCH_WARMUP], capture_output=True, text=True,
                          env=env, check=True).stdout.split("\n")
-    assert out[:2] == ["gluon_ws 128 12 168 True", "gluon 64 4 None True"]
+    assert out[:2] == ["gluon_ws 128 2 (12, 168, True)", "gluon 64 2 (4, None, True)"]
 
 
 def test_a_gluon_candidate_plans_one_gluon_launch_but_not_with_a_mask_or_dropout():

@@ -122,14 +122,13 @@ if hopper.available():
         k2 = k_smem.reshape([BLOCK_N, HEAD_DIM])
         v2 = v_smem.reshape([BLOCK_N, HEAD_DIM])
         base = bh.to(gl.int64) * N
+        # queries past N: an infinite LSE makes their probabilities 0 (their rows are zeros)
+        lse = gl.load(LSE + base + cols0, mask=cols0 < N, other=float("inf"))
+        delta = gl.load(DELTA + base + cols0, mask=cols0 < N, other=0.0)
         mbarrier.wait(kv_bar, 0)
         for i in range(n_tiles):
             stage = i % STAGES
             phase = (i // STAGES) & 1
-            cols = i * BLOCK_M + cols0
-            # queries past N: an infinite LSE makes their probabilities 0 (their rows are zeros)
-            lse = gl.load(LSE + base + cols, mask=cols < N, other=float("inf"))
-            delta = gl.load(DELTA + base + cols, mask=cols < N, other=0.0)
             mbarrier.wait(q_bars.index(stage), phase)
             q2 = q_smem.index(stage).reshape([BLOCK_M, HEAD_DIM])
             st = warpgroup_mma(k2, q2.permute((1, 0)), t_zero, use_acc=False, is_async=True)
@@ -142,6 +141,10 @@ if hopper.available():
             dpt = warpgroup_mma_wait(num_outstanding=1, deps=(dpt, ))
             dst = pt * (dpt - gl.expand_dims(delta, 0))
             dk = warpgroup_mma(gl.convert_layout(dst.to(dtype), op_layout), q2, dk, is_async=True)
+            # the next tile's statistics, loaded while the two products finish
+            cols = (i + 1) * BLOCK_M + cols0
+            lse = gl.load(LSE + base + cols, mask=cols < N, other=float("inf"))
+            delta = gl.load(DELTA + base + cols, mask=cols < N, other=0.0)
             dv, dk = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk))
             if i + STAGES < n_tiles:  # every warp is past its reads of this stage's buffers
                 hopper._cta_barrier()
