@@ -36,10 +36,8 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import re
 import statistics
 import sys
-from collections import Counter
 from pathlib import Path
 
 import torch
@@ -47,7 +45,7 @@ import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gluon_fwd import assemble  # noqa: E402
+from gluon_fwd import compile_header, sass_cells, timed, write_out  # noqa: E402
 from vitflash.ops import hopper  # noqa: E402
 
 if hopper.available():
@@ -56,12 +54,7 @@ if hopper.available():
     from triton.experimental.gluon.language.nvidia.hopper import (
         fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
 
-    @gluon.jit
-    def _load_rows(desc, b, row, col, bar, buf, ROWS: gl.constexpr, HEAD_DIM: gl.constexpr):
-        """Rows [row, row + ROWS) of one head's columns from `col` into `buf`, signalling
-        `bar` when they land (rows past the batch's N read as zeros)."""
-        mbarrier.expect(bar, ROWS * HEAD_DIM * desc.dtype.primitive_bitwidth // 8)
-        tma.async_copy_global_to_shared(desc, [b, row, col], bar, buf)
+    _load, _program = hopper._load, hopper._program  # rows [j * ROWS, (j + 1) * ROWS) by TMA; the program's place
 
     @gluon.jit
     def bwd_dkdv_kernel(q_desc, kv_desc, do_desc, dkv_desc, LSE, DELTA, qk_scale, sm_scale, H, N,
@@ -71,15 +64,7 @@ if hopper.available():
         in (1, BLOCK_M, D) boxes (q_desc) and (1, BLOCK_N, D) boxes (kv_desc), do as
         (B, N, H * D) in (1, BLOCK_M, D) boxes, dqkv like qkv in (1, BLOCK_N, D) boxes (dkv_desc).
         LSE: the forward's base-2 log-sum-exp, DELTA: rowsum(dO * O), both (B, H, N) fp32."""
-        n_n = gl.cdiv(N, BLOCK_N)
-        pid = gl.program_id(0)
-        pid_n = pid % n_n
-        bh = pid // n_n
-        b = bh // H
-        h = bh % H
-        q_col = h * HEAD_DIM
-        k_col = (H + h) * HEAD_DIM
-        v_col = (2 * H + h) * HEAD_DIM
+        row0, bh, b, q_col, k_col, v_col = _program(N, H, HEAD_DIM, BLOCK_N)
         dtype: gl.constexpr = kv_desc.dtype
         nbytes: gl.constexpr = dtype.primitive_bitwidth // 8
 
@@ -105,14 +90,14 @@ if hopper.available():
         fence_async_shared()
 
         mbarrier.expect(kv_bar, 2 * BLOCK_N * HEAD_DIM * nbytes)
-        tma.async_copy_global_to_shared(kv_desc, [b, pid_n * BLOCK_N, k_col], kv_bar, k_smem)
-        tma.async_copy_global_to_shared(kv_desc, [b, pid_n * BLOCK_N, v_col], kv_bar, v_smem)
+        tma.async_copy_global_to_shared(kv_desc, [b, row0, k_col], kv_bar, k_smem)
+        tma.async_copy_global_to_shared(kv_desc, [b, row0, v_col], kv_bar, v_smem)
         n_tiles = gl.cdiv(N, BLOCK_M)
         for i in gl.static_range(STAGES):
             if i < n_tiles:
-                _load_rows(q_desc, b, i * BLOCK_M, q_col, q_bars.index(i), q_smem.index(i),
+                _load(q_desc, b, i, q_col, q_bars.index(i), q_smem.index(i),
                            BLOCK_M, HEAD_DIM)
-                _load_rows(do_desc, b, i * BLOCK_M, q_col, do_bars.index(i), do_smem.index(i),
+                _load(do_desc, b, i, q_col, do_bars.index(i), do_smem.index(i),
                            BLOCK_M, HEAD_DIM)
 
         t_zero = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, t_layout)
@@ -148,9 +133,9 @@ if hopper.available():
             dv, dk = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk))
             if i + STAGES < n_tiles:  # every warp is past its reads of this stage's buffers
                 hopper._cta_barrier()
-                _load_rows(q_desc, b, (i + STAGES) * BLOCK_M, q_col, q_bars.index(stage),
+                _load(q_desc, b, i + STAGES, q_col, q_bars.index(stage),
                            q_smem.index(stage), BLOCK_M, HEAD_DIM)
-                _load_rows(do_desc, b, (i + STAGES) * BLOCK_M, q_col, do_bars.index(stage),
+                _load(do_desc, b, i + STAGES, q_col, do_bars.index(stage),
                            do_smem.index(stage), BLOCK_M, HEAD_DIM)
 
         mbarrier.invalidate(kv_bar)
@@ -161,12 +146,12 @@ if hopper.available():
         out = gl.allocate_shared_memory(dtype, [1, BLOCK_N, HEAD_DIM], dkv_desc.layout)
         out.reshape([BLOCK_N, HEAD_DIM]).store((dk * sm_scale).to(dtype))
         fence_async_shared()
-        tma.async_copy_shared_to_global(dkv_desc, [b, pid_n * BLOCK_N, k_col], out)
+        tma.async_copy_shared_to_global(dkv_desc, [b, row0, k_col], out)
         tma.store_wait(pendings=0)
         hopper._cta_barrier()
         out.reshape([BLOCK_N, HEAD_DIM]).store(dv.to(dtype))
         fence_async_shared()
-        tma.async_copy_shared_to_global(dkv_desc, [b, pid_n * BLOCK_N, v_col], out)
+        tma.async_copy_shared_to_global(dkv_desc, [b, row0, v_col], out)
         tma.store_wait(pendings=0)
 
     @gluon.jit
@@ -179,15 +164,7 @@ if hopper.available():
         dQ += dS K_j. Keys past N need no mask: their K rows are read as zeros, so their dS
         adds nothing. Descriptors as bwd_dkdv_kernel's, with K/V boxes of BLOCK_N rows and
         dq_desc (dqkv) of BLOCK_M."""
-        n_m = gl.cdiv(N, BLOCK_M)
-        pid = gl.program_id(0)
-        pid_m = pid % n_m
-        bh = pid // n_m
-        b = bh // H
-        h = bh % H
-        q_col = h * HEAD_DIM
-        k_col = (H + h) * HEAD_DIM
-        v_col = (2 * H + h) * HEAD_DIM
+        row0, bh, b, q_col, k_col, v_col = _program(N, H, HEAD_DIM, BLOCK_M)
         dtype: gl.constexpr = kv_desc.dtype
         nbytes: gl.constexpr = dtype.primitive_bitwidth // 8
 
@@ -212,17 +189,17 @@ if hopper.available():
         fence_async_shared()
 
         mbarrier.expect(qdo_bar, 2 * BLOCK_M * HEAD_DIM * nbytes)
-        tma.async_copy_global_to_shared(q_desc, [b, pid_m * BLOCK_M, q_col], qdo_bar, q_smem)
-        tma.async_copy_global_to_shared(do_desc, [b, pid_m * BLOCK_M, q_col], qdo_bar, do_smem)
+        tma.async_copy_global_to_shared(q_desc, [b, row0, q_col], qdo_bar, q_smem)
+        tma.async_copy_global_to_shared(do_desc, [b, row0, q_col], qdo_bar, do_smem)
         n_tiles = gl.cdiv(N, BLOCK_N)
         for i in gl.static_range(STAGES):
             if i < n_tiles:
-                _load_rows(kv_desc, b, i * BLOCK_N, k_col, k_bars.index(i), k_smem.index(i),
+                _load(kv_desc, b, i, k_col, k_bars.index(i), k_smem.index(i),
                            BLOCK_N, HEAD_DIM)
-                _load_rows(kv_desc, b, i * BLOCK_N, v_col, v_bars.index(i), v_smem.index(i),
+                _load(kv_desc, b, i, v_col, v_bars.index(i), v_smem.index(i),
                            BLOCK_N, HEAD_DIM)
 
-        rows = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=row_s)
+        rows = row0 + gl.arange(0, BLOCK_M, layout=row_s)
         base = bh.to(gl.int64) * N
         # rows past N: zeros of Q and dO, so any finite statistics do; their dQ is not written
         lse = gl.load(LSE + base + rows, mask=rows < N, other=0.0)
@@ -249,9 +226,9 @@ if hopper.available():
             dq = warpgroup_mma_wait(num_outstanding=0, deps=(dq, ))
             if j + STAGES < n_tiles:  # every warp is past its reads of this stage's buffers
                 hopper._cta_barrier()
-                _load_rows(kv_desc, b, (j + STAGES) * BLOCK_N, k_col, k_bars.index(stage),
+                _load(kv_desc, b, j + STAGES, k_col, k_bars.index(stage),
                            k_smem.index(stage), BLOCK_N, HEAD_DIM)
-                _load_rows(kv_desc, b, (j + STAGES) * BLOCK_N, v_col, v_bars.index(stage),
+                _load(kv_desc, b, j + STAGES, v_col, v_bars.index(stage),
                            v_smem.index(stage), BLOCK_N, HEAD_DIM)
 
         mbarrier.invalidate(qdo_bar)
@@ -261,7 +238,7 @@ if hopper.available():
         out = gl.allocate_shared_memory(dtype, [1, BLOCK_M, HEAD_DIM], dq_desc.layout)
         out.reshape([BLOCK_M, HEAD_DIM]).store((dq * sm_scale).to(dtype))
         fence_async_shared()
-        tma.async_copy_shared_to_global(dq_desc, [b, pid_m * BLOCK_M, q_col], out)
+        tma.async_copy_shared_to_global(dq_desc, [b, row0, q_col], out)
         tma.store_wait(pendings=0)
 
 
@@ -306,20 +283,10 @@ def compile_sm90(d: int, cfg: tuple[int, int, int, int], kernel: str = "dkdv"):
 
 
 def compile_rows(d: int, configs: list[str], dq_configs: list[str]) -> list[str]:
-    rows = [f"triton {triton.__version__}, sm_90, D = {d}, bf16", "",
-            "| config | registers | spill bytes | shared KiB | HGMMA | wgmma waits | BAR.SYNC | "
-            "mbarrier waits |", "|---|---|---|---|---|---|---|---|"]
+    rows = compile_header(d)
     for kernel, text in [("dkdv", c) for c in configs] + [("dq", c) for c in dq_configs]:
-        compiled = compile_sm90(d, parse_config(text, kernel), kernel)
-        report, sass = assemble(compiled)
-        ops = Counter(re.findall(r"^\s+/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)",
-                                 sass, flags=re.M))
-        count = lambda prefix: sum(v for k, v in ops.items() if k.startswith(prefix))  # noqa: E731
-        regs = re.search(r"Used (\d+) registers", report).group(1)
-        spills = re.search(r"(\d+) bytes spill stores", report).group(1)
-        rows.append(f"| {kernel} {text} | {regs} | {spills} | {compiled.metadata.shared / 1024:.0f} | "
-                    f"{count('HGMMA')} | {count('WARPGROUP.DEPBAR')} | {count('BAR.SYNC')} | "
-                    f"{count('SYNCS.PHASECHK')} |")
+        cells = sass_cells(compile_sm90(d, parse_config(text, kernel), kernel))
+        rows.append("| " + " | ".join([f"{kernel} {text}", *cells]) + " |")
     return rows
 
 
@@ -427,9 +394,7 @@ def time_shape(shape, ok: dict, repeats: int) -> dict:
     cases["cuDNN backward"] = lambda: torch.autograd.grad(out_c, (q, k, v), g, retain_graph=True)
     result = {}
     for name, fn in cases.items():
-        fn()
-        torch.cuda.synchronize()
-        ms = [triton.testing.do_bench_cudagraph(fn, rep=100, return_mode="median") for _ in range(repeats)]
+        ms = timed(fn, repeats)
         result[name] = {"ms": statistics.median(ms), "ms_min": min(ms), "ms_max": max(ms)}
     return result
 
@@ -481,10 +446,7 @@ def main(argv=None) -> None:
              "kernel each; flash's and cuDNN's backward give all three gradients.", "",
              "| (B, H, N, D) | case | ms |", "|---|---|---|", *rows]
     print("\n".join(table))
-    if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "gluon_bwd.md").write_text("\n".join(table) + "\n")
-        (args.out / "gluon_bwd.json").write_text(json.dumps(results, indent=1) + "\n")
+    write_out(args.out, "gluon_bwd", table, results)
 
 
 if __name__ == "__main__":

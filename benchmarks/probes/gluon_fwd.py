@@ -25,9 +25,7 @@ import json
 import math
 import re
 import statistics
-import subprocess
 import sys
-import tempfile
 from collections import Counter
 from pathlib import Path
 
@@ -35,6 +33,8 @@ import torch
 import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from registers import assemble  # noqa: E402
 from vitflash.ops import hopper, launch  # noqa: E402
 
 SIX = ["256,12,197,64", "256,6,197,64", "64,12,577,64", "32,16,1025,64", "8,12,4097,64",
@@ -84,39 +84,47 @@ def compile_sm90(d: int, cfg: tuple[int, int, int, int]):
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
 
 
-def assemble(compiled) -> tuple[str, str]:
-    """(ptxas's report, cuobjdump's SASS) of the PTX assembled for sm_90a by triton's ptxas."""
-    ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
-    with tempfile.TemporaryDirectory() as tmp:
-        ptx = Path(tmp) / "k.ptx"
-        ptx.write_text(compiled.asm["ptx"])
-        cubin = ptx.with_suffix(".cubin")
-        report = subprocess.run([str(ptxas), "-arch=sm_90a", "-v", str(ptx), "-o", str(cubin)],
-                                capture_output=True, text=True, check=True).stderr
-        sass = subprocess.run([str(ptxas.with_name("cuobjdump")), "-sass", str(cubin)],
-                              capture_output=True, text=True, check=True).stdout
-    return report, sass
+# the columns of a compile table: what ptxas and the SASS say of one kernel compiled for sm_90
+COMPILE_COLUMNS = ("registers", "spill bytes", "shared KiB", "HGMMA", "wgmma waits", "BAR.SYNC",
+                   "mbarrier waits")
+
+
+def sass_cells(compiled) -> list[str]:
+    """COMPILE_COLUMNS of a kernel compiled for sm_90: registers and spill stores from ptxas's
+    report, shared memory from triton's metadata, and the SASS's wgmma products, their waits,
+    CTA barriers and mbarrier phase checks."""
+    report, sass = assemble(compiled)
+    ops = Counter(re.findall(r"^\s+/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)",
+                             sass, flags=re.M))
+    count = lambda prefix: str(sum(v for k, v in ops.items() if k.startswith(prefix)))  # noqa: E731
+    return [re.search(r"Used (\d+) registers", report).group(1),
+            re.search(r"(\d+) bytes spill stores", report).group(1),
+            f"{compiled.metadata.shared / 1024:.0f}", count("HGMMA"), count("WARPGROUP.DEPBAR"),
+            count("BAR.SYNC"), count("SYNCS.PHASECHK")]
+
+
+def compile_header(d: int, *extra: str) -> list[str]:
+    columns = ("config", *COMPILE_COLUMNS, *extra)
+    return [f"triton {triton.__version__}, sm_90, D = {d}, bf16", "",
+            "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+
+
+def write_out(out: Path | None, stem: str, table: list[str], results: list) -> None:
+    """The table as <out>/<stem>.md and the results as <out>/<stem>.json (nothing without out)."""
+    if out:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / f"{stem}.md").write_text("\n".join(table) + "\n")
+        (out / f"{stem}.json").write_text(json.dumps(results, indent=1) + "\n")
 
 
 def compile_rows(d: int, configs: list[str]) -> list[str]:
-    rows = [f"triton {triton.__version__}, sm_90, D = {d}, bf16", "",
-            "| config | registers | spill bytes | shared KiB | HGMMA | wgmma waits | BAR.SYNC | "
-            "mbarrier waits | setmaxnreg |", "|---|---|---|---|---|---|---|---|---|"]
+    rows = compile_header(d, "setmaxnreg")
     for text in configs:
         compiled = compile_sm90(d, parse_config(text))
-        report, sass = assemble(compiled)
-        ops = Counter(re.findall(r"^\s+/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)",
-                                 sass, flags=re.M))
-        count = lambda prefix: sum(v for k, v in ops.items() if k.startswith(prefix))  # noqa: E731
-        regs = re.search(r"Used (\d+) registers", report).group(1)
-        spills = re.search(r"(\d+) bytes spill stores", report).group(1)
-        smem = compiled.metadata.shared / 1024
         # the warp-specialized form's register moves between partitions ("-": none)
         moves = re.findall(r"setmaxnreg\.(inc|dec)\.sync\.aligned\.u32\s+(\d+);", compiled.asm["ptx"])
         moves = ", ".join(sorted({f"{kind} {n}" for kind, n in moves}, key=lambda m: (m[:3], int(m[4:])))) or "-"
-        rows.append(f"| {text} | {regs} | {spills} | {smem:.0f} | {count('HGMMA')} | "
-                    f"{count('WARPGROUP.DEPBAR')} | {count('BAR.SYNC')} | "
-                    f"{count('SYNCS.PHASECHK')} | {moves} |")
+        rows.append("| " + " | ".join([text, *sass_cells(compiled), moves]) + " |")
     return rows
 
 
@@ -250,10 +258,7 @@ def main(argv=None) -> None:
              "Gluon / cuDNN | Gluon / flash | configs outside the rule |",
              "|---|---|---|---|---|---|---|---|", *rows]
     print("\n".join(table))
-    if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "gluon_fwd.md").write_text("\n".join(table) + "\n")
-        (args.out / "gluon_fwd.json").write_text(json.dumps(results, indent=1) + "\n")
+    write_out(args.out, "gluon_fwd", table, results)
 
 
 if __name__ == "__main__":

@@ -74,6 +74,18 @@ if _IMPORT_ERROR is None:
         tma.async_copy_global_to_shared(desc, [b, j * BLOCK_N, col], bar, buf)
 
     @gluon.jit
+    def _program(N, H, HEAD_DIM: gl.constexpr, ROWS: gl.constexpr):
+        """Where this program works: the first of its ROWS rows (queries or keys), its (batch,
+        head) index bh and batch b, and the first columns of that head's Q, K and V in a qkv
+        row (B, N, 3, H, D) viewed as (B, N, 3 * H * D). Programs go over row tiles first."""
+        n_tiles = gl.cdiv(N, ROWS)
+        pid = gl.program_id(0)
+        bh = pid // n_tiles
+        h = bh % H
+        return ((pid % n_tiles) * ROWS, bh, bh // H, h * HEAD_DIM, (H + h) * HEAD_DIM,
+                (2 * H + h) * HEAD_DIM)
+
+    @gluon.jit
     def _step(j, q_smem, k_smem, v_smem, k_bars, v_bars, acc, p, m_i, l_i, s_zero, qk_scale, N,
               kv_desc, b, k_col, v_col, n_tiles, cols0,
               BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
@@ -111,15 +123,7 @@ if _IMPORT_ERROR is None:
         (B, N, 3 * H * D) in (1, BLOCK_M, D) boxes (q_desc) and (1, BLOCK_N, D) boxes
         (kv_desc), and o as (B, N, H * D) (o_desc, (1, BLOCK_M, D)): rows past N are outside
         their batch's bounds, read as zeros and never written."""
-        n_m = gl.cdiv(N, BLOCK_M)
-        pid = gl.program_id(0)
-        pid_m = pid % n_m
-        bh = pid // n_m
-        b = bh // H
-        h = bh % H
-        q_col = h * HEAD_DIM
-        k_col = (H + h) * HEAD_DIM
-        v_col = (2 * H + h) * HEAD_DIM
+        row0, bh, b, q_col, k_col, v_col = _program(N, H, HEAD_DIM, BLOCK_M)
         dtype: gl.constexpr = kv_desc.dtype
 
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(
@@ -145,7 +149,7 @@ if _IMPORT_ERROR is None:
         n_tiles = gl.cdiv(N, BLOCK_N)
         n_full = N // BLOCK_N
         mbarrier.expect(q_bar, BLOCK_M * HEAD_DIM * dtype.primitive_bitwidth // 8)
-        tma.async_copy_global_to_shared(q_desc, [b, pid_m * BLOCK_M, q_col], q_bar, q_smem)
+        tma.async_copy_global_to_shared(q_desc, [b, row0, q_col], q_bar, q_smem)
         for i in gl.static_range(STAGES):
             if i < n_tiles:
                 _load(kv_desc, b, i, k_col, k_bars.index(i), k_smem.index(i), BLOCK_N, HEAD_DIM)
@@ -189,13 +193,13 @@ if _IMPORT_ERROR is None:
             mbarrier.invalidate(v_bars.index(i))
         mbarrier.invalidate(q_bar)
 
-        rows = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=row_s)
+        rows = row0 + gl.arange(0, BLOCK_M, layout=row_s)
         gl.store(LSE + bh.to(gl.int64) * N + rows, m_i + gl.log2(l_i), mask=rows < N)
         o = acc / gl.expand_dims(gl.convert_layout(l_i, row_o), 1)
         o_smem = gl.allocate_shared_memory(dtype, [1, BLOCK_M, HEAD_DIM], o_desc.layout)
         o_smem.reshape([BLOCK_M, HEAD_DIM]).store(o.to(dtype))
         fence_async_shared()
-        tma.async_copy_shared_to_global(o_desc, [b, pid_m * BLOCK_M, q_col], o_smem)
+        tma.async_copy_shared_to_global(o_desc, [b, row0, q_col], o_smem)
         tma.store_wait(pendings=0)
 
 
@@ -322,12 +326,7 @@ if _IMPORT_ERROR is None:
                       num_warps: gl.constexpr):
         """fwd_wgmma_kernel's result for 2 * BLOCK_M query rows (BLOCK_M = 64, num_warps = 4:
         the default partition is the first consumer), warp-specialized (see above)."""
-        n_m = gl.cdiv(N, 2 * BLOCK_M)
-        pid = gl.program_id(0)
-        bh = pid // n_m
-        b = bh // H
-        h = bh % H
-        row0 = (pid % n_m) * 2 * BLOCK_M
+        row0, bh, b, q_col, k_col, v_col = _program(N, H, HEAD_DIM, 2 * BLOCK_M)
         dtype: gl.constexpr = kv_desc.dtype
         q_smem = gl.allocate_shared_memory(dtype, [2, 1, BLOCK_M, HEAD_DIM], q_desc.layout)
         k_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, BLOCK_N, HEAD_DIM], kv_desc.layout)
@@ -345,9 +344,6 @@ if _IMPORT_ERROR is None:
             mbarrier.init(k_empty.index(i), count=2)  # one arrival from each consumer
             mbarrier.init(v_empty.index(i), count=2)
         fence_async_shared()
-        q_col = h * HEAD_DIM
-        k_col = (H + h) * HEAD_DIM
-        v_col = (2 * H + h) * HEAD_DIM
         gl.warp_specialize([
             (_ws_consumer, (q_desc, kv_desc, o_desc, LSE, qk_scale, H, N, bh, b, row0, q_col,
                             k_col, v_col, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready,
