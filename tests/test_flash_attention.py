@@ -684,6 +684,34 @@ def test_short_forward_takes_eight_warps_only_on_128_row_tiles():
     assert not [(m, w) for m, w in seen if w == 8 and m < 128]
 
 
+def _misaligned(t: torch.Tensor) -> torch.Tensor:
+    """A contiguous copy of t that starts 2 bytes past a 16-byte boundary (a view one fp16
+    element into a larger buffer)."""
+    buf = torch.empty(t.numel() + 8, dtype=t.dtype, device=t.device)
+    start = next(i for i in range(8) if (buf.data_ptr() + i * t.element_size()) % 16 == 2)
+    out = buf[start:start + t.numel()].view(t.shape)
+    out.copy_(t)
+    assert out.is_contiguous() and out.data_ptr() % 16 == 2
+    return out
+
+
+def test_a_misaligned_packed_input_is_copied_and_gives_the_same_results():
+    """The kernels' TMA descriptors need 16-byte aligned starts: a contiguous qkv or output
+    gradient that starts elsewhere is copied (an aligned one is read in place), and the
+    results are the aligned inputs' bit for bit, gradients included."""
+    qkv, do = _packed_inputs(2, 17, 2, 32, torch.float16, seed=3)
+    assert flash_mod._packed_input(qkv) is qkv
+    copy = flash_mod._packed_input(_misaligned(qkv))
+    assert copy.data_ptr() % 16 == 0 and torch.equal(copy, qkv)
+    results = []
+    for x, g in ((qkv, do), (_misaligned(qkv), _misaligned(do))):
+        leaf = x.detach().requires_grad_()
+        o = flash_attention_qkvpacked(leaf)
+        (dqkv,) = torch.autograd.grad(o, leaf, g)
+        results.append((o, dqkv))
+    assert all(torch.equal(a, b) for a, b in zip(*results))
+
+
 def test_gluon_forwards_are_listed_only_where_they_were_measured_to_pay(monkeypatch):
     """On Hopper the forward lists one Gluon candidate past N = 256 at D = 64 (the 4-warp
     form) and D = 128 (the warp-specialized one); never at N <= 256, at other head dims, with

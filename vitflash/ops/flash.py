@@ -274,6 +274,15 @@ def _fwd_descriptors(launch: Launch, qkv: torch.Tensor) -> tuple:
                  for d in (_tma_descriptors(qkv, rows, c) if rows in heights else (None, None)))
 
 
+def _packed_input(t: torch.Tensor) -> torch.Tensor:
+    """t itself where it is contiguous and starts on a 16-byte boundary, else a copy that
+    does: the TMA descriptors of the Hopper kernels need that alignment (a contiguous view
+    that starts part-way into an element row may lack it), and a fresh allocation has it."""
+    if t.is_contiguous() and t.data_ptr() % 16 == 0:
+        return t
+    return t.clone(memory_format=torch.contiguous_format)
+
+
 def _backward(do: torch.Tensor, qkv: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
               softmax_scale: float, dropout_p: float = 0.0, seed: torch.Tensor | None = None,
               deterministic: bool = True, mask_diagonal: bool = False) -> torch.Tensor:
@@ -283,7 +292,7 @@ def _backward(do: torch.Tensor, qkv: torch.Tensor, o: torch.Tensor, lse: torch.T
     atomically (op "bwd_atomic"): less work at long sequences, results that vary in the
     last bits from run to run."""
     B, N, _, H, D = qkv.shape
-    do = do if do.is_contiguous() else do.contiguous()
+    do = _packed_input(do)
     dqkv = torch.empty_like(qkv)
     qk_scale = softmax_scale * LOG2E
     dropout = dropout_p > 0
@@ -532,7 +541,8 @@ def flash_attention_qkvpacked(qkv: torch.Tensor, softmax_scale: float | None = N
 
     Args:
         qkv: (B, N, 3, H, D), e.g. `linear(x).view(B, N, 3, H, D)`; same dtype, device and
-            head-dim rules as `flash_attention`. Read in place when contiguous (else copied).
+            head-dim rules as `flash_attention`. Read in place when contiguous and 16-byte
+            aligned, as a projection's output is (else copied).
         softmax_scale, dropout_p, deterministic, mask_diagonal: as `flash_attention`.
     Returns:
         o: (B, N, H, D), contiguous.
@@ -543,6 +553,6 @@ def flash_attention_qkvpacked(qkv: torch.Tensor, softmax_scale: float | None = N
     B, N, _, H, D = qkv.shape
     _check_sizes(B, N, H, D, tuple(qkv.shape))
     scale = _scale(softmax_scale, D)
-    return _FlashAttention.apply(qkv if qkv.is_contiguous() else qkv.contiguous(), scale,
+    return _FlashAttention.apply(_packed_input(qkv), scale,
                                  check_dropout_p(dropout_p), _check_deterministic(deterministic),
                                  check_mask_diagonal(mask_diagonal, N))
