@@ -1,4 +1,4 @@
-"""A Gluon backward for Hopper (dK/dV and dQ kernels), against the tuned Triton backward and cuDNN.
+"""A Gluon backward for Hopper (dK/dV and dQ kernels), against the tuned Triton one and cuDNN.
 
 The kernels here are a first form, compiled for sm_90 but not yet run on a GPU; they join
 vitflash/ops/hopper.py (and the backward's candidates) only once this probe has held it to
@@ -17,8 +17,9 @@ dQ += dS K_j), so the two never add into the same rows and nothing is atomic.
 On a Hopper GPU: at each shape, each configuration's gradients under the FA2 rule (against
 float64, beside bf16 naive attention's own error; LSE from vitflash's forward, delta from
 torch), then timed by `triton.testing.do_bench_cudagraph`, `--repeats` times, median and
-min-max, beside vitflash's whole tuned backward and cuDNN's (SDPA), in the same process; the
-table sums the best dK/dV and dQ configurations and the delta into one backward.
+min-max, beside vitflash's tuned forward and the whole forward+backward of vitflash and of
+cuDNN (SDPA), in the same process; the table sums the fastest dK/dV and dQ configurations,
+the delta and vitflash's forward into one forward+backward set against theirs.
 
     python benchmarks/probes/gluon_bwd.py --out <dir> [--shapes 4,16,4097,128 ...] \
         [--configs 64x128x2x8 ...] [--dq-configs 64x64x2x4 ...] [--repeats 3]
@@ -34,6 +35,7 @@ group of 4 owns 64 of the BLOCK_N keys; --dq-configs: dQ, 64 of the BLOCK_M quer
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import statistics
@@ -365,8 +367,8 @@ def check(shape, configs: list[str], dq_configs: list[str]) -> dict:
 
 def time_shape(shape, ok: dict, repeats: int) -> dict:
     """GPU ms of each configuration that kept to the rule, of the delta it needs (torch), of
-    vitflash's tuned backward and of cuDNN's (SDPA), each the median of do_bench_cudagraph,
-    `repeats` times."""
+    vitflash's tuned forward, and of vitflash's and cuDNN's (SDPA) forward+backward, each the
+    median of do_bench_cudagraph, `repeats` times."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
     import torch.nn.functional as F
     from vitflash.ops import flash_attention_qkvpacked
@@ -383,18 +385,23 @@ def time_shape(shape, ok: dict, repeats: int) -> dict:
             cases[f"gluon {name}"] = (lambda cfg=cfg, kernel=kernel:
                                       gluon_grads(qkv, do, lse, delta, scale, cfg, kernel, dqkv))
     cases["delta (torch)"] = lambda: (o.float() * do.float()).sum(-1)
+    # the whole ops, forward inside the captured calls (as bench_attention.py times them)
     leaf = qkv.detach().requires_grad_()
-    out_f = flash_attention_qkvpacked(leaf)
-    cases["flash backward"] = lambda: torch.autograd.grad(out_f, leaf, do, retain_graph=True)
     q, k, v = (torch.randn(B, H, N, D, device="cuda", dtype=torch.bfloat16, requires_grad=True)
                for _ in range(3))
-    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-        out_c = F.scaled_dot_product_attention(q, k, v)
     g = do.transpose(1, 2)
-    cases["cuDNN backward"] = lambda: torch.autograd.grad(out_c, (q, k, v), g, retain_graph=True)
+
+    def cudnn():
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            return F.scaled_dot_product_attention(q, k, v)
+
+    cases["flash forward"] = lambda: flash_attention_qkvpacked(qkv)
+    cases["flash forward+backward"] = lambda: torch.autograd.grad(flash_attention_qkvpacked(leaf), leaf, do)
+    cases["cuDNN forward+backward"] = lambda: torch.autograd.grad(cudnn(), (q, k, v), g)
     result = {}
     for name, fn in cases.items():
-        ms = timed(fn, repeats)
+        with torch.no_grad() if name == "flash forward" else contextlib.nullcontext():
+            ms = timed(fn, repeats)
         result[name] = {"ms": statistics.median(ms), "ms_min": min(ms), "ms_max": max(ms)}
     return result
 
@@ -436,14 +443,15 @@ def main(argv=None) -> None:
         best = {k: min((t["ms"] for n, t in times.items() if n.startswith(f"gluon {k} ")), default=None)
                 for k in ("dkdv", "dq")}
         if None not in best.values():
-            total = best["dkdv"] + best["dq"] + times["delta (torch)"]["ms"]
-            rows.append(f"| {shape} | **Gluon backward: best dK/dV + best dQ + delta** | {total:.3f} "
-                        f"({times['flash backward']['ms'] / total:.2f}x flash's, "
-                        f"{times['cuDNN backward']['ms'] / total:.2f}x cuDNN's speed) |")
+            total = best["dkdv"] + best["dq"] + times["delta (torch)"]["ms"] + times["flash forward"]["ms"]
+            rows.append(f"| {shape} | **flash forward + Gluon backward (best dK/dV + best dQ + delta)** | "
+                        f"{total:.3f}: {times['flash forward+backward']['ms'] / total:.2f}x flash's "
+                        f"forward+backward, {times['cuDNN forward+backward']['ms'] / total:.2f}x cuDNN's |")
     table = ["# Gluon backward (dK/dV and dQ kernels) against the tuned backward and cuDNN", "",
              f"Command: `python {' '.join(sys.argv)}`", "", env + "; bf16; do_bench_cudagraph "
              f"median of each repeat; ms median (min-max) of {args.repeats}. The Gluon rows are one "
-             "kernel each; flash's and cuDNN's backward give all three gradients.", "",
+             "kernel each; the last row of a shape sums the fastest of each with the delta and "
+             "flash's forward, against the whole forward+backward of flash and of cuDNN.", "",
              "| (B, H, N, D) | case | ms |", "|---|---|---|", *rows]
     print("\n".join(table))
     write_out(args.out, "gluon_bwd", table, results)
