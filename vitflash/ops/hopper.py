@@ -13,10 +13,11 @@ its own mbarrier.
 
 Scope: bf16 or fp16 qkv (B, N, 3, H, D), contiguous, D in {64, 128}, no dropout, no diagonal
 mask; the same O (B, N, H, D) and base-2 LSE (B, H, N) as fwd_kernel. Only on a CUDA device
-of compute capability 9.x, and only where Gluon imports (`available()`): launch.py lists
-its configurations as forward candidates beside the Triton ones ("gluon", "gluon_ws",
-launched by launch.GluonLaunch), and the tuner keeps whichever is fastest. Gluon kernels do not run in the interpreter: the CPU tests compile this one for
-sm_90 and check what it compiles to; its results are tested on the GPU.
+of compute capability 9.x, and only where Gluon imports (`available()`): with
+VITFLASH_GLUON=1 (opt-in: launch.gluon_forward) launch.py lists them as forward candidates
+beside the Triton ones ("gluon", "gluon_ws", launched by launch.GluonLaunch), and the tuner
+keeps whichever is fastest. Gluon kernels do not run in the interpreter: the CPU tests compile
+them for sm_90 and check what they compile to; their results are tested on the GPU.
 """
 from __future__ import annotations
 
@@ -42,13 +43,6 @@ HEAD_DIMS = (64, 128)
 def available() -> bool:
     """Whether Gluon and its Hopper module import in this triton."""
     return _IMPORT_ERROR is None
-
-
-def supported(device: torch.device, dtype: torch.dtype, d: int) -> bool:
-    """Whether this forward can run for qkv of `dtype` with head dim d on `device`."""
-    return (available() and device.type == "cuda" and d in HEAD_DIMS
-            and dtype in (torch.bfloat16, torch.float16)
-            and torch.cuda.get_device_capability(device)[0] == 9)
 
 
 if _IMPORT_ERROR is None:

@@ -8,11 +8,12 @@ programs); "short" holds all keys of a head on chip, a power-of-two tile and a t
 in the forward where that saves work); "atomic", the key-tile programs that bwd_atomic adds
 to the backward's candidates. On Hopper, "general_tma", "short_tma" (the forward's) and
 "atomic_tma" are their twins that load tiles through TMA descriptors, the last also adding dQ
-tiles in bulk. Also on Hopper, past N = 256 at head dims 64 and 128, the forward lists
-"gluon" and "gluon_ws": the Gluon kernels of `hopper.py` (a 4-warp form, and a
-warp-specialized one), launched by `GluonLaunch`. A general backward candidate with SPLIT = 1 launches its dK/dV programs and
-its dQ programs apart (split_twins), the dQ launch with tiles, warps and stages of its own
-where that was measured to pay (split_pairs). The tiles of a partial last block of queries
+tiles in bulk. Also on Hopper, with VITFLASH_GLUON=1 (gluon_forward), past N = 256 at head
+dims 64 and 128, the forward lists "gluon" or "gluon_ws": the Gluon kernels of `hopper.py` (a
+4-warp form, and a warp-specialized one), launched by `GluonLaunch`. A general backward
+candidate with SPLIT = 1 launches its dK/dV programs and its dQ programs apart (split_twins),
+the dQ launch with tiles, warps and stages of its own where that was measured to pay
+(split_pairs). The tiles of a partial last block of queries
 (short kernels) or keys (general forward) are not part of a candidate: `tail_tile` derives
 them from N and the block when the launch is built. The first call at a key (op, dtype, N,
 D, B*H rounded up to a power of two, dropout on or off) compiles every candidate on a pool
