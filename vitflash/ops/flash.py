@@ -222,6 +222,17 @@ def _plan(op: str, t: torch.Tensor, B: int, N: int, H: int, D: int, dropout: boo
     return plan
 
 
+def _packed_input(t: torch.Tensor) -> torch.Tensor:
+    """t itself where it is contiguous and starts on a 16-byte boundary, else a copy that
+    does: the TMA descriptors of the Hopper kernels need that alignment (a contiguous view
+    that starts part-way into an element row may lack it), and a fresh allocation has it.
+    Here in the launchers, which see real tensors also under torch.compile (a traced wrapper
+    sees fake ones, whose addresses are not known)."""
+    if t.is_contiguous() and t.data_ptr() % 16 == 0:
+        return t
+    return t.clone(memory_format=torch.contiguous_format)
+
+
 def _forward(qkv: torch.Tensor, softmax_scale: float, dropout_p: float = 0.0,
              seed: torch.Tensor | None = None,
              mask_diagonal: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
@@ -230,6 +241,7 @@ def _forward(qkv: torch.Tensor, softmax_scale: float, dropout_p: float = 0.0,
     one-element int64 tensor on qkv's device) keys; the LSE is that of the whole row.
     mask_diagonal: no query attends to its own key (N >= 2)."""
     B, N, _, H, D = qkv.shape
+    qkv = _packed_input(qkv)
     o = torch.empty((B, N, H, D), dtype=qkv.dtype, device=qkv.device)
     lse = torch.empty((B, H, N), dtype=torch.float32, device=qkv.device)
     dropout = dropout_p > 0
@@ -274,15 +286,6 @@ def _fwd_descriptors(launch: Launch, qkv: torch.Tensor) -> tuple:
                  for d in (_tma_descriptors(qkv, rows, c) if rows in heights else (None, None)))
 
 
-def _packed_input(t: torch.Tensor) -> torch.Tensor:
-    """t itself where it is contiguous and starts on a 16-byte boundary, else a copy that
-    does: the TMA descriptors of the Hopper kernels need that alignment (a contiguous view
-    that starts part-way into an element row may lack it), and a fresh allocation has it."""
-    if t.is_contiguous() and t.data_ptr() % 16 == 0:
-        return t
-    return t.clone(memory_format=torch.contiguous_format)
-
-
 def _backward(do: torch.Tensor, qkv: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
               softmax_scale: float, dropout_p: float = 0.0, seed: torch.Tensor | None = None,
               deterministic: bool = True, mask_diagonal: bool = False) -> torch.Tensor:
@@ -292,7 +295,7 @@ def _backward(do: torch.Tensor, qkv: torch.Tensor, o: torch.Tensor, lse: torch.T
     atomically (op "bwd_atomic"): less work at long sequences, results that vary in the
     last bits from run to run."""
     B, N, _, H, D = qkv.shape
-    do = _packed_input(do)
+    qkv, do = _packed_input(qkv), _packed_input(do)
     dqkv = torch.empty_like(qkv)
     qk_scale = softmax_scale * LOG2E
     dropout = dropout_p > 0
@@ -542,7 +545,7 @@ def flash_attention_qkvpacked(qkv: torch.Tensor, softmax_scale: float | None = N
     Args:
         qkv: (B, N, 3, H, D), e.g. `linear(x).view(B, N, 3, H, D)`; same dtype, device and
             head-dim rules as `flash_attention`. Read in place when contiguous and 16-byte
-            aligned, as a projection's output is (else copied).
+            aligned, as a projection's output is (else copied by the kernels' launchers).
         softmax_scale, dropout_p, deterministic, mask_diagonal: as `flash_attention`.
     Returns:
         o: (B, N, H, D), contiguous.
@@ -553,6 +556,6 @@ def flash_attention_qkvpacked(qkv: torch.Tensor, softmax_scale: float | None = N
     B, N, _, H, D = qkv.shape
     _check_sizes(B, N, H, D, tuple(qkv.shape))
     scale = _scale(softmax_scale, D)
-    return _FlashAttention.apply(_packed_input(qkv), scale,
+    return _FlashAttention.apply(qkv if qkv.is_contiguous() else qkv.contiguous(), scale,
                                  check_dropout_p(dropout_p), _check_deterministic(deterministic),
                                  check_mask_diagonal(mask_diagonal, N))
