@@ -34,7 +34,6 @@ group of 4 owns 64 of the BLOCK_N keys; --dq-configs: dQ, 64 of the BLOCK_M quer
 """
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import math
@@ -47,7 +46,8 @@ import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gluon_fwd import compile_header, sass_cells, timed, write_out  # noqa: E402
+from gluon_fwd import (compile_header, hopper_env, probe_parser, require_gluon,  # noqa: E402
+                       sass_cells, timed, write_out)
 from vitflash.ops import hopper  # noqa: E402
 
 if hopper.available():
@@ -407,26 +407,17 @@ def time_shape(shape, ok: dict, repeats: int) -> dict:
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--shapes", nargs="+", default=SHAPES, help="B,H,N,D")
+    p = probe_parser(__doc__, SHAPES, 128)
     p.add_argument("--configs", nargs="+", default=None,
                    help="the dK/dV kernel's BLOCK_M x BLOCK_N x STAGES x warps (default: per head dim)")
     p.add_argument("--dq-configs", nargs="+", default=None, help="the dQ kernel's, likewise")
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--out", type=Path, default=None)
-    p.add_argument("--compile", action="store_true", help="compile for sm_90 only (no GPU)")
-    p.add_argument("--d", type=int, default=128, help="--compile: the head dim")
     args = p.parse_args(argv)
-    if not hopper.available():
-        sys.exit(f"Gluon does not import in triton {triton.__version__}: {hopper._IMPORT_ERROR}")
+    require_gluon()
     if args.compile:
         print("\n".join(compile_rows(args.d, args.configs or DEFAULT_CONFIGS[args.d],
                                       args.dq_configs or DQ_CONFIGS[args.d])))
         return
-    if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
-        sys.exit("needs a Hopper GPU (compute capability 9.x); --compile needs none")
-    env = (f"{torch.cuda.get_device_name()}; torch {torch.__version__}, triton "
-           f"{triton.__version__}, cuDNN {torch.backends.cudnn.version()}")
+    env = hopper_env()
     rows, results = [], []
     for text in args.shapes:
         shape = tuple(int(x) for x in text.split(","))

@@ -214,25 +214,40 @@ def time_shape(shape, configs: list[str], ok: dict, repeats: int) -> dict:
     return out
 
 
-def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--shapes", nargs="+", default=SIX, help="B,H,N,D")
-    p.add_argument("--configs", nargs="+", default=None,
-                   help="BLOCK_M x BLOCK_N x STAGES x warps (default: per head dim)")
+def probe_parser(doc: str, shapes: list[str], d: int) -> argparse.ArgumentParser:
+    """The Gluon probes' common options (each adds its configuration lists)."""
+    p = argparse.ArgumentParser(description=doc.splitlines()[0])
+    p.add_argument("--shapes", nargs="+", default=shapes, help="B,H,N,D")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--compile", action="store_true", help="compile for sm_90 only (no GPU)")
-    p.add_argument("--d", type=int, default=64, help="--compile: the head dim")
-    args = p.parse_args(argv)
+    p.add_argument("--d", type=int, default=d, help="--compile: the head dim")
+    return p
+
+
+def require_gluon() -> None:
     if not hopper.available():
         sys.exit(f"Gluon does not import in triton {triton.__version__}: {hopper._IMPORT_ERROR}")
+
+
+def hopper_env() -> str:
+    """The GPU and versions, for a table's header; exits without a Hopper GPU."""
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
+        sys.exit("needs a Hopper GPU (compute capability 9.x); --compile needs none")
+    return (f"{torch.cuda.get_device_name()}; torch {torch.__version__}, triton "
+            f"{triton.__version__}, cuDNN {torch.backends.cudnn.version()}")
+
+
+def main(argv=None) -> None:
+    p = probe_parser(__doc__, SIX, 64)
+    p.add_argument("--configs", nargs="+", default=None,
+                   help="BLOCK_M x BLOCK_N x STAGES x warps (default: per head dim)")
+    args = p.parse_args(argv)
+    require_gluon()
     if args.compile:
         print("\n".join(compile_rows(args.d, args.configs or DEFAULT_CONFIGS[args.d])))
         return
-    if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
-        sys.exit("needs a Hopper GPU (compute capability 9.x); --compile needs none")
-    env = (f"{torch.cuda.get_device_name()}; torch {torch.__version__}, triton "
-           f"{triton.__version__}, cuDNN {torch.backends.cudnn.version()}")
+    env = hopper_env()
     rows, results = [], []
     for text in args.shapes:
         shape = tuple(int(x) for x in text.split(","))
