@@ -178,7 +178,10 @@ def bench_case(impl, shape, dtype, warmup_ms, rep_ms, repeats, dropout_p=0.0, ti
     leaves, fwd, do = make_case(impl, B, H, N, D, dtype, dropout_p)
 
     def fwd_bwd():
-        fwd().backward(do)
+        # the gradients returned, not added into the leaves' .grad: no AccumulateGrad node,
+        # whose stream (the eager first call's) a CUDA graph's capture must not wait on; with
+        # .backward() one capture failed on torch 2.11 (benchmarks/results/gpu_session_1d13bff/)
+        return torch.autograd.grad(fwd(), leaves, do)
 
     try:
         start = time.perf_counter()
@@ -188,9 +191,7 @@ def bench_case(impl, shape, dtype, warmup_ms, rep_ms, repeats, dropout_p=0.0, ti
     except RuntimeError as err:  # e.g. a backend that does not take this shape
         return {"error": str(err).splitlines()[0][:200]}
 
-    # Peak memory that one forward+backward adds on top of its inputs and their grads.
-    for t in leaves:
-        t.grad = None
+    # Peak memory that one forward+backward adds on top of its inputs (its gradients included).
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     base = torch.cuda.memory_allocated()
@@ -203,7 +204,7 @@ def bench_case(impl, shape, dtype, warmup_ms, rep_ms, repeats, dropout_p=0.0, ti
     for _ in range(repeats):
         with torch.no_grad():
             fwd_ms.append(time_ms(fwd))
-        fwd_bwd_ms.append(time_ms(fwd_bwd, leaves))
+        fwd_bwd_ms.append(time_ms(fwd_bwd))
     with torch.no_grad():
         fwd_host = host_us(fwd)
     fwd_bwd_host = host_us(fwd_bwd)
@@ -245,7 +246,7 @@ def latency_gpu_us(impl: str, shape, dtype, timer: str, warmup_ms: int, rep_ms: 
     and the host's."""
     B, H, N, D = shape
     leaves, fwd, do = make_case(impl, B, H, N, D, dtype, dropout_p)
-    return _timer(timer, warmup_ms, rep_ms)(lambda: fwd().backward(do), leaves) * 1e3
+    return _timer(timer, warmup_ms, rep_ms)(lambda: torch.autograd.grad(fwd(), leaves, do)) * 1e3
 
 
 def git_commit() -> str:
@@ -473,8 +474,8 @@ def markdown(results: list[dict], latency: dict, env: dict, command: str) -> str
              f"Commit {env['commit']}; torch {env['torch']}, triton {env['triton']}, CUDA "
              f"{env['cuda']}, cuDNN {env['cudnn']}, Python {env['python']}; {env['date']}. bf16, non-causal, "
              + (f"attention dropout p = {env['dropout_p']} in every path, " if env.get("dropout_p") else "")
-             + ("flash's forward tuner timing the Gluon forwards too (VITFLASH_GLUON=1), "
-                if env.get("gluon_forward") else "") +
+             + ("flash's tuner timing the Gluon kernels too (VITFLASH_GLUON=1), "
+                if env.get("gluon") else "") +
              "random inputs, " + TIMERS[env.get("timer", "events")] + " median, each case repeated "
              f"{env.get('repeats', REPEATS)} times: median of the repeats (min-max). TFLOP/s count 4*B*H*N^2*D "
              "for the forward, 3.5x that for forward+backward. Peak extra memory: what one "
@@ -566,7 +567,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rep-ms", type=int, default=100)
     parser.add_argument("--repeats", type=int, default=REPEATS)
     parser.add_argument("--gluon", action="store_true",
-                        help="let flash's forward tuner also time the Gluon forwards (Hopper, "
+                        help="let flash's tuner also time the Gluon forwards and backward (Hopper, "
                              "VITFLASH_GLUON=1; results go to attention_..._gluon_<gpu>.*)")
     parser.add_argument("--timer", choices=tuple(TIMERS), default="events",
                         help="events: eager calls between CUDA events (host time shows where it "
@@ -591,9 +592,9 @@ def main(argv: list[str] | None = None) -> None:
     if not torch.cuda.is_available():
         sys.exit("bench_attention.py needs a CUDA GPU: it times GPU kernels.")
     if args.gluon:
-        os.environ["VITFLASH_GLUON"] = "1"  # read at the first forward choice (launch.gluon_forward)
-        if not launch.gluon_forward():
-            sys.exit("--gluon: the Gluon forwards run only on a Hopper GPU (compute capability 9.x) "
+        os.environ["VITFLASH_GLUON"] = "1"  # read at the first choice (launch.gluon_kernels)
+        if not launch.gluon_kernels():
+            sys.exit("--gluon: the Gluon kernels run only on a Hopper GPU (compute capability 9.x) "
                      "with a triton whose Gluon imports; run without --gluon here")
     shapes = args.shape or {"all": SHAPES, "small": SMALL_SHAPES, "large": LARGE_SHAPES,
                             "varied": VARIED_SHAPES}[args.shapes]
@@ -618,7 +619,7 @@ def main(argv: list[str] | None = None) -> None:
         env["timer"], prefix = "graph", prefix + "_graph"
     if args.gluon:
         prefix += "_gluon"
-    env["gluon_forward"] = launch.gluon_forward()
+    env["gluon"] = launch.gluon_kernels()
     command = command_line()
     latency = {"shape": list(LATENCY_SHAPE)}
     for impl in LATENCY_IMPLS:

@@ -86,18 +86,18 @@ def test_the_table_names_its_timer():
     assert "each case repeated 5 times" in text
 
 
-def test_the_table_says_when_the_gluon_forwards_were_timed_too(monkeypatch):
-    """A --gluon run's table says that flash's forward tuner timed the Gluon forwards; other
+def test_the_table_says_when_the_gluon_kernels_were_timed_too(monkeypatch):
+    """A --gluon run's table says that flash's tuner timed the Gluon kernels; other
     runs' tables do not. Without a Hopper GPU, --gluon is refused before anything runs."""
     env = {k: "x" for k in ("gpu", "commit", "torch", "triton", "cuda", "cudnn", "python", "date")}
     row = {"shape": [8, 3, 577, 64], **{impl: {"error": "not selected"} for impl in bench.IMPLS}}
-    note = "flash's forward tuner timing the Gluon forwards too (VITFLASH_GLUON=1)"
-    assert note not in bench.markdown([row], {}, {**env, "gluon_forward": False}, "cmd")
-    assert note in bench.markdown([row], {}, {**env, "gluon_forward": True}, "cmd")
+    note = "flash's tuner timing the Gluon kernels too (VITFLASH_GLUON=1)"
+    assert note not in bench.markdown([row], {}, {**env, "gluon": False}, "cmd")
+    assert note in bench.markdown([row], {}, {**env, "gluon": True}, "cmd")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(launch, "_GLUON", False)  # (not a Hopper)
     monkeypatch.setenv("VITFLASH_GLUON", "0")  # (restored after the script sets it to 1)
-    with pytest.raises(SystemExit, match="--gluon: the Gluon forwards run only on a Hopper GPU"):
+    with pytest.raises(SystemExit, match="--gluon: the Gluon kernels run only on a Hopper GPU"):
         bench.main(["--gluon", "--shape", "1,1,300,64"])
 
 

@@ -712,15 +712,17 @@ def test_a_misaligned_packed_input_is_copied_and_gives_the_same_results():
     assert all(torch.equal(a, b) for a, b in zip(*results))
 
 
-def test_gluon_forwards_are_listed_only_where_they_were_measured_to_pay(monkeypatch):
+def test_gluon_kernels_are_listed_only_where_they_were_measured_to_pay(monkeypatch):
     """On Hopper the forward lists one Gluon candidate past N = 256 at D = 64 (the 4-warp
-    form) and D = 128 (the warp-specialized one); never at N <= 256, at other head dims, with
-    dropout (the Gluon kernels have none), or for the backward."""
+    form) and D = 128 (the warp-specialized one), and both backwards (deterministic or not)
+    two, 64-key and 128-key dK/dV programs with 64-row dQ programs; never at N <= 256, at
+    other head dims, or with dropout (the Gluon kernels have none)."""
     monkeypatch.setattr(launch, "_GLUON", True)
     monkeypatch.setattr(launch, "_TMA", True)
 
     def gluon(op, n, d, dropout=False):
-        return [c for c in launch.candidates(op, n, d, 96, dropout) if c.family in launch.GLUON_FAMILIES]
+        return [c for c in launch.candidates(op, n, d, 96, dropout)
+                if c.family in (*launch.GLUON_FAMILIES, launch.GLUON_BWD_FAMILY)]
 
     (c64,) = gluon("fwd", 577, 64)
     assert c64.family == "gluon" and c64.meta == dict(BLOCK_M=64, BLOCK_N=128)
@@ -728,16 +730,22 @@ def test_gluon_forwards_are_listed_only_where_they_were_measured_to_pay(monkeypa
     (c128,) = gluon("fwd", 4097, 128)
     assert c128.family == "gluon_ws" and c128.meta == dict(BLOCK_M=64, BLOCK_N=128, CONSUMER_REGS=240)
     assert gluon("fwd", launch.GLUON_MIN_N, 64) == [c64]
+    for op, n, d in (("bwd", 577, 64), ("bwd", launch.GLUON_MIN_N, 128), ("bwd_atomic", 4097, 128)):
+        cands = gluon(op, n, d)
+        assert [(c.family, c.meta["BLOCK_N1"], c.num_warps, c.num_stages) for c in cands] == \
+            [("gluon_bwd", 64, 4, 2), ("gluon_bwd", 128, 8, 2)], (op, n, d)
+        assert all((c.meta["BLOCK_M1"], c.meta["BLOCK_M2"], c.meta["BLOCK_N2"]) == (64, 64, 64)
+                   for c in cands)
     for op, n, d, dropout in (("fwd", 197, 64, False), ("fwd", 256, 128, False), ("fwd", 577, 80, False),
-                              ("fwd", 577, 32, False), ("fwd", 577, 64, True), ("bwd", 577, 64, False),
-                              ("bwd_atomic", 4097, 128, False)):
+                              ("fwd", 577, 32, False), ("fwd", 577, 64, True), ("bwd", 256, 64, False),
+                              ("bwd", 577, 96, False), ("bwd", 577, 64, True), ("bwd_atomic", 197, 128, False)):
         assert gluon(op, n, d, dropout) == [], (op, n, d, dropout)
     monkeypatch.setattr(launch, "_GLUON", False)  # not a Hopper, or no Gluon in this triton
-    assert gluon("fwd", 577, 64) == []
+    assert gluon("fwd", 577, 64) == [] and gluon("bwd", 577, 64) == []
 
 
-def test_the_gluon_forwards_are_opt_in(monkeypatch):
-    """VITFLASH_GLUON=1 asks for the Gluon forwards (and they still need a Hopper GPU, which
+def test_the_gluon_kernels_are_opt_in(monkeypatch):
+    """VITFLASH_GLUON=1 asks for the Gluon kernels (and they still need a Hopper GPU, which
     this machine may not have); unset or 0 leaves them out; any other value is an error that
     names the variable and its two values."""
     for value, listed in ((None, False), ("0", False), ("1", None)):
@@ -748,11 +756,11 @@ def test_the_gluon_forwards_are_opt_in(monkeypatch):
             monkeypatch.setenv("VITFLASH_GLUON", value)
         hopper_here = (not launch.INTERPRET and hopper.available() and torch.cuda.is_available()
                        and torch.cuda.get_device_capability()[0] == 9)
-        assert launch.gluon_forward() is (hopper_here if listed is None else listed), value
+        assert launch.gluon_kernels() is (hopper_here if listed is None else listed), value
     monkeypatch.setattr(launch, "_GLUON", None)
     monkeypatch.setenv("VITFLASH_GLUON", "yes")
     with pytest.raises(ValueError, match=r"VITFLASH_GLUON='yes'.*set it to 1.*or to 0"):
-        launch.gluon_forward()
+        launch.gluon_kernels()
 
 
 # A GluonLaunch's warm-up (what the tuner's _compile_all runs) compiled for sm_90 with no GPU:
@@ -785,21 +793,42 @@ for family, blocks, D, N in (("gluon_ws", (("BLOCK_M", 64), ("BLOCK_N", 128), ("
     compiled = list(g.kernel.device_caches[0][0].values())
     print(family, D, len(compiled), *{(ck.metadata.num_warps, getattr(ck.metadata, "maxnreg", None),
                                        "wgmma" in ck.asm["ptx"]) for ck in compiled})
+
+# the backward's two launches, each candidate at both head dims
+names = ("BLOCK_M1", "BLOCK_N1", "BLOCK_M2", "BLOCK_N2")
+for n1, warps in ((64, 4), (128, 8)):
+    c = launch.Candidate("gluon_bwd", tuple(zip(names, (64, n1, 64, 64))), warps, 2)
+    for D in (64, 128):
+        for dkdv in (True, False):
+            g = launch.GluonBwdLaunch(c, D, dkdv)
+            g.kernel.device_caches.clear()
+            for dtype in (torch.bfloat16, torch.float16):
+                qkv, do = torch.zeros(2, 300, 3, 3, D, dtype=dtype), torch.zeros(2, 300, 3, D, dtype=dtype)
+                lse = torch.zeros(2, 3, 300)
+                launch._compiling.only = True
+                g(qkv, do, lse, lse, torch.empty_like(qkv), 0.1, 0.125, 3, 300)
+            compiled = list(g.kernel.device_caches[0][0].values())
+            print("dkdv" if dkdv else "dq", n1, D, len(compiled),
+                  *{(ck.metadata.num_warps, "wgmma" in ck.asm["ptx"]) for ck in compiled})
 """
 
 
 def test_a_gluon_launch_compiles_its_kernel_for_sm90():
-    """Both Gluon plans compile through GluonLaunch's own call (keyword constexprs, the
-    descriptors it makes, the warp-specialized form's register cap), for bf16 and fp16
-    qkv (one binary each), for sm_90, where the
-    tuner's compile-only pass would: 12 warps (two consumer groups and the loader's warp
-    allocated as a group) under a 168-register cap, or 4 warps with none."""
+    """Both Gluon forward plans compile through GluonLaunch's own call (keyword constexprs,
+    the descriptors it makes, the warp-specialized form's register cap), for bf16 and fp16
+    qkv (one binary each), for sm_90, where the tuner's compile-only pass would: 12 warps
+    (two consumer groups and the loader's warp allocated as a group) under a 168-register
+    cap, or 4 warps with none. So do both Gluon backward candidates' two launches
+    (GluonBwdLaunch) at D = 64 and 128: the dK/dV kernel in a warp group per 64 keys, the dQ
+    kernel in 4 warps."""
     if not hopper.available():
         pytest.skip(f"Gluon does not import in this triton: {hopper._IMPORT_ERROR}")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     out = subprocess.run([sys.executable, "-c", _GLUON_LAUNCH_WARMUP], capture_output=True, text=True,
                          env=env, check=True).stdout.split("\n")
     assert out[:2] == ["gluon_ws 128 2 (12, 168, True)", "gluon 64 2 (4, None, True)"]
+    assert out[2:10] == [f"{k} {n1} {D} 2 ({w}, True)" for n1 in (64, 128) for D in (64, 128)
+                         for k, w in (("dkdv", n1 // 16), ("dq", 4))]
 
 
 def test_a_gluon_candidate_plans_one_gluon_launch_but_not_with_a_mask_or_dropout():
@@ -817,6 +846,25 @@ def test_a_gluon_candidate_plans_one_gluon_launch_but_not_with_a_mask_or_dropout
     for kw in (dict(diag=True), dict(dropout=True)):
         (t,) = flash_mod._fwd_launches(four, 2, 577, 12, 64, **kw)
         assert isinstance(t, launch.Launch) and t.kernel is kernels.fwd_kernel, kw
+
+
+def test_a_gluon_backward_candidate_plans_delta_then_its_two_launches_but_not_with_a_mask_or_dropout():
+    """A "gluon_bwd" candidate becomes the delta launch, then the dK/dV kernel's launch (its
+    BLOCK_N1 keys a program in a warp group per 64, BLOCK_M1-row query tiles) and the dQ
+    kernel's (BLOCK_M2 queries, BLOCK_N2-key tiles), both with the candidate's stages; with
+    the diagonal mask or dropout it falls back to the Triton backward."""
+    names = ("BLOCK_M1", "BLOCK_N1", "BLOCK_M2", "BLOCK_N2")
+    c = launch.Candidate("gluon_bwd", tuple(zip(names, (64, 128, 64, 64))), 8, 2)
+    delta, dkdv, dq = flash_mod._bwd_launches(c, 2, 577, 12, 128)
+    assert delta.kernel is kernels.bwd_delta_kernel
+    assert (dkdv.kernel, dkdv.rows, dkdv.num_warps, dkdv.dkdv) == (hopper.bwd_dkdv_kernel, 128, 8, True)
+    assert (dq.kernel, dq.rows, dq.num_warps, dq.dkdv) == (hopper.bwd_dq_kernel, 64, 4, False)
+    assert dkdv.consts == dict(HEAD_DIM=128, BLOCK_M=64, BLOCK_N=128, STAGES=2)
+    assert dq.consts == dict(HEAD_DIM=128, BLOCK_M=64, BLOCK_N=64, STAGES=2)
+    for kw in (dict(diag=True), dict(dropout=True)):
+        plan = flash_mod._bwd_launches(c, 2, 577, 12, 128, **kw)
+        assert all(isinstance(p, launch.Launch) for p in plan), kw
+        assert {p.kernel for p in plan} <= {kernels.bwd_delta_kernel, kernels.bwd_kernel}, kw
 
 
 @pytest.mark.gpu
@@ -845,7 +893,7 @@ def test_gluon_forward_gpu(monkeypatch, N, D):
     on dq, dk, dv."""
     monkeypatch.setenv("VITFLASH_GLUON", "1")
     monkeypatch.setattr(launch, "_GLUON", None)
-    if not launch.gluon_forward():
+    if not launch.gluon_kernels():
         pytest.skip("the Gluon forwards run on Hopper GPUs with a triton that has Gluon")
     (cand,) = [c for c in launch.candidates("fwd", N, D, 2 * 4) if c.family in launch.GLUON_FAMILIES]
     _force(monkeypatch, cand, launch.heuristic("bwd", N, D))
@@ -854,6 +902,29 @@ def test_gluon_forward_gpu(monkeypatch, N, D):
         _assert_within_rule(qkv, do)
         assert isinstance(flash_mod._plans[("fwd", dtype, qkv.device, 2, N, 4, D, False, False)][0],
                           launch.GluonLaunch)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("N", [257, 577, 1000, 2049])
+def test_gluon_backward_gpu(monkeypatch, N, D):
+    """Each Gluon backward candidate (on Hopper), after the Triton forward and after the
+    Gluon one, at full and partial last query and key tiles, under the rule on o, dq, dk, dv."""
+    monkeypatch.setenv("VITFLASH_GLUON", "1")
+    monkeypatch.setattr(launch, "_GLUON", None)
+    if not launch.gluon_kernels():
+        pytest.skip("the Gluon kernels run on Hopper GPUs with a triton that has Gluon")
+    bwds = [c for c in launch.candidates("bwd", N, D) if c.family == launch.GLUON_BWD_FAMILY]
+    (gluon_fwd,) = [c for c in launch.candidates("fwd", N, D, 2 * 4) if c.family in launch.GLUON_FAMILIES]
+    assert len(bwds) == 2
+    for fwd in (launch.heuristic("fwd", N, D), gluon_fwd):
+        for bwd in bwds:
+            _force(monkeypatch, fwd, bwd)
+            for dtype in DTYPES:
+                qkv, do = _packed_inputs(2, N, 4, D, dtype, seed=N + D)
+                _assert_within_rule(qkv, do)
+                plan = flash_mod._plans[("bwd", dtype, qkv.device, 2, N, 4, D, False, False)]
+                assert [type(p) for p in plan[1:]] == [launch.GluonBwdLaunch] * 2
 
 
 def _every_candidate_within_rule(monkeypatch, N, D, **kw):

@@ -50,200 +50,6 @@ from gluon_fwd import (compile_header, hopper_env, probe_parser, require_gluon, 
                        sass_cells, timed, write_out)
 from vitflash.ops import hopper  # noqa: E402
 
-if hopper.available():
-    from triton.experimental import gluon
-    from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.hopper import (
-        fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
-
-    _load, _program = hopper._load, hopper._program  # rows [j * ROWS, (j + 1) * ROWS) by TMA; the program's place
-
-    @gluon.jit
-    def bwd_dkdv_kernel(q_desc, kv_desc, do_desc, dkv_desc, LSE, DELTA, qk_scale, sm_scale, H, N,
-                        HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                        STAGES: gl.constexpr, num_warps: gl.constexpr):
-        """dK and dV of BLOCK_N keys of one (batch, head). Descriptors: qkv as (B, N, 3 * H * D)
-        in (1, BLOCK_M, D) boxes (q_desc) and (1, BLOCK_N, D) boxes (kv_desc), do as
-        (B, N, H * D) in (1, BLOCK_M, D) boxes, dqkv like qkv in (1, BLOCK_N, D) boxes (dkv_desc).
-        LSE: the forward's base-2 log-sum-exp, DELTA: rowsum(dO * O), both (B, H, N) fp32."""
-        row0, bh, b, q_col, k_col, v_col = _program(N, H, HEAD_DIM, BLOCK_N)
-        dtype: gl.constexpr = kv_desc.dtype
-        nbytes: gl.constexpr = dtype.primitive_bitwidth // 8
-
-        # (keys, queries) tiles and (keys, head dim) accumulators, each warp group 64 key rows
-        t_layout: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BLOCK_M, 16])
-        acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, HEAD_DIM, 16])
-        op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
-        col_t: gl.constexpr = gl.SliceLayout(0, t_layout)
-
-        k_smem = gl.allocate_shared_memory(dtype, [1, BLOCK_N, HEAD_DIM], kv_desc.layout)
-        v_smem = gl.allocate_shared_memory(dtype, [1, BLOCK_N, HEAD_DIM], kv_desc.layout)
-        q_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, BLOCK_M, HEAD_DIM], q_desc.layout)
-        do_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, BLOCK_M, HEAD_DIM], do_desc.layout)
-        kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-        q_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        do_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        mbarrier.init(kv_bar, count=1)
-        for i in gl.static_range(STAGES):
-            mbarrier.init(q_bars.index(i), count=1)
-            mbarrier.init(do_bars.index(i), count=1)
-        fence_async_shared()
-
-        mbarrier.expect(kv_bar, 2 * BLOCK_N * HEAD_DIM * nbytes)
-        tma.async_copy_global_to_shared(kv_desc, [b, row0, k_col], kv_bar, k_smem)
-        tma.async_copy_global_to_shared(kv_desc, [b, row0, v_col], kv_bar, v_smem)
-        n_tiles = gl.cdiv(N, BLOCK_M)
-        for i in gl.static_range(STAGES):
-            if i < n_tiles:
-                _load(q_desc, b, i, q_col, q_bars.index(i), q_smem.index(i),
-                           BLOCK_M, HEAD_DIM)
-                _load(do_desc, b, i, q_col, do_bars.index(i), do_smem.index(i),
-                           BLOCK_M, HEAD_DIM)
-
-        t_zero = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, t_layout)
-        dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, acc_layout)
-        dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, acc_layout)
-        cols0 = gl.arange(0, BLOCK_M, layout=col_t)
-        k2 = k_smem.reshape([BLOCK_N, HEAD_DIM])
-        v2 = v_smem.reshape([BLOCK_N, HEAD_DIM])
-        base = bh.to(gl.int64) * N
-        # queries past N: an infinite LSE makes their probabilities 0 (their rows are zeros)
-        lse = gl.load(LSE + base + cols0, mask=cols0 < N, other=float("inf"))
-        delta = gl.load(DELTA + base + cols0, mask=cols0 < N, other=0.0)
-        mbarrier.wait(kv_bar, 0)
-        for i in range(n_tiles):
-            stage = i % STAGES
-            phase = (i // STAGES) & 1
-            mbarrier.wait(q_bars.index(stage), phase)
-            q2 = q_smem.index(stage).reshape([BLOCK_M, HEAD_DIM])
-            st = warpgroup_mma(k2, q2.permute((1, 0)), t_zero, use_acc=False, is_async=True)
-            mbarrier.wait(do_bars.index(stage), phase)
-            do2 = do_smem.index(stage).reshape([BLOCK_M, HEAD_DIM])
-            dpt = warpgroup_mma(v2, do2.permute((1, 0)), t_zero, use_acc=False, is_async=True)
-            st = warpgroup_mma_wait(num_outstanding=1, deps=(st, ))
-            pt = gl.exp2(st * qk_scale - gl.expand_dims(lse, 0))
-            dv = warpgroup_mma(gl.convert_layout(pt.to(dtype), op_layout), do2, dv, is_async=True)
-            dpt = warpgroup_mma_wait(num_outstanding=1, deps=(dpt, ))
-            dst = pt * (dpt - gl.expand_dims(delta, 0))
-            dk = warpgroup_mma(gl.convert_layout(dst.to(dtype), op_layout), q2, dk, is_async=True)
-            # the next tile's statistics, loaded while the two products finish
-            cols = (i + 1) * BLOCK_M + cols0
-            lse = gl.load(LSE + base + cols, mask=cols < N, other=float("inf"))
-            delta = gl.load(DELTA + base + cols, mask=cols < N, other=0.0)
-            dv, dk = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk))
-            if i + STAGES < n_tiles:  # every warp is past its reads of this stage's buffers
-                hopper._cta_barrier()
-                _load(q_desc, b, i + STAGES, q_col, q_bars.index(stage),
-                           q_smem.index(stage), BLOCK_M, HEAD_DIM)
-                _load(do_desc, b, i + STAGES, q_col, do_bars.index(stage),
-                           do_smem.index(stage), BLOCK_M, HEAD_DIM)
-
-        mbarrier.invalidate(kv_bar)
-        for i in gl.static_range(STAGES):
-            mbarrier.invalidate(q_bars.index(i))
-            mbarrier.invalidate(do_bars.index(i))
-        # dK, then dV, through one staging buffer (keys past N are outside the bounds: not written)
-        out = gl.allocate_shared_memory(dtype, [1, BLOCK_N, HEAD_DIM], dkv_desc.layout)
-        out.reshape([BLOCK_N, HEAD_DIM]).store((dk * sm_scale).to(dtype))
-        fence_async_shared()
-        tma.async_copy_shared_to_global(dkv_desc, [b, row0, k_col], out)
-        tma.store_wait(pendings=0)
-        hopper._cta_barrier()
-        out.reshape([BLOCK_N, HEAD_DIM]).store(dv.to(dtype))
-        fence_async_shared()
-        tma.async_copy_shared_to_global(dkv_desc, [b, row0, v_col], out)
-        tma.store_wait(pendings=0)
-
-    @gluon.jit
-    def bwd_dq_kernel(q_desc, kv_desc, do_desc, dq_desc, LSE, DELTA, qk_scale, sm_scale, H, N,
-                      HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                      STAGES: gl.constexpr, num_warps: gl.constexpr):
-        """dQ of BLOCK_M queries of one (batch, head): Q and dO stay in shared memory while the
-        key tiles stream past (K and V in a ring of STAGES TMA buffers). S = Q K_j^T and
-        dP = dO V_j^T issued together; P = exp2(S * qk_scale - LSE), dS = P * (dP - delta),
-        dQ += dS K_j. Keys past N need no mask: their K rows are read as zeros, so their dS
-        adds nothing. Descriptors as bwd_dkdv_kernel's, with K/V boxes of BLOCK_N rows and
-        dq_desc (dqkv) of BLOCK_M."""
-        row0, bh, b, q_col, k_col, v_col = _program(N, H, HEAD_DIM, BLOCK_M)
-        dtype: gl.constexpr = kv_desc.dtype
-        nbytes: gl.constexpr = dtype.primitive_bitwidth // 8
-
-        s_layout: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BLOCK_N, 16])
-        acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, HEAD_DIM, 16])
-        op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
-        row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
-
-        q_smem = gl.allocate_shared_memory(dtype, [1, BLOCK_M, HEAD_DIM], q_desc.layout)
-        do_smem = gl.allocate_shared_memory(dtype, [1, BLOCK_M, HEAD_DIM], do_desc.layout)
-        k_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, BLOCK_N, HEAD_DIM], kv_desc.layout)
-        v_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, BLOCK_N, HEAD_DIM], kv_desc.layout)
-        qdo_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-        k_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        v_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        mbarrier.init(qdo_bar, count=1)
-        for i in gl.static_range(STAGES):
-            mbarrier.init(k_bars.index(i), count=1)
-            mbarrier.init(v_bars.index(i), count=1)
-        fence_async_shared()
-
-        mbarrier.expect(qdo_bar, 2 * BLOCK_M * HEAD_DIM * nbytes)
-        tma.async_copy_global_to_shared(q_desc, [b, row0, q_col], qdo_bar, q_smem)
-        tma.async_copy_global_to_shared(do_desc, [b, row0, q_col], qdo_bar, do_smem)
-        n_tiles = gl.cdiv(N, BLOCK_N)
-        for i in gl.static_range(STAGES):
-            if i < n_tiles:
-                _load(kv_desc, b, i, k_col, k_bars.index(i), k_smem.index(i),
-                           BLOCK_N, HEAD_DIM)
-                _load(kv_desc, b, i, v_col, v_bars.index(i), v_smem.index(i),
-                           BLOCK_N, HEAD_DIM)
-
-        rows = row0 + gl.arange(0, BLOCK_M, layout=row_s)
-        base = bh.to(gl.int64) * N
-        # rows past N: zeros of Q and dO, so any finite statistics do; their dQ is not written
-        lse = gl.load(LSE + base + rows, mask=rows < N, other=0.0)
-        delta = gl.load(DELTA + base + rows, mask=rows < N, other=0.0)
-        s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
-        dq = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, acc_layout)
-        q2 = q_smem.reshape([BLOCK_M, HEAD_DIM])
-        do2 = do_smem.reshape([BLOCK_M, HEAD_DIM])
-        mbarrier.wait(qdo_bar, 0)
-        for j in range(n_tiles):
-            stage = j % STAGES
-            phase = (j // STAGES) & 1
-            mbarrier.wait(k_bars.index(stage), phase)
-            k2 = k_smem.index(stage).reshape([BLOCK_N, HEAD_DIM])
-            s = warpgroup_mma(q2, k2.permute((1, 0)), s_zero, use_acc=False, is_async=True)
-            mbarrier.wait(v_bars.index(stage), phase)
-            v2 = v_smem.index(stage).reshape([BLOCK_N, HEAD_DIM])
-            dp = warpgroup_mma(do2, v2.permute((1, 0)), s_zero, use_acc=False, is_async=True)
-            s = warpgroup_mma_wait(num_outstanding=1, deps=(s, ))
-            p = gl.exp2(s * qk_scale - gl.expand_dims(lse, 1))
-            dp = warpgroup_mma_wait(num_outstanding=0, deps=(dp, ))
-            ds = p * (dp - gl.expand_dims(delta, 1))
-            dq = warpgroup_mma(gl.convert_layout(ds.to(dtype), op_layout), k2, dq, is_async=True)
-            dq = warpgroup_mma_wait(num_outstanding=0, deps=(dq, ))
-            if j + STAGES < n_tiles:  # every warp is past its reads of this stage's buffers
-                hopper._cta_barrier()
-                _load(kv_desc, b, j + STAGES, k_col, k_bars.index(stage),
-                           k_smem.index(stage), BLOCK_N, HEAD_DIM)
-                _load(kv_desc, b, j + STAGES, v_col, v_bars.index(stage),
-                           v_smem.index(stage), BLOCK_N, HEAD_DIM)
-
-        mbarrier.invalidate(qdo_bar)
-        for i in gl.static_range(STAGES):
-            mbarrier.invalidate(k_bars.index(i))
-            mbarrier.invalidate(v_bars.index(i))
-        out = gl.allocate_shared_memory(dtype, [1, BLOCK_M, HEAD_DIM], dq_desc.layout)
-        out.reshape([BLOCK_M, HEAD_DIM]).store((dq * sm_scale).to(dtype))
-        fence_async_shared()
-        tma.async_copy_shared_to_global(dq_desc, [b, row0, q_col], out)
-        tma.store_wait(pendings=0)
-
-
 # dK/dV configurations (128x128x2x8 at D = 64 compiles with 120 bytes of spills a thread:
 # not listed), and dQ ones
 DEFAULT_CONFIGS = {64: ["64x128x2x8", "64x64x2x4"], 128: ["64x128x2x8", "64x64x2x4"]}
@@ -279,7 +85,7 @@ def compile_sm90(d: int, cfg: tuple[int, int, int, int], kernel: str = "dkdv"):
     from triton.experimental.gluon._runtime import GluonASTSource
     bm, bn, stages, warps = cfg
     consts = dict(HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, STAGES=stages, num_warps=warps)
-    fn = bwd_dkdv_kernel if kernel == "dkdv" else bwd_dq_kernel
+    fn = hopper.bwd_dkdv_kernel if kernel == "dkdv" else hopper.bwd_dq_kernel
     src = GluonASTSource(fn=fn, signature=_sig(d, bm, bn, kernel), constexprs=consts)
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps))
 
@@ -296,19 +102,13 @@ def gluon_grads(qkv, do, lse, delta, scale: float, cfg: tuple[int, int, int, int
                 dqkv: torch.Tensor | None = None) -> torch.Tensor:
     """dqkv (B, N, 3, H, D) with one kernel's gradients filled in: dK and dV ("dkdv") or dQ
     ("dq"); the rest NaN in a new tensor, or what `dqkv` held."""
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
     bm, bn, stages, warps = cfg
     B, N, _, H, D = qkv.shape
     dqkv = torch.full_like(qkv, float("nan")) if dqkv is None else dqkv
-
-    def desc(t, rows):  # as hopper.descriptors makes the forward's: (B, N, the rest)
-        t = t.view(B, N, -1)
-        return TensorDescriptor(t, list(t.shape), list(t.stride()), [1, rows, D],
-                                hopper._layout(rows, D, t.dtype))
-
-    fn, out_rows, tile = ((bwd_dkdv_kernel, bn, bn) if kernel == "dkdv" else (bwd_dq_kernel, bm, bm))
-    grid = (triton.cdiv(N, tile) * B * H, )
-    fn[grid](desc(qkv, bm), desc(qkv, bn), desc(do, bm), desc(dqkv, out_rows), lse, delta,
+    dkdv = kernel == "dkdv"
+    fn = hopper.bwd_dkdv_kernel if dkdv else hopper.bwd_dq_kernel
+    grid = (triton.cdiv(N, bn if dkdv else bm) * B * H, )
+    fn[grid](*hopper.bwd_descriptors(qkv, do, dqkv, bm, bn, dkdv), lse, delta,
              scale * 1.4426950408889634, scale, H, N, D, bm, bn, stages, num_warps=warps)
     return dqkv
 

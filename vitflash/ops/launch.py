@@ -8,9 +8,11 @@ programs); "short" holds all keys of a head on chip, a power-of-two tile and a t
 in the forward where that saves work); "atomic", the key-tile programs that bwd_atomic adds
 to the backward's candidates. On Hopper, "general_tma", "short_tma" (the forward's) and
 "atomic_tma" are their twins that load tiles through TMA descriptors, the last also adding dQ
-tiles in bulk. Also on Hopper, with VITFLASH_GLUON=1 (gluon_forward), past N = 256 at head
-dims 64 and 128, the forward lists "gluon" or "gluon_ws": the Gluon kernels of `hopper.py` (a
-4-warp form, and a warp-specialized one), launched by `GluonLaunch`. A general backward
+tiles in bulk. Also on Hopper, with VITFLASH_GLUON=1 (gluon_kernels), past N = 256 at head
+dims 64 and 128, the forward lists "gluon" or "gluon_ws": the Gluon forwards of `hopper.py` (a
+4-warp form, and a warp-specialized one), launched by `GluonLaunch`; and the backward lists
+"gluon_bwd": the Gluon dK/dV and dQ kernels of `hopper.py`, launched apart after the delta
+(`GluonBwdLaunch`). A general backward
 candidate with SPLIT = 1 launches its dK/dV programs and its dQ programs apart (split_twins),
 the dQ launch with tiles, warps and stages of its own where that was measured to pay
 (split_pairs). The tiles of a partial last block of queries
@@ -106,8 +108,10 @@ SHORT_FWD_FAMILIES = ("short", "short_tma")
 
 # the Gluon forwards (hopper.py): fwd_wgmma_kernel, and fwd_ws_kernel (warp-specialized)
 GLUON_FAMILIES = ("gluon", "gluon_ws")
-# listed from this length on: at N = 197 no Gluon configuration reached the Triton forward
-# on an H200 or an H100 (benchmarks/results/gpu_session_17e1b36/)
+# the Gluon backward (hopper.py): bwd_dkdv_kernel's launch, then bwd_dq_kernel's
+GLUON_BWD_FAMILY = "gluon_bwd"
+# listed from this length on: at N = 197 no Gluon forward configuration reached the Triton
+# one on an H200 or an H100 (benchmarks/results/gpu_session_17e1b36/)
 GLUON_MIN_N = 257
 
 
@@ -117,7 +121,7 @@ class Candidate:
     registers per thread (Triton's maxnreg option; 0: the compiler's choice)."""
 
     family: str  # "general", "general_tma", "short", "short_tma", "atomic", "atomic_tma",
-    # "gluon" or "gluon_ws"
+    # "gluon", "gluon_ws" or "gluon_bwd"
     blocks: tuple[tuple[str, int], ...]
     num_warps: int = 4
     num_stages: int = 1
@@ -310,7 +314,7 @@ def candidates(op: str, n: int, d: int, bh: int = 1, dropout: bool = False) -> l
         out += _tma_twins(out, d)
         out += tail_ahead_twins(out, n)
         if not dropout:
-            out += gluon_candidates(n, d)
+            out += gluon_candidates("fwd", n, d)
         if keys <= SHORT_FWD_MAX and keys * bd <= 256 * 128 and not _short_fwd_cut(n, d):
             # 8 warps only on 128-row tiles: below that they never came within 1.5x of the
             # best at the CIFAR shapes (benchmarks/results/tuning_spread_small_shapes.md), and
@@ -358,6 +362,8 @@ def candidates(op: str, n: int, d: int, bh: int = 1, dropout: bool = False) -> l
             # each one only lengthened the first call's tuning.
             general = [c for c in general if c.num_warps == 4]
         out += general + _tma_twins(general, d)
+        if not dropout:
+            out += gluon_candidates("bwd", n, d)
         if keys <= SHORT_BWD_MAX and keys * bd <= 160 * 128:
             out += [short_bwd(n, m, w) for m in (16, 32, 64) for w in (4, 8)
                     if m <= max(16, _pow2(n))]
@@ -385,15 +391,15 @@ _TMA: bool | None = None
 _GLUON: bool | None = None
 
 
-def gluon_forward() -> bool:
-    """Whether the forward lists the Gluon kernels of hopper.py: asked for (VITFLASH_GLUON=1),
+def gluon_kernels() -> bool:
+    """Whether the ops list the Gluon kernels of hopper.py: asked for (VITFLASH_GLUON=1),
     Gluon imports in this triton and the GPU is a Hopper (compute capability 9.x: wgmma,
     which later GPUs lack). Never in the interpreter, which does not run Gluon kernels.
 
-    Opt-in: the kernels have passed the FA2 rule and been timed on Hopper GPUs called
-    directly (benchmarks/probes/gluon_fwd.py), but the op's own path through them (the
-    tuner, GluonLaunch, the backward reading their LSE) has so far run only as a compile on
-    the CPU; it becomes the default once its GPU tests (test_gluon_forward_gpu) have passed."""
+    Opt-in: the forwards have passed the FA2 rule on Hopper through the op
+    (test_gluon_forward_gpu, benchmarks/results/gpu_session_1d13bff/), the backward kernels
+    called directly (benchmarks/probes/gluon_bwd.py); the op's path through the backward
+    (GluonBwdLaunch) has its GPU test in test_gluon_backward_gpu."""
     global _GLUON
     if _GLUON is None:
         asked = os.environ.get("VITFLASH_GLUON", "0").strip()
@@ -405,15 +411,26 @@ def gluon_forward() -> bool:
     return _GLUON
 
 
-def gluon_candidates(n: int, d: int) -> list[Candidate]:
-    """The Gluon forwards listed at sequence length n and head dim d, on Hopper: at D = 64 the
-    4-warp form with (64, 128) tiles in 2 stages, 1.02-1.03x the tuned Triton forward at
-    N = 577-4097 on an H100; at D = 128 the warp-specialized form (two 64-row consumers at
-    240 registers, 128-key tiles, 2 stages), 1.10-1.26x it at N = 577-4097
-    (benchmarks/results/gpu_session_17e1b36/). Not at N <= 256, where neither came near;
-    nowhere unless gluon_forward()."""
-    if n < GLUON_MIN_N or d not in hopper.HEAD_DIMS or not gluon_forward():
+def gluon_candidates(op: str, n: int, d: int) -> list[Candidate]:
+    """The Gluon kernels op ("fwd", or a backward) lists at sequence length n and head dim d,
+    on Hopper; nowhere unless gluon_kernels(), nor at N <= 256, where no Gluon forward came
+    near the Triton one.
+
+    Forward: at D = 64 the 4-warp form with (64, 128) tiles in 2 stages, 1.02-1.03x the tuned
+    Triton forward at N = 577-4097 on an H100; at D = 128 the warp-specialized form (two
+    64-row consumers at 240 registers, 128-key tiles, 2 stages), 1.10-1.26x it at
+    N = 577-4097 (benchmarks/results/gpu_session_17e1b36/).
+
+    Backward: the dK/dV kernel (BLOCK_N1 keys a program, BLOCK_N1 / 16 warps, BLOCK_M1-row
+    query tiles in num_stages buffers) and the dQ kernel (BLOCK_M2 queries, BLOCK_M2 / 16 warps,
+    BLOCK_N2-key tiles in as many). 64-key dK/dV programs were 1.07-1.12x the 128-key ones, and 64-row
+    dQ programs 1.05-1.08x the 128-row ones, at four shapes on an H100
+    (benchmarks/results/gpu_session_1d13bff/run1): the 64-row dQ with both dK/dV forms."""
+    if n < GLUON_MIN_N or d not in hopper.HEAD_DIMS or not gluon_kernels():
         return []
+    if op != "fwd":
+        names = ("BLOCK_M1", "BLOCK_N1", "BLOCK_M2", "BLOCK_N2")
+        return _c(GLUON_BWD_FAMILY, names, (64, 64, 64, 64, 4, 2), (64, 128, 64, 64, 8, 2))
     if d == 64:
         return [Candidate("gluon", (("BLOCK_M", 64), ("BLOCK_N", 128)), 4, 2)]
     return [Candidate("gluon_ws", (("BLOCK_M", 64), ("BLOCK_N", 128), ("CONSUMER_REGS", 240)), 4, 2)]
@@ -741,6 +758,44 @@ class GluonLaunch:
         self.kernel[grid](*args, **self.consts, **self.options)
 
 
+class GluonBwdLaunch:
+    """One of a "gluon_bwd" candidate's two launches (hopper.py): its dK/dV kernel (dkdv) or
+    its dQ kernel, called as (qkv, do, lse, delta, dqkv, qk_scale, softmax_scale, H, N) after
+    the plan's delta launch; each makes its own TMA descriptors at each call."""
+
+    __slots__ = ("kernel", "consts", "options", "dkdv", "rows")
+
+    def __init__(self, c: Candidate, D: int, dkdv: bool):
+        m = c.meta
+        block_m, block_n = (m["BLOCK_M1"], m["BLOCK_N1"]) if dkdv else (m["BLOCK_M2"], m["BLOCK_N2"])
+        self.dkdv, self.rows = dkdv, block_n if dkdv else block_m  # a program's keys or queries
+        self.kernel = hopper.bwd_dkdv_kernel if dkdv else hopper.bwd_dq_kernel
+        self.consts = dict(HEAD_DIM=D, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=c.num_stages)
+        self.options = dict(num_warps=self.rows // 16)  # a warp group per 64 rows
+
+    @property
+    def num_warps(self) -> int:
+        return self.options["num_warps"]
+
+    @property
+    def num_stages(self) -> int:
+        return self.consts["STAGES"]
+
+    @property
+    def compiled(self) -> None:
+        return None
+
+    def __call__(self, qkv, do, lse, delta, dqkv, qk_scale, softmax_scale, H, N) -> None:
+        c = self.consts
+        args = (*hopper.bwd_descriptors(qkv, do, dqkv, c["BLOCK_M"], c["BLOCK_N"], self.dkdv),
+                lse, delta, qk_scale, softmax_scale, H, N)
+        grid = (-(-N // self.rows) * qkv.shape[0] * H, )
+        if getattr(_compiling, "only", False):  # in _compile_all: compile, launch nothing
+            self.kernel.warmup(*args, grid=grid, **c, **self.options)
+            return
+        self.kernel[grid](*args, **c, **self.options)
+
+
 # ----------------------------------------------------------------------------------------
 # Choosing a candidate
 # ----------------------------------------------------------------------------------------
@@ -761,7 +816,7 @@ def _disk_key(key: tuple, device: torch.device) -> str:
     op, dtype, n, d, bh, dropout = key
     return (f"{torch.cuda.get_device_name(device)}|torch {torch.__version__}|triton "
             f"{triton.__version__}|v{CACHE_VERSION}|{op}|{str(dtype).split('.')[-1]}|N={n}|D={d}|BH<={bh}"
-            + ("|dropout" if dropout else "") + ("|gluon" if op == "fwd" and gluon_forward() else ""))
+            + ("|dropout" if dropout else "") + ("|gluon" if gluon_kernels() else ""))
 
 
 def _load_cache(path: Path) -> dict:
