@@ -38,6 +38,7 @@ GPU needed), e.g. the autotuner's timings by backward launch form, from its `tun
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import platform
@@ -191,7 +192,9 @@ def bench_case(impl, shape, dtype, warmup_ms, rep_ms, repeats, dropout_p=0.0, ti
     except RuntimeError as err:  # e.g. a backend that does not take this shape
         return {"error": str(err).splitlines()[0][:200]}
 
-    # Peak memory that one forward+backward adds on top of its inputs (its gradients included).
+    # Peak memory that one forward+backward adds on top of its inputs (its gradients included),
+    # after a collection: nothing of the first call's autograd graph left for a capture to meet
+    gc.collect()
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     base = torch.cuda.memory_allocated()
