@@ -30,6 +30,11 @@ the kernels; the graph timer separates the two. Its results go to attention_grap
 
     python scripts/bench_attention.py --shapes small --timer graph
 
+On a Hopper GPU flash's tuner times the Gluon kernels (vitflash/ops/hopper.py) beside the
+Triton ones, and the results go to attention_..._gluon_<gpu>.*; `--no-gluon` leaves them out
+(the Triton kernels alone, files without the suffix), `--gluon` refuses to run where they
+cannot be listed.
+
 `--render <json>` prints the tables of a result file again with this version's sections (no
 GPU needed), e.g. the autotuner's timings by backward launch form, from its `tuning_ms`:
 
@@ -569,9 +574,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--warmup-ms", type=int, default=25)
     parser.add_argument("--rep-ms", type=int, default=100)
     parser.add_argument("--repeats", type=int, default=REPEATS)
-    parser.add_argument("--gluon", action="store_true",
-                        help="let flash's tuner also time the Gluon forwards and backward (Hopper, "
-                             "VITFLASH_GLUON=1; results go to attention_..._gluon_<gpu>.*)")
+    gluon = parser.add_mutually_exclusive_group()
+    gluon.add_argument("--gluon", action="store_true",
+                       help="require flash's tuner to time the Gluon kernels too (the default where "
+                            "they run: Hopper; refused elsewhere)")
+    gluon.add_argument("--no-gluon", action="store_true",
+                       help="leave the Gluon kernels out of flash's tuning (VITFLASH_GLUON=0): the "
+                            "Triton kernels alone")
     parser.add_argument("--timer", choices=tuple(TIMERS), default="events",
                         help="events: eager calls between CUDA events (host time shows where it "
                              "exceeds the GPU's); graph: CUDA-graph replays (results go to "
@@ -594,9 +603,9 @@ def main(argv: list[str] | None = None) -> None:
         return
     if not torch.cuda.is_available():
         sys.exit("bench_attention.py needs a CUDA GPU: it times GPU kernels.")
-    if args.gluon:
-        os.environ["VITFLASH_GLUON"] = "1"  # read at the first choice (launch.gluon_kernels)
-        if not launch.gluon_kernels():
+    if args.gluon or args.no_gluon:  # read at the first choice (launch.gluon_kernels)
+        os.environ["VITFLASH_GLUON"] = "0" if args.no_gluon else "1"
+        if args.gluon and not launch.gluon_kernels():
             sys.exit("--gluon: the Gluon kernels run only on a Hopper GPU (compute capability 9.x) "
                      "with a triton whose Gluon imports; run without --gluon here")
     shapes = args.shape or {"all": SHAPES, "small": SMALL_SHAPES, "large": LARGE_SHAPES,
@@ -620,9 +629,9 @@ def main(argv: list[str] | None = None) -> None:
     env["repeats"] = args.repeats
     if args.timer == "graph":
         env["timer"], prefix = "graph", prefix + "_graph"
-    if args.gluon:
-        prefix += "_gluon"
     env["gluon"] = launch.gluon_kernels()
+    if env["gluon"]:
+        prefix += "_gluon"
     command = command_line()
     latency = {"shape": list(LATENCY_SHAPE)}
     for impl in LATENCY_IMPLS:

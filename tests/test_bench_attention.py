@@ -87,8 +87,9 @@ def test_the_table_names_its_timer():
 
 
 def test_the_table_says_when_the_gluon_kernels_were_timed_too(monkeypatch):
-    """A --gluon run's table says that flash's tuner timed the Gluon kernels; other
-    runs' tables do not. Without a Hopper GPU, --gluon is refused before anything runs."""
+    """A table says when flash's tuner timed the Gluon kernels too, and only then. Without a
+    Hopper GPU, --gluon is refused before anything runs; --gluon with --no-gluon is a usage
+    error."""
     env = {k: "x" for k in ("gpu", "commit", "torch", "triton", "cuda", "cudnn", "python", "date")}
     row = {"shape": [8, 3, 577, 64], **{impl: {"error": "not selected"} for impl in bench.IMPLS}}
     note = "flash's tuner timing the Gluon kernels too (VITFLASH_GLUON=1)"
@@ -99,6 +100,9 @@ def test_the_table_says_when_the_gluon_kernels_were_timed_too(monkeypatch):
     monkeypatch.setenv("VITFLASH_GLUON", "0")  # (restored after the script sets it to 1)
     with pytest.raises(SystemExit, match="--gluon: the Gluon kernels run only on a Hopper GPU"):
         bench.main(["--gluon", "--shape", "1,1,300,64"])
+    with pytest.raises(SystemExit) as usage:  # argparse's error: not both
+        bench.main(["--gluon", "--no-gluon", "--shape", "1,1,300,64"])
+    assert usage.value.code == 2
 
 
 @pytest.mark.gpu

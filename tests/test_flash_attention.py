@@ -744,22 +744,22 @@ def test_gluon_kernels_are_listed_only_where_they_were_measured_to_pay(monkeypat
     assert gluon("fwd", 577, 64) == [] and gluon("bwd", 577, 64) == []
 
 
-def test_the_gluon_kernels_are_opt_in(monkeypatch):
-    """VITFLASH_GLUON=1 asks for the Gluon kernels (and they still need a Hopper GPU, which
-    this machine may not have); unset or 0 leaves them out; any other value is an error that
-    names the variable and its two values."""
-    for value, listed in ((None, False), ("0", False), ("1", None)):
+def test_the_gluon_kernels_are_listed_unless_turned_off(monkeypatch):
+    """The Gluon kernels are listed by default where they can run (a Hopper GPU, which this
+    machine may not have) and with VITFLASH_GLUON=1; VITFLASH_GLUON=0 leaves them out; any
+    other value is an error that names the variable and its two values."""
+    hopper_here = (not launch.INTERPRET and hopper.available() and torch.cuda.is_available()
+                   and torch.cuda.get_device_capability()[0] == 9)
+    for value, listed in ((None, hopper_here), ("1", hopper_here), (" 1 ", hopper_here), ("0", False)):
         monkeypatch.setattr(launch, "_GLUON", None)
         if value is None:
             monkeypatch.delenv("VITFLASH_GLUON", raising=False)
         else:
             monkeypatch.setenv("VITFLASH_GLUON", value)
-        hopper_here = (not launch.INTERPRET and hopper.available() and torch.cuda.is_available()
-                       and torch.cuda.get_device_capability()[0] == 9)
-        assert launch.gluon_kernels() is (hopper_here if listed is None else listed), value
+        assert launch.gluon_kernels() is listed, value
     monkeypatch.setattr(launch, "_GLUON", None)
     monkeypatch.setenv("VITFLASH_GLUON", "yes")
-    with pytest.raises(ValueError, match=r"VITFLASH_GLUON='yes'.*set it to 1.*or to 0"):
+    with pytest.raises(ValueError, match=r"VITFLASH_GLUON='yes'.*set it to 0.*or to 1 \(the default\)"):
         launch.gluon_kernels()
 
 
@@ -925,6 +925,47 @@ def test_gluon_backward_gpu(monkeypatch, N, D):
                 _assert_within_rule(qkv, do)
                 plan = flash_mod._plans[("bwd", dtype, qkv.device, 2, N, 4, D, False, False)]
                 assert [type(p) for p in plan[1:]] == [launch.GluonBwdLaunch] * 2
+
+
+@pytest.mark.gpu
+def test_gluon_kernels_in_a_cuda_graph_gpu(monkeypatch):
+    """The Gluon forward and backward captured in CUDA graphs after eager calls of the same
+    leaf, as bench_attention's graph timer does it (the forward under no_grad, then the
+    forward+backward), and a captured forward+backward replayed: the eager call's gradients,
+    bit for bit (the backward is deterministic). At (4, 16, 4097, 128), where one such
+    capture in bench_attention once met an AccumulateGrad node of the eager calls."""
+    monkeypatch.setenv("VITFLASH_GLUON", "1")
+    monkeypatch.setattr(launch, "_GLUON", None)
+    if not launch.gluon_kernels():
+        pytest.skip("the Gluon kernels run on Hopper GPUs with a triton that has Gluon")
+    B, H, N, D = 4, 16, 4097, 128
+    fwd = [c for c in launch.candidates("fwd", N, D, B * H) if c.family in launch.GLUON_FAMILIES]
+    bwd = [c for c in launch.candidates("bwd", N, D) if c.family == launch.GLUON_BWD_FAMILY]
+    _force(monkeypatch, fwd[0], bwd[0])
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    leaf = torch.randn(B, N, 3, H, D, device="cuda", generator=gen).to(torch.bfloat16).requires_grad_()
+    do = torch.randn(B, N, H, D, device="cuda", generator=gen).to(torch.bfloat16)
+
+    def fwd_bwd():
+        return torch.autograd.grad(flash_attention_qkvpacked(leaf), leaf, do)
+
+    (ref,) = fwd_bwd()
+    with torch.no_grad():
+        triton.testing.do_bench_cudagraph(lambda: flash_attention_qkvpacked(leaf), rep=5)
+    triton.testing.do_bench_cudagraph(fwd_bwd, rep=5)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fwd_bwd()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        (dqkv,) = fwd_bwd()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(dqkv, ref)
+    kinds = {op: type(plan[-1]) for (op, *_), plan in flash_mod._plans.items()}
+    assert kinds == {"fwd": launch.GluonLaunch, "bwd": launch.GluonBwdLaunch}
 
 
 def _every_candidate_within_rule(monkeypatch, N, D, **kw):

@@ -1,8 +1,8 @@
-"""A Gluon backward for Hopper (dK/dV and dQ kernels), against the tuned Triton one and cuDNN.
+"""The Gluon backward for Hopper (vitflash/ops/hopper.py: the dK/dV and dQ kernels), each
+kernel called directly at several configurations, against the tuned op and cuDNN.
 
-The kernels here are a first form, compiled for sm_90 but not yet run on a GPU; they join
-vitflash/ops/hopper.py (and the backward's candidates) only once this probe has held it to
-the FA2 rule there and timed it ahead.
+The op lists the kernels as its "gluon_bwd" candidates (launch.gluon_candidates); this probe
+is where their configurations are compared one kernel at a time.
 
 Each program owns BLOCK_N keys of one (batch, head): K and V stay in shared memory while the
 query tiles stream past through a ring of STAGES TMA buffers (Q and dO, an mbarrier each).

@@ -1,5 +1,5 @@
-"""A Hopper (sm_90) forward written in Gluon, Triton's lower-level language, where the
-program says itself when each matrix product is issued and waited for.
+"""Hopper (sm_90) kernels written in Gluon, Triton's lower-level language, where the program
+says itself when each matrix product is issued and waited for: two forwards and a backward.
 
 Why a second forward: in the Triton forward (kernels.fwd_kernel), compiled for sm_90, a
 program waits for every earlier product when it waits for a tile's scores, so the softmax of
@@ -9,15 +9,22 @@ product of tile j, S_j = Q K_j^T, then the product of the previous tile's probab
 O += P_{j-1} V_{j-1}, waits for S_j alone, and computes tile j's softmax while P_{j-1} V_{j-1}
 runs: FlashAttention-3's overlap within a warp group. K and V stream through STAGES
 shared-memory buffers, each filled by the tensor memory accelerator (TMA) and signalled by
-its own mbarrier.
+its own mbarrier. fwd_ws_kernel does the same with the loads in a warp of their own.
+
+The backward is two kernels that never add into the same rows (nothing atomic, results the
+same from run to run): bwd_dkdv_kernel holds BLOCK_N keys of a head in shared memory while
+the query tiles stream past, in the transposed form that keeps the keys in the accumulators'
+rows, and bwd_dq_kernel holds BLOCK_M queries while the key tiles stream past. Both read the
+forward's base-2 LSE and delta = rowsum(dO * O) (kernels.bwd_delta_kernel, launched first).
 
 Scope: bf16 or fp16 qkv (B, N, 3, H, D), contiguous, D in {64, 128}, no dropout, no diagonal
-mask; the same O (B, N, H, D) and base-2 LSE (B, H, N) as fwd_kernel. Only on a CUDA device
-of compute capability 9.x, and only where Gluon imports (`available()`): with
-VITFLASH_GLUON=1 (opt-in: launch.gluon_forward) launch.py lists them as forward candidates
-beside the Triton ones ("gluon", "gluon_ws", launched by launch.GluonLaunch), and the tuner
-keeps whichever is fastest. Gluon kernels do not run in the interpreter: the CPU tests compile
-them for sm_90 and check what they compile to; their results are tested on the GPU.
+mask; the same O (B, N, H, D), base-2 LSE (B, H, N) and dqkv as the Triton kernels. Only on a
+CUDA device of compute capability 9.x, and only where Gluon imports (`available()`): there,
+unless VITFLASH_GLUON=0 (launch.gluon_kernels), launch.py lists them as candidates beside
+the Triton ones ("gluon", "gluon_ws", "gluon_bwd", launched by launch.GluonLaunch and
+launch.GluonBwdLaunch), and the tuner keeps whichever is fastest. Gluon kernels do not run in
+the interpreter: the CPU tests compile them for sm_90 and check what they compile to; their
+results are tested on the GPU.
 """
 from __future__ import annotations
 

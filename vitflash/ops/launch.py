@@ -8,7 +8,7 @@ programs); "short" holds all keys of a head on chip, a power-of-two tile and a t
 in the forward where that saves work); "atomic", the key-tile programs that bwd_atomic adds
 to the backward's candidates. On Hopper, "general_tma", "short_tma" (the forward's) and
 "atomic_tma" are their twins that load tiles through TMA descriptors, the last also adding dQ
-tiles in bulk. Also on Hopper, with VITFLASH_GLUON=1 (gluon_kernels), past N = 256 at head
+tiles in bulk. Also on Hopper, unless VITFLASH_GLUON=0 (gluon_kernels), past N = 256 at head
 dims 64 and 128, the forward lists "gluon" or "gluon_ws": the Gluon forwards of `hopper.py` (a
 4-warp form, and a warp-specialized one), launched by `GluonLaunch`; and the backward lists
 "gluon_bwd": the Gluon dK/dV and dQ kernels of `hopper.py`, launched apart after the delta
@@ -392,20 +392,21 @@ _GLUON: bool | None = None
 
 
 def gluon_kernels() -> bool:
-    """Whether the ops list the Gluon kernels of hopper.py: asked for (VITFLASH_GLUON=1),
-    Gluon imports in this triton and the GPU is a Hopper (compute capability 9.x: wgmma,
-    which later GPUs lack). Never in the interpreter, which does not run Gluon kernels.
+    """Whether the ops list the Gluon kernels of hopper.py: not turned off (VITFLASH_GLUON=0;
+    1, the default, lists them), Gluon imports in this triton and the GPU is a Hopper
+    (compute capability 9.x: wgmma, which later GPUs lack). Never in the interpreter, which
+    does not run Gluon kernels. Where listed they are candidates like any other: the tuner
+    keeps one only where it checks out and is the fastest.
 
-    Opt-in: the forwards have passed the FA2 rule on Hopper through the op
-    (test_gluon_forward_gpu, benchmarks/results/gpu_session_1d13bff/), the backward kernels
-    called directly (benchmarks/probes/gluon_bwd.py); the op's path through the backward
-    (GluonBwdLaunch) has its GPU test in test_gluon_backward_gpu."""
+    On Hopper GPUs the op's path through them passed the FA2 rule, forward and backward, at
+    N = 257-2049 and D = 64, 128 in bf16 and fp16 (test_gluon_forward_gpu,
+    test_gluon_backward_gpu, benchmarks/results/gpu_session_f48ef01/ on an H100)."""
     global _GLUON
     if _GLUON is None:
-        asked = os.environ.get("VITFLASH_GLUON", "0").strip()
+        asked = os.environ.get("VITFLASH_GLUON", "1").strip()
         if asked not in ("0", "1"):
-            raise ValueError(f"VITFLASH_GLUON={asked!r}: set it to 1 to list the Gluon forwards on "
-                             "Hopper GPUs, or to 0 (the default) to leave them out")
+            raise ValueError(f"VITFLASH_GLUON={asked!r}: set it to 0 to leave the Gluon kernels out "
+                             "(Hopper GPUs), or to 1 (the default) to list them")
         _GLUON = (asked == "1" and not INTERPRET and hopper.available() and torch.cuda.is_available()
                   and torch.cuda.get_device_capability()[0] == 9)
     return _GLUON
@@ -811,8 +812,8 @@ def _cache_file() -> Path:
 
 
 def _disk_key(key: tuple, device: torch.device) -> str:
-    """The cache file's entry for key on device: GPU name, versions, the key; a forward's
-    entries chosen among the Gluon forwards too (VITFLASH_GLUON=1) are kept apart."""
+    """The cache file's entry for key on device: GPU name, versions, the key; entries chosen
+    among the Gluon kernels too (gluon_kernels()) are kept apart from those chosen without."""
     op, dtype, n, d, bh, dropout = key
     return (f"{torch.cuda.get_device_name(device)}|torch {torch.__version__}|triton "
             f"{triton.__version__}|v{CACHE_VERSION}|{op}|{str(dtype).split('.')[-1]}|N={n}|D={d}|BH<={bh}"
