@@ -359,6 +359,54 @@ if _IMPORT_ERROR is None:
 
 
     @gluon.jit
+    def _bwd_buffers(res_a_desc, res_b_desc, ring_a_desc, ring_b_desc, b, row0, res_a_col, res_b_col,
+                     ring_a_col, ring_b_col, N, RES_ROWS: gl.constexpr, RING_ROWS: gl.constexpr,
+                     HEAD_DIM: gl.constexpr, STAGES: gl.constexpr):
+        """A backward program's shared memory: two resident tiles of RES_ROWS rows (its own
+        keys' K and V, or queries' Q and dO) behind one mbarrier, and a ring of STAGES buffers
+        for each of the two operands that stream past in RING_ROWS-row tiles, an mbarrier a
+        buffer; the resident tiles' loads and the ring's first STAGES tiles issued. Returns
+        the buffers, the barriers and the number of streamed tiles."""
+        dtype: gl.constexpr = res_a_desc.dtype
+        res_a = gl.allocate_shared_memory(dtype, [1, RES_ROWS, HEAD_DIM], res_a_desc.layout)
+        res_b = gl.allocate_shared_memory(dtype, [1, RES_ROWS, HEAD_DIM], res_b_desc.layout)
+        ring_a = gl.allocate_shared_memory(dtype, [STAGES, 1, RING_ROWS, HEAD_DIM], ring_a_desc.layout)
+        ring_b = gl.allocate_shared_memory(dtype, [STAGES, 1, RING_ROWS, HEAD_DIM], ring_b_desc.layout)
+        res_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        a_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        b_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        mbarrier.init(res_bar, count=1)
+        for i in gl.static_range(STAGES):
+            mbarrier.init(a_bars.index(i), count=1)
+            mbarrier.init(b_bars.index(i), count=1)
+        fence_async_shared()
+
+        mbarrier.expect(res_bar, 2 * RES_ROWS * HEAD_DIM * dtype.primitive_bitwidth // 8)
+        tma.async_copy_global_to_shared(res_a_desc, [b, row0, res_a_col], res_bar, res_a)
+        tma.async_copy_global_to_shared(res_b_desc, [b, row0, res_b_col], res_bar, res_b)
+        n_tiles = gl.cdiv(N, RING_ROWS)
+        for i in gl.static_range(STAGES):
+            if i < n_tiles:
+                _refill(ring_a_desc, ring_b_desc, b, i, ring_a_col, ring_b_col, a_bars, b_bars,
+                        ring_a, ring_b, i, RING_ROWS, HEAD_DIM)
+        return res_a, res_b, res_bar, ring_a, ring_b, a_bars, b_bars, n_tiles
+
+    @gluon.jit
+    def _refill(a_desc, b_desc, b, j, a_col, b_col, a_bars, b_bars, ring_a, ring_b, stage,
+                ROWS: gl.constexpr, HEAD_DIM: gl.constexpr):
+        """Streamed tile j of both ring operands into buffer `stage` of their rings."""
+        _load(a_desc, b, j, a_col, a_bars.index(stage), ring_a.index(stage), ROWS, HEAD_DIM)
+        _load(b_desc, b, j, b_col, b_bars.index(stage), ring_b.index(stage), ROWS, HEAD_DIM)
+
+    @gluon.jit
+    def _bwd_release(res_bar, a_bars, b_bars, STAGES: gl.constexpr):
+        """The barriers of _bwd_buffers invalidated (the program is done with its rings)."""
+        mbarrier.invalidate(res_bar)
+        for i in gl.static_range(STAGES):
+            mbarrier.invalidate(a_bars.index(i))
+            mbarrier.invalidate(b_bars.index(i))
+
+    @gluon.jit
     def bwd_dkdv_kernel(q_desc, kv_desc, do_desc, dkv_desc, LSE, DELTA, qk_scale, sm_scale, H, N,
                         HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                         STAGES: gl.constexpr, num_warps: gl.constexpr):
@@ -368,7 +416,6 @@ if _IMPORT_ERROR is None:
         LSE: the forward's base-2 log-sum-exp, DELTA: rowsum(dO * O), both (B, H, N) fp32."""
         row0, bh, b, q_col, k_col, v_col = _program(N, H, HEAD_DIM, BLOCK_N)
         dtype: gl.constexpr = kv_desc.dtype
-        nbytes: gl.constexpr = dtype.primitive_bitwidth // 8
 
         # (keys, queries) tiles and (keys, head dim) accumulators, each warp group 64 key rows
         t_layout: gl.constexpr = gl.NVMMADistributedLayout(
@@ -378,29 +425,9 @@ if _IMPORT_ERROR is None:
         op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
         col_t: gl.constexpr = gl.SliceLayout(0, t_layout)
 
-        k_smem = gl.allocate_shared_memory(dtype, [1, BLOCK_N, HEAD_DIM], kv_desc.layout)
-        v_smem = gl.allocate_shared_memory(dtype, [1, BLOCK_N, HEAD_DIM], kv_desc.layout)
-        q_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, BLOCK_M, HEAD_DIM], q_desc.layout)
-        do_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, BLOCK_M, HEAD_DIM], do_desc.layout)
-        kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-        q_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        do_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        mbarrier.init(kv_bar, count=1)
-        for i in gl.static_range(STAGES):
-            mbarrier.init(q_bars.index(i), count=1)
-            mbarrier.init(do_bars.index(i), count=1)
-        fence_async_shared()
-
-        mbarrier.expect(kv_bar, 2 * BLOCK_N * HEAD_DIM * nbytes)
-        tma.async_copy_global_to_shared(kv_desc, [b, row0, k_col], kv_bar, k_smem)
-        tma.async_copy_global_to_shared(kv_desc, [b, row0, v_col], kv_bar, v_smem)
-        n_tiles = gl.cdiv(N, BLOCK_M)
-        for i in gl.static_range(STAGES):
-            if i < n_tiles:
-                _load(q_desc, b, i, q_col, q_bars.index(i), q_smem.index(i),
-                           BLOCK_M, HEAD_DIM)
-                _load(do_desc, b, i, q_col, do_bars.index(i), do_smem.index(i),
-                           BLOCK_M, HEAD_DIM)
+        k_smem, v_smem, kv_bar, q_smem, do_smem, q_bars, do_bars, n_tiles = _bwd_buffers(
+            kv_desc, kv_desc, q_desc, do_desc, b, row0, k_col, v_col, q_col, q_col, N,
+            BLOCK_N, BLOCK_M, HEAD_DIM, STAGES)
 
         t_zero = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, t_layout)
         dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, acc_layout)
@@ -435,15 +462,10 @@ if _IMPORT_ERROR is None:
             dv, dk = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk))
             if i + STAGES < n_tiles:  # every warp is past its reads of this stage's buffers
                 _cta_barrier()
-                _load(q_desc, b, i + STAGES, q_col, q_bars.index(stage),
-                           q_smem.index(stage), BLOCK_M, HEAD_DIM)
-                _load(do_desc, b, i + STAGES, q_col, do_bars.index(stage),
-                           do_smem.index(stage), BLOCK_M, HEAD_DIM)
+                _refill(q_desc, do_desc, b, i + STAGES, q_col, q_col, q_bars, do_bars, q_smem,
+                        do_smem, stage, BLOCK_M, HEAD_DIM)
 
-        mbarrier.invalidate(kv_bar)
-        for i in gl.static_range(STAGES):
-            mbarrier.invalidate(q_bars.index(i))
-            mbarrier.invalidate(do_bars.index(i))
+        _bwd_release(kv_bar, q_bars, do_bars, STAGES)
         # dK, then dV, through one staging buffer (keys past N are outside the bounds: not written)
         out = gl.allocate_shared_memory(dtype, [1, BLOCK_N, HEAD_DIM], dkv_desc.layout)
         out.reshape([BLOCK_N, HEAD_DIM]).store((dk * sm_scale).to(dtype))
@@ -468,7 +490,6 @@ if _IMPORT_ERROR is None:
         dq_desc (dqkv) of BLOCK_M."""
         row0, bh, b, q_col, k_col, v_col = _program(N, H, HEAD_DIM, BLOCK_M)
         dtype: gl.constexpr = kv_desc.dtype
-        nbytes: gl.constexpr = dtype.primitive_bitwidth // 8
 
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(
             version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BLOCK_N, 16])
@@ -477,29 +498,9 @@ if _IMPORT_ERROR is None:
         op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
         row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
 
-        q_smem = gl.allocate_shared_memory(dtype, [1, BLOCK_M, HEAD_DIM], q_desc.layout)
-        do_smem = gl.allocate_shared_memory(dtype, [1, BLOCK_M, HEAD_DIM], do_desc.layout)
-        k_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, BLOCK_N, HEAD_DIM], kv_desc.layout)
-        v_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, BLOCK_N, HEAD_DIM], kv_desc.layout)
-        qdo_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-        k_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        v_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        mbarrier.init(qdo_bar, count=1)
-        for i in gl.static_range(STAGES):
-            mbarrier.init(k_bars.index(i), count=1)
-            mbarrier.init(v_bars.index(i), count=1)
-        fence_async_shared()
-
-        mbarrier.expect(qdo_bar, 2 * BLOCK_M * HEAD_DIM * nbytes)
-        tma.async_copy_global_to_shared(q_desc, [b, row0, q_col], qdo_bar, q_smem)
-        tma.async_copy_global_to_shared(do_desc, [b, row0, q_col], qdo_bar, do_smem)
-        n_tiles = gl.cdiv(N, BLOCK_N)
-        for i in gl.static_range(STAGES):
-            if i < n_tiles:
-                _load(kv_desc, b, i, k_col, k_bars.index(i), k_smem.index(i),
-                           BLOCK_N, HEAD_DIM)
-                _load(kv_desc, b, i, v_col, v_bars.index(i), v_smem.index(i),
-                           BLOCK_N, HEAD_DIM)
+        q_smem, do_smem, qdo_bar, k_smem, v_smem, k_bars, v_bars, n_tiles = _bwd_buffers(
+            q_desc, do_desc, kv_desc, kv_desc, b, row0, q_col, q_col, k_col, v_col, N,
+            BLOCK_M, BLOCK_N, HEAD_DIM, STAGES)
 
         rows = row0 + gl.arange(0, BLOCK_M, layout=row_s)
         base = bh.to(gl.int64) * N
@@ -528,15 +529,10 @@ if _IMPORT_ERROR is None:
             dq = warpgroup_mma_wait(num_outstanding=0, deps=(dq, ))
             if j + STAGES < n_tiles:  # every warp is past its reads of this stage's buffers
                 _cta_barrier()
-                _load(kv_desc, b, j + STAGES, k_col, k_bars.index(stage),
-                           k_smem.index(stage), BLOCK_N, HEAD_DIM)
-                _load(kv_desc, b, j + STAGES, v_col, v_bars.index(stage),
-                           v_smem.index(stage), BLOCK_N, HEAD_DIM)
+                _refill(kv_desc, kv_desc, b, j + STAGES, k_col, v_col, k_bars, v_bars, k_smem,
+                        v_smem, stage, BLOCK_N, HEAD_DIM)
 
-        mbarrier.invalidate(qdo_bar)
-        for i in gl.static_range(STAGES):
-            mbarrier.invalidate(k_bars.index(i))
-            mbarrier.invalidate(v_bars.index(i))
+        _bwd_release(qdo_bar, k_bars, v_bars, STAGES)
         out = gl.allocate_shared_memory(dtype, [1, BLOCK_M, HEAD_DIM], dq_desc.layout)
         out.reshape([BLOCK_M, HEAD_DIM]).store((dq * sm_scale).to(dtype))
         fence_async_shared()

@@ -717,25 +717,12 @@ def fast_launches() -> int:
     return _fast_count
 
 
-class GluonLaunch:
-    """A Gluon forward (hopper.py) in an op's plan, called as a Launch of the Triton forward
-    is, (qkv, o, lse, seed, qk_scale, drop_p, H, N), without the descriptor arguments: it
-    makes its own TMA descriptors at each call, and never runs with dropout (seed and drop_p
-    are not read). Its calls go through Gluon's own launch path."""
+class _GluonLaunches:
+    """What the Gluon launches share: a kernel of hopper.py with its constexprs (STAGES among
+    them) and compile options, programs of `rows` rows (queries or keys) each, launched over
+    (row tiles, batch, head) through Gluon's own launch path, or compiled only (_compile_all)."""
 
-    __slots__ = ("kernel", "consts", "options", "block_m", "block_n", "rows")
-
-    def __init__(self, c: Candidate, D: int):
-        m = c.meta
-        self.block_m, self.block_n = m["BLOCK_M"], m["BLOCK_N"]
-        self.consts = dict(HEAD_DIM=D, BLOCK_M=self.block_m, BLOCK_N=self.block_n,
-                           STAGES=c.num_stages)
-        self.options = dict(num_warps=c.num_warps)
-        self.kernel, self.rows = hopper.fwd_wgmma_kernel, self.block_m
-        if c.family == "gluon_ws":
-            self.kernel, self.rows = hopper.fwd_ws_kernel, 2 * self.block_m
-            self.consts["CONSUMER_REGS"] = m["CONSUMER_REGS"]
-            self.options["maxnreg"] = hopper.ws_maxnreg(m["CONSUMER_REGS"])
+    __slots__ = ("kernel", "consts", "options", "rows")
 
     @property
     def num_warps(self) -> int:
@@ -750,21 +737,45 @@ class GluonLaunch:
         """None: no direct launch of a compiled binary (see Launch.compiled)."""
         return None
 
-    def __call__(self, qkv, o, lse, seed, qk_scale, drop_p, H, N) -> None:
-        args = (*hopper.descriptors(qkv, o, self.block_m, self.block_n), lse, qk_scale, H, N)
-        grid = (-(-N // self.rows) * qkv.shape[0] * H, )
+    def _launch(self, args: tuple, B: int, H: int, N: int) -> None:
+        grid = (-(-N // self.rows) * B * H, )
         if getattr(_compiling, "only", False):  # in _compile_all: compile, launch nothing
             self.kernel.warmup(*args, grid=grid, **self.consts, **self.options)
             return
         self.kernel[grid](*args, **self.consts, **self.options)
 
 
-class GluonBwdLaunch:
+class GluonLaunch(_GluonLaunches):
+    """A Gluon forward (hopper.py) in an op's plan, called as a Launch of the Triton forward
+    is, (qkv, o, lse, seed, qk_scale, drop_p, H, N), without the descriptor arguments: it
+    makes its own TMA descriptors at each call, and never runs with dropout (seed and drop_p
+    are not read)."""
+
+    __slots__ = ("block_m", "block_n")
+
+    def __init__(self, c: Candidate, D: int):
+        m = c.meta
+        self.block_m, self.block_n = m["BLOCK_M"], m["BLOCK_N"]
+        self.consts = dict(HEAD_DIM=D, BLOCK_M=self.block_m, BLOCK_N=self.block_n,
+                           STAGES=c.num_stages)
+        self.options = dict(num_warps=c.num_warps)
+        self.kernel, self.rows = hopper.fwd_wgmma_kernel, self.block_m
+        if c.family == "gluon_ws":
+            self.kernel, self.rows = hopper.fwd_ws_kernel, 2 * self.block_m
+            self.consts["CONSUMER_REGS"] = m["CONSUMER_REGS"]
+            self.options["maxnreg"] = hopper.ws_maxnreg(m["CONSUMER_REGS"])
+
+    def __call__(self, qkv, o, lse, seed, qk_scale, drop_p, H, N) -> None:
+        args = (*hopper.descriptors(qkv, o, self.block_m, self.block_n), lse, qk_scale, H, N)
+        self._launch(args, qkv.shape[0], H, N)
+
+
+class GluonBwdLaunch(_GluonLaunches):
     """One of a "gluon_bwd" candidate's two launches (hopper.py): its dK/dV kernel (dkdv) or
     its dQ kernel, called as (qkv, do, lse, delta, dqkv, qk_scale, softmax_scale, H, N) after
     the plan's delta launch; each makes its own TMA descriptors at each call."""
 
-    __slots__ = ("kernel", "consts", "options", "dkdv", "rows")
+    __slots__ = ("dkdv", )
 
     def __init__(self, c: Candidate, D: int, dkdv: bool):
         m = c.meta
@@ -774,27 +785,11 @@ class GluonBwdLaunch:
         self.consts = dict(HEAD_DIM=D, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=c.num_stages)
         self.options = dict(num_warps=self.rows // 16)  # a warp group per 64 rows
 
-    @property
-    def num_warps(self) -> int:
-        return self.options["num_warps"]
-
-    @property
-    def num_stages(self) -> int:
-        return self.consts["STAGES"]
-
-    @property
-    def compiled(self) -> None:
-        return None
-
     def __call__(self, qkv, do, lse, delta, dqkv, qk_scale, softmax_scale, H, N) -> None:
         c = self.consts
         args = (*hopper.bwd_descriptors(qkv, do, dqkv, c["BLOCK_M"], c["BLOCK_N"], self.dkdv),
                 lse, delta, qk_scale, softmax_scale, H, N)
-        grid = (-(-N // self.rows) * qkv.shape[0] * H, )
-        if getattr(_compiling, "only", False):  # in _compile_all: compile, launch nothing
-            self.kernel.warmup(*args, grid=grid, **c, **self.options)
-            return
-        self.kernel[grid](*args, **c, **self.options)
+        self._launch(args, qkv.shape[0], H, N)
 
 
 # ----------------------------------------------------------------------------------------
