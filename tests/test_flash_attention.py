@@ -715,8 +715,9 @@ def test_a_misaligned_packed_input_is_copied_and_gives_the_same_results():
 def test_gluon_kernels_are_listed_only_where_they_were_measured_to_pay(monkeypatch):
     """On Hopper the forward lists one Gluon candidate past N = 256 at D = 64 (the 4-warp
     form) and D = 128 (the warp-specialized one), and both backwards (deterministic or not)
-    two, 64-key and 128-key dK/dV programs with 64-row dQ programs; never at N <= 256, at
-    other head dims, or with dropout (the Gluon kernels have none)."""
+    64-key and 128-key dK/dV programs with 64-row dQ programs, and at D = 64 the 64-key one
+    with its products overlapped across steps, in 2 and 3 stages (at D = 128 it spills);
+    never at N <= 256, at other head dims, or with dropout (the Gluon kernels have none)."""
     monkeypatch.setattr(launch, "_GLUON", True)
     monkeypatch.setattr(launch, "_TMA", True)
 
@@ -730,10 +731,13 @@ def test_gluon_kernels_are_listed_only_where_they_were_measured_to_pay(monkeypat
     (c128,) = gluon("fwd", 4097, 128)
     assert c128.family == "gluon_ws" and c128.meta == dict(BLOCK_M=64, BLOCK_N=128, CONSUMER_REGS=240)
     assert gluon("fwd", launch.GLUON_MIN_N, 64) == [c64]
-    for op, n, d in (("bwd", 577, 64), ("bwd", launch.GLUON_MIN_N, 128), ("bwd_atomic", 4097, 128)):
+    for op, n, d in (("bwd", 577, 64), ("bwd", launch.GLUON_MIN_N, 128), ("bwd_atomic", 4097, 128),
+                     ("bwd_atomic", 1025, 64)):
         cands = gluon(op, n, d)
-        assert [(c.family, c.meta["BLOCK_N1"], c.num_warps, c.num_stages) for c in cands] == \
-            [("gluon_bwd", 64, 4, 2), ("gluon_bwd", 128, 8, 2)], (op, n, d)
+        overlapped = [("gluon_bwd", 64, 4, 2, 1), ("gluon_bwd", 64, 4, 3, 1)] if d == 64 else []
+        assert [(c.family, c.meta["BLOCK_N1"], c.num_warps, c.num_stages, c.meta.get("OVERLAP", 0))
+                for c in cands] == [("gluon_bwd", 64, 4, 2, 0), ("gluon_bwd", 128, 8, 2, 0), *overlapped], \
+            (op, n, d)
         assert all((c.meta["BLOCK_M1"], c.meta["BLOCK_M2"], c.meta["BLOCK_N2"]) == (64, 64, 64)
                    for c in cands)
     for op, n, d, dropout in (("fwd", 197, 64, False), ("fwd", 256, 128, False), ("fwd", 577, 80, False),
@@ -794,11 +798,11 @@ for family, blocks, D, N in (("gluon_ws", (("BLOCK_M", 64), ("BLOCK_N", 128), ("
     print(family, D, len(compiled), *{(ck.metadata.num_warps, getattr(ck.metadata, "maxnreg", None),
                                        "wgmma" in ck.asm["ptx"]) for ck in compiled})
 
-# the backward's two launches, each candidate at both head dims
-names = ("BLOCK_M1", "BLOCK_N1", "BLOCK_M2", "BLOCK_N2")
-for n1, warps in ((64, 4), (128, 8)):
-    c = launch.Candidate("gluon_bwd", tuple(zip(names, (64, n1, 64, 64))), warps, 2)
-    for D in (64, 128):
+# the backward's two launches, each candidate at both head dims (the overlapped one at D = 64)
+names = ("BLOCK_M1", "BLOCK_N1", "BLOCK_M2", "BLOCK_N2", "OVERLAP")
+for n1, warps, overlap in ((64, 4, 0), (128, 8, 0), (64, 4, 1)):
+    c = launch.Candidate("gluon_bwd", tuple(zip(names, (64, n1, 64, 64, overlap))), warps, 2)
+    for D in ((64, ) if overlap else (64, 128)):
         for dkdv in (True, False):
             g = launch.GluonBwdLaunch(c, D, dkdv)
             g.kernel.device_caches.clear()
@@ -808,7 +812,7 @@ for n1, warps in ((64, 4), (128, 8)):
                 launch._compiling.only = True
                 g(qkv, do, lse, lse, torch.empty_like(qkv), 0.1, 0.125, 3, 300)
             compiled = list(g.kernel.device_caches[0][0].values())
-            print("dkdv" if dkdv else "dq", n1, D, len(compiled),
+            print("dkdv" if dkdv else "dq", n1, D, overlap, len(compiled),
                   *{(ck.metadata.num_warps, "wgmma" in ck.asm["ptx"]) for ck in compiled})
 """
 
@@ -819,16 +823,18 @@ def test_a_gluon_launch_compiles_its_kernel_for_sm90():
     qkv (one binary each), for sm_90, where the tuner's compile-only pass would: 12 warps
     (two consumer groups and the loader's warp allocated as a group) under a 168-register
     cap, or 4 warps with none. So do both Gluon backward candidates' two launches
-    (GluonBwdLaunch) at D = 64 and 128: the dK/dV kernel in a warp group per 64 keys, the dQ
-    kernel in 4 warps."""
+    (GluonBwdLaunch) at D = 64 and 128, and the overlapped dK/dV form at D = 64: the dK/dV
+    kernel in a warp group per 64 keys, the dQ kernel in 4 warps."""
     if not hopper.available():
         pytest.skip(f"Gluon does not import in this triton: {hopper._IMPORT_ERROR}")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     out = subprocess.run([sys.executable, "-c", _GLUON_LAUNCH_WARMUP], capture_output=True, text=True,
                          env=env, check=True).stdout.split("\n")
     assert out[:2] == ["gluon_ws 128 2 (12, 168, True)", "gluon 64 2 (4, None, True)"]
-    assert out[2:10] == [f"{k} {n1} {D} 2 ({w}, True)" for n1 in (64, 128) for D in (64, 128)
-                         for k, w in (("dkdv", n1 // 16), ("dq", 4))]
+    assert out[2:12] == [f"{k} {n1} {D} {o} 2 ({w}, True)" for n1, o, dims in ((64, 0, (64, 128)),
+                                                                               (128, 0, (64, 128)),
+                                                                               (64, 1, (64, )))
+                         for D in dims for k, w in (("dkdv", n1 // 16), ("dq", 4))]
 
 
 def test_a_gluon_candidate_plans_one_gluon_launch_but_not_with_a_mask_or_dropout():
@@ -861,6 +867,10 @@ def test_a_gluon_backward_candidate_plans_delta_then_its_two_launches_but_not_wi
     assert (dq.kernel, dq.rows, dq.num_warps, dq.dkdv) == (hopper.bwd_dq_kernel, 64, 4, False)
     assert dkdv.consts == dict(HEAD_DIM=128, BLOCK_M=64, BLOCK_N=128, STAGES=2)
     assert dq.consts == dict(HEAD_DIM=128, BLOCK_M=64, BLOCK_N=64, STAGES=2)
+    overlapped = launch.Candidate("gluon_bwd", (*zip(names, (64, 64, 64, 64)), ("OVERLAP", 1)), 4, 3)
+    _, dkdv, dq = flash_mod._bwd_launches(overlapped, 2, 577, 12, 64)
+    assert dkdv.consts == dict(HEAD_DIM=64, BLOCK_M=64, BLOCK_N=64, STAGES=3, OVERLAP=1)
+    assert dq.consts == dict(HEAD_DIM=64, BLOCK_M=64, BLOCK_N=64, STAGES=3)
     for kw in (dict(diag=True), dict(dropout=True)):
         plan = flash_mod._bwd_launches(c, 2, 577, 12, 128, **kw)
         assert all(isinstance(p, launch.Launch) for p in plan), kw
@@ -916,7 +926,7 @@ def test_gluon_backward_gpu(monkeypatch, N, D):
         pytest.skip("the Gluon kernels run on Hopper GPUs with a triton that has Gluon")
     bwds = [c for c in launch.candidates("bwd", N, D) if c.family == launch.GLUON_BWD_FAMILY]
     (gluon_fwd,) = [c for c in launch.candidates("fwd", N, D, 2 * 4) if c.family in launch.GLUON_FAMILIES]
-    assert len(bwds) == 2
+    assert len(bwds) == (4 if D == 64 else 2)
     for fwd in (launch.heuristic("fwd", N, D), gluon_fwd):
         for bwd in bwds:
             _force(monkeypatch, fwd, bwd)

@@ -932,9 +932,10 @@ def test_gluon_fwd_probe_reads_both_forms_from_its_configs():
 
 
 def test_gluon_bwd_probe_compiles_its_kernel_for_sm90():
-    """The Gluon backward's two kernels (a probe's, not yet listed) compile for sm_90 at both
-    head dims with no spills: one loop step's products as wgmma (the dK/dV kernel's four, the
-    dQ kernel's three), and mbarrier waits for their TMA loads."""
+    """The Gluon backward's two kernels compile for sm_90 at both head dims with no spills:
+    one loop step's products as wgmma (the dK/dV kernel's four, the dQ kernel's three; the
+    overlapped dK/dV form, whose first step is apart from its loop, twice four), and mbarrier
+    waits for their TMA loads."""
     probe = _load("gluon_bwd")
     if not probe.hopper.available():
         pytest.skip(f"Gluon does not import in this triton: {probe.hopper._IMPORT_ERROR}")
@@ -951,15 +952,17 @@ def test_gluon_bwd_probe_compiles_its_kernel_for_sm90():
             # the loop's products in 16-deep steps: dK/dV's S^T and dP^T over d, dV and dK over
             # the query tile; dQ's S and dP over d, dQ over the key tile
             products = 2 * d // 16 + (2 * m // 16 if config.startswith("dkdv") else n // 16)
+            products *= 2 if config.endswith("o") else 1
             assert int(hgmma) == products and int(mbar_waits) > 0, (d, config)
 
 
 def test_gluon_bwd_probe_refuses_warps_that_do_not_match_its_rows():
     probe = _load("gluon_bwd")
-    assert probe.parse_config("64x128x2x8") == (64, 128, 2, 8)
+    assert probe.parse_config("64x128x2x8") == (64, 128, 2, 8, 0)
+    assert probe.parse_config("64x64x3x4o") == (64, 64, 3, 4, 1)
     with pytest.raises(ValueError, match="each warp group of 4 takes 64 keys"):
         probe.parse_config("64x128x2x4")
-    assert probe.parse_config("128x64x2x8", "dq") == (128, 64, 2, 8)
+    assert probe.parse_config("128x64x2x8", "dq") == (128, 64, 2, 8, 0)
     with pytest.raises(ValueError, match="each warp group of 4 takes 64 queries"):
         probe.parse_config("128x64x2x4", "dq")
 

@@ -407,13 +407,53 @@ if _IMPORT_ERROR is None:
             mbarrier.invalidate(b_bars.index(i))
 
     @gluon.jit
+    def _dkdv_step(i, q_desc, do_desc, q_smem, do_smem, q_bars, do_bars, k2, v2, dv, dk, lse, delta,
+                   t_zero, qk_scale, LSE, DELTA, base, cols0, b, q_col, N, n_tiles,
+                   op_layout: gl.constexpr, PREV: gl.constexpr, BLOCK_M: gl.constexpr,
+                   HEAD_DIM: gl.constexpr, STAGES: gl.constexpr):
+        """Step i of bwd_dkdv_kernel's OVERLAP form: S^T and dP^T issued; then (PREV) the
+        previous step's dV and dK products, issued before them, waited for and that step's
+        buffers refilled; then dV and dK of this step issued and left running. Returns them
+        (unfinished) with the next step's row statistics."""
+        stage = i % STAGES
+        phase = (i // STAGES) & 1
+        dtype: gl.constexpr = q_desc.dtype
+        mbarrier.wait(q_bars.index(stage), phase)
+        q2 = q_smem.index(stage).reshape([BLOCK_M, HEAD_DIM])
+        st = warpgroup_mma(k2, q2.permute((1, 0)), t_zero, use_acc=False, is_async=True)
+        mbarrier.wait(do_bars.index(stage), phase)
+        do2 = do_smem.index(stage).reshape([BLOCK_M, HEAD_DIM])
+        dpt = warpgroup_mma(v2, do2.permute((1, 0)), t_zero, use_acc=False, is_async=True)
+        if PREV:  # (wgmma groups retire in the order they were issued)
+            dv, dk = warpgroup_mma_wait(num_outstanding=2, deps=(dv, dk))
+            if i - 1 + STAGES < n_tiles:  # every warp is past its reads of that step's buffers
+                _cta_barrier()
+                _refill(q_desc, do_desc, b, i - 1 + STAGES, q_col, q_col, q_bars, do_bars, q_smem,
+                        do_smem, (i - 1) % STAGES, BLOCK_M, HEAD_DIM)
+        st = warpgroup_mma_wait(num_outstanding=1, deps=(st, ))
+        pt = gl.exp2(st * qk_scale - gl.expand_dims(lse, 0))
+        dv = warpgroup_mma(gl.convert_layout(pt.to(dtype), op_layout), do2, dv, is_async=True)
+        dpt = warpgroup_mma_wait(num_outstanding=1, deps=(dpt, ))
+        dst = pt * (dpt - gl.expand_dims(delta, 0))
+        dk = warpgroup_mma(gl.convert_layout(dst.to(dtype), op_layout), q2, dk, is_async=True)
+        cols = (i + 1) * BLOCK_M + cols0
+        lse = gl.load(LSE + base + cols, mask=cols < N, other=float("inf"))
+        delta = gl.load(DELTA + base + cols, mask=cols < N, other=0.0)
+        return dv, dk, lse, delta
+
+    @gluon.jit
     def bwd_dkdv_kernel(q_desc, kv_desc, do_desc, dkv_desc, LSE, DELTA, qk_scale, sm_scale, H, N,
                         HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                        STAGES: gl.constexpr, num_warps: gl.constexpr):
+                        STAGES: gl.constexpr, num_warps: gl.constexpr, OVERLAP: gl.constexpr = 0):
         """dK and dV of BLOCK_N keys of one (batch, head). Descriptors: qkv as (B, N, 3 * H * D)
         in (1, BLOCK_M, D) boxes (q_desc) and (1, BLOCK_N, D) boxes (kv_desc), do as
         (B, N, H * D) in (1, BLOCK_M, D) boxes, dqkv like qkv in (1, BLOCK_N, D) boxes (dkv_desc).
-        LSE: the forward's base-2 log-sum-exp, DELTA: rowsum(dO * O), both (B, H, N) fp32."""
+        LSE: the forward's base-2 log-sum-exp, DELTA: rowsum(dO * O), both (B, H, N) fp32.
+
+        OVERLAP = 0: each step waits for its dV and dK products before the next step begins.
+        OVERLAP = 1: they finish behind the next step's S^T and dP^T products, which are
+        issued first (_dkdv_step); a step waits for the previous one's two, then refills
+        that step's buffers."""
         row0, bh, b, q_col, k_col, v_col = _program(N, H, HEAD_DIM, BLOCK_N)
         dtype: gl.constexpr = kv_desc.dtype
 
@@ -440,30 +480,28 @@ if _IMPORT_ERROR is None:
         lse = gl.load(LSE + base + cols0, mask=cols0 < N, other=float("inf"))
         delta = gl.load(DELTA + base + cols0, mask=cols0 < N, other=0.0)
         mbarrier.wait(kv_bar, 0)
-        for i in range(n_tiles):
-            stage = i % STAGES
-            phase = (i // STAGES) & 1
-            mbarrier.wait(q_bars.index(stage), phase)
-            q2 = q_smem.index(stage).reshape([BLOCK_M, HEAD_DIM])
-            st = warpgroup_mma(k2, q2.permute((1, 0)), t_zero, use_acc=False, is_async=True)
-            mbarrier.wait(do_bars.index(stage), phase)
-            do2 = do_smem.index(stage).reshape([BLOCK_M, HEAD_DIM])
-            dpt = warpgroup_mma(v2, do2.permute((1, 0)), t_zero, use_acc=False, is_async=True)
-            st = warpgroup_mma_wait(num_outstanding=1, deps=(st, ))
-            pt = gl.exp2(st * qk_scale - gl.expand_dims(lse, 0))
-            dv = warpgroup_mma(gl.convert_layout(pt.to(dtype), op_layout), do2, dv, is_async=True)
-            dpt = warpgroup_mma_wait(num_outstanding=1, deps=(dpt, ))
-            dst = pt * (dpt - gl.expand_dims(delta, 0))
-            dk = warpgroup_mma(gl.convert_layout(dst.to(dtype), op_layout), q2, dk, is_async=True)
-            # the next tile's statistics, loaded while the two products finish
-            cols = (i + 1) * BLOCK_M + cols0
-            lse = gl.load(LSE + base + cols, mask=cols < N, other=float("inf"))
-            delta = gl.load(DELTA + base + cols, mask=cols < N, other=0.0)
+        if OVERLAP:  # step 0, then each step with the previous one's dV and dK finishing behind
+            dv, dk, lse, delta = _dkdv_step(0, q_desc, do_desc, q_smem, do_smem, q_bars, do_bars,
+                                            k2, v2, dv, dk, lse, delta, t_zero, qk_scale, LSE,
+                                            DELTA, base, cols0, b, q_col, N, n_tiles, op_layout,
+                                            False, BLOCK_M, HEAD_DIM, STAGES)
+            for i in range(1, n_tiles):
+                dv, dk, lse, delta = _dkdv_step(i, q_desc, do_desc, q_smem, do_smem, q_bars, do_bars,
+                                                k2, v2, dv, dk, lse, delta, t_zero, qk_scale, LSE,
+                                                DELTA, base, cols0, b, q_col, N, n_tiles, op_layout,
+                                                True, BLOCK_M, HEAD_DIM, STAGES)
             dv, dk = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk))
-            if i + STAGES < n_tiles:  # every warp is past its reads of this stage's buffers
-                _cta_barrier()
-                _refill(q_desc, do_desc, b, i + STAGES, q_col, q_col, q_bars, do_bars, q_smem,
-                        do_smem, stage, BLOCK_M, HEAD_DIM)
+        else:  # each step's dV and dK waited for before the next step
+            for i in range(n_tiles):
+                dv, dk, lse, delta = _dkdv_step(i, q_desc, do_desc, q_smem, do_smem, q_bars, do_bars,
+                                                k2, v2, dv, dk, lse, delta, t_zero, qk_scale, LSE,
+                                                DELTA, base, cols0, b, q_col, N, n_tiles, op_layout,
+                                                False, BLOCK_M, HEAD_DIM, STAGES)
+                dv, dk = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk))
+                if i + STAGES < n_tiles:  # every warp is past its reads of this step's buffers
+                    _cta_barrier()
+                    _refill(q_desc, do_desc, b, i + STAGES, q_col, q_col, q_bars, do_bars, q_smem,
+                            do_smem, i % STAGES, BLOCK_M, HEAD_DIM)
 
         _bwd_release(kv_bar, q_bars, do_bars, STAGES)
         # dK, then dV, through one staging buffer (keys past N are outside the bounds: not written)
