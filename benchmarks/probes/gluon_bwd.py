@@ -30,8 +30,8 @@ triton and assembled by its ptxas (registers, spills, shared memory, wgmma and b
     python benchmarks/probes/gluon_bwd.py --compile --d 128 --configs 64x128x2x8
 
 Configurations are BLOCK_M x BLOCK_N x STAGES x warps (--configs: dK/dV, where each warp
-group of 4 owns 64 of the BLOCK_N keys, an "o" suffix for the form whose dV and dK products
-finish behind the next step's; --dq-configs: dQ, 64 of the BLOCK_M queries).
+group of 4 owns 64 of the BLOCK_N keys; --dq-configs: dQ, 64 of the BLOCK_M queries), with an
+"o" suffix for the form whose products into dV and dK (dQ) finish behind the next step's.
 """
 from __future__ import annotations
 
@@ -56,16 +56,17 @@ from vitflash.ops import hopper  # noqa: E402
 # none, 215-232 registers: listed here, not yet timed, not in the op), and dQ ones
 DEFAULT_CONFIGS = {64: ["64x128x2x8", "64x64x2x4", "64x64x2x4o", "64x64x3x4o"],
                    128: ["64x128x2x8", "64x64x2x4", "32x64x2x4o", "32x64x3x4o"]}
-DQ_CONFIGS = {64: ["64x64x2x4", "128x64x2x8", "64x128x2x4"], 128: ["64x64x2x4", "128x64x2x8"]}
+DQ_CONFIGS = {64: ["64x64x2x4", "128x64x2x8", "64x128x2x4", "64x64x2x4o"],
+              128: ["64x64x2x4", "128x64x2x8", "64x64x2x4o"]}
 SHAPES = ["64,12,577,64", "8,12,4097,64", "32,16,577,128", "4,16,4097,128"]
 
 
 def parse_config(text: str, kernel: str = "dkdv") -> tuple[int, int, int, int, int]:
     """"MxNxSxW[o]" -> (BLOCK_M, BLOCK_N, STAGES, warps, OVERLAP): for the dK/dV kernel
     warps = BLOCK_N / 16 (a warp group a 64 keys), for the dQ kernel BLOCK_M / 16 (a warp
-    group a 64 queries); an "o" suffix (dK/dV only) overlaps each step's dV and dK products
-    with the next step's (hopper.bwd_dkdv_kernel's OVERLAP)."""
-    overlap = int(kernel == "dkdv" and text.endswith("o"))
+    group a 64 queries); an "o" suffix overlaps each step's dV and dK products (dQ product)
+    with the next step's (the kernels' OVERLAP)."""
+    overlap = int(text.endswith("o"))
     m, n, s, w = (int(x) for x in text.removesuffix("o" if overlap else "").split("x"))
     rows, what = (n, "keys") if kernel == "dkdv" else (m, "queries")
     if w * 16 != rows:
@@ -81,8 +82,7 @@ def _sig(d: int, bm: int, bn: int, kernel: str) -> dict:
     return dict(q_desc=desc(bm), kv_desc=desc(bn), do_desc=desc(bm), **out,
                 LSE="*fp32", DELTA="*fp32", qk_scale="fp32", sm_scale="fp32", H="i32", N="i32",
                 HEAD_DIM="constexpr", BLOCK_M="constexpr", BLOCK_N="constexpr",
-                STAGES="constexpr", num_warps="constexpr",
-                **(dict(OVERLAP="constexpr") if kernel == "dkdv" else {}))
+                STAGES="constexpr", num_warps="constexpr", OVERLAP="constexpr")
 
 
 def compile_sm90(d: int, cfg: tuple[int, int, int, int, int], kernel: str = "dkdv"):
@@ -92,7 +92,7 @@ def compile_sm90(d: int, cfg: tuple[int, int, int, int, int], kernel: str = "dkd
     from triton.experimental.gluon._runtime import GluonASTSource
     bm, bn, stages, warps, overlap = cfg
     consts = dict(HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, STAGES=stages, num_warps=warps,
-                  **(dict(OVERLAP=overlap) if kernel == "dkdv" else {}))
+                  OVERLAP=overlap)
     fn = hopper.bwd_dkdv_kernel if kernel == "dkdv" else hopper.bwd_dq_kernel
     src = GluonASTSource(fn=fn, signature=_sig(d, bm, bn, kernel), constexprs=consts)
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps))
@@ -118,7 +118,7 @@ def gluon_grads(qkv, do, lse, delta, scale: float, cfg: tuple[int, int, int, int
     grid = (triton.cdiv(N, bn if dkdv else bm) * B * H, )
     fn[grid](*hopper.bwd_descriptors(qkv, do, dqkv, bm, bn, dkdv), lse, delta,
              scale * 1.4426950408889634, scale, H, N, D, bm, bn, stages, num_warps=warps,
-             **(dict(OVERLAP=overlap) if dkdv else {}))
+             OVERLAP=overlap)
     return dqkv
 
 

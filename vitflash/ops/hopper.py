@@ -517,15 +517,44 @@ if _IMPORT_ERROR is None:
         tma.store_wait(pendings=0)
 
     @gluon.jit
+    def _dq_step(j, kv_desc, k_smem, v_smem, k_bars, v_bars, q2, do2, dq, lse, delta, s_zero,
+                 qk_scale, b, k_col, v_col, n_tiles, op_layout: gl.constexpr, PREV: gl.constexpr,
+                 BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr):
+        """Step j of bwd_dq_kernel: S and dP issued; then (PREV) the previous step's dQ
+        product, issued before them, waited for and that step's K and V buffers refilled;
+        then this step's dQ product issued and left running (returned unfinished)."""
+        stage = j % STAGES
+        phase = (j // STAGES) & 1
+        dtype: gl.constexpr = kv_desc.dtype
+        mbarrier.wait(k_bars.index(stage), phase)
+        k2 = k_smem.index(stage).reshape([BLOCK_N, HEAD_DIM])
+        s = warpgroup_mma(q2, k2.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        mbarrier.wait(v_bars.index(stage), phase)
+        v2 = v_smem.index(stage).reshape([BLOCK_N, HEAD_DIM])
+        dp = warpgroup_mma(do2, v2.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        if PREV:  # (wgmma groups retire in the order they were issued)
+            dq = warpgroup_mma_wait(num_outstanding=2, deps=(dq, ))
+            if j - 1 + STAGES < n_tiles:  # every warp is past its reads of that step's buffers
+                _cta_barrier()
+                _refill(kv_desc, kv_desc, b, j - 1 + STAGES, k_col, v_col, k_bars, v_bars, k_smem,
+                        v_smem, (j - 1) % STAGES, BLOCK_N, HEAD_DIM)
+        s = warpgroup_mma_wait(num_outstanding=1, deps=(s, ))
+        p = gl.exp2(s * qk_scale - gl.expand_dims(lse, 1))
+        dp = warpgroup_mma_wait(num_outstanding=0, deps=(dp, ))
+        ds = p * (dp - gl.expand_dims(delta, 1))
+        return warpgroup_mma(gl.convert_layout(ds.to(dtype), op_layout), k2, dq, is_async=True)
+
+    @gluon.jit
     def bwd_dq_kernel(q_desc, kv_desc, do_desc, dq_desc, LSE, DELTA, qk_scale, sm_scale, H, N,
                       HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                      STAGES: gl.constexpr, num_warps: gl.constexpr):
+                      STAGES: gl.constexpr, num_warps: gl.constexpr, OVERLAP: gl.constexpr = 0):
         """dQ of BLOCK_M queries of one (batch, head): Q and dO stay in shared memory while the
         key tiles stream past (K and V in a ring of STAGES TMA buffers). S = Q K_j^T and
         dP = dO V_j^T issued together; P = exp2(S * qk_scale - LSE), dS = P * (dP - delta),
         dQ += dS K_j. Keys past N need no mask: their K rows are read as zeros, so their dS
         adds nothing. Descriptors as bwd_dkdv_kernel's, with K/V boxes of BLOCK_N rows and
-        dq_desc (dqkv) of BLOCK_M."""
+        dq_desc (dqkv) of BLOCK_M. OVERLAP as bwd_dkdv_kernel's: each step's dQ product
+        finishes behind the next step's S and dP (_dq_step)."""
         row0, bh, b, q_col, k_col, v_col = _program(N, H, HEAD_DIM, BLOCK_M)
         dtype: gl.constexpr = kv_desc.dtype
 
@@ -550,25 +579,25 @@ if _IMPORT_ERROR is None:
         q2 = q_smem.reshape([BLOCK_M, HEAD_DIM])
         do2 = do_smem.reshape([BLOCK_M, HEAD_DIM])
         mbarrier.wait(qdo_bar, 0)
-        for j in range(n_tiles):
-            stage = j % STAGES
-            phase = (j // STAGES) & 1
-            mbarrier.wait(k_bars.index(stage), phase)
-            k2 = k_smem.index(stage).reshape([BLOCK_N, HEAD_DIM])
-            s = warpgroup_mma(q2, k2.permute((1, 0)), s_zero, use_acc=False, is_async=True)
-            mbarrier.wait(v_bars.index(stage), phase)
-            v2 = v_smem.index(stage).reshape([BLOCK_N, HEAD_DIM])
-            dp = warpgroup_mma(do2, v2.permute((1, 0)), s_zero, use_acc=False, is_async=True)
-            s = warpgroup_mma_wait(num_outstanding=1, deps=(s, ))
-            p = gl.exp2(s * qk_scale - gl.expand_dims(lse, 1))
-            dp = warpgroup_mma_wait(num_outstanding=0, deps=(dp, ))
-            ds = p * (dp - gl.expand_dims(delta, 1))
-            dq = warpgroup_mma(gl.convert_layout(ds.to(dtype), op_layout), k2, dq, is_async=True)
+        if OVERLAP:  # step 0, then each step with the previous one's dQ product finishing behind
+            dq = _dq_step(0, kv_desc, k_smem, v_smem, k_bars, v_bars, q2, do2, dq, lse, delta, s_zero,
+                          qk_scale, b, k_col, v_col, n_tiles, op_layout, False, BLOCK_N, HEAD_DIM,
+                          STAGES)
+            for j in range(1, n_tiles):
+                dq = _dq_step(j, kv_desc, k_smem, v_smem, k_bars, v_bars, q2, do2, dq, lse, delta,
+                              s_zero, qk_scale, b, k_col, v_col, n_tiles, op_layout, True, BLOCK_N,
+                              HEAD_DIM, STAGES)
             dq = warpgroup_mma_wait(num_outstanding=0, deps=(dq, ))
-            if j + STAGES < n_tiles:  # every warp is past its reads of this stage's buffers
-                _cta_barrier()
-                _refill(kv_desc, kv_desc, b, j + STAGES, k_col, v_col, k_bars, v_bars, k_smem,
-                        v_smem, stage, BLOCK_N, HEAD_DIM)
+        else:  # each step's dQ product waited for before the next step
+            for j in range(n_tiles):
+                dq = _dq_step(j, kv_desc, k_smem, v_smem, k_bars, v_bars, q2, do2, dq, lse, delta,
+                              s_zero, qk_scale, b, k_col, v_col, n_tiles, op_layout, False, BLOCK_N,
+                              HEAD_DIM, STAGES)
+                dq = warpgroup_mma_wait(num_outstanding=0, deps=(dq, ))
+                if j + STAGES < n_tiles:  # every warp is past its reads of this stage's buffers
+                    _cta_barrier()
+                    _refill(kv_desc, kv_desc, b, j + STAGES, k_col, v_col, k_bars, v_bars, k_smem,
+                            v_smem, j % STAGES, BLOCK_N, HEAD_DIM)
 
         _bwd_release(qdo_bar, k_bars, v_bars, STAGES)
         out = gl.allocate_shared_memory(dtype, [1, BLOCK_M, HEAD_DIM], dq_desc.layout)
