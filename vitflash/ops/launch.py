@@ -424,17 +424,19 @@ def gluon_candidates(op: str, n: int, d: int) -> list[Candidate]:
 
     Backward: the dK/dV kernel (BLOCK_N1 keys a program, BLOCK_N1 / 16 warps, BLOCK_M1-row
     query tiles in num_stages buffers) and the dQ kernel (BLOCK_M2 queries, BLOCK_M2 / 16 warps,
-    BLOCK_N2-key tiles in as many). 64-key dK/dV programs were 1.07-1.12x the 128-key ones, and 64-row
-    dQ programs 1.05-1.08x the 128-row ones, at three shapes on an H100
+    BLOCK_N2-key tiles in as many). 64-key dK/dV programs were 1.08-1.12x the 128-key ones,
+    and 64-row dQ programs 1.03-1.08x the 128-row ones, at three shapes on an H100
     (benchmarks/results/gpu_session_f48ef01/run1): the 64-row dQ with both dK/dV forms, and at
-    D = 64 the 64-key one with its products overlapped across steps (OVERLAP, 2 or 3 stages)."""
+    D = 64 the 64-key one with its products overlapped across steps (OVERLAP, 2 or 3 stages),
+    1.10x and 1.16x the other at N = 577 and 4097 (run5)."""
     if n < GLUON_MIN_N or d not in hopper.HEAD_DIMS or not gluon_kernels():
         return []
     if op != "fwd":
         names = ("BLOCK_M1", "BLOCK_N1", "BLOCK_M2", "BLOCK_N2")
         out = _c(GLUON_BWD_FAMILY, names, (64, 64, 64, 64, 4, 2), (64, 128, 64, 64, 8, 2))
-        if d == 64:  # the dK/dV products overlapped across steps: spills at D = 128 (sm_90 compile)
-            out += _c(GLUON_BWD_FAMILY, (*names, "OVERLAP"), (64, 64, 64, 64, 1, 4, 2), (64, 64, 64, 64, 1, 4, 3))
+        if d == 64:  # the dK/dV products overlapped across steps (spills at D = 128: sm_90 compile)
+            out += _c(GLUON_BWD_FAMILY, (*names, "OVERLAP"), (64, 64, 64, 64, 1, 4, 2),
+                      (64, 64, 64, 64, 1, 4, 3))
         return out
     if d == 64:
         return [Candidate("gluon", (("BLOCK_M", 64), ("BLOCK_N", 128)), 4, 2)]
