@@ -184,9 +184,7 @@ def bench_case(impl, shape, dtype, warmup_ms, rep_ms, repeats, dropout_p=0.0, ti
     leaves, fwd, do = make_case(impl, B, H, N, D, dtype, dropout_p)
 
     def fwd_bwd():
-        # the gradients returned, not added into the leaves' .grad: no AccumulateGrad node,
-        # whose stream (the eager first call's) a CUDA graph's capture must not wait on; with
-        # .backward() one capture failed on torch 2.11 (benchmarks/results/gpu_session_1d13bff/)
+        # the gradients returned, not added into the leaves' .grad (no reset between calls)
         return torch.autograd.grad(fwd(), leaves, do)
 
     try:
@@ -198,7 +196,10 @@ def bench_case(impl, shape, dtype, warmup_ms, rep_ms, repeats, dropout_p=0.0, ti
         return {"error": str(err).splitlines()[0][:200]}
 
     # Peak memory that one forward+backward adds on top of its inputs (its gradients included),
-    # after a collection: nothing of the first call's autograd graph left for a capture to meet
+    # after a collection: nothing of the first calls' autograd graphs left for a CUDA graph's
+    # capture to meet (without it two captures of flash with the Gluon kernels at
+    # (4, 16, 4097, 128) failed on an AccumulateGrad node of the eager calls, with .backward()
+    # and with autograd.grad alike: benchmarks/results/gpu_session_f48ef01/, run1 and run2)
     gc.collect()
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()

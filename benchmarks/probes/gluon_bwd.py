@@ -49,7 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gluon_fwd import (compile_header, hopper_env, probe_parser, require_gluon,  # noqa: E402
                        sass_cells, timed, write_out)
-from vitflash.ops import hopper  # noqa: E402
+from vitflash.ops import hopper, naive_attention  # noqa: E402
 
 # dK/dV configurations (128x128x2x8 at D = 64 compiles with 120 bytes of spills a thread,
 # the "o" forms with 64-query tiles at D = 128 with 136-300: not listed; with 32-query tiles
@@ -123,14 +123,15 @@ def gluon_grads(qkv, do, lse, delta, scale: float, cfg: tuple[int, int, int, int
 
 
 def reference_grads(qkv, do, scale, dtype) -> list[torch.Tensor]:
-    """dQ, dK, dV (B, N, H, D) of naive attention in `dtype` arithmetic, one batch at a time."""
+    """dQ, dK, dV (B, N, H, D) of vitflash's naive attention in `dtype` arithmetic, one batch
+    at a time (its N x N scores are the memory that bounds the batch)."""
     grads = [[], [], []]
-    for x, g in zip(qkv.unbind(0), do.unbind(0)):
-        q, k, v = (t.transpose(0, 1).to(dtype).requires_grad_() for t in x.unbind(1))
-        o = ((q @ k.transpose(-1, -2)) * scale).softmax(-1) @ v
-        for acc, t in zip(grads, torch.autograd.grad(o, (q, k, v), g.transpose(0, 1).to(dtype))):
-            acc.append(t.transpose(0, 1))
-    return [torch.stack(t) for t in grads]
+    for x, g in zip(qkv.split(1), do.split(1)):
+        q, k, v = (t.to(dtype).requires_grad_() for t in x.unbind(2))
+        o = naive_attention(q, k, v, scale)
+        for acc, t in zip(grads, torch.autograd.grad(o, (q, k, v), g.to(dtype))):
+            acc.append(t)
+    return [torch.cat(t) for t in grads]
 
 
 DEVICE = "cuda"  # (the CPU tests of check's arithmetic set "cpu")
