@@ -749,18 +749,28 @@ def test_gluon_kernels_are_listed_only_where_they_were_measured_to_pay(monkeypat
 
 
 def test_the_gluon_kernels_are_listed_unless_turned_off(monkeypatch):
-    """The Gluon kernels are listed by default where they can run (a Hopper GPU, which this
-    machine may not have) and with VITFLASH_GLUON=1; VITFLASH_GLUON=0 leaves them out; any
-    other value is an error that names the variable and its two values."""
-    hopper_here = (not launch.INTERPRET and hopper.available() and torch.cuda.is_available()
-                   and torch.cuda.get_device_capability()[0] == 9)
-    for value, listed in ((None, hopper_here), ("1", hopper_here), (" 1 ", hopper_here), ("0", False)):
-        monkeypatch.setattr(launch, "_GLUON", None)
-        if value is None:
-            monkeypatch.delenv("VITFLASH_GLUON", raising=False)
-        else:
-            monkeypatch.setenv("VITFLASH_GLUON", value)
-        assert launch.gluon_kernels() is listed, value
+    """The Gluon kernels are listed by default where they can run and with VITFLASH_GLUON=1;
+    VITFLASH_GLUON=0 leaves them out; any other value is an error that names the variable
+    and its two values. Where they cannot run (another GPU, none, the interpreter) they are
+    never listed. The machine is stood in for: a Hopper GPU, or a GPU of compute capability
+    8.0, outside the interpreter."""
+    if not hopper.available():
+        pytest.skip(f"Gluon does not import in this triton: {hopper._IMPORT_ERROR}")
+    monkeypatch.setattr(launch, "INTERPRET", False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    for major, runs in ((9, True), (8, False)):
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a, m=major: (m, 0))
+        for value, listed in ((None, runs), ("1", runs), (" 1 ", runs), ("0", False)):
+            monkeypatch.setattr(launch, "_GLUON", None)
+            if value is None:
+                monkeypatch.delenv("VITFLASH_GLUON", raising=False)
+            else:
+                monkeypatch.setenv("VITFLASH_GLUON", value)
+            assert launch.gluon_kernels() is listed, (major, value)
+    monkeypatch.setattr(launch, "INTERPRET", True)  # (the CPU tests' case)
+    monkeypatch.setattr(launch, "_GLUON", None)
+    monkeypatch.delenv("VITFLASH_GLUON", raising=False)
+    assert launch.gluon_kernels() is False
     monkeypatch.setattr(launch, "_GLUON", None)
     monkeypatch.setenv("VITFLASH_GLUON", "yes")
     with pytest.raises(ValueError, match=r"VITFLASH_GLUON='yes'.*set it to 0.*or to 1 \(the default\)"):

@@ -411,10 +411,11 @@ if _IMPORT_ERROR is None:
                    t_zero, qk_scale, LSE, DELTA, base, cols0, b, q_col, N, n_tiles,
                    op_layout: gl.constexpr, PREV: gl.constexpr, BLOCK_M: gl.constexpr,
                    HEAD_DIM: gl.constexpr, STAGES: gl.constexpr):
-        """Step i of bwd_dkdv_kernel's OVERLAP form: S^T and dP^T issued; then (PREV) the
-        previous step's dV and dK products, issued before them, waited for and that step's
-        buffers refilled; then dV and dK of this step issued and left running. Returns them
-        (unfinished) with the next step's row statistics."""
+        """Step i of bwd_dkdv_kernel: S^T and dP^T issued; then (PREV, the OVERLAP form past
+        its first step) the previous step's dV and dK products, issued before them, waited for
+        and that step's buffers refilled; then dV and dK of this step issued and left running.
+        Returns them (unfinished: the caller waits for them at once, or the next step does)
+        with the next step's row statistics."""
         stage = i % STAGES
         phase = (i // STAGES) & 1
         dtype: gl.constexpr = q_desc.dtype
