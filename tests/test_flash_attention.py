@@ -867,8 +867,9 @@ def test_a_gluon_candidate_plans_one_gluon_launch_but_not_with_a_mask_or_dropout
 def test_a_gluon_backward_candidate_plans_delta_then_its_two_launches_but_not_with_a_mask_or_dropout():
     """A "gluon_bwd" candidate becomes the delta launch, then the dK/dV kernel's launch (its
     BLOCK_N1 keys a program in a warp group per 64, BLOCK_M1-row query tiles) and the dQ
-    kernel's (BLOCK_M2 queries, BLOCK_N2-key tiles), both with the candidate's stages; with
-    the diagonal mask or dropout it falls back to the Triton backward."""
+    kernel's (BLOCK_M2 queries, BLOCK_N2-key tiles), both with the candidate's stages, each
+    overlapped where its own key says (OVERLAP, DQ_OVERLAP); with the diagonal mask or dropout
+    it falls back to the Triton backward."""
     names = ("BLOCK_M1", "BLOCK_N1", "BLOCK_M2", "BLOCK_N2")
     c = launch.Candidate("gluon_bwd", tuple(zip(names, (64, 128, 64, 64))), 8, 2)
     delta, dkdv, dq = flash_mod._bwd_launches(c, 2, 577, 12, 128)
@@ -881,6 +882,10 @@ def test_a_gluon_backward_candidate_plans_delta_then_its_two_launches_but_not_wi
     _, dkdv, dq = flash_mod._bwd_launches(overlapped, 2, 577, 12, 64)
     assert dkdv.consts == dict(HEAD_DIM=64, BLOCK_M=64, BLOCK_N=64, STAGES=3, OVERLAP=1)
     assert dq.consts == dict(HEAD_DIM=64, BLOCK_M=64, BLOCK_N=64, STAGES=3)
+    dq_overlapped = launch.Candidate("gluon_bwd", (*zip(names, (32, 64, 64, 64)), ("DQ_OVERLAP", 1)), 4, 2)
+    _, dkdv, dq = flash_mod._bwd_launches(dq_overlapped, 2, 577, 12, 128)
+    assert dkdv.consts == dict(HEAD_DIM=128, BLOCK_M=32, BLOCK_N=64, STAGES=2)
+    assert dq.consts == dict(HEAD_DIM=128, BLOCK_M=64, BLOCK_N=64, STAGES=2, OVERLAP=1)
     for kw in (dict(diag=True), dict(dropout=True)):
         plan = flash_mod._bwd_launches(c, 2, 577, 12, 128, **kw)
         assert all(isinstance(p, launch.Launch) for p in plan), kw

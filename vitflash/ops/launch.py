@@ -789,7 +789,7 @@ class GluonBwdLaunch(_GluonLaunches):
         self.dkdv, self.rows = dkdv, block_n if dkdv else block_m  # a program's keys or queries
         self.kernel = hopper.bwd_dkdv_kernel if dkdv else hopper.bwd_dq_kernel
         self.consts = dict(HEAD_DIM=D, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=c.num_stages)
-        if dkdv and m.get("OVERLAP"):
+        if m.get("OVERLAP" if dkdv else "DQ_OVERLAP"):  # each kernel's products overlapped
             self.consts["OVERLAP"] = 1
         self.options = dict(num_warps=self.rows // 16)  # a warp group per 64 rows
 
