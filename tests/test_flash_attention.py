@@ -738,8 +738,8 @@ def test_gluon_kernels_are_listed_only_where_they_were_measured_to_pay(monkeypat
         assert [(c.family, c.meta["BLOCK_N1"], c.num_warps, c.num_stages, c.meta.get("OVERLAP", 0))
                 for c in cands] == [("gluon_bwd", 64, 4, 2, 0), ("gluon_bwd", 128, 8, 2, 0), *overlapped], \
             (op, n, d)
-        assert all((c.meta["BLOCK_M1"], c.meta["BLOCK_M2"], c.meta["BLOCK_N2"]) == (64, 64, 64)
-                   for c in cands)
+        assert all((c.meta["BLOCK_M1"], c.meta["BLOCK_M2"], c.meta["BLOCK_N2"], c.meta["DQ_DELTA"])
+                   == (64, 64, 64, 1) for c in cands)
     for op, n, d, dropout in (("fwd", 197, 64, False), ("fwd", 256, 128, False), ("fwd", 577, 80, False),
                               ("fwd", 577, 32, False), ("fwd", 577, 64, True), ("bwd", 256, 64, False),
                               ("bwd", 577, 96, False), ("bwd", 577, 64, True), ("bwd_atomic", 197, 128, False)):
@@ -809,9 +809,9 @@ for family, blocks, D, N in (("gluon_ws", (("BLOCK_M", 64), ("BLOCK_N", 128), ("
                                        "wgmma" in ck.asm["ptx"]) for ck in compiled})
 
 # the backward's two launches, each candidate at both head dims (the overlapped one at D = 64)
-names = ("BLOCK_M1", "BLOCK_N1", "BLOCK_M2", "BLOCK_N2", "OVERLAP")
+names = ("BLOCK_M1", "BLOCK_N1", "BLOCK_M2", "BLOCK_N2", "DQ_DELTA", "OVERLAP")
 for n1, warps, overlap in ((64, 4, 0), (128, 8, 0), (64, 4, 1)):
-    c = launch.Candidate("gluon_bwd", tuple(zip(names, (64, n1, 64, 64, overlap))), warps, 2)
+    c = launch.Candidate("gluon_bwd", tuple(zip(names, (64, n1, 64, 64, 1, overlap))), warps, 2)
     for D in ((64, ) if overlap else (64, 128)):
         for dkdv in (True, False):
             g = launch.GluonBwdLaunch(c, D, dkdv)
@@ -820,7 +820,7 @@ for n1, warps, overlap in ((64, 4, 0), (128, 8, 0), (64, 4, 1)):
                 qkv, do = torch.zeros(2, 300, 3, 3, D, dtype=dtype), torch.zeros(2, 300, 3, D, dtype=dtype)
                 lse = torch.zeros(2, 3, 300)
                 launch._compiling.only = True
-                g(qkv, do, lse, lse, torch.empty_like(qkv), 0.1, 0.125, 3, 300)
+                g(qkv, torch.zeros_like(do), do, lse, lse, torch.empty_like(qkv), 0.1, 0.125, 3, 300)
             compiled = list(g.kernel.device_caches[0][0].values())
             print("dkdv" if dkdv else "dq", n1, D, overlap, len(compiled),
                   *{(ck.metadata.num_warps, "wgmma" in ck.asm["ptx"]) for ck in compiled})
@@ -868,8 +868,9 @@ def test_a_gluon_backward_candidate_plans_delta_then_its_two_launches_but_not_wi
     """A "gluon_bwd" candidate becomes the delta launch, then the dK/dV kernel's launch (its
     BLOCK_N1 keys a program in a warp group per 64, BLOCK_M1-row query tiles) and the dQ
     kernel's (BLOCK_M2 queries, BLOCK_N2-key tiles), both with the candidate's stages, each
-    overlapped where its own key says (OVERLAP, DQ_OVERLAP); with the diagonal mask or dropout
-    it falls back to the Triton backward."""
+    overlapped where its own key says (OVERLAP, DQ_OVERLAP); with DQ_DELTA (every listed
+    candidate) the dQ launch computes delta, first, then the dK/dV launch, and no delta
+    launch; with the diagonal mask or dropout it falls back to the Triton backward."""
     names = ("BLOCK_M1", "BLOCK_N1", "BLOCK_M2", "BLOCK_N2")
     c = launch.Candidate("gluon_bwd", tuple(zip(names, (64, 128, 64, 64))), 8, 2)
     delta, dkdv, dq = flash_mod._bwd_launches(c, 2, 577, 12, 128)
@@ -886,6 +887,11 @@ def test_a_gluon_backward_candidate_plans_delta_then_its_two_launches_but_not_wi
     _, dkdv, dq = flash_mod._bwd_launches(dq_overlapped, 2, 577, 12, 128)
     assert dkdv.consts == dict(HEAD_DIM=128, BLOCK_M=32, BLOCK_N=64, STAGES=2)
     assert dq.consts == dict(HEAD_DIM=128, BLOCK_M=64, BLOCK_N=64, STAGES=2, OVERLAP=1)
+    fused = launch.Candidate("gluon_bwd", (*zip(names, (64, 64, 64, 64)), ("DQ_DELTA", 1)), 4, 2)
+    dq, dkdv = flash_mod._bwd_launches(fused, 2, 577, 12, 128)
+    assert (dq.dkdv, dkdv.dkdv) == (False, True)
+    assert dq.consts == dict(HEAD_DIM=128, BLOCK_M=64, BLOCK_N=64, STAGES=2, DQ_DELTA=1)
+    assert dkdv.consts == dict(HEAD_DIM=128, BLOCK_M=64, BLOCK_N=64, STAGES=2)
     for kw in (dict(diag=True), dict(dropout=True)):
         plan = flash_mod._bwd_launches(c, 2, 577, 12, 128, **kw)
         assert all(isinstance(p, launch.Launch) for p in plan), kw
@@ -949,7 +955,9 @@ def test_gluon_backward_gpu(monkeypatch, N, D):
                 qkv, do = _packed_inputs(2, N, 4, D, dtype, seed=N + D)
                 _assert_within_rule(qkv, do)
                 plan = flash_mod._plans[("bwd", dtype, qkv.device, 2, N, 4, D, False, False)]
-                assert [type(p) for p in plan[1:]] == [launch.GluonBwdLaunch] * 2
+                # the dQ kernel, computing delta, then the dK/dV kernel
+                assert [(type(p), p.dkdv) for p in plan] == [(launch.GluonBwdLaunch, False),
+                                                            (launch.GluonBwdLaunch, True)]
 
 
 @pytest.mark.gpu

@@ -952,17 +952,21 @@ def test_gluon_bwd_probe_compiles_its_kernel_for_sm90():
             # the loop's products in 16-deep steps: dK/dV's S^T and dP^T over d, dV and dK over
             # the query tile; dQ's S and dP over d, dQ over the key tile
             products = 2 * d // 16 + (2 * m // 16 if config.startswith("dkdv") else n // 16)
-            products *= 2 if config.endswith("o") else 1
+            products *= 2 if probe.parse_config(config.split()[1], config.split()[0])[4] else 1
             assert int(hgmma) == products and int(mbar_waits) > 0, (d, config)
 
 
 def test_gluon_bwd_probe_refuses_warps_that_do_not_match_its_rows():
     probe = _load("gluon_bwd")
-    assert probe.parse_config("64x128x2x8") == (64, 128, 2, 8, 0)
-    assert probe.parse_config("64x64x3x4o") == (64, 64, 3, 4, 1)
+    assert probe.parse_config("64x128x2x8") == (64, 128, 2, 8, 0, 0)
+    assert probe.parse_config("64x64x3x4o") == (64, 64, 3, 4, 1, 0)
+    assert probe.parse_config("64x64x2x4od", "dq") == (64, 64, 2, 4, 1, 1)
+    assert probe.parse_config("64x64x2x4d", "dq") == (64, 64, 2, 4, 0, 1)
+    with pytest.raises(ValueError, match="dQ kernel's alone"):
+        probe.parse_config("64x64x2x4d")
     with pytest.raises(ValueError, match="each warp group of 4 takes 64 keys"):
         probe.parse_config("64x128x2x4")
-    assert probe.parse_config("128x64x2x8", "dq") == (128, 64, 2, 8, 0)
+    assert probe.parse_config("128x64x2x8", "dq") == (128, 64, 2, 8, 0, 0)
     with pytest.raises(ValueError, match="each warp group of 4 takes 64 queries"):
         probe.parse_config("128x64x2x4", "dq")
 
@@ -970,21 +974,28 @@ def test_gluon_bwd_probe_refuses_warps_that_do_not_match_its_rows():
 def test_gluon_bwd_probe_holds_each_kernels_gradients_to_the_rule(monkeypatch):
     """The probe's check, its kernels stood in for on the CPU: gradients as exact as float32
     naive attention's pass, each kernel judged on its own gradients only (dK and dV; dQ), and
-    a dQ off by 1% anywhere fails; the failure is named by kernel and configuration."""
+    a dQ off by 1% anywhere fails; the failure is named by kernel and configuration. A dQ
+    configuration that computes delta ("d") is judged on the delta it wrote too: off by 1e-3
+    in one row, it fails."""
     probe = _load("gluon_bwd")
     monkeypatch.setattr(probe, "DEVICE", "cpu")
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
 
-    def stand_in(qkv, do, lse, delta, scale, cfg, kernel, dqkv=None):
+    def stand_in(qkv, do, lse, delta, scale, cfg, kernel, dqkv=None, o=None):
         grads = probe.reference_grads(qkv, do, scale, torch.float32)
         dqkv = torch.full_like(qkv, float("nan"))
         for g in ((1, 2) if kernel == "dkdv" else (0, )):
             dqkv[:, :, g] = grads[g] * (1.05 if kernel == "dq" and cfg[0] == 128 else 1.0)
+        if cfg[5]:  # the "d" forms write delta: the "od" one off in one row
+            delta.copy_((o.float() * do.float()).sum(-1).transpose(1, 2))
+            delta[0, 1, 3] += 1e-3 * cfg[4]
         return dqkv
 
     monkeypatch.setattr(probe, "gluon_grads", stand_in)
-    ok = probe.check((1, 2, 20, 64), ["64x128x2x8"], ["64x64x2x4", "128x64x2x8"])
-    assert list(ok) == ["dkdv 64x128x2x8", "dq 64x64x2x4", "dq 128x64x2x8"]
+    ok = probe.check((1, 2, 20, 64), ["64x128x2x8"], ["64x64x2x4", "128x64x2x8", "64x64x2x4d", "64x64x2x4od"])
+    assert list(ok) == ["dkdv 64x128x2x8", "dq 64x64x2x4", "dq 128x64x2x8", "dq 64x64x2x4d", "dq 64x64x2x4od"]
     assert ok["dkdv 64x128x2x8"]["ok"] and set(ok["dkdv 64x128x2x8"]) == {
         "ok", "dk_err", "dk_naive_err", "dv_err", "dv_naive_err"}
     assert ok["dq 64x64x2x4"]["ok"] and not ok["dq 128x64x2x8"]["ok"]
+    assert ok["dq 64x64x2x4d"]["ok"] and ok["dq 64x64x2x4d"]["delta_err"] < 1e-5
+    assert not ok["dq 64x64x2x4od"]["ok"] and ok["dq 64x64x2x4od"]["delta_err"] > 5e-4

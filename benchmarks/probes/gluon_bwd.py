@@ -56,22 +56,27 @@ from vitflash.ops import hopper, naive_attention  # noqa: E402
 # none, 215-232 registers: listed here, not yet timed, not in the op), and dQ ones
 DEFAULT_CONFIGS = {64: ["64x128x2x8", "64x64x2x4", "64x64x2x4o", "64x64x3x4o"],
                    128: ["64x128x2x8", "64x64x2x4", "32x64x2x4o", "32x64x3x4o"]}
-DQ_CONFIGS = {64: ["64x64x2x4", "128x64x2x8", "64x128x2x4", "64x64x2x4o"],
-              128: ["64x64x2x4", "128x64x2x8", "64x64x2x4o"]}
+DQ_CONFIGS = {64: ["64x64x2x4", "128x64x2x8", "64x128x2x4", "64x64x2x4o", "64x64x2x4d", "64x64x2x4od"],
+              128: ["64x64x2x4", "128x64x2x8", "64x64x2x4o", "64x64x2x4d", "64x64x2x4od"]}
 SHAPES = ["64,12,577,64", "8,12,4097,64", "32,16,577,128", "4,16,4097,128"]
 
 
-def parse_config(text: str, kernel: str = "dkdv") -> tuple[int, int, int, int, int]:
-    """"MxNxSxW[o]" -> (BLOCK_M, BLOCK_N, STAGES, warps, OVERLAP): for the dK/dV kernel
-    warps = BLOCK_N / 16 (a warp group a 64 keys), for the dQ kernel BLOCK_M / 16 (a warp
-    group a 64 queries); an "o" suffix overlaps each step's dV and dK products (dQ product)
-    with the next step's (the kernels' OVERLAP)."""
-    overlap = int(text.endswith("o"))
-    m, n, s, w = (int(x) for x in text.removesuffix("o" if overlap else "").split("x"))
+def parse_config(text: str, kernel: str = "dkdv") -> tuple[int, int, int, int, int, int]:
+    """"MxNxSxW[o][d]" -> (BLOCK_M, BLOCK_N, STAGES, warps, OVERLAP, DQ_DELTA): for the dK/dV
+    kernel warps = BLOCK_N / 16 (a warp group a 64 keys), for the dQ kernel BLOCK_M / 16 (a
+    warp group a 64 queries); an "o" suffix overlaps each step's dV and dK products (dQ
+    product) with the next step's (the kernels' OVERLAP); a "d" suffix (dQ kernel only) has
+    the dQ kernel compute delta itself from O and dO and write it (its DQ_DELTA)."""
+    fused = int(text.endswith("d"))
+    if fused and kernel != "dq":
+        raise ValueError(f"{text}: the 'd' suffix (delta computed inside) is the dQ kernel's alone")
+    body = text.removesuffix("d" if fused else "")
+    overlap = int(body.endswith("o"))
+    m, n, s, w = (int(x) for x in body.removesuffix("o" if overlap else "").split("x"))
     rows, what = (n, "keys") if kernel == "dkdv" else (m, "queries")
     if w * 16 != rows:
         raise ValueError(f"{text}: {w} warps for {rows} {what}; each warp group of 4 takes 64 {what}")
-    return m, n, s, w, overlap
+    return m, n, s, w, overlap, fused
 
 
 def _sig(d: int, bm: int, bn: int, kernel: str) -> dict:
@@ -79,20 +84,24 @@ def _sig(d: int, bm: int, bn: int, kernel: str) -> dict:
         return f"tensordesc<bf16[1,{rows},{d}],{hopper._layout(rows, d, torch.bfloat16)!r}>"
 
     out = dict(dkv_desc=desc(bn)) if kernel == "dkdv" else dict(dq_desc=desc(bm))
+    extra = {} if kernel == "dkdv" else dict(O="*bf16")
+    consts = {} if kernel == "dkdv" else dict(DQ_DELTA="constexpr")
     return dict(q_desc=desc(bm), kv_desc=desc(bn), do_desc=desc(bm), **out,
-                LSE="*fp32", DELTA="*fp32", qk_scale="fp32", sm_scale="fp32", H="i32", N="i32",
-                HEAD_DIM="constexpr", BLOCK_M="constexpr", BLOCK_N="constexpr",
-                STAGES="constexpr", num_warps="constexpr", OVERLAP="constexpr")
+                LSE="*fp32", DELTA="*fp32", **extra, qk_scale="fp32", sm_scale="fp32", H="i32",
+                N="i32", HEAD_DIM="constexpr", BLOCK_M="constexpr", BLOCK_N="constexpr",
+                STAGES="constexpr", num_warps="constexpr", OVERLAP="constexpr", **consts)
 
 
-def compile_sm90(d: int, cfg: tuple[int, int, int, int, int], kernel: str = "dkdv"):
+def compile_sm90(d: int, cfg: tuple[int, int, int, int, int, int], kernel: str = "dkdv"):
     """bwd_dkdv_kernel (or bwd_dq_kernel) compiled for sm_90 (bf16) by the installed triton,
     no GPU needed."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
-    bm, bn, stages, warps, overlap = cfg
+    bm, bn, stages, warps, overlap, fused = cfg
     consts = dict(HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, STAGES=stages, num_warps=warps,
                   OVERLAP=overlap)
+    if kernel == "dq":
+        consts["DQ_DELTA"] = fused
     fn = hopper.bwd_dkdv_kernel if kernel == "dkdv" else hopper.bwd_dq_kernel
     src = GluonASTSource(fn=fn, signature=_sig(d, bm, bn, kernel), constexprs=consts)
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps))
@@ -106,19 +115,24 @@ def compile_rows(d: int, configs: list[str], dq_configs: list[str]) -> list[str]
     return rows
 
 
-def gluon_grads(qkv, do, lse, delta, scale: float, cfg: tuple[int, int, int, int, int], kernel: str,
-                dqkv: torch.Tensor | None = None) -> torch.Tensor:
+def gluon_grads(qkv, do, lse, delta, scale: float, cfg: tuple[int, int, int, int, int, int],
+                kernel: str, dqkv: torch.Tensor | None = None, o: torch.Tensor | None = None
+                ) -> torch.Tensor:
     """dqkv (B, N, 3, H, D) with one kernel's gradients filled in: dK and dV ("dkdv") or dQ
-    ("dq"); the rest NaN in a new tensor, or what `dqkv` held."""
-    bm, bn, stages, warps, overlap = cfg
+    ("dq"); the rest NaN in a new tensor, or what `dqkv` held. A dQ configuration with
+    DQ_DELTA reads the forward's o (B, N, H, D) and writes delta into `delta`."""
+    bm, bn, stages, warps, overlap, fused = cfg
     B, N, _, H, D = qkv.shape
     dqkv = torch.full_like(qkv, float("nan")) if dqkv is None else dqkv
     dkdv = kernel == "dkdv"
-    fn = hopper.bwd_dkdv_kernel if dkdv else hopper.bwd_dq_kernel
     grid = (triton.cdiv(N, bn if dkdv else bm) * B * H, )
-    fn[grid](*hopper.bwd_descriptors(qkv, do, dqkv, bm, bn, dkdv), lse, delta,
-             scale * 1.4426950408889634, scale, H, N, D, bm, bn, stages, num_warps=warps,
-             OVERLAP=overlap)
+    descs = hopper.bwd_descriptors(qkv, do, dqkv, bm, bn, dkdv)
+    tail = (scale * 1.4426950408889634, scale, H, N, D, bm, bn, stages)
+    if dkdv:
+        hopper.bwd_dkdv_kernel[grid](*descs, lse, delta, *tail, num_warps=warps, OVERLAP=overlap)
+    else:
+        hopper.bwd_dq_kernel[grid](*descs, lse, delta, o if fused else lse, *tail, num_warps=warps,
+                                   OVERLAP=overlap, DQ_DELTA=fused)
     return dqkv
 
 
@@ -138,7 +152,7 @@ DEVICE = "cuda"  # (the CPU tests of check's arithmetic set "cpu")
 
 
 def _inputs(shape, seed: int | None = 0):
-    """qkv, do, and the forward's LSE (vitflash's) and delta = rowsum(dO * O) (B, H, N)."""
+    """qkv, do, the forward's LSE (vitflash's) and delta = rowsum(dO * O) (B, H, N), and its o."""
     from vitflash.ops import flash
     B, H, N, D = shape
     gen = torch.Generator(device=DEVICE).manual_seed(seed or 0)
@@ -146,20 +160,24 @@ def _inputs(shape, seed: int | None = 0):
     do = torch.randn(B, N, H, D, device=DEVICE, generator=gen).to(torch.bfloat16)
     o, lse = flash._forward(qkv, D ** -0.5)
     delta = (o.float() * do.float()).sum(-1).transpose(1, 2).contiguous()
-    return qkv, do, lse, delta
+    return qkv, do, lse, delta, o
 
 
 def check(shape, configs: list[str], dq_configs: list[str]) -> dict:
-    """Every configuration's gradients under the FA2 rule (keyed "dkdv <config>", "dq <config>")."""
-    qkv, do, lse, delta = _inputs(shape)
+    """Every configuration's gradients under the FA2 rule (keyed "dkdv <config>", "dq <config>");
+    a dQ configuration that computes delta itself also the delta it wrote, against torch's
+    (fp32 sums of the same products in another order: within 1e-5 of the largest)."""
+    qkv, do, lse, delta, o = _inputs(shape)
     scale = shape[3] ** -0.5
     ref = reference_grads(qkv, do, scale, torch.float64)
     low = reference_grads(qkv, do, scale, torch.bfloat16)
     out = {}
     for kernel, text in [("dkdv", c) for c in configs] + [("dq", c) for c in dq_configs]:
         name = f"{kernel} {text}"
+        cfg = parse_config(text, kernel)
+        written = torch.full_like(delta, float("nan")) if cfg[5] else delta
         try:
-            dqkv = gluon_grads(qkv, do, lse, delta, scale, parse_config(text, kernel), kernel)
+            dqkv = gluon_grads(qkv, do, lse, written, scale, cfg, kernel, o=o)
             torch.cuda.synchronize()
         except Exception as err:  # a configuration that does not compile or fit: named
             out[name] = {"ok": False, "error": str(err).splitlines()[0][:200]}
@@ -171,12 +189,17 @@ def check(shape, configs: list[str], dq_configs: list[str]) -> dict:
             grad = ("dq", "dk", "dv")[g]
             row[f"{grad}_err"], row[f"{grad}_naive_err"] = err, naive
             row["ok"] &= math.isfinite(err) and err <= 2 * naive + 1e-5
+        if cfg[5]:
+            row["delta_err"] = (written - delta).abs().max().item()
+            row["ok"] &= math.isfinite(row["delta_err"]) and row["delta_err"] <= 1e-5 * (
+                1 + delta.abs().max().item())
         out[name] = row
     return out
 
 
 def time_shape(shape, ok: dict, repeats: int) -> dict:
-    """GPU ms of each configuration that kept to the rule, of the delta it needs (torch), of
+    """GPU ms of each configuration that kept to the rule, of the delta kernel the op launches
+    before the dK/dV and dQ kernels (vitflash's; none before a dQ configuration with "d"), of
     vitflash's tuned forward, and of vitflash's and cuDNN's (SDPA) forward+backward, each the
     median of do_bench_cudagraph, `repeats` times."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -184,17 +207,18 @@ def time_shape(shape, ok: dict, repeats: int) -> dict:
     from vitflash.ops import flash_attention_qkvpacked
     B, H, N, D = shape
     scale = D ** -0.5
-    qkv, do, lse, delta = _inputs(shape, seed=1)
-    o = torch.randn(B, N, H, D, device="cuda", dtype=torch.bfloat16)
+    from vitflash.ops import flash, launch
+    qkv, do, lse, delta, o = _inputs(shape, seed=1)
     dqkv = torch.empty_like(qkv)
+    delta_launch = flash._bwd_launches(launch.heuristic("bwd", N, D), B, N, H, D)[0]
     cases = {}
     for name, r in ok.items():
         if r.get("ok"):
             kernel, text = name.split()
             cfg = parse_config(text, kernel)
             cases[f"gluon {name}"] = (lambda cfg=cfg, kernel=kernel:
-                                      gluon_grads(qkv, do, lse, delta, scale, cfg, kernel, dqkv))
-    cases["delta (torch)"] = lambda: (o.float() * do.float()).sum(-1)
+                                      gluon_grads(qkv, do, lse, delta, scale, cfg, kernel, dqkv, o))
+    cases["delta (vitflash)"] = lambda: delta_launch(o, do, delta, H, N)
     # the whole ops, forward inside the captured calls (as bench_attention.py times them)
     leaf = qkv.detach().requires_grad_()
     q, k, v = (torch.randn(B, H, N, D, device="cuda", dtype=torch.bfloat16, requires_grad=True)
@@ -241,18 +265,22 @@ def main(argv=None) -> None:
             rows.append(f"| {shape} | {name} | {cell(t)} |")
         rows += [f"| {shape} | {name}: outside the rule or failed: {r} | - |" for name, r in ok.items()
                  if not r.get("ok")]
-        best = {k: min((t["ms"] for n, t in times.items() if n.startswith(f"gluon {k} ")), default=None)
+        # the fastest dK/dV, and the fastest dQ with the delta kernel before it (none before
+        # a "d" configuration, which computes delta itself)
+        delta_ms = times["delta (vitflash)"]["ms"]
+        best = {k: min((t["ms"] + (delta_ms if k == "dq" and not n.endswith("d") else 0)
+                        for n, t in times.items() if n.startswith(f"gluon {k} ")), default=None)
                 for k in ("dkdv", "dq")}
         if None not in best.values():
-            total = best["dkdv"] + best["dq"] + times["delta (torch)"]["ms"] + times["flash forward"]["ms"]
-            rows.append(f"| {shape} | **flash forward + Gluon backward (best dK/dV + best dQ + delta)** | "
+            total = best["dkdv"] + best["dq"] + times["flash forward"]["ms"]
+            rows.append(f"| {shape} | **flash forward + Gluon backward (best dK/dV + best dQ with its delta)** | "
                         f"{total:.3f}: {times['flash forward+backward']['ms'] / total:.2f}x flash's "
                         f"forward+backward, {times['cuDNN forward+backward']['ms'] / total:.2f}x cuDNN's |")
     table = ["# Gluon backward (dK/dV and dQ kernels) against the tuned backward and cuDNN", "",
              f"Command: `python {' '.join(sys.argv)}`", "", env + "; bf16; do_bench_cudagraph "
              f"median of each repeat; ms median (min-max) of {args.repeats}. The Gluon rows are one "
-             "kernel each; the last row of a shape sums the fastest of each with the delta and "
-             "flash's forward, against the whole forward+backward of flash and of cuDNN.", "",
+             "kernel each; the last row of a shape sums the fastest dK/dV, the fastest dQ with the "
+             "delta kernel it needs (none for a 'd' form) and flash's forward, against the whole forward+backward of flash and of cuDNN.", "",
              "| (B, H, N, D) | case | ms |", "|---|---|---|", *rows]
     print("\n".join(table))
     write_out(args.out, "gluon_bwd", table, results)

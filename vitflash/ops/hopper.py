@@ -546,16 +546,22 @@ if _IMPORT_ERROR is None:
         return warpgroup_mma(gl.convert_layout(ds.to(dtype), op_layout), k2, dq, is_async=True)
 
     @gluon.jit
-    def bwd_dq_kernel(q_desc, kv_desc, do_desc, dq_desc, LSE, DELTA, qk_scale, sm_scale, H, N,
+    def bwd_dq_kernel(q_desc, kv_desc, do_desc, dq_desc, LSE, DELTA, O, qk_scale, sm_scale, H, N,
                       HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                      STAGES: gl.constexpr, num_warps: gl.constexpr, OVERLAP: gl.constexpr = 0):
+                      STAGES: gl.constexpr, num_warps: gl.constexpr, OVERLAP: gl.constexpr = 0,
+                      DQ_DELTA: gl.constexpr = 0):
         """dQ of BLOCK_M queries of one (batch, head): Q and dO stay in shared memory while the
         key tiles stream past (K and V in a ring of STAGES TMA buffers). S = Q K_j^T and
         dP = dO V_j^T issued together; P = exp2(S * qk_scale - LSE), dS = P * (dP - delta),
         dQ += dS K_j. Keys past N need no mask: their K rows are read as zeros, so their dS
         adds nothing. Descriptors as bwd_dkdv_kernel's, with K/V boxes of BLOCK_N rows and
         dq_desc (dqkv) of BLOCK_M. OVERLAP as bwd_dkdv_kernel's: each step's dQ product
-        finishes behind the next step's S and dP (_dq_step)."""
+        finishes behind the next step's S and dP (_dq_step).
+
+        DQ_DELTA = 1: the program computes its rows' delta = rowsum(dO * O) itself, from O
+        (B, N, H, D) read through pointers and dO from its shared memory, and writes it to
+        DELTA for the dK/dV kernel, launched after this one (no delta kernel before it).
+        DQ_DELTA = 0: it reads DELTA, written before it; O is not read."""
         row0, bh, b, q_col, k_col, v_col = _program(N, H, HEAD_DIM, BLOCK_M)
         dtype: gl.constexpr = kv_desc.dtype
 
@@ -574,12 +580,25 @@ if _IMPORT_ERROR is None:
         base = bh.to(gl.int64) * N
         # rows past N: zeros of Q and dO, so any finite statistics do; their dQ is not written
         lse = gl.load(LSE + base + rows, mask=rows < N, other=0.0)
-        delta = gl.load(DELTA + base + rows, mask=rows < N, other=0.0)
+        if not DQ_DELTA:
+            delta = gl.load(DELTA + base + rows, mask=rows < N, other=0.0)
         s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
         dq = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, acc_layout)
         q2 = q_smem.reshape([BLOCK_M, HEAD_DIM])
         do2 = do_smem.reshape([BLOCK_M, HEAD_DIM])
-        mbarrier.wait(qdo_bar, 0)
+        if DQ_DELTA:  # O's rows (zeros past N) against dO's, row by row, in fp32
+            o_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
+            o_rows = row0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, o_layout))
+            o_cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
+            o_offs = (b.to(gl.int64) * N + o_rows) * (H * HEAD_DIM) + q_col
+            o = gl.load(O + gl.expand_dims(o_offs, 1) + gl.expand_dims(o_cols, 0),
+                        mask=gl.expand_dims(o_rows < N, 1), other=0.0)
+            mbarrier.wait(qdo_bar, 0)
+            delta = gl.sum(o.to(gl.float32) * do2.load(o_layout).to(gl.float32), axis=1)
+            gl.store(DELTA + base + o_rows, delta, mask=o_rows < N)
+            delta = gl.convert_layout(delta, row_s)
+        else:
+            mbarrier.wait(qdo_bar, 0)
         if OVERLAP:  # step 0, then each step with the previous one's dQ product finishing behind
             dq = _dq_step(0, kv_desc, k_smem, v_smem, k_bars, v_bars, q2, do2, dq, lse, delta, s_zero,
                           qk_scale, b, k_col, v_col, n_tiles, op_layout, False, BLOCK_N, HEAD_DIM,

@@ -60,6 +60,8 @@ except ImportError:  # (Windows: none; of two processes writing at once, one's e
 
 INTERPRET = bool(kernels.INTERPRET)
 # bump when a kernel or the candidate list changes in a way that can change the best config:
+# 29, the Gluon backward's dQ kernel computing delta, launched before the dK/dV kernel
+#     (DQ_DELTA; no delta launch);
 # 28, the short backward's one key summed over the rows once (kernels.bwd_short_kernel,
 #     LATE_SUMS), and its register-capped twin in 16-row chunks instead of 32 (SHORT_BWD_CAPPED);
 # 27, the finalists timed in two passes of blocks, the second in reverse order, each keeping
@@ -96,7 +98,7 @@ INTERPRET = bool(kernels.INTERPRET)
 # 6, the forwards' FMA-folded softmax (and the bwd_atomic op);
 # 5, split head dims (4 keyed the reverted TAILS candidates of 067433b, which a GPU
 #    machine's cache file may still hold)
-CACHE_VERSION = 28
+CACHE_VERSION = 29
 
 # the families of bwd_atomic's own kernels: dQ added element by element, or by TMA tiles
 ATOMIC_FAMILIES = ("atomic", "atomic_tma")
@@ -431,12 +433,12 @@ def gluon_candidates(op: str, n: int, d: int) -> list[Candidate]:
     1.10x and 1.16x the other at N = 577 and 4097 (run5)."""
     if n < GLUON_MIN_N or d not in hopper.HEAD_DIMS or not gluon_kernels():
         return []
-    if op != "fwd":
-        names = ("BLOCK_M1", "BLOCK_N1", "BLOCK_M2", "BLOCK_N2")
-        out = _c(GLUON_BWD_FAMILY, names, (64, 64, 64, 64, 4, 2), (64, 128, 64, 64, 8, 2))
+    if op != "fwd":  # each with its dQ kernel computing delta (DQ_DELTA: no delta launch)
+        names = ("BLOCK_M1", "BLOCK_N1", "BLOCK_M2", "BLOCK_N2", "DQ_DELTA")
+        out = _c(GLUON_BWD_FAMILY, names, (64, 64, 64, 64, 1, 4, 2), (64, 128, 64, 64, 1, 8, 2))
         if d == 64:  # the dK/dV products overlapped across steps (spills at D = 128: sm_90 compile)
-            out += _c(GLUON_BWD_FAMILY, (*names, "OVERLAP"), (64, 64, 64, 64, 1, 4, 2),
-                      (64, 64, 64, 64, 1, 4, 3))
+            out += _c(GLUON_BWD_FAMILY, (*names, "OVERLAP"), (64, 64, 64, 64, 1, 1, 4, 2),
+                      (64, 64, 64, 64, 1, 1, 4, 3))
         return out
     if d == 64:
         return [Candidate("gluon", (("BLOCK_M", 64), ("BLOCK_N", 128)), 4, 2)]
@@ -778,8 +780,10 @@ class GluonLaunch(_GluonLaunches):
 
 class GluonBwdLaunch(_GluonLaunches):
     """One of a "gluon_bwd" candidate's two launches (hopper.py): its dK/dV kernel (dkdv) or
-    its dQ kernel, called as (qkv, do, lse, delta, dqkv, qk_scale, softmax_scale, H, N) after
-    the plan's delta launch; each makes its own TMA descriptors at each call."""
+    its dQ kernel, called as (qkv, o, do, lse, delta, dqkv, qk_scale, softmax_scale, H, N);
+    each makes its own TMA descriptors at each call. With the candidate's DQ_DELTA the dQ
+    kernel computes delta from o and do and writes it, and runs first; without it, the plan's
+    delta launch does, and the dK/dV kernel runs first (o is not read)."""
 
     __slots__ = ("dkdv", )
 
@@ -791,12 +795,14 @@ class GluonBwdLaunch(_GluonLaunches):
         self.consts = dict(HEAD_DIM=D, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=c.num_stages)
         if m.get("OVERLAP" if dkdv else "DQ_OVERLAP"):  # each kernel's products overlapped
             self.consts["OVERLAP"] = 1
+        if not dkdv and m.get("DQ_DELTA"):
+            self.consts["DQ_DELTA"] = 1
         self.options = dict(num_warps=self.rows // 16)  # a warp group per 64 rows
 
-    def __call__(self, qkv, do, lse, delta, dqkv, qk_scale, softmax_scale, H, N) -> None:
+    def __call__(self, qkv, o, do, lse, delta, dqkv, qk_scale, softmax_scale, H, N) -> None:
         c = self.consts
-        args = (*hopper.bwd_descriptors(qkv, do, dqkv, c["BLOCK_M"], c["BLOCK_N"], self.dkdv),
-                lse, delta, qk_scale, softmax_scale, H, N)
+        descs = hopper.bwd_descriptors(qkv, do, dqkv, c["BLOCK_M"], c["BLOCK_N"], self.dkdv)
+        args = (*descs, lse, delta, *(() if self.dkdv else (o, )), qk_scale, softmax_scale, H, N)
         self._launch(args, qkv.shape[0], H, N)
 
 
