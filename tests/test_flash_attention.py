@@ -728,8 +728,9 @@ def test_gluon_kernels_are_listed_only_where_they_were_measured_to_pay(monkeypat
     (c64,) = gluon("fwd", 577, 64)
     assert c64.family == "gluon" and c64.meta == dict(BLOCK_M=64, BLOCK_N=128)
     assert (c64.num_warps, c64.num_stages) == (4, 2)
-    (c128,) = gluon("fwd", 4097, 128)
+    c128, p128 = gluon("fwd", 4097, 128)
     assert c128.family == "gluon_ws" and c128.meta == dict(BLOCK_M=64, BLOCK_N=128, CONSUMER_REGS=240)
+    assert p128.family == "gluon_ws" and p128.meta == dict(c128.meta, PERSISTENT=1)
     assert gluon("fwd", launch.GLUON_MIN_N, 64) == [c64]
     for op, n, d in (("bwd", 577, 64), ("bwd", launch.GLUON_MIN_N, 128), ("bwd_atomic", 4097, 128),
                      ("bwd_atomic", 1025, 64)):
@@ -796,8 +797,9 @@ class Hopper:
 driver.set_active(Hopper())
 from vitflash.ops import launch
 
-for family, blocks, D, N in (("gluon_ws", (("BLOCK_M", 64), ("BLOCK_N", 128), ("CONSUMER_REGS", 240)), 128, 577),
-                             ("gluon", (("BLOCK_M", 64), ("BLOCK_N", 128)), 64, 300)):
+ws = (("BLOCK_M", 64), ("BLOCK_N", 128), ("CONSUMER_REGS", 240))
+for family, blocks, D, N in (("gluon_ws", ws, 128, 577), ("gluon", (("BLOCK_M", 64), ("BLOCK_N", 128)), 64, 300),
+                             ("gluon_ws", (*ws, ("PERSISTENT", 1)), 128, 577)):
     g = launch.GluonLaunch(launch.Candidate(family, blocks, 4, 2), D)
     for dtype in (torch.bfloat16, torch.float16):
         qkv = torch.zeros(2, N, 3, 3, D, dtype=dtype)
@@ -828,8 +830,9 @@ for n1, warps, overlap in ((64, 4, 0), (128, 8, 0), (64, 4, 1)):
 
 
 def test_a_gluon_launch_compiles_its_kernel_for_sm90():
-    """Both Gluon forward plans compile through GluonLaunch's own call (keyword constexprs,
-    the descriptors it makes, the warp-specialized form's register cap), for bf16 and fp16
+    """The Gluon forward plans (the warp-specialized one in both forms, persistent and not, and
+    the 4-warp one) compile through GluonLaunch's own call (keyword constexprs, the
+    descriptors it makes, the warp-specialized form's register cap), for bf16 and fp16
     qkv (one binary each), for sm_90, where the tuner's compile-only pass would: 12 warps
     (two consumer groups and the loader's warp allocated as a group) under a 168-register
     cap, or 4 warps with none. So do both Gluon backward candidates' two launches
@@ -840,8 +843,9 @@ def test_a_gluon_launch_compiles_its_kernel_for_sm90():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     out = subprocess.run([sys.executable, "-c", _GLUON_LAUNCH_WARMUP], capture_output=True, text=True,
                          env=env, check=True).stdout.split("\n")
-    assert out[:2] == ["gluon_ws 128 2 (12, 168, True)", "gluon 64 2 (4, None, True)"]
-    assert out[2:12] == [f"{k} {n1} {D} {o} 2 ({w}, True)" for n1, o, dims in ((64, 0, (64, 128)),
+    assert out[:3] == ["gluon_ws 128 2 (12, 168, True)", "gluon 64 2 (4, None, True)",
+                       "gluon_ws 128 2 (12, 168, True)"]
+    assert out[3:13] == [f"{k} {n1} {D} {o} 2 ({w}, True)" for n1, o, dims in ((64, 0, (64, 128)),
                                                                                (128, 0, (64, 128)),
                                                                                (64, 1, (64, )))
                          for D in dims for k, w in (("dkdv", n1 // 16), ("dq", 4))]
@@ -926,13 +930,46 @@ def test_gluon_forward_gpu(monkeypatch, N, D):
     monkeypatch.setattr(launch, "_GLUON", None)
     if not launch.gluon_kernels():
         pytest.skip("the Gluon forwards run on Hopper GPUs with a triton that has Gluon")
-    (cand,) = [c for c in launch.candidates("fwd", N, D, 2 * 4) if c.family in launch.GLUON_FAMILIES]
-    _force(monkeypatch, cand, launch.heuristic("bwd", N, D))
-    for dtype in DTYPES:
-        qkv, do = _packed_inputs(2, N, 4, D, dtype, seed=N + D)
-        _assert_within_rule(qkv, do)
-        assert isinstance(flash_mod._plans[("fwd", dtype, qkv.device, 2, N, 4, D, False, False)][0],
-                          launch.GluonLaunch)
+    cands = [c for c in launch.candidates("fwd", N, D, 2 * 4) if c.family in launch.GLUON_FAMILIES]
+    assert len(cands) == (1 if D == 64 else 2)  # at D = 128 the persistent form too
+    for cand in cands:
+        _force(monkeypatch, cand, launch.heuristic("bwd", N, D))
+        for dtype in DTYPES:
+            qkv, do = _packed_inputs(2, N, 4, D, dtype, seed=N + D)
+            _assert_within_rule(qkv, do)
+            assert isinstance(flash_mod._plans[("fwd", dtype, qkv.device, 2, N, 4, D, False, False)][0],
+                              launch.GluonLaunch)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("B, H, N", [(32, 16, 577), (3, 16, 4097), (1, 1, 257)])
+def test_gluon_persistent_forward_gpu(monkeypatch, B, H, N):
+    """The persistent warp-specialized forward at D = 128, where each program takes several
+    query tiles in turn (640 and 1056 tiles on about 132 SMs: its buffer ring's sequence runs
+    on across them) and where it has one tile: O and LSE bit for bit the non-persistent
+    form's (each tile's arithmetic is the same), and O under the rule."""
+    monkeypatch.setenv("VITFLASH_GLUON", "1")
+    monkeypatch.setattr(launch, "_GLUON", None)
+    if not launch.gluon_kernels():
+        pytest.skip("the Gluon forwards run on Hopper GPUs with a triton that has Gluon")
+    plain, persistent = [c for c in launch.candidates("fwd", N, 128, B * H) if c.family in launch.GLUON_FAMILIES]
+    assert persistent.meta.get("PERSISTENT") and not plain.meta.get("PERSISTENT")
+    gen = torch.Generator(device="cuda").manual_seed(N)
+    qkv = torch.randn(B, N, 3, H, 128, device="cuda", generator=gen).to(torch.bfloat16)
+    outs = []
+    for c in (plain, persistent):
+        g = launch.GluonLaunch(c, 128)
+        o = torch.full((B, N, H, 128), float("nan"), device="cuda", dtype=qkv.dtype)
+        lse = torch.full((B, H, N), float("nan"), device="cuda")
+        g(qkv, o, lse, None, 128 ** -0.5 * 1.4426950408889634, 0.0, H, N)
+        outs.append((o, lse))
+    torch.cuda.synchronize()
+    assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
+    assert torch.isfinite(outs[1][0]).all()
+    ref = naive_attention(*(t.double() for t in qkv[:1].unbind(2)), 128 ** -0.5)
+    low = naive_attention(*qkv[:1].unbind(2), 128 ** -0.5)
+    err = (outs[1][0][:1].double() - ref).abs().max().item()
+    assert err <= 2 * (low.double() - ref).abs().max().item() + 1e-5
 
 
 @pytest.mark.gpu
@@ -946,7 +983,7 @@ def test_gluon_backward_gpu(monkeypatch, N, D):
     if not launch.gluon_kernels():
         pytest.skip("the Gluon kernels run on Hopper GPUs with a triton that has Gluon")
     bwds = [c for c in launch.candidates("bwd", N, D) if c.family == launch.GLUON_BWD_FAMILY]
-    (gluon_fwd,) = [c for c in launch.candidates("fwd", N, D, 2 * 4) if c.family in launch.GLUON_FAMILIES]
+    gluon_fwd = [c for c in launch.candidates("fwd", N, D, 2 * 4) if c.family in launch.GLUON_FAMILIES][-1]
     assert len(bwds) == (4 if D == 64 else 2)
     for fwd in (launch.heuristic("fwd", N, D), gluon_fwd):
         for bwd in bwds:

@@ -905,30 +905,36 @@ def test_gluon_fwd_probe_compiles_both_forms_for_sm90():
     interpreter, whose jit functions Gluon cannot call), at the configurations launch.py lists
     and an 8-warp one: no spills, wgmma products in the binary, mbarrier waits for the TMA
     loads; the warp-specialized form's consumers get the registers asked for (setmaxnreg)
-    and the loader its 24."""
+    and the loader its 24; so does the persistent warp-specialized form ("p"), whose
+    O buffers of its own take its shared memory from 160 to 192 KiB at D = 128."""
     probe = _load("gluon_fwd")
     if not probe.hopper.available():
         pytest.skip(f"Gluon does not import in this triton: {probe.hopper._IMPORT_ERROR}")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     cells = []
-    for d, configs in ((128, ["64x128x2x4w240", "128x128x2x8"]), (64, ["64x128x2x4"])):
+    for d, configs in ((128, ["64x128x2x4w240", "64x128x2x4w240p", "128x128x2x8"]), (64, ["64x128x2x4"])):
         out = subprocess.run([sys.executable, str(PROBES / "gluon_fwd.py"), "--compile", "--d", str(d),
                               "--configs", *configs], capture_output=True, text=True, env=env, check=True).stdout
         cells += [[c.strip() for c in r.strip("|").split("|")] for r in out.splitlines() if re.match(r"\| \d", r)]
-    assert [c[0] for c in cells] == ["64x128x2x4w240", "128x128x2x8", "64x128x2x4"]
+    assert [c[0] for c in cells] == ["64x128x2x4w240", "64x128x2x4w240p", "128x128x2x8", "64x128x2x4"]
     for config, regs, spills, smem, hgmma, waits, bars, mbar_waits, moves in cells:
         assert int(spills) == 0 and int(regs) <= 255, config
         assert int(hgmma) > 0 and int(mbar_waits) > 0, config
         moves = moves.split(", ")
         assert ("dec 24" in moves and "inc 240" in moves) if "w" in config else moves == ["-"], config
+    smem = {c[0]: int(c[3]) for c in cells}
+    assert (smem["64x128x2x4w240"], smem["64x128x2x4w240p"]) == (160, 192)
 
 
 def test_gluon_fwd_probe_reads_both_forms_from_its_configs():
     probe = _load("gluon_fwd")
-    assert probe.parse_config("128x64x3x8") == (128, 64, 3, 8, 0)
-    assert probe.parse_config("64x128x2x4w240") == (64, 128, 2, 4, 240)
+    assert probe.parse_config("128x64x3x8") == (128, 64, 3, 8, 0, 0)
+    assert probe.parse_config("64x128x2x4w240") == (64, 128, 2, 4, 240, 0)
+    assert probe.parse_config("64x128x2x4w240p") == (64, 128, 2, 4, 240, 1)
     with pytest.raises(ValueError):
         probe.parse_config("64x128x2")
+    with pytest.raises(ValueError, match="warp-specialized"):
+        probe.parse_config("64x128x2x4p")
 
 
 def test_gluon_bwd_probe_compiles_its_kernel_for_sm90():

@@ -41,29 +41,35 @@ SIX = ["256,12,197,64", "256,6,197,64", "64,12,577,64", "32,16,1025,64", "8,12,4
        "4,16,4097,128"]
 DEFAULT_CONFIGS = {64: ["64x128x2x4w240", "64x128x3x4w240", "64x128x4x4w240", "128x128x3x8",
                         "128x64x3x8", "64x128x2x4"],
-                   128: ["64x128x2x4w240", "128x128x2x8", "128x64x3x8"]}
+                   128: ["64x128x2x4w240", "64x128x2x4w240p", "128x128x2x8", "128x64x3x8"]}
 
 
-def parse_config(text: str) -> tuple[int, int, int, int, int]:
-    """"MxNxSxW" (fwd_wgmma_kernel) or "MxNxSxWwR" (fwd_ws_kernel, consumers at R registers)
-    -> (BLOCK_M, BLOCK_N, STAGES, warps, R or 0)."""
-    text, _, regs = text.partition("w")
+def parse_config(text: str) -> tuple[int, int, int, int, int, int]:
+    """"MxNxSxW" (fwd_wgmma_kernel) or "MxNxSxWwR" (fwd_ws_kernel, consumers at R registers),
+    "MxNxSxWwRp" (fwd_ws_persistent_kernel) -> (BLOCK_M, BLOCK_N, STAGES, warps, R or 0,
+    persistent)."""
+    persistent = int(text.endswith("p"))
+    text, _, regs = text.removesuffix("p").partition("w")
+    if persistent and not regs:
+        raise ValueError(f"{text}p: the persistent form ('p') is the warp-specialized one's ('wR')")
     m, n, s, w = (int(x) for x in text.split("x"))
-    return m, n, s, w, int(regs or 0)
+    return m, n, s, w, int(regs or 0), persistent
 
 
 def gluon_launch(text: str, d: int) -> launch.GluonLaunch:
     """The op's launch of configuration `text` at head dim d."""
-    bm, bn, stages, warps, regs = parse_config(text)
+    bm, bn, stages, warps, regs, persistent = parse_config(text)
     blocks = (("BLOCK_M", bm), ("BLOCK_N", bn)) + ((("CONSUMER_REGS", regs), ) if regs else ())
+    blocks += (("PERSISTENT", 1), ) if persistent else ()
     return launch.GluonLaunch(launch.Candidate("gluon_ws" if regs else "gluon", blocks, warps, stages), d)
 
 
-def compile_sm90(d: int, cfg: tuple[int, int, int, int]):
-    """fwd_wgmma_kernel compiled for sm_90 (bf16) by the installed triton, no GPU needed."""
+def compile_sm90(d: int, cfg: tuple[int, int, int, int, int, int]):
+    """fwd_wgmma_kernel (fwd_ws_kernel, fwd_ws_persistent_kernel) compiled for sm_90 (bf16)
+    by the installed triton, no GPU needed."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
-    bm, bn, stages, warps, regs = cfg
+    bm, bn, stages, warps, regs, persistent = cfg
 
     def desc(rows: int) -> str:
         return f"tensordesc<bf16[1,{rows},{d}],{hopper._layout(rows, d, torch.bfloat16)!r}>"
@@ -75,9 +81,12 @@ def compile_sm90(d: int, cfg: tuple[int, int, int, int]):
     options = dict(num_warps=warps)
     fn = hopper.fwd_wgmma_kernel
     if regs:
-        fn = hopper.fwd_ws_kernel
-        sig = {**{k: v for k, v in sig.items() if k != "num_warps"}, "CONSUMER_REGS": "constexpr",
-               "num_warps": "constexpr"}
+        fn = hopper.fwd_ws_persistent_kernel if persistent else hopper.fwd_ws_kernel
+        head = {k: v for k, v in sig.items() if k not in ("num_warps", "HEAD_DIM", "BLOCK_M", "BLOCK_N",
+                                                           "STAGES")}
+        sig = {**head, **(dict(TILES="i32") if persistent else {}), "HEAD_DIM": "constexpr",
+               "BLOCK_M": "constexpr", "BLOCK_N": "constexpr", "STAGES": "constexpr",
+               "CONSUMER_REGS": "constexpr", "num_warps": "constexpr"}
         consts["CONSUMER_REGS"] = regs
         options["maxnreg"] = hopper.ws_maxnreg(regs)
     src = GluonASTSource(fn=fn, signature=sig, constexprs=consts)

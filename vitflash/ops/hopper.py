@@ -231,18 +231,19 @@ if _IMPORT_ERROR is None:
             _load(kv_desc, b, j, v_col, v_ready.index(stage), v_smem.index(stage), BLOCK_N, HEAD_DIM)
 
     @gluon.jit
-    def _ws_step(j, q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, acc, p, m_i, l_i,
+    def _ws_step(g, j, q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, acc, p, m_i, l_i,
                  s_zero, qk_scale, N, cols0, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                  STAGES: gl.constexpr, MASK: gl.constexpr, p_layout: gl.constexpr,
                  row_o: gl.constexpr):
         """Key tile j >= 1 in one consumer, as _step, signalling each buffer empty as soon as
-        its product is done instead of refilling it."""
-        stage = j % STAGES
-        prev = (j - 1) % STAGES
-        mbarrier.wait(k_ready.index(stage), (j // STAGES) & 1)
+        its product is done instead of refilling it. g: the tile's place in the buffer ring's
+        sequence (j, or past the earlier query tiles' key tiles in the persistent form)."""
+        stage = g % STAGES
+        prev = (g - 1) % STAGES
+        mbarrier.wait(k_ready.index(stage), (g // STAGES) & 1)
         s = warpgroup_mma(q, k_smem.index(stage).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0)),
                           s_zero, use_acc=False, is_async=True)
-        mbarrier.wait(v_ready.index(prev), ((j - 1) // STAGES) & 1)
+        mbarrier.wait(v_ready.index(prev), ((g - 1) // STAGES) & 1)
         acc = warpgroup_mma(p, v_smem.index(prev).reshape([BLOCK_N, HEAD_DIM]), acc,
                             is_async=True)
         s = warpgroup_mma_wait(num_outstanding=1, deps=(s, ))
@@ -289,11 +290,11 @@ if _IMPORT_ERROR is None:
         p_new, m_i, l_i, alpha = _softmax(s, m_i, l_i, qk_scale, cols0, N, True)
         p = gl.convert_layout(p_new.to(dtype), p_layout)
         for j in range(1, n_full):
-            acc, p, m_i, l_i = _ws_step(j, q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
+            acc, p, m_i, l_i = _ws_step(j, j, q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
                                         acc, p, m_i, l_i, s_zero, qk_scale, N, cols0, BLOCK_N,
                                         HEAD_DIM, STAGES, False, p_layout, row_o)
         if n_full >= 1 and n_full < n_tiles:
-            acc, p, m_i, l_i = _ws_step(n_full, q, k_smem, v_smem, k_ready, v_ready, k_empty,
+            acc, p, m_i, l_i = _ws_step(n_full, n_full, q, k_smem, v_smem, k_ready, v_ready, k_empty,
                                         v_empty, acc, p, m_i, l_i, s_zero, qk_scale, N, cols0,
                                         BLOCK_N, HEAD_DIM, STAGES, True, p_layout, row_o)
         last = (n_tiles - 1) % STAGES
@@ -357,6 +358,163 @@ if _IMPORT_ERROR is None:
                           k_empty, v_empty, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES)),
         ], [4, 1], [CONSUMER_REGS, 24])
 
+
+    # Persistent form of the warp-specialized forward: as many programs as the GPU has SMs
+    # (one program an SM fits), each taking query tiles t = program, program + programs, ...
+    # The loader streams every tile's key tiles through one ring whose sequence runs on across
+    # the program's query tiles, so the next query tile's first K and V (and its Q, once a
+    # consumer has issued its last score product) load while the consumers finish the current
+    # tile's last P V product and write its O, through buffers of their own; at N = 577, with
+    # five key tiles a query tile, that fill and drain are a large share of a program's time.
+
+    @gluon.jit
+    def _tile(t, N, H, HEAD_DIM: gl.constexpr, ROWS: gl.constexpr):
+        """Query tile t's first row, (batch, head) index, batch and Q/K/V columns, as _program
+        computes them for program t."""
+        n_tiles = gl.cdiv(N, ROWS)
+        bh = t // n_tiles
+        h = bh % H
+        return ((t % n_tiles) * ROWS, bh, bh // H, h * HEAD_DIM, (H + h) * HEAD_DIM,
+                (2 * H + h) * HEAD_DIM)
+
+    @gluon.jit
+    def _wsp_loader(q_desc, kv_desc, o_desc, LSE, qk_scale, H, N, TILES, q_smem, o_smem, k_smem,
+                    v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty,
+                    HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                    STAGES: gl.constexpr):
+        """Each of this program's query tiles: both consumers' Q once each has released its
+        buffer, then the tile's K and V tiles into the ring as buffers empty."""
+        n_kv = gl.cdiv(N, BLOCK_N)
+        it = 0
+        for t in range(gl.program_id(0), TILES, gl.num_programs(0)):
+            row0, bh, b, q_col, k_col, v_col = _tile(t, N, H, HEAD_DIM, 2 * BLOCK_M)
+            for r in gl.static_range(2):
+                mbarrier.wait(q_empty.index(r), (it & 1) ^ 1)
+                mbarrier.expect(q_ready.index(r), BLOCK_M * HEAD_DIM * q_desc.dtype.primitive_bitwidth // 8)
+                tma.async_copy_global_to_shared(q_desc, [b, row0 + r * BLOCK_M, q_col],
+                                                q_ready.index(r), q_smem.index(r))
+            for j in range(n_kv):
+                g = it * n_kv + j
+                stage = g % STAGES
+                phase = (g // STAGES) & 1
+                mbarrier.wait(k_empty.index(stage), phase ^ 1)
+                _load(kv_desc, b, j, k_col, k_ready.index(stage), k_smem.index(stage), BLOCK_N, HEAD_DIM)
+                mbarrier.wait(v_empty.index(stage), phase ^ 1)
+                _load(kv_desc, b, j, v_col, v_ready.index(stage), v_smem.index(stage), BLOCK_N, HEAD_DIM)
+            it += 1
+
+    @gluon.jit
+    def _wsp_consumer(q_desc, kv_desc, o_desc, LSE, qk_scale, H, N, TILES, q_smem, o_smem, k_smem,
+                      v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty,
+                      HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                      STAGES: gl.constexpr, R: gl.constexpr):
+        """_ws_consumer over this program's query tiles: Q released after the tile's last score
+        product, O written through a buffer of its own (the previous tile's store waited for
+        before the buffer is rewritten)."""
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16])
+        o_layout: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_DIM, 16])
+        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+        row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+        row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+        dtype: gl.constexpr = v_smem.dtype
+        n_kv = gl.cdiv(N, BLOCK_N)
+        n_full = N // BLOCK_N
+        cols0 = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+        s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
+        q = q_smem.index(R).reshape([BLOCK_M, HEAD_DIM])
+        o_buf = o_smem.index(R)
+        it = 0
+        for t in range(gl.program_id(0), TILES, gl.num_programs(0)):
+            row0, bh, b, q_col, k_col, v_col = _tile(t, N, H, HEAD_DIM, 2 * BLOCK_M)
+            g0 = it * n_kv
+            m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, row_s)
+            l_i = gl.zeros([BLOCK_M], gl.float32, row_s)
+            acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, o_layout)
+            mbarrier.wait(q_ready.index(R), it & 1)
+            stage0 = g0 % STAGES
+            mbarrier.wait(k_ready.index(stage0), (g0 // STAGES) & 1)
+            s = warpgroup_mma(q, k_smem.index(stage0).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0)),
+                              s_zero, use_acc=False, is_async=True)
+            s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
+            mbarrier.arrive(k_empty.index(stage0), count=1)
+            p_new, m_i, l_i, alpha = _softmax(s, m_i, l_i, qk_scale, cols0, N, True)
+            p = gl.convert_layout(p_new.to(dtype), p_layout)
+            for j in range(1, n_full):
+                acc, p, m_i, l_i = _ws_step(g0 + j, j, q, k_smem, v_smem, k_ready, v_ready, k_empty,
+                                            v_empty, acc, p, m_i, l_i, s_zero, qk_scale, N, cols0,
+                                            BLOCK_N, HEAD_DIM, STAGES, False, p_layout, row_o)
+            if n_full >= 1 and n_full < n_kv:
+                acc, p, m_i, l_i = _ws_step(g0 + n_full, n_full, q, k_smem, v_smem, k_ready, v_ready,
+                                            k_empty, v_empty, acc, p, m_i, l_i, s_zero, qk_scale, N,
+                                            cols0, BLOCK_N, HEAD_DIM, STAGES, True, p_layout, row_o)
+            mbarrier.arrive(q_empty.index(R), count=1)  # every score product of the tile is done
+            last = (g0 + n_kv - 1) % STAGES
+            mbarrier.wait(v_ready.index(last), ((g0 + n_kv - 1) // STAGES) & 1)
+            acc = warpgroup_mma(p, v_smem.index(last).reshape([BLOCK_N, HEAD_DIM]), acc,
+                                is_async=True)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+            mbarrier.arrive(v_empty.index(last), count=1)
+
+            rows = row0 + R * BLOCK_M + gl.arange(0, BLOCK_M, layout=row_s)
+            gl.store(LSE + bh.to(gl.int64) * N + rows, m_i + gl.log2(l_i), mask=rows < N)
+            o = acc / gl.expand_dims(gl.convert_layout(l_i, row_o), 1)
+            tma.store_wait(pendings=0)  # the previous tile's O has left the buffer
+            o_buf.reshape([BLOCK_M, HEAD_DIM]).store(o.to(dtype))
+            fence_async_shared()
+            tma.async_copy_shared_to_global(o_desc, [b, row0 + R * BLOCK_M, q_col], o_buf)
+            it += 1
+        tma.store_wait(pendings=0)
+
+    @gluon.jit
+    def _wsp_consumer1(q_desc, kv_desc, o_desc, LSE, qk_scale, H, N, TILES, q_smem, o_smem, k_smem,
+                       v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty,
+                       HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                       STAGES: gl.constexpr):
+        """The second consumer (a worker partition: same signature as the loader's)."""
+        _wsp_consumer(q_desc, kv_desc, o_desc, LSE, qk_scale, H, N, TILES, q_smem, o_smem, k_smem,
+                      v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty,
+                      HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, 1)
+
+    @gluon.jit
+    def fwd_ws_persistent_kernel(q_desc, kv_desc, o_desc, LSE, qk_scale, H, N, TILES,
+                                 HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+                                 BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                                 CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr):
+        """fwd_ws_kernel's result over TILES query tiles of 2 * BLOCK_M rows (B * H * tiles a
+        head), launched on fewer programs that each take every num_programs-th tile."""
+        dtype: gl.constexpr = kv_desc.dtype
+        q_smem = gl.allocate_shared_memory(dtype, [2, 1, BLOCK_M, HEAD_DIM], q_desc.layout)
+        o_smem = gl.allocate_shared_memory(dtype, [2, 1, BLOCK_M, HEAD_DIM], o_desc.layout)
+        k_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, BLOCK_N, HEAD_DIM], kv_desc.layout)
+        v_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, BLOCK_N, HEAD_DIM], kv_desc.layout)
+        q_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        q_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for r in gl.static_range(2):
+            mbarrier.init(q_ready.index(r), count=1)
+            mbarrier.init(q_empty.index(r), count=1)
+        for i in gl.static_range(STAGES):
+            mbarrier.init(k_ready.index(i), count=1)
+            mbarrier.init(v_ready.index(i), count=1)
+            mbarrier.init(k_empty.index(i), count=2)  # one arrival from each consumer
+            mbarrier.init(v_empty.index(i), count=2)
+        fence_async_shared()
+        gl.warp_specialize([
+            (_wsp_consumer, (q_desc, kv_desc, o_desc, LSE, qk_scale, H, N, TILES, q_smem, o_smem,
+                             k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty,
+                             HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, 0)),
+            (_wsp_consumer1, (q_desc, kv_desc, o_desc, LSE, qk_scale, H, N, TILES, q_smem, o_smem,
+                              k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty,
+                              HEAD_DIM, BLOCK_M, BLOCK_N, STAGES)),
+            (_wsp_loader, (q_desc, kv_desc, o_desc, LSE, qk_scale, H, N, TILES, q_smem, o_smem,
+                           k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty,
+                           HEAD_DIM, BLOCK_M, BLOCK_N, STAGES)),
+        ], [4, 1], [CONSUMER_REGS, 24])
 
     @gluon.jit
     def _bwd_buffers(res_a_desc, res_b_desc, ring_a_desc, ring_b_desc, b, row0, res_a_col, res_b_col,

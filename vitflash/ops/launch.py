@@ -37,6 +37,7 @@ that is not 16-byte aligned takes Triton's own launch path).
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import threading
@@ -61,7 +62,8 @@ except ImportError:  # (Windows: none; of two processes writing at once, one's e
 INTERPRET = bool(kernels.INTERPRET)
 # bump when a kernel or the candidate list changes in a way that can change the best config:
 # 29, the Gluon backward's dQ kernel computing delta, launched before the dK/dV kernel
-#     (DQ_DELTA; no delta launch);
+#     (DQ_DELTA; no delta launch), and the persistent warp-specialized Gluon forward at
+#     D = 128 (PERSISTENT);
 # 28, the short backward's one key summed over the rows once (kernels.bwd_short_kernel,
 #     LATE_SUMS), and its register-capped twin in 16-row chunks instead of 32 (SHORT_BWD_CAPPED);
 # 27, the finalists timed in two passes of blocks, the second in reverse order, each keeping
@@ -422,7 +424,8 @@ def gluon_candidates(op: str, n: int, d: int) -> list[Candidate]:
     Forward: at D = 64 the 4-warp form with (64, 128) tiles in 2 stages, 1.02-1.03x the tuned
     Triton forward at N = 577-4097 on an H100; at D = 128 the warp-specialized form (two
     64-row consumers at 240 registers, 128-key tiles, 2 stages), 1.10-1.26x it at
-    N = 577-4097 (benchmarks/results/gpu_session_17e1b36/).
+    N = 577-4097 (benchmarks/results/gpu_session_17e1b36/), and the same in its persistent
+    form (PERSISTENT), listed beside it untimed.
 
     Backward: the dK/dV kernel (BLOCK_N1 keys a program, BLOCK_N1 / 16 warps, BLOCK_M1-row
     query tiles in num_stages buffers) and the dQ kernel (BLOCK_M2 queries, BLOCK_M2 / 16 warps,
@@ -442,7 +445,9 @@ def gluon_candidates(op: str, n: int, d: int) -> list[Candidate]:
         return out
     if d == 64:
         return [Candidate("gluon", (("BLOCK_M", 64), ("BLOCK_N", 128)), 4, 2)]
-    return [Candidate("gluon_ws", (("BLOCK_M", 64), ("BLOCK_N", 128), ("CONSUMER_REGS", 240)), 4, 2)]
+    ws = (("BLOCK_M", 64), ("BLOCK_N", 128), ("CONSUMER_REGS", 240))
+    # and its persistent form, one program an SM (hopper.fwd_ws_persistent_kernel)
+    return [Candidate("gluon_ws", ws, 4, 2), Candidate("gluon_ws", (*ws, ("PERSISTENT", 1)), 4, 2)]
 
 
 def tma_reductions() -> bool:
@@ -745,8 +750,8 @@ class _GluonLaunches:
         """None: no direct launch of a compiled binary (see Launch.compiled)."""
         return None
 
-    def _launch(self, args: tuple, B: int, H: int, N: int) -> None:
-        grid = (-(-N // self.rows) * B * H, )
+    def _launch(self, args: tuple, programs: int) -> None:
+        grid = (programs, )
         if getattr(_compiling, "only", False):  # in _compile_all: compile, launch nothing
             self.kernel.warmup(*args, grid=grid, **self.consts, **self.options)
             return
@@ -757,9 +762,10 @@ class GluonLaunch(_GluonLaunches):
     """A Gluon forward (hopper.py) in an op's plan, called as a Launch of the Triton forward
     is, (qkv, o, lse, seed, qk_scale, drop_p, H, N), without the descriptor arguments: it
     makes its own TMA descriptors at each call, and never runs with dropout (seed and drop_p
-    are not read)."""
+    are not read). A "gluon_ws" candidate with PERSISTENT launches the persistent form: no
+    more programs than the GPU has SMs, each over every programs-th query tile."""
 
-    __slots__ = ("block_m", "block_n")
+    __slots__ = ("block_m", "block_n", "persistent")
 
     def __init__(self, c: Candidate, D: int):
         m = c.meta
@@ -768,14 +774,22 @@ class GluonLaunch(_GluonLaunches):
                            STAGES=c.num_stages)
         self.options = dict(num_warps=c.num_warps)
         self.kernel, self.rows = hopper.fwd_wgmma_kernel, self.block_m
+        self.persistent = bool(m.get("PERSISTENT"))
         if c.family == "gluon_ws":
             self.kernel, self.rows = hopper.fwd_ws_kernel, 2 * self.block_m
+            if self.persistent:
+                self.kernel = hopper.fwd_ws_persistent_kernel
             self.consts["CONSUMER_REGS"] = m["CONSUMER_REGS"]
             self.options["maxnreg"] = hopper.ws_maxnreg(m["CONSUMER_REGS"])
 
     def __call__(self, qkv, o, lse, seed, qk_scale, drop_p, H, N) -> None:
         args = (*hopper.descriptors(qkv, o, self.block_m, self.block_n), lse, qk_scale, H, N)
-        self._launch(args, qkv.shape[0], H, N)
+        tiles = -(-N // self.rows) * qkv.shape[0] * H
+        if not self.persistent:
+            self._launch(args, tiles)
+            return
+        sms = _sm_count(qkv.device.index) if qkv.is_cuda else tiles  # (a CPU: compiled only)
+        self._launch((*args, tiles), min(tiles, sms))
 
 
 class GluonBwdLaunch(_GluonLaunches):
@@ -803,7 +817,14 @@ class GluonBwdLaunch(_GluonLaunches):
         c = self.consts
         descs = hopper.bwd_descriptors(qkv, do, dqkv, c["BLOCK_M"], c["BLOCK_N"], self.dkdv)
         args = (*descs, lse, delta, *(() if self.dkdv else (o, )), qk_scale, softmax_scale, H, N)
-        self._launch(args, qkv.shape[0], H, N)
+        self._launch(args, -(-N // self.rows) * qkv.shape[0] * H)
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(index: int | None) -> int:
+    """The number of SMs of CUDA device `index` (None: the current one)."""
+    return torch.cuda.get_device_properties(torch.cuda.current_device() if index is None else index
+                                            ).multi_processor_count
 
 
 # ----------------------------------------------------------------------------------------
