@@ -256,12 +256,14 @@ if _IMPORT_ERROR is None:
         return acc, p, m_i, l_i
 
     @gluon.jit
-    def _ws_consumer(q_desc, kv_desc, o_desc, LSE, qk_scale, H, N, bh, b, row0, q_col, k_col,
-                     v_col, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, k_empty, v_empty,
-                     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                     STAGES: gl.constexpr, R: gl.constexpr):
-        """Query rows row0 + R * BLOCK_M ... in one warp group: the online softmax over every
-        key tile, then O (through this consumer's Q buffer, free by then) and the LSE."""
+    def _ws_tile(g0, q_buf, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, q_empty, LSE, bh,
+                 first_row, qk_scale, N, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                 HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, RELEASE: gl.constexpr):
+        """One consumer's BLOCK_M query rows from first_row (their Q in q_buf, landed) against
+        every key tile, the first in ring place g0: the online softmax, then the LSE stored;
+        returns O in the input dtype. RELEASE (the persistent form): the Q buffer signalled
+        empty (q_empty) after the tile's last score product, and the last V buffer after the
+        last P V product."""
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(
             version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16])
         o_layout: gl.constexpr = gl.NVMMADistributedLayout(
@@ -272,41 +274,55 @@ if _IMPORT_ERROR is None:
         dtype: gl.constexpr = v_smem.dtype
         n_tiles = gl.cdiv(N, BLOCK_N)
         n_full = N // BLOCK_N
-
         cols0 = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
         s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
         m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, row_s)
         l_i = gl.zeros([BLOCK_M], gl.float32, row_s)
         acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, o_layout)
-        q_buf = q_smem.index(R)
         q = q_buf.reshape([BLOCK_M, HEAD_DIM])
 
-        mbarrier.wait(q_bars.index(R), 0)
-        mbarrier.wait(k_ready.index(0), 0)
-        s = warpgroup_mma(q, k_smem.index(0).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0)),
+        stage0 = g0 % STAGES
+        mbarrier.wait(k_ready.index(stage0), (g0 // STAGES) & 1)
+        s = warpgroup_mma(q, k_smem.index(stage0).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0)),
                           s_zero, use_acc=False, is_async=True)
         s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
-        mbarrier.arrive(k_empty.index(0), count=1)
+        mbarrier.arrive(k_empty.index(stage0), count=1)
         p_new, m_i, l_i, alpha = _softmax(s, m_i, l_i, qk_scale, cols0, N, True)
         p = gl.convert_layout(p_new.to(dtype), p_layout)
         for j in range(1, n_full):
-            acc, p, m_i, l_i = _ws_step(j, j, q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
-                                        acc, p, m_i, l_i, s_zero, qk_scale, N, cols0, BLOCK_N,
-                                        HEAD_DIM, STAGES, False, p_layout, row_o)
-        if n_full >= 1 and n_full < n_tiles:
-            acc, p, m_i, l_i = _ws_step(n_full, n_full, q, k_smem, v_smem, k_ready, v_ready, k_empty,
+            acc, p, m_i, l_i = _ws_step(g0 + j, j, q, k_smem, v_smem, k_ready, v_ready, k_empty,
                                         v_empty, acc, p, m_i, l_i, s_zero, qk_scale, N, cols0,
-                                        BLOCK_N, HEAD_DIM, STAGES, True, p_layout, row_o)
-        last = (n_tiles - 1) % STAGES
-        mbarrier.wait(v_ready.index(last), ((n_tiles - 1) // STAGES) & 1)
+                                        BLOCK_N, HEAD_DIM, STAGES, False, p_layout, row_o)
+        if n_full >= 1 and n_full < n_tiles:
+            acc, p, m_i, l_i = _ws_step(g0 + n_full, n_full, q, k_smem, v_smem, k_ready, v_ready,
+                                        k_empty, v_empty, acc, p, m_i, l_i, s_zero, qk_scale, N,
+                                        cols0, BLOCK_N, HEAD_DIM, STAGES, True, p_layout, row_o)
+        if RELEASE:  # every score product of the tile is done
+            mbarrier.arrive(q_empty, count=1)
+        last = (g0 + n_tiles - 1) % STAGES
+        mbarrier.wait(v_ready.index(last), ((g0 + n_tiles - 1) // STAGES) & 1)
         acc = warpgroup_mma(p, v_smem.index(last).reshape([BLOCK_N, HEAD_DIM]), acc,
                             is_async=True)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+        if RELEASE:
+            mbarrier.arrive(v_empty.index(last), count=1)
 
-        rows = row0 + R * BLOCK_M + gl.arange(0, BLOCK_M, layout=row_s)
+        rows = first_row + gl.arange(0, BLOCK_M, layout=row_s)
         gl.store(LSE + bh.to(gl.int64) * N + rows, m_i + gl.log2(l_i), mask=rows < N)
-        o = acc / gl.expand_dims(gl.convert_layout(l_i, row_o), 1)
-        q.store(o.to(dtype))  # this consumer's last S product read its Q long ago
+        return (acc / gl.expand_dims(gl.convert_layout(l_i, row_o), 1)).to(dtype)
+
+    @gluon.jit
+    def _ws_consumer(q_desc, kv_desc, o_desc, LSE, qk_scale, H, N, bh, b, row0, q_col, k_col,
+                     v_col, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, k_empty, v_empty,
+                     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                     STAGES: gl.constexpr, R: gl.constexpr):
+        """Query rows row0 + R * BLOCK_M ... in one warp group: the online softmax over every
+        key tile, then O (through this consumer's Q buffer, free by then) and the LSE."""
+        q_buf = q_smem.index(R)
+        mbarrier.wait(q_bars.index(R), 0)
+        o = _ws_tile(0, q_buf, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, q_bars, LSE, bh,
+                     row0 + R * BLOCK_M, qk_scale, N, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, False)
+        q_buf.reshape([BLOCK_M, HEAD_DIM]).store(o)  # its last S product read this Q long ago
         fence_async_shared()
         tma.async_copy_shared_to_global(o_desc, [b, row0 + R * BLOCK_M, q_col], q_buf)
         tma.store_wait(pendings=0)
@@ -322,6 +338,23 @@ if _IMPORT_ERROR is None:
                      HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, 1)
 
     @gluon.jit
+    def _ws_ring(kv_desc, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr):
+        """The warp-specialized forwards' K and V ring: STAGES buffers of each, a ready
+        mbarrier a buffer (the loader's TMA) and an empty one (count 2: both consumers)."""
+        k_smem = gl.allocate_shared_memory(kv_desc.dtype, [STAGES, 1, BLOCK_N, HEAD_DIM], kv_desc.layout)
+        v_smem = gl.allocate_shared_memory(kv_desc.dtype, [STAGES, 1, BLOCK_N, HEAD_DIM], kv_desc.layout)
+        k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(STAGES):
+            mbarrier.init(k_ready.index(i), count=1)
+            mbarrier.init(v_ready.index(i), count=1)
+            mbarrier.init(k_empty.index(i), count=2)  # one arrival from each consumer
+            mbarrier.init(v_empty.index(i), count=2)
+        return k_smem, v_smem, k_ready, v_ready, k_empty, v_empty
+
+    @gluon.jit
     def fwd_ws_kernel(q_desc, kv_desc, o_desc, LSE, qk_scale, H, N,
                       HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                       STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
@@ -331,20 +364,10 @@ if _IMPORT_ERROR is None:
         row0, bh, b, q_col, k_col, v_col = _program(N, H, HEAD_DIM, 2 * BLOCK_M)
         dtype: gl.constexpr = kv_desc.dtype
         q_smem = gl.allocate_shared_memory(dtype, [2, 1, BLOCK_M, HEAD_DIM], q_desc.layout)
-        k_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, BLOCK_N, HEAD_DIM], kv_desc.layout)
-        v_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, BLOCK_N, HEAD_DIM], kv_desc.layout)
+        k_smem, v_smem, k_ready, v_ready, k_empty, v_empty = _ws_ring(kv_desc, BLOCK_N, HEAD_DIM, STAGES)
         q_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-        k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         for r in gl.static_range(2):
             mbarrier.init(q_bars.index(r), count=1)
-        for i in gl.static_range(STAGES):
-            mbarrier.init(k_ready.index(i), count=1)
-            mbarrier.init(v_ready.index(i), count=1)
-            mbarrier.init(k_empty.index(i), count=2)  # one arrival from each consumer
-            mbarrier.init(v_empty.index(i), count=2)
         fence_async_shared()
         gl.warp_specialize([
             (_ws_consumer, (q_desc, kv_desc, o_desc, LSE, qk_scale, H, N, bh, b, row0, q_col,
@@ -385,8 +408,8 @@ if _IMPORT_ERROR is None:
         """Each of this program's query tiles: both consumers' Q once each has released its
         buffer, then the tile's K and V tiles into the ring as buffers empty."""
         n_kv = gl.cdiv(N, BLOCK_N)
-        it = 0
         for t in range(gl.program_id(0), TILES, gl.num_programs(0)):
+            it = t // gl.num_programs(0)  # this program's how-manyth tile
             row0, bh, b, q_col, k_col, v_col = _tile(t, N, H, HEAD_DIM, 2 * BLOCK_M)
             for r in gl.static_range(2):
                 mbarrier.wait(q_empty.index(r), (it & 1) ^ 1)
@@ -401,7 +424,6 @@ if _IMPORT_ERROR is None:
                 _load(kv_desc, b, j, k_col, k_ready.index(stage), k_smem.index(stage), BLOCK_N, HEAD_DIM)
                 mbarrier.wait(v_empty.index(stage), phase ^ 1)
                 _load(kv_desc, b, j, v_col, v_ready.index(stage), v_smem.index(stage), BLOCK_N, HEAD_DIM)
-            it += 1
 
     @gluon.jit
     def _wsp_consumer(q_desc, kv_desc, o_desc, LSE, qk_scale, H, N, TILES, q_smem, o_smem, k_smem,
@@ -411,60 +433,20 @@ if _IMPORT_ERROR is None:
         """_ws_consumer over this program's query tiles: Q released after the tile's last score
         product, O written through a buffer of its own (the previous tile's store waited for
         before the buffer is rewritten)."""
-        s_layout: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16])
-        o_layout: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_DIM, 16])
-        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
-        row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
-        row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
-        dtype: gl.constexpr = v_smem.dtype
         n_kv = gl.cdiv(N, BLOCK_N)
-        n_full = N // BLOCK_N
-        cols0 = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-        s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
-        q = q_smem.index(R).reshape([BLOCK_M, HEAD_DIM])
+        q_buf = q_smem.index(R)
         o_buf = o_smem.index(R)
-        it = 0
         for t in range(gl.program_id(0), TILES, gl.num_programs(0)):
+            it = t // gl.num_programs(0)  # this program's how-manyth tile
             row0, bh, b, q_col, k_col, v_col = _tile(t, N, H, HEAD_DIM, 2 * BLOCK_M)
-            g0 = it * n_kv
-            m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, row_s)
-            l_i = gl.zeros([BLOCK_M], gl.float32, row_s)
-            acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, o_layout)
             mbarrier.wait(q_ready.index(R), it & 1)
-            stage0 = g0 % STAGES
-            mbarrier.wait(k_ready.index(stage0), (g0 // STAGES) & 1)
-            s = warpgroup_mma(q, k_smem.index(stage0).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0)),
-                              s_zero, use_acc=False, is_async=True)
-            s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
-            mbarrier.arrive(k_empty.index(stage0), count=1)
-            p_new, m_i, l_i, alpha = _softmax(s, m_i, l_i, qk_scale, cols0, N, True)
-            p = gl.convert_layout(p_new.to(dtype), p_layout)
-            for j in range(1, n_full):
-                acc, p, m_i, l_i = _ws_step(g0 + j, j, q, k_smem, v_smem, k_ready, v_ready, k_empty,
-                                            v_empty, acc, p, m_i, l_i, s_zero, qk_scale, N, cols0,
-                                            BLOCK_N, HEAD_DIM, STAGES, False, p_layout, row_o)
-            if n_full >= 1 and n_full < n_kv:
-                acc, p, m_i, l_i = _ws_step(g0 + n_full, n_full, q, k_smem, v_smem, k_ready, v_ready,
-                                            k_empty, v_empty, acc, p, m_i, l_i, s_zero, qk_scale, N,
-                                            cols0, BLOCK_N, HEAD_DIM, STAGES, True, p_layout, row_o)
-            mbarrier.arrive(q_empty.index(R), count=1)  # every score product of the tile is done
-            last = (g0 + n_kv - 1) % STAGES
-            mbarrier.wait(v_ready.index(last), ((g0 + n_kv - 1) // STAGES) & 1)
-            acc = warpgroup_mma(p, v_smem.index(last).reshape([BLOCK_N, HEAD_DIM]), acc,
-                                is_async=True)
-            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
-            mbarrier.arrive(v_empty.index(last), count=1)
-
-            rows = row0 + R * BLOCK_M + gl.arange(0, BLOCK_M, layout=row_s)
-            gl.store(LSE + bh.to(gl.int64) * N + rows, m_i + gl.log2(l_i), mask=rows < N)
-            o = acc / gl.expand_dims(gl.convert_layout(l_i, row_o), 1)
+            o = _ws_tile(it * n_kv, q_buf, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
+                         q_empty.index(R), LSE, bh, row0 + R * BLOCK_M, qk_scale, N, BLOCK_M, BLOCK_N,
+                         HEAD_DIM, STAGES, True)
             tma.store_wait(pendings=0)  # the previous tile's O has left the buffer
-            o_buf.reshape([BLOCK_M, HEAD_DIM]).store(o.to(dtype))
+            o_buf.reshape([BLOCK_M, HEAD_DIM]).store(o)
             fence_async_shared()
             tma.async_copy_shared_to_global(o_desc, [b, row0 + R * BLOCK_M, q_col], o_buf)
-            it += 1
         tma.store_wait(pendings=0)
 
     @gluon.jit
@@ -487,22 +469,12 @@ if _IMPORT_ERROR is None:
         dtype: gl.constexpr = kv_desc.dtype
         q_smem = gl.allocate_shared_memory(dtype, [2, 1, BLOCK_M, HEAD_DIM], q_desc.layout)
         o_smem = gl.allocate_shared_memory(dtype, [2, 1, BLOCK_M, HEAD_DIM], o_desc.layout)
-        k_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, BLOCK_N, HEAD_DIM], kv_desc.layout)
-        v_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, BLOCK_N, HEAD_DIM], kv_desc.layout)
+        k_smem, v_smem, k_ready, v_ready, k_empty, v_empty = _ws_ring(kv_desc, BLOCK_N, HEAD_DIM, STAGES)
         q_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         q_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-        k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         for r in gl.static_range(2):
             mbarrier.init(q_ready.index(r), count=1)
             mbarrier.init(q_empty.index(r), count=1)
-        for i in gl.static_range(STAGES):
-            mbarrier.init(k_ready.index(i), count=1)
-            mbarrier.init(v_ready.index(i), count=1)
-            mbarrier.init(k_empty.index(i), count=2)  # one arrival from each consumer
-            mbarrier.init(v_empty.index(i), count=2)
         fence_async_shared()
         gl.warp_specialize([
             (_wsp_consumer, (q_desc, kv_desc, o_desc, LSE, qk_scale, H, N, TILES, q_smem, o_smem,
