@@ -741,6 +741,7 @@ def test_gluon_kernels_are_listed_only_where_they_were_measured_to_pay(monkeypat
             (op, n, d)
         assert all((c.meta["BLOCK_M1"], c.meta["BLOCK_M2"], c.meta["BLOCK_N2"], c.meta["DQ_DELTA"])
                    == (64, 64, 64, 1) for c in cands)
+        assert all(c.meta.get("DQ_OVERLAP", 0) == (d == 128) for c in cands)  # timed at D = 128
     for op, n, d, dropout in (("fwd", 197, 64, False), ("fwd", 256, 128, False), ("fwd", 577, 80, False),
                               ("fwd", 577, 32, False), ("fwd", 577, 64, True), ("bwd", 256, 64, False),
                               ("bwd", 577, 96, False), ("bwd", 577, 64, True), ("bwd_atomic", 197, 128, False)):

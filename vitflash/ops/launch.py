@@ -62,8 +62,8 @@ except ImportError:  # (Windows: none; of two processes writing at once, one's e
 INTERPRET = bool(kernels.INTERPRET)
 # bump when a kernel or the candidate list changes in a way that can change the best config:
 # 29, the Gluon backward's dQ kernel computing delta, launched before the dK/dV kernel
-#     (DQ_DELTA; no delta launch), and the persistent warp-specialized Gluon forward at
-#     D = 128 (PERSISTENT);
+#     (DQ_DELTA; no delta launch), its products overlapped at D = 128 (DQ_OVERLAP), and the
+#     persistent warp-specialized Gluon forward at D = 128 (PERSISTENT);
 # 28, the short backward's one key summed over the rows once (kernels.bwd_short_kernel,
 #     LATE_SUMS), and its register-capped twin in 16-row chunks instead of 32 (SHORT_BWD_CAPPED);
 # 27, the finalists timed in two passes of blocks, the second in reverse order, each keeping
@@ -433,11 +433,19 @@ def gluon_candidates(op: str, n: int, d: int) -> list[Candidate]:
     and 64-row dQ programs 1.03-1.08x the 128-row ones, at three shapes on an H100
     (benchmarks/results/gpu_session_f48ef01/run1): the 64-row dQ with both dK/dV forms, and at
     D = 64 the 64-key one with its products overlapped across steps (OVERLAP, 2 or 3 stages),
-    1.10x and 1.16x the other at N = 577 and 4097 (run5)."""
+    1.10x and 1.16x the other at N = 577 and 4097 (run5). Each dQ kernel computes delta itself
+    (DQ_DELTA): at D = 128 on an H100, 0.321 ms against 0.302 + 0.052 for the dQ and delta
+    kernels at N = 577, 1.384 against 1.374 + 0.047 at 4097; and at D = 128 its products
+    overlap across steps (DQ_OVERLAP): 1.310 ms at 4097, 0.320 at 577
+    (benchmarks/results/gpu_session_64c5aa5/run1). The 32-query overlapped dK/dV form at
+    D = 128 was 0.89x and 0.95x the 64-query plain one there: not listed."""
     if n < GLUON_MIN_N or d not in hopper.HEAD_DIMS or not gluon_kernels():
         return []
     if op != "fwd":  # each with its dQ kernel computing delta (DQ_DELTA: no delta launch)
         names = ("BLOCK_M1", "BLOCK_N1", "BLOCK_M2", "BLOCK_N2", "DQ_DELTA")
+        if d == 128:  # and its dQ products overlapped across steps (DQ_OVERLAP)
+            return _c(GLUON_BWD_FAMILY, (*names, "DQ_OVERLAP"), (64, 64, 64, 64, 1, 1, 4, 2),
+                      (64, 128, 64, 64, 1, 1, 8, 2))
         out = _c(GLUON_BWD_FAMILY, names, (64, 64, 64, 64, 1, 4, 2), (64, 128, 64, 64, 1, 8, 2))
         if d == 64:  # the dK/dV products overlapped across steps (spills at D = 128: sm_90 compile)
             out += _c(GLUON_BWD_FAMILY, (*names, "OVERLAP"), (64, 64, 64, 64, 1, 1, 4, 2),
