@@ -1,5 +1,5 @@
 """Hopper (sm_90) kernels written in Gluon, Triton's lower-level language, where the program
-says itself when each matrix product is issued and waited for: two forwards and a backward.
+says itself when each matrix product is issued and waited for: forwards and a backward.
 
 Why a second forward: in the Triton forward (kernels.fwd_kernel), compiled for sm_90, a
 program waits for every earlier product when it waits for a tile's scores, so the softmax of
@@ -9,13 +9,16 @@ product of tile j, S_j = Q K_j^T, then the product of the previous tile's probab
 O += P_{j-1} V_{j-1}, waits for S_j alone, and computes tile j's softmax while P_{j-1} V_{j-1}
 runs: FlashAttention-3's overlap within a warp group. K and V stream through STAGES
 shared-memory buffers, each filled by the tensor memory accelerator (TMA) and signalled by
-its own mbarrier. fwd_ws_kernel does the same with the loads in a warp of their own.
+its own mbarrier. fwd_ws_kernel does the same with the loads in a warp of their own, and
+fwd_ws_persistent_kernel with one program an SM taking many query tiles in turn.
 
 The backward is two kernels that never add into the same rows (nothing atomic, results the
 same from run to run): bwd_dkdv_kernel holds BLOCK_N keys of a head in shared memory while
 the query tiles stream past, in the transposed form that keeps the keys in the accumulators'
 rows, and bwd_dq_kernel holds BLOCK_M queries while the key tiles stream past. Both read the
-forward's base-2 LSE and delta = rowsum(dO * O) (kernels.bwd_delta_kernel, launched first).
+forward's base-2 LSE and delta = rowsum(dO * O): the op launches the dQ kernel first and it
+computes its rows' delta and writes it (DQ_DELTA), for the dK/dV kernel launched after it
+(without DQ_DELTA, kernels.bwd_delta_kernel computes delta before both).
 
 Scope: bf16 or fp16 qkv (B, N, 3, H, D), contiguous, D in {64, 128}, no dropout, no diagonal
 mask; the same O (B, N, H, D), base-2 LSE (B, H, N) and dqkv as the Triton kernels. Only on a
