@@ -940,8 +940,8 @@ def test_gluon_fwd_probe_reads_both_forms_from_its_configs():
 def test_gluon_bwd_probe_compiles_its_kernel_for_sm90():
     """The Gluon backward's two kernels compile for sm_90 at both head dims with no spills:
     one loop step's products as wgmma (the dK/dV kernel's four, the dQ kernel's three; the
-    overlapped dK/dV form, whose first step is apart from its loop, twice four), and mbarrier
-    waits for their TMA loads."""
+    overlapped dK/dV form, whose first step is apart from its loop, twice four; the atomic
+    kernel's five, at D = 64), and mbarrier waits for their TMA loads."""
     probe = _load("gluon_bwd")
     if not probe.hopper.available():
         pytest.skip(f"Gluon does not import in this triton: {probe.hopper._IMPORT_ERROR}")
@@ -949,15 +949,19 @@ def test_gluon_bwd_probe_compiles_its_kernel_for_sm90():
     for d in (64, 128):
         out = subprocess.run([sys.executable, str(PROBES / "gluon_bwd.py"), "--compile", "--d", str(d)],
                              capture_output=True, text=True, env=env, check=True).stdout
-        cells = [[c.strip() for c in r.strip("|").split("|")] for r in out.splitlines() if re.match(r"\| (dkdv|dq) ", r)]
+        cells = [[c.strip() for c in r.strip("|").split("|")] for r in out.splitlines() if re.match(r"\| (dkdv|dq|atomic) ", r)]
         assert [c[0] for c in cells] == ([f"dkdv {c}" for c in probe.DEFAULT_CONFIGS[d]]
-                                         + [f"dq {c}" for c in probe.DQ_CONFIGS[d]])
+                                         + [f"dq {c}" for c in probe.DQ_CONFIGS[d]]
+                                         + [f"atomic {c}" for c in probe.ATOMIC_CONFIGS[d]])
+        assert probe.ATOMIC_CONFIGS[d] or d == 128  # (at D = 128 the atomic kernel spills)
         for config, regs, spills, smem, hgmma, waits, bars, mbar_waits in cells:
             assert int(spills) == 0 and int(regs) <= 255, (d, config)
             m, n = (int(x) for x in config.split()[1].split("x")[:2])
             # the loop's products in 16-deep steps: dK/dV's S^T and dP^T over d, dV and dK over
-            # the query tile; dQ's S and dP over d, dQ over the key tile
-            products = 2 * d // 16 + (2 * m // 16 if config.startswith("dkdv") else n // 16)
+            # the query tile; dQ's S and dP over d, dQ over the key tile; the atomic kernel's
+            # S^T, dP^T, dV, dK and dQ
+            products = 2 * d // 16 + dict(dkdv=2 * m // 16, dq=n // 16,
+                                          atomic=2 * m // 16 + n // 16)[config.split()[0]]
             products *= 2 if probe.parse_config(config.split()[1], config.split()[0])[4] else 1
             assert int(hgmma) == products and int(mbar_waits) > 0, (d, config)
 
@@ -970,6 +974,11 @@ def test_gluon_bwd_probe_refuses_warps_that_do_not_match_its_rows():
     assert probe.parse_config("64x64x2x4d", "dq") == (64, 64, 2, 4, 0, 1)
     with pytest.raises(ValueError, match="dQ kernel's alone"):
         probe.parse_config("64x64x2x4d")
+    assert probe.parse_config("64x64x3x4", "atomic") == (64, 64, 3, 4, 0, 0)
+    with pytest.raises(ValueError, match="one size"):
+        probe.parse_config("32x64x2x4", "atomic")
+    with pytest.raises(ValueError, match="no 'o' or 'd' form"):
+        probe.parse_config("64x64x2x4o", "atomic")
     with pytest.raises(ValueError, match="each warp group of 4 takes 64 keys"):
         probe.parse_config("64x128x2x4")
     assert probe.parse_config("128x64x2x8", "dq") == (128, 64, 2, 8, 0, 0)
@@ -982,7 +991,8 @@ def test_gluon_bwd_probe_holds_each_kernels_gradients_to_the_rule(monkeypatch):
     naive attention's pass, each kernel judged on its own gradients only (dK and dV; dQ), and
     a dQ off by 1% anywhere fails; the failure is named by kernel and configuration. A dQ
     configuration that computes delta ("d") is judged on the delta it wrote too: off by 1e-3
-    in one row, it fails."""
+    in one row, it fails. The atomic kernel is judged on dQ, dK and dV: a dK off in one
+    element fails it."""
     probe = _load("gluon_bwd")
     monkeypatch.setattr(probe, "DEVICE", "cpu")
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
@@ -990,16 +1000,23 @@ def test_gluon_bwd_probe_holds_each_kernels_gradients_to_the_rule(monkeypatch):
     def stand_in(qkv, do, lse, delta, scale, cfg, kernel, dqkv=None, o=None):
         grads = probe.reference_grads(qkv, do, scale, torch.float32)
         dqkv = torch.full_like(qkv, float("nan"))
-        for g in ((1, 2) if kernel == "dkdv" else (0, )):
+        for g in dict(dkdv=(1, 2), dq=(0, ), atomic=(0, 1, 2))[kernel]:
             dqkv[:, :, g] = grads[g] * (1.05 if kernel == "dq" and cfg[0] == 128 else 1.0)
+        if kernel == "atomic" and cfg[2] == 3:  # its dK off in one element
+            dqkv[0, 1, 1, 0, 0] += 0.05
         if cfg[5]:  # the "d" forms write delta: the "od" one off in one row
             delta.copy_((o.float() * do.float()).sum(-1).transpose(1, 2))
             delta[0, 1, 3] += 1e-3 * cfg[4]
         return dqkv
 
     monkeypatch.setattr(probe, "gluon_grads", stand_in)
-    ok = probe.check((1, 2, 20, 64), ["64x128x2x8"], ["64x64x2x4", "128x64x2x8", "64x64x2x4d", "64x64x2x4od"])
-    assert list(ok) == ["dkdv 64x128x2x8", "dq 64x64x2x4", "dq 128x64x2x8", "dq 64x64x2x4d", "dq 64x64x2x4od"]
+    ok = probe.check((1, 2, 20, 64), ["64x128x2x8"], ["64x64x2x4", "128x64x2x8", "64x64x2x4d", "64x64x2x4od"],
+                     ["64x64x2x4", "64x64x3x4"])
+    assert list(ok) == ["dkdv 64x128x2x8", "dq 64x64x2x4", "dq 128x64x2x8", "dq 64x64x2x4d", "dq 64x64x2x4od",
+                        "atomic 64x64x2x4", "atomic 64x64x3x4"]
+    # the atomic kernel judged on all three gradients
+    assert ok["atomic 64x64x2x4"]["ok"] and {"dq_err", "dk_err", "dv_err"} <= set(ok["atomic 64x64x2x4"])
+    assert not ok["atomic 64x64x3x4"]["ok"]
     assert ok["dkdv 64x128x2x8"]["ok"] and set(ok["dkdv 64x128x2x8"]) == {
         "ok", "dk_err", "dk_naive_err", "dv_err", "dv_naive_err"}
     assert ok["dq 64x64x2x4"]["ok"] and not ok["dq 128x64x2x8"]["ok"]

@@ -31,7 +31,11 @@ triton and assembled by its ptxas (registers, spills, shared memory, wgmma and b
 
 Configurations are BLOCK_M x BLOCK_N x STAGES x warps (--configs: dK/dV, where each warp
 group of 4 owns 64 of the BLOCK_N keys; --dq-configs: dQ, 64 of the BLOCK_M queries), with an
-"o" suffix for the form whose products into dV and dK (dQ) finish behind the next step's.
+"o" suffix for the form whose products into dV and dK (dQ) finish behind the next step's and
+(dQ) a "d" suffix for the form that computes delta itself. --atomic-configs: the
+nondeterministic kernel that adds each step's dQ share atomically (hopper.bwd_atomic_kernel;
+D = 64; not listed by the op), checked on all three gradients and timed with its dQ zeroing
+and store.
 """
 from __future__ import annotations
 
@@ -58,7 +62,10 @@ DEFAULT_CONFIGS = {64: ["64x128x2x8", "64x64x2x4", "64x64x2x4o", "64x64x3x4o"],
                    128: ["64x128x2x8", "64x64x2x4", "32x64x2x4o", "32x64x3x4o"]}
 DQ_CONFIGS = {64: ["64x64x2x4", "128x64x2x8", "64x128x2x4", "64x64x2x4o", "64x64x2x4d", "64x64x2x4od"],
               128: ["64x64x2x4", "128x64x2x8", "64x64x2x4o", "64x64x2x4d", "64x64x2x4od"]}
+# the nondeterministic kernel (hopper.bwd_atomic_kernel: dK, dV and dQ's atomic adds), D = 64
+ATOMIC_CONFIGS = {64: ["64x64x2x4", "64x64x3x4"], 128: []}
 SHAPES = ["64,12,577,64", "8,12,4097,64", "32,16,577,128", "4,16,4097,128"]
+KINDS = ("dkdv", "dq", "atomic")  # the kernels: what each config list is for
 
 
 def parse_config(text: str, kernel: str = "dkdv") -> tuple[int, int, int, int, int, int]:
@@ -66,14 +73,20 @@ def parse_config(text: str, kernel: str = "dkdv") -> tuple[int, int, int, int, i
     kernel warps = BLOCK_N / 16 (a warp group a 64 keys), for the dQ kernel BLOCK_M / 16 (a
     warp group a 64 queries); an "o" suffix overlaps each step's dV and dK products (dQ
     product) with the next step's (the kernels' OVERLAP); a "d" suffix (dQ kernel only) has
-    the dQ kernel compute delta itself from O and dO and write it (its DQ_DELTA)."""
+    the dQ kernel compute delta itself from O and dO and write it (its DQ_DELTA). The atomic
+    kernel ("atomic": dK, dV and dQ's adds) takes BLOCK_M = BLOCK_N, warps as the dK/dV one's,
+    neither suffix."""
+    if kernel == "atomic" and not text[-1].isdigit():
+        raise ValueError(f"{text}: the atomic kernel has no 'o' or 'd' form")
     fused = int(text.endswith("d"))
     if fused and kernel != "dq":
         raise ValueError(f"{text}: the 'd' suffix (delta computed inside) is the dQ kernel's alone")
     body = text.removesuffix("d" if fused else "")
     overlap = int(body.endswith("o"))
     m, n, s, w = (int(x) for x in body.removesuffix("o" if overlap else "").split("x"))
-    rows, what = (n, "keys") if kernel == "dkdv" else (m, "queries")
+    rows, what = (m, "queries") if kernel == "dq" else (n, "keys")
+    if kernel == "atomic" and m != n:
+        raise ValueError(f"{text}: the atomic kernel's query and key tiles are one size")
     if w * 16 != rows:
         raise ValueError(f"{text}: {w} warps for {rows} {what}; each warp group of 4 takes 64 {what}")
     return m, n, s, w, overlap, fused
@@ -83,33 +96,41 @@ def _sig(d: int, bm: int, bn: int, kernel: str) -> dict:
     def desc(rows: int) -> str:
         return f"tensordesc<bf16[1,{rows},{d}],{hopper._layout(rows, d, torch.bfloat16)!r}>"
 
-    out = dict(dkv_desc=desc(bn)) if kernel == "dkdv" else dict(dq_desc=desc(bm))
-    extra = {} if kernel == "dkdv" else dict(O="*bf16")
-    consts = {} if kernel == "dkdv" else dict(DQ_DELTA="constexpr")
+    out = dict(dq_desc=desc(bm)) if kernel == "dq" else dict(dkv_desc=desc(bn))
+    extra = dict(dq=dict(O="*bf16"), atomic=dict(DQ_ACC="*fp32")).get(kernel, {})
+    consts = dict(dkdv=dict(OVERLAP="constexpr"), dq=dict(OVERLAP="constexpr", DQ_DELTA="constexpr"),
+                  atomic={})[kernel]
     return dict(q_desc=desc(bm), kv_desc=desc(bn), do_desc=desc(bm), **out,
                 LSE="*fp32", DELTA="*fp32", **extra, qk_scale="fp32", sm_scale="fp32", H="i32",
                 N="i32", HEAD_DIM="constexpr", BLOCK_M="constexpr", BLOCK_N="constexpr",
-                STAGES="constexpr", num_warps="constexpr", OVERLAP="constexpr", **consts)
+                STAGES="constexpr", num_warps="constexpr", **consts)
 
 
 def compile_sm90(d: int, cfg: tuple[int, int, int, int, int, int], kernel: str = "dkdv"):
-    """bwd_dkdv_kernel (or bwd_dq_kernel) compiled for sm_90 (bf16) by the installed triton,
-    no GPU needed."""
+    """bwd_dkdv_kernel (bwd_dq_kernel, bwd_atomic_kernel) compiled for sm_90 (bf16) by the
+    installed triton, no GPU needed."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
     bm, bn, stages, warps, overlap, fused = cfg
-    consts = dict(HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, STAGES=stages, num_warps=warps,
-                  OVERLAP=overlap)
+    consts = dict(HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, STAGES=stages, num_warps=warps)
+    if kernel != "atomic":
+        consts["OVERLAP"] = overlap
     if kernel == "dq":
         consts["DQ_DELTA"] = fused
-    fn = hopper.bwd_dkdv_kernel if kernel == "dkdv" else hopper.bwd_dq_kernel
+    fn = dict(dkdv=hopper.bwd_dkdv_kernel, dq=hopper.bwd_dq_kernel, atomic=hopper.bwd_atomic_kernel)[kernel]
     src = GluonASTSource(fn=fn, signature=_sig(d, bm, bn, kernel), constexprs=consts)
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps))
 
 
-def compile_rows(d: int, configs: list[str], dq_configs: list[str]) -> list[str]:
+def _named(*lists: list[str]) -> list[tuple[str, str]]:
+    """(kernel, config) of each config list in KINDS's order."""
+    return [(kernel, text) for kernel, texts in zip(KINDS, lists) for text in texts]
+
+
+def compile_rows(d: int, configs: list[str], dq_configs: list[str],
+                 atomic_configs: list[str] = ()) -> list[str]:
     rows = compile_header(d)
-    for kernel, text in [("dkdv", c) for c in configs] + [("dq", c) for c in dq_configs]:
+    for kernel, text in _named(configs, dq_configs, atomic_configs):
         cells = sass_cells(compile_sm90(d, parse_config(text, kernel), kernel))
         rows.append("| " + " | ".join([f"{kernel} {text}", *cells]) + " |")
     return rows
@@ -118,22 +139,36 @@ def compile_rows(d: int, configs: list[str], dq_configs: list[str]) -> list[str]
 def gluon_grads(qkv, do, lse, delta, scale: float, cfg: tuple[int, int, int, int, int, int],
                 kernel: str, dqkv: torch.Tensor | None = None, o: torch.Tensor | None = None
                 ) -> torch.Tensor:
-    """dqkv (B, N, 3, H, D) with one kernel's gradients filled in: dK and dV ("dkdv") or dQ
-    ("dq"); the rest NaN in a new tensor, or what `dqkv` held. A dQ configuration with
-    DQ_DELTA reads the forward's o (B, N, H, D) and writes delta into `delta`."""
+    """dqkv (B, N, 3, H, D) with one kernel's gradients filled in: dK and dV ("dkdv"), dQ
+    ("dq"), all three ("atomic": into a zeroed fp32 dQ, then scaled and stored by the op's
+    kernels.bwd_dq_kernel); the rest NaN in a new tensor, or what `dqkv` held. A dQ
+    configuration with DQ_DELTA reads the forward's o (B, N, H, D) and writes delta into
+    `delta`."""
     bm, bn, stages, warps, overlap, fused = cfg
     B, N, _, H, D = qkv.shape
     dqkv = torch.full_like(qkv, float("nan")) if dqkv is None else dqkv
-    dkdv = kernel == "dkdv"
+    dkdv = kernel != "dq"
     grid = (triton.cdiv(N, bn if dkdv else bm) * B * H, )
     descs = hopper.bwd_descriptors(qkv, do, dqkv, bm, bn, dkdv)
     tail = (scale * 1.4426950408889634, scale, H, N, D, bm, bn, stages)
-    if dkdv:
+    if kernel == "atomic":
+        dq_acc = torch.zeros(B * H, N, D, device=qkv.device)
+        hopper.bwd_atomic_kernel[grid](*descs, lse, delta, dq_acc, *tail, num_warps=warps)
+        _dq_store(B, N, H, D)(dq_acc, dqkv, scale, H, N)
+    elif dkdv:
         hopper.bwd_dkdv_kernel[grid](*descs, lse, delta, *tail, num_warps=warps, OVERLAP=overlap)
     else:
         hopper.bwd_dq_kernel[grid](*descs, lse, delta, o if fused else lse, *tail, num_warps=warps,
                                    OVERLAP=overlap, DQ_DELTA=fused)
     return dqkv
+
+
+def _dq_store(B: int, N: int, H: int, D: int):
+    """The op's launch that scales an atomic backward's fp32 dQ and stores it into dqkv
+    (kernels.bwd_dq_kernel: the last launch of an atomic candidate's plan)."""
+    from vitflash.ops import flash, launch
+    atomic = next(c for c in launch.candidates("bwd_atomic", N, D) if c.family in launch.ATOMIC_FAMILIES)
+    return flash._bwd_launches(atomic, B, N, H, D)[-1]
 
 
 def reference_grads(qkv, do, scale, dtype) -> list[torch.Tensor]:
@@ -163,16 +198,17 @@ def _inputs(shape, seed: int | None = 0):
     return qkv, do, lse, delta, o
 
 
-def check(shape, configs: list[str], dq_configs: list[str]) -> dict:
-    """Every configuration's gradients under the FA2 rule (keyed "dkdv <config>", "dq <config>");
-    a dQ configuration that computes delta itself also the delta it wrote, against torch's
-    (fp32 sums of the same products in another order: within 1e-5 of the largest)."""
+def check(shape, configs: list[str], dq_configs: list[str], atomic_configs: list[str] = ()) -> dict:
+    """Every configuration's gradients under the FA2 rule (keyed "dkdv <config>", "dq <config>",
+    "atomic <config>": the atomic kernel on all three); a dQ configuration that computes delta
+    itself also the delta it wrote, against torch's (fp32 sums of the same products in another
+    order: within 1e-5 of the largest)."""
     qkv, do, lse, delta, o = _inputs(shape)
     scale = shape[3] ** -0.5
     ref = reference_grads(qkv, do, scale, torch.float64)
     low = reference_grads(qkv, do, scale, torch.bfloat16)
     out = {}
-    for kernel, text in [("dkdv", c) for c in configs] + [("dq", c) for c in dq_configs]:
+    for kernel, text in _named(configs, dq_configs, atomic_configs):
         name = f"{kernel} {text}"
         cfg = parse_config(text, kernel)
         written = torch.full_like(delta, float("nan")) if cfg[5] else delta
@@ -183,7 +219,7 @@ def check(shape, configs: list[str], dq_configs: list[str]) -> dict:
             out[name] = {"ok": False, "error": str(err).splitlines()[0][:200]}
             continue
         row = {"ok": True}
-        for g in ((1, 2) if kernel == "dkdv" else (0, )):
+        for g in dict(dkdv=(1, 2), dq=(0, ), atomic=(0, 1, 2))[kernel]:
             err = (dqkv[:, :, g].double() - ref[g]).abs().max().item()
             naive = (low[g].double() - ref[g]).abs().max().item()
             grad = ("dq", "dk", "dv")[g]
@@ -245,18 +281,24 @@ def main(argv=None) -> None:
     p.add_argument("--configs", nargs="+", default=None,
                    help="the dK/dV kernel's BLOCK_M x BLOCK_N x STAGES x warps (default: per head dim)")
     p.add_argument("--dq-configs", nargs="+", default=None, help="the dQ kernel's, likewise")
+    p.add_argument("--atomic-configs", nargs="*", default=None,
+                   help="the atomic kernel's (dK, dV and dQ's adds; default: at D = 64)")
     args = p.parse_args(argv)
     require_gluon()
+
+    def lists(d: int) -> tuple[list[str], list[str], list[str]]:
+        return (args.configs or DEFAULT_CONFIGS[d], args.dq_configs or DQ_CONFIGS[d],
+                ATOMIC_CONFIGS[d] if args.atomic_configs is None else args.atomic_configs)
+
     if args.compile:
-        print("\n".join(compile_rows(args.d, args.configs or DEFAULT_CONFIGS[args.d],
-                                      args.dq_configs or DQ_CONFIGS[args.d])))
+        print("\n".join(compile_rows(args.d, *lists(args.d))))
         return
     env = hopper_env()
     rows, results = [], []
     for text in args.shapes:
         shape = tuple(int(x) for x in text.split(","))
         d = shape[3]
-        ok = check(shape, args.configs or DEFAULT_CONFIGS[d], args.dq_configs or DQ_CONFIGS[d])
+        ok = check(shape, *lists(d))
         times = time_shape(shape, ok, args.repeats)
         results.append({"shape": shape, "check": ok, "times": times})
         print(json.dumps(results[-1]), flush=True)
@@ -276,11 +318,19 @@ def main(argv=None) -> None:
             rows.append(f"| {shape} | **flash forward + Gluon backward (best dK/dV + best dQ with its delta)** | "
                         f"{total:.3f}: {times['flash forward+backward']['ms'] / total:.2f}x flash's "
                         f"forward+backward, {times['cuDNN forward+backward']['ms'] / total:.2f}x cuDNN's |")
+        atomic = min((t["ms"] for n, t in times.items() if n.startswith("gluon atomic ")), default=None)
+        if atomic is not None:  # the nondeterministic backward: delta, then the atomic kernel
+            total = atomic + delta_ms + times["flash forward"]["ms"]
+            rows.append(f"| {shape} | **flash forward + delta + the atomic Gluon backward (nondeterministic)** | "
+                        f"{total:.3f}: {times['flash forward+backward']['ms'] / total:.2f}x flash's "
+                        f"forward+backward, {times['cuDNN forward+backward']['ms'] / total:.2f}x cuDNN's |")
     table = ["# Gluon backward (dK/dV and dQ kernels) against the tuned backward and cuDNN", "",
              f"Command: `python {' '.join(sys.argv)}`", "", env + "; bf16; do_bench_cudagraph "
              f"median of each repeat; ms median (min-max) of {args.repeats}. The Gluon rows are one "
              "kernel each; the last row of a shape sums the fastest dK/dV, the fastest dQ with the "
-             "delta kernel it needs (none for a 'd' form) and flash's forward, against the whole forward+backward of flash and of cuDNN.", "",
+             "delta kernel it needs (none for a 'd' form) and flash's forward, against the whole "
+             "forward+backward of flash and of cuDNN; an atomic row (the kernel with its dQ zeroing "
+             "and store) adds the delta kernel and the forward.", "",
              "| (B, H, N, D) | case | ms |", "|---|---|---|", *rows]
     print("\n".join(table))
     write_out(args.out, "gluon_bwd", table, results)
