@@ -739,8 +739,8 @@ def test_gluon_kernels_are_listed_only_where_they_were_measured_to_pay(monkeypat
         assert [(c.family, c.meta["BLOCK_N1"], c.num_warps, c.num_stages, c.meta.get("OVERLAP", 0))
                 for c in cands] == [("gluon_bwd", 64, 4, 2, 0), ("gluon_bwd", 128, 8, 2, 0), *overlapped], \
             (op, n, d)
-        assert all((c.meta["BLOCK_M1"], c.meta["BLOCK_M2"], c.meta["BLOCK_N2"], c.meta["DQ_DELTA"])
-                   == (64, 64, 64, 1) for c in cands)
+        assert all((c.meta["BLOCK_M1"], c.meta["BLOCK_M2"], c.meta["BLOCK_N2"]) == (64, 64, 64)
+                   for c in cands)
         assert all(c.meta.get("DQ_OVERLAP", 0) == (d == 128) for c in cands)  # timed at D = 128
     for op, n, d, dropout in (("fwd", 197, 64, False), ("fwd", 256, 128, False), ("fwd", 577, 80, False),
                               ("fwd", 577, 32, False), ("fwd", 577, 64, True), ("bwd", 256, 64, False),
@@ -812,9 +812,9 @@ for family, blocks, D, N in (("gluon_ws", ws, 128, 577), ("gluon", (("BLOCK_M", 
                                        "wgmma" in ck.asm["ptx"]) for ck in compiled})
 
 # the backward's two launches, each candidate at both head dims (the overlapped one at D = 64)
-names = ("BLOCK_M1", "BLOCK_N1", "BLOCK_M2", "BLOCK_N2", "DQ_DELTA", "OVERLAP")
+names = ("BLOCK_M1", "BLOCK_N1", "BLOCK_M2", "BLOCK_N2", "OVERLAP")
 for n1, warps, overlap in ((64, 4, 0), (128, 8, 0), (64, 4, 1)):
-    c = launch.Candidate("gluon_bwd", tuple(zip(names, (64, n1, 64, 64, 1, overlap))), warps, 2)
+    c = launch.Candidate("gluon_bwd", tuple(zip(names, (64, n1, 64, 64, overlap))), warps, 2)
     for D in ((64, ) if overlap else (64, 128)):
         for dkdv in (True, False):
             g = launch.GluonBwdLaunch(c, D, dkdv)
@@ -869,37 +869,31 @@ def test_a_gluon_candidate_plans_one_gluon_launch_but_not_with_a_mask_or_dropout
         assert isinstance(t, launch.Launch) and t.kernel is kernels.fwd_kernel, kw
 
 
-def test_a_gluon_backward_candidate_plans_delta_then_its_two_launches_but_not_with_a_mask_or_dropout():
-    """A "gluon_bwd" candidate becomes the delta launch, then the dK/dV kernel's launch (its
-    BLOCK_N1 keys a program in a warp group per 64, BLOCK_M1-row query tiles) and the dQ
-    kernel's (BLOCK_M2 queries, BLOCK_N2-key tiles), both with the candidate's stages, each
-    overlapped where its own key says (OVERLAP, DQ_OVERLAP); with DQ_DELTA (every listed
-    candidate) the dQ launch computes delta, first, then the dK/dV launch, and no delta
-    launch; with the diagonal mask or dropout it falls back to the Triton backward."""
+def test_a_gluon_backward_candidate_plans_its_two_launches_but_not_with_a_mask_or_dropout():
+    """A "gluon_bwd" candidate becomes the dQ kernel's launch (BLOCK_M2 queries, BLOCK_N2-key
+    tiles), which computes delta (DQ_DELTA), then the dK/dV kernel's (its BLOCK_N1 keys a
+    program in a warp group per 64, BLOCK_M1-row query tiles), both with the candidate's
+    stages, each overlapped where its own key says (OVERLAP, DQ_OVERLAP); no delta launch.
+    With the diagonal mask or dropout it falls back to the Triton backward, delta first."""
     names = ("BLOCK_M1", "BLOCK_N1", "BLOCK_M2", "BLOCK_N2")
     c = launch.Candidate("gluon_bwd", tuple(zip(names, (64, 128, 64, 64))), 8, 2)
-    delta, dkdv, dq = flash_mod._bwd_launches(c, 2, 577, 12, 128)
-    assert delta.kernel is kernels.bwd_delta_kernel
+    dq, dkdv = flash_mod._bwd_launches(c, 2, 577, 12, 128)
     assert (dkdv.kernel, dkdv.rows, dkdv.num_warps, dkdv.dkdv) == (hopper.bwd_dkdv_kernel, 128, 8, True)
     assert (dq.kernel, dq.rows, dq.num_warps, dq.dkdv) == (hopper.bwd_dq_kernel, 64, 4, False)
     assert dkdv.consts == dict(HEAD_DIM=128, BLOCK_M=64, BLOCK_N=128, STAGES=2)
-    assert dq.consts == dict(HEAD_DIM=128, BLOCK_M=64, BLOCK_N=64, STAGES=2)
-    overlapped = launch.Candidate("gluon_bwd", (*zip(names, (64, 64, 64, 64)), ("OVERLAP", 1)), 4, 3)
-    _, dkdv, dq = flash_mod._bwd_launches(overlapped, 2, 577, 12, 64)
-    assert dkdv.consts == dict(HEAD_DIM=64, BLOCK_M=64, BLOCK_N=64, STAGES=3, OVERLAP=1)
-    assert dq.consts == dict(HEAD_DIM=64, BLOCK_M=64, BLOCK_N=64, STAGES=3)
-    dq_overlapped = launch.Candidate("gluon_bwd", (*zip(names, (32, 64, 64, 64)), ("DQ_OVERLAP", 1)), 4, 2)
-    _, dkdv, dq = flash_mod._bwd_launches(dq_overlapped, 2, 577, 12, 128)
-    assert dkdv.consts == dict(HEAD_DIM=128, BLOCK_M=32, BLOCK_N=64, STAGES=2)
-    assert dq.consts == dict(HEAD_DIM=128, BLOCK_M=64, BLOCK_N=64, STAGES=2, OVERLAP=1)
-    fused = launch.Candidate("gluon_bwd", (*zip(names, (64, 64, 64, 64)), ("DQ_DELTA", 1)), 4, 2)
-    dq, dkdv = flash_mod._bwd_launches(fused, 2, 577, 12, 128)
-    assert (dq.dkdv, dkdv.dkdv) == (False, True)
     assert dq.consts == dict(HEAD_DIM=128, BLOCK_M=64, BLOCK_N=64, STAGES=2, DQ_DELTA=1)
-    assert dkdv.consts == dict(HEAD_DIM=128, BLOCK_M=64, BLOCK_N=64, STAGES=2)
+    overlapped = launch.Candidate("gluon_bwd", (*zip(names, (64, 64, 64, 64)), ("OVERLAP", 1)), 4, 3)
+    dq, dkdv = flash_mod._bwd_launches(overlapped, 2, 577, 12, 64)
+    assert dkdv.consts == dict(HEAD_DIM=64, BLOCK_M=64, BLOCK_N=64, STAGES=3, OVERLAP=1)
+    assert dq.consts == dict(HEAD_DIM=64, BLOCK_M=64, BLOCK_N=64, STAGES=3, DQ_DELTA=1)
+    dq_overlapped = launch.Candidate("gluon_bwd", (*zip(names, (32, 64, 64, 64)), ("DQ_OVERLAP", 1)), 4, 2)
+    dq, dkdv = flash_mod._bwd_launches(dq_overlapped, 2, 577, 12, 128)
+    assert dkdv.consts == dict(HEAD_DIM=128, BLOCK_M=32, BLOCK_N=64, STAGES=2)
+    assert dq.consts == dict(HEAD_DIM=128, BLOCK_M=64, BLOCK_N=64, STAGES=2, OVERLAP=1, DQ_DELTA=1)
     for kw in (dict(diag=True), dict(dropout=True)):
         plan = flash_mod._bwd_launches(c, 2, 577, 12, 128, **kw)
         assert all(isinstance(p, launch.Launch) for p in plan), kw
+        assert plan[0].kernel is kernels.bwd_delta_kernel, kw
         assert {p.kernel for p in plan} <= {kernels.bwd_delta_kernel, kernels.bwd_kernel}, kw
 
 

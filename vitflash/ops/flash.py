@@ -90,14 +90,11 @@ def _bwd_launches(c: Candidate, B: int, N: int, H: int, D: int, dropout: bool = 
         form = {"KEY_PER_CHUNK": 0, **c.meta}  # listed only in the capped twins' blocks
         return [Launch(kernels.bwd_short_kernel, B * H, {**head, **form, **tail, **flags},
                        c.num_warps, c.num_stages, n_tensors=6, maxnreg=c.maxnreg)]
+    if c.family == _launch.GLUON_BWD_FAMILY:  # dQ's programs, computing delta, then dK/dV's
+        return [_launch.GluonBwdLaunch(c, D, dkdv=False), _launch.GluonBwdLaunch(c, D, dkdv=True)]
     m = c.meta
     delta = Launch(kernels.bwd_delta_kernel, _cdiv(N, DELTA_BLOCK) * B * H,
                    {**head, "BLOCK_M": DELTA_BLOCK}, 4, 1, n_tensors=3)
-    if c.family == _launch.GLUON_BWD_FAMILY:
-        dkdv, dq = (_launch.GluonBwdLaunch(c, D, dkdv=k) for k in (True, False))
-        # dQ's programs first, computing delta as they go (DQ_DELTA), then dK/dV's; or
-        # delta's, then dK/dV's, then dQ's
-        return [dq, dkdv] if m.get("DQ_DELTA") else [delta, dkdv, dq]
     if c.family in _launch.ATOMIC_FAMILIES:  # dK, dV and dQ's adds, then dQ scaled and stored
         return [delta,
                 Launch(kernels.bwd_atomic_kernel, _cdiv(N, m["BLOCK_N"]) * B * H,
@@ -316,8 +313,8 @@ def _backward(do: torch.Tensor, qkv: torch.Tensor, o: torch.Tensor, lse: torch.T
         qkv_, o_, do_, lse_, dqkv_ = args
         # one launch: the short backward; a split candidate's dQ launch (delta computed there)
         # and its dK/dV launch; the Gluon dQ kernel computing delta, then the dK/dV one; else
-        # delta first, then bwd_kernel once, the Gluon dK/dV and dQ kernels, or
-        # bwd_atomic_kernel into an fp32 dQ and bwd_dq_kernel (_bwd_launches)
+        # delta first, then bwd_kernel once, or bwd_atomic_kernel into an fp32 dQ and
+        # bwd_dq_kernel (_bwd_launches)
         if len(plan) == 1:
             plan[0](qkv_, o_, do_, lse_, dqkv_, seed, qk_scale, softmax_scale, dropout_p, H, N)
             return

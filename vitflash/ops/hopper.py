@@ -17,8 +17,9 @@ same from run to run): bwd_dkdv_kernel holds BLOCK_N keys of a head in shared me
 the query tiles stream past, in the transposed form that keeps the keys in the accumulators'
 rows, and bwd_dq_kernel holds BLOCK_M queries while the key tiles stream past. Both read the
 forward's base-2 LSE and delta = rowsum(dO * O): the op launches the dQ kernel first and it
-computes its rows' delta and writes it (DQ_DELTA), for the dK/dV kernel launched after it
-(without DQ_DELTA, kernels.bwd_delta_kernel computes delta before both).
+computes its rows' delta and writes it (DQ_DELTA), for the dK/dV kernel launched after it.
+(The dQ kernel without DQ_DELTA reads a delta written before it, by kernels.bwd_delta_kernel:
+the form benchmarks/probes/gluon_bwd.py compares it with.)
 
 Scope: bf16 or fp16 qkv (B, N, 3, H, D), contiguous, D in {64, 128}, no dropout, no diagonal
 mask; the same O (B, N, H, D), base-2 LSE (B, H, N) and dqkv as the Triton kernels. Only on a

@@ -62,7 +62,7 @@ except ImportError:  # (Windows: none; of two processes writing at once, one's e
 INTERPRET = bool(kernels.INTERPRET)
 # bump when a kernel or the candidate list changes in a way that can change the best config:
 # 29, the Gluon backward's dQ kernel computing delta, launched before the dK/dV kernel
-#     (DQ_DELTA; no delta launch), its products overlapped at D = 128 (DQ_OVERLAP), and the
+#     (its DQ_DELTA; no delta launch), its products overlapped at D = 128 (DQ_OVERLAP), and the
 #     persistent warp-specialized Gluon forward at D = 128 (PERSISTENT);
 # 28, the short backward's one key summed over the rows once (kernels.bwd_short_kernel,
 #     LATE_SUMS), and its register-capped twin in 16-row chunks instead of 32 (SHORT_BWD_CAPPED);
@@ -425,7 +425,8 @@ def gluon_candidates(op: str, n: int, d: int) -> list[Candidate]:
     Triton forward at N = 577-4097 on an H100; at D = 128 the warp-specialized form (two
     64-row consumers at 240 registers, 128-key tiles, 2 stages), 1.10-1.26x it at
     N = 577-4097 (benchmarks/results/gpu_session_17e1b36/), and the same in its persistent
-    form (PERSISTENT), listed beside it untimed.
+    form (PERSISTENT), 1.15x, 1.04x, 1.02x the other at N = 577, 2049, 4097 (H100,
+    benchmarks/results/gpu_session_64c5aa5/run1).
 
     Backward: the dK/dV kernel (BLOCK_N1 keys a program, BLOCK_N1 / 16 warps, BLOCK_M1-row
     query tiles in num_stages buffers) and the dQ kernel (BLOCK_M2 queries, BLOCK_M2 / 16 warps,
@@ -433,24 +434,24 @@ def gluon_candidates(op: str, n: int, d: int) -> list[Candidate]:
     and 64-row dQ programs 1.03-1.08x the 128-row ones, at three shapes on an H100
     (benchmarks/results/gpu_session_f48ef01/run1): the 64-row dQ with both dK/dV forms, and at
     D = 64 the 64-key one with its products overlapped across steps (OVERLAP, 2 or 3 stages),
-    1.10x and 1.16x the other at N = 577 and 4097 (run5). Each dQ kernel computes delta itself
-    (DQ_DELTA): at D = 128 on an H100, 0.321 ms against 0.302 + 0.052 for the dQ and delta
+    1.10x and 1.16x the other at N = 577 and 4097 (run5). The dQ kernel computes delta itself
+    (its DQ_DELTA, in every plan: GluonBwdLaunch): at D = 128 on an H100, 0.321 ms against 0.302 + 0.052 for the dQ and delta
     kernels at N = 577, 1.384 against 1.374 + 0.047 at 4097; and at D = 128 its products
     overlap across steps (DQ_OVERLAP): 1.310 ms at 4097, 0.320 at 577
     (benchmarks/results/gpu_session_64c5aa5/run1). The 32-query overlapped dK/dV form at
     D = 128 was 0.89x and 0.95x the 64-query plain one there: not listed."""
     if n < GLUON_MIN_N or d not in hopper.HEAD_DIMS or not gluon_kernels():
         return []
-    if op != "fwd":  # each with its dQ kernel computing delta (DQ_DELTA: no delta launch)
-        names = ("BLOCK_M1", "BLOCK_N1", "BLOCK_M2", "BLOCK_N2", "DQ_DELTA")
-        if d == 128:  # and its dQ products overlapped across steps (DQ_OVERLAP)
-            return _c(GLUON_BWD_FAMILY, (*names, "DQ_OVERLAP"), (64, 64, 64, 64, 1, 1, 4, 2),
-                      (64, 128, 64, 64, 1, 1, 8, 2))
-        out = _c(GLUON_BWD_FAMILY, names, (64, 64, 64, 64, 1, 4, 2), (64, 128, 64, 64, 1, 8, 2))
-        if d == 64:  # the dK/dV products overlapped across steps (spills at D = 128: sm_90 compile)
-            out += _c(GLUON_BWD_FAMILY, (*names, "OVERLAP"), (64, 64, 64, 64, 1, 1, 4, 2),
-                      (64, 64, 64, 64, 1, 1, 4, 3))
-        return out
+    if op != "fwd":
+        names = ("BLOCK_M1", "BLOCK_N1", "BLOCK_M2", "BLOCK_N2")
+        if d == 128:  # the dQ products overlapped across steps (DQ_OVERLAP)
+            return _c(GLUON_BWD_FAMILY, (*names, "DQ_OVERLAP"), (64, 64, 64, 64, 1, 4, 2),
+                      (64, 128, 64, 64, 1, 8, 2))
+        # at D = 64 the dK/dV products overlapped across steps (spills at D = 128) beside the
+        # plain forms
+        return (_c(GLUON_BWD_FAMILY, names, (64, 64, 64, 64, 4, 2), (64, 128, 64, 64, 8, 2))
+                + _c(GLUON_BWD_FAMILY, (*names, "OVERLAP"), (64, 64, 64, 64, 1, 4, 2),
+                     (64, 64, 64, 64, 1, 4, 3)))
     if d == 64:
         return [Candidate("gluon", (("BLOCK_M", 64), ("BLOCK_N", 128)), 4, 2)]
     ws = (("BLOCK_M", 64), ("BLOCK_N", 128), ("CONSUMER_REGS", 240))
@@ -758,6 +759,10 @@ class _GluonLaunches:
         """None: no direct launch of a compiled binary (see Launch.compiled)."""
         return None
 
+    def _tiles(self, qkv: torch.Tensor, H: int, N: int) -> int:
+        """The number of row tiles of `rows` rows over every (batch, head)."""
+        return -(-N // self.rows) * qkv.shape[0] * H
+
     def _launch(self, args: tuple, programs: int) -> None:
         grid = (programs, )
         if getattr(_compiling, "only", False):  # in _compile_all: compile, launch nothing
@@ -792,7 +797,7 @@ class GluonLaunch(_GluonLaunches):
 
     def __call__(self, qkv, o, lse, seed, qk_scale, drop_p, H, N) -> None:
         args = (*hopper.descriptors(qkv, o, self.block_m, self.block_n), lse, qk_scale, H, N)
-        tiles = -(-N // self.rows) * qkv.shape[0] * H
+        tiles = self._tiles(qkv, H, N)
         if not self.persistent:
             self._launch(args, tiles)
             return
@@ -803,9 +808,8 @@ class GluonLaunch(_GluonLaunches):
 class GluonBwdLaunch(_GluonLaunches):
     """One of a "gluon_bwd" candidate's two launches (hopper.py): its dK/dV kernel (dkdv) or
     its dQ kernel, called as (qkv, o, do, lse, delta, dqkv, qk_scale, softmax_scale, H, N);
-    each makes its own TMA descriptors at each call. With the candidate's DQ_DELTA the dQ
-    kernel computes delta from o and do and writes it, and runs first; without it, the plan's
-    delta launch does, and the dK/dV kernel runs first (o is not read)."""
+    each makes its own TMA descriptors at each call. The dQ kernel runs first and computes
+    delta from o and do (its DQ_DELTA), writing it for the dK/dV kernel (which reads no o)."""
 
     __slots__ = ("dkdv", )
 
@@ -817,7 +821,7 @@ class GluonBwdLaunch(_GluonLaunches):
         self.consts = dict(HEAD_DIM=D, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=c.num_stages)
         if m.get("OVERLAP" if dkdv else "DQ_OVERLAP"):  # each kernel's products overlapped
             self.consts["OVERLAP"] = 1
-        if not dkdv and m.get("DQ_DELTA"):
+        if not dkdv:
             self.consts["DQ_DELTA"] = 1
         self.options = dict(num_warps=self.rows // 16)  # a warp group per 64 rows
 
@@ -825,7 +829,7 @@ class GluonBwdLaunch(_GluonLaunches):
         c = self.consts
         descs = hopper.bwd_descriptors(qkv, do, dqkv, c["BLOCK_M"], c["BLOCK_N"], self.dkdv)
         args = (*descs, lse, delta, *(() if self.dkdv else (o, )), qk_scale, softmax_scale, H, N)
-        self._launch(args, -(-N // self.rows) * qkv.shape[0] * H)
+        self._launch(args, self._tiles(qkv, H, N))
 
 
 @functools.lru_cache(maxsize=None)
