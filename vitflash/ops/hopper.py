@@ -80,14 +80,18 @@ if _IMPORT_ERROR is None:
 
     @gluon.jit
     def _program(N, H, HEAD_DIM: gl.constexpr, ROWS: gl.constexpr):
-        """Where this program works: the first of its ROWS rows (queries or keys), its (batch,
-        head) index bh and batch b, and the first columns of that head's Q, K and V in a qkv
-        row (B, N, 3, H, D) viewed as (B, N, 3 * H * D). Programs go over row tiles first."""
+        """Where this program works: _tile of the program's index (one row tile a program)."""
+        return _tile(gl.program_id(0), N, H, HEAD_DIM, ROWS)
+
+    @gluon.jit
+    def _tile(t, N, H, HEAD_DIM: gl.constexpr, ROWS: gl.constexpr):
+        """Row tile t's first row (of ROWS queries or keys), its (batch, head) index bh and
+        batch b, and the first columns of that head's Q, K and V in a qkv row (B, N, 3, H, D)
+        viewed as (B, N, 3 * H * D). Tiles go over a head's rows first."""
         n_tiles = gl.cdiv(N, ROWS)
-        pid = gl.program_id(0)
-        bh = pid // n_tiles
+        bh = t // n_tiles
         h = bh % H
-        return ((pid % n_tiles) * ROWS, bh, bh // H, h * HEAD_DIM, (H + h) * HEAD_DIM,
+        return ((t % n_tiles) * ROWS, bh, bh // H, h * HEAD_DIM, (H + h) * HEAD_DIM,
                 (2 * H + h) * HEAD_DIM)
 
     @gluon.jit
@@ -401,16 +405,6 @@ if _IMPORT_ERROR is None:
     # consumer has issued its last score product) load while the consumers finish the current
     # tile's last P V product and write its O, through buffers of their own; at N = 577, with
     # five key tiles a query tile, that fill and drain are a large share of a program's time.
-
-    @gluon.jit
-    def _tile(t, N, H, HEAD_DIM: gl.constexpr, ROWS: gl.constexpr):
-        """Query tile t's first row, (batch, head) index, batch and Q/K/V columns, as _program
-        computes them for program t."""
-        n_tiles = gl.cdiv(N, ROWS)
-        bh = t // n_tiles
-        h = bh % H
-        return ((t % n_tiles) * ROWS, bh, bh // H, h * HEAD_DIM, (H + h) * HEAD_DIM,
-                (2 * H + h) * HEAD_DIM)
 
     @gluon.jit
     def _wsp_loader(q_desc, kv_desc, o_desc, LSE, qk_scale, H, N, TILES, q_smem, o_smem, k_smem,
