@@ -940,7 +940,7 @@ def test_gluon_forward_gpu(monkeypatch, N, D):
 @pytest.mark.parametrize("B, H, N", [(32, 16, 577), (3, 16, 4097), (1, 1, 257)])
 def test_gluon_persistent_forward_gpu(monkeypatch, B, H, N):
     """The persistent warp-specialized forward at D = 128, where each program takes several
-    query tiles in turn (640 and 1056 tiles on about 132 SMs: its buffer ring's sequence runs
+    query tiles in turn (2560 and 1584 tiles on 132 SMs: its buffer ring's sequence runs
     on across them) and where it has one tile: O and LSE bit for bit the non-persistent
     form's (each tile's arithmetic is the same), and O under the rule."""
     monkeypatch.setenv("VITFLASH_GLUON", "1")

@@ -74,19 +74,16 @@ def compile_sm90(d: int, cfg: tuple[int, int, int, int, int, int]):
     def desc(rows: int) -> str:
         return f"tensordesc<bf16[1,{rows},{d}],{hopper._layout(rows, d, torch.bfloat16)!r}>"
 
+    # the kernels' parameters in order: runtime ones (TILES: the persistent form's), then constexprs
     sig = dict(q_desc=desc(bm), kv_desc=desc(bn), o_desc=desc(bm), LSE="*fp32", qk_scale="fp32",
-               H="i32", N="i32", HEAD_DIM="constexpr", BLOCK_M="constexpr", BLOCK_N="constexpr",
-               STAGES="constexpr", num_warps="constexpr")
+               H="i32", N="i32", **(dict(TILES="i32") if persistent else {}),
+               **dict.fromkeys(("HEAD_DIM", "BLOCK_M", "BLOCK_N", "STAGES"), "constexpr"),
+               **(dict(CONSUMER_REGS="constexpr") if regs else {}), num_warps="constexpr")
     consts = dict(HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, STAGES=stages, num_warps=warps)
     options = dict(num_warps=warps)
     fn = hopper.fwd_wgmma_kernel
     if regs:
         fn = hopper.fwd_ws_persistent_kernel if persistent else hopper.fwd_ws_kernel
-        head = {k: v for k, v in sig.items() if k not in ("num_warps", "HEAD_DIM", "BLOCK_M", "BLOCK_N",
-                                                           "STAGES")}
-        sig = {**head, **(dict(TILES="i32") if persistent else {}), "HEAD_DIM": "constexpr",
-               "BLOCK_M": "constexpr", "BLOCK_N": "constexpr", "STAGES": "constexpr",
-               "CONSUMER_REGS": "constexpr", "num_warps": "constexpr"}
         consts["CONSUMER_REGS"] = regs
         options["maxnreg"] = hopper.ws_maxnreg(regs)
     src = GluonASTSource(fn=fn, signature=sig, constexprs=consts)
