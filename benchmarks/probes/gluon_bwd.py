@@ -169,7 +169,7 @@ def gluon_grads(qkv, do, lse, delta, scale: float, cfg: tuple[int, int, int, int
 # hopper.py's own pieces (Gluon jit functions called by name).
 if hopper.available():
     from vitflash.ops.hopper import (  # noqa: E402
-        _bwd_buffers, _bwd_release, _cta_barrier, _program, _refill, _store_dkdv, fence_async_shared,
+        _bwd_release, _cta_barrier, _dkdv_setup, _program, _refill, _store_dkdv, fence_async_shared,
         gl, gluon, mbarrier, warpgroup_mma, warpgroup_mma_wait)
 
     @gluon.jit
@@ -183,7 +183,7 @@ if hopper.available():
         adds' order). A step writes dS^T to shared memory once: dK += dS^T Q reads it there,
         and dQ_i = dS_i K reads it transposed. BLOCK_M = BLOCK_N = 16 * num_warps; D = 64 only
         (at D = 128 the dK/dV kernel alone takes 243-255 registers a thread: the dQ tile
-        spills, 52-232 bytes in every arrangement compiled)."""
+        spills, 52-324 bytes in every arrangement compiled)."""
         row0, bh, b, q_col, k_col, v_col = _program(N, H, HEAD_DIM, BLOCK_N)
         dtype: gl.constexpr = kv_desc.dtype
         t_layout: gl.constexpr = gl.NVMMADistributedLayout(
@@ -194,25 +194,18 @@ if hopper.available():
         col_t: gl.constexpr = gl.SliceLayout(0, t_layout)
         ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], dtype)
 
-        k_smem, v_smem, kv_bar, q_smem, do_smem, q_bars, do_bars, n_tiles = _bwd_buffers(
-            kv_desc, kv_desc, q_desc, do_desc, b, row0, k_col, v_col, q_col, q_col, N,
-            BLOCK_N, BLOCK_M, HEAD_DIM, STAGES)
+        cols0 = gl.arange(0, BLOCK_M, layout=col_t)
+        k2, v2, kv_bar, q_smem, do_smem, q_bars, do_bars, n_tiles, base, lse, delta = _dkdv_setup(
+            q_desc, kv_desc, do_desc, LSE, DELTA, b, bh, row0, q_col, k_col, v_col, N, cols0,
+            BLOCK_M, BLOCK_N, HEAD_DIM, STAGES)
         ds_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, BLOCK_M], ds_layout)
-
         t_zero = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, t_layout)
         dq_zero = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, acc_layout)
         dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, acc_layout)
         dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, acc_layout)
-        cols0 = gl.arange(0, BLOCK_M, layout=col_t)
         dq_rows0 = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, acc_layout))
         dq_offs = (gl.expand_dims(dq_rows0 * HEAD_DIM, 1)
                    + gl.expand_dims(gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, acc_layout)), 0))
-        k2 = k_smem.reshape([BLOCK_N, HEAD_DIM])
-        v2 = v_smem.reshape([BLOCK_N, HEAD_DIM])
-        base = bh.to(gl.int64) * N
-        # queries past N: an infinite LSE makes their probabilities 0 (their rows are zeros)
-        lse = gl.load(LSE + base + cols0, mask=cols0 < N, other=float("inf"))
-        delta = gl.load(DELTA + base + cols0, mask=cols0 < N, other=0.0)
         mbarrier.wait(kv_bar, 0)
         for i in range(n_tiles):
             stage = i % STAGES

@@ -574,6 +574,23 @@ if _IMPORT_ERROR is None:
         return dv, dk, lse, delta
 
     @gluon.jit
+    def _dkdv_setup(q_desc, kv_desc, do_desc, LSE, DELTA, b, bh, row0, q_col, k_col, v_col, N, cols0,
+                    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+                    STAGES: gl.constexpr):
+        """A dK/dV program's start: _bwd_buffers with its keys' K and V resident (returned as
+        (BLOCK_N, D) views) and Q and dO in the ring, the head's row offset `base` into LSE and
+        DELTA, and the first query tile's LSE and delta (cols0: the tile's column indices)."""
+        k_smem, v_smem, kv_bar, q_smem, do_smem, q_bars, do_bars, n_tiles = _bwd_buffers(
+            kv_desc, kv_desc, q_desc, do_desc, b, row0, k_col, v_col, q_col, q_col, N,
+            BLOCK_N, BLOCK_M, HEAD_DIM, STAGES)
+        base = bh.to(gl.int64) * N
+        # queries past N: an infinite LSE makes their probabilities 0 (their rows are zeros)
+        lse = gl.load(LSE + base + cols0, mask=cols0 < N, other=float("inf"))
+        delta = gl.load(DELTA + base + cols0, mask=cols0 < N, other=0.0)
+        return (k_smem.reshape([BLOCK_N, HEAD_DIM]), v_smem.reshape([BLOCK_N, HEAD_DIM]), kv_bar,
+                q_smem, do_smem, q_bars, do_bars, n_tiles, base, lse, delta)
+
+    @gluon.jit
     def bwd_dkdv_kernel(q_desc, kv_desc, do_desc, dkv_desc, LSE, DELTA, qk_scale, sm_scale, H, N,
                         HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                         STAGES: gl.constexpr, num_warps: gl.constexpr, OVERLAP: gl.constexpr = 0):
@@ -596,20 +613,13 @@ if _IMPORT_ERROR is None:
         op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
         col_t: gl.constexpr = gl.SliceLayout(0, t_layout)
 
-        k_smem, v_smem, kv_bar, q_smem, do_smem, q_bars, do_bars, n_tiles = _bwd_buffers(
-            kv_desc, kv_desc, q_desc, do_desc, b, row0, k_col, v_col, q_col, q_col, N,
-            BLOCK_N, BLOCK_M, HEAD_DIM, STAGES)
-
+        cols0 = gl.arange(0, BLOCK_M, layout=col_t)
+        k2, v2, kv_bar, q_smem, do_smem, q_bars, do_bars, n_tiles, base, lse, delta = _dkdv_setup(
+            q_desc, kv_desc, do_desc, LSE, DELTA, b, bh, row0, q_col, k_col, v_col, N, cols0,
+            BLOCK_M, BLOCK_N, HEAD_DIM, STAGES)
         t_zero = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, t_layout)
         dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, acc_layout)
         dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, acc_layout)
-        cols0 = gl.arange(0, BLOCK_M, layout=col_t)
-        k2 = k_smem.reshape([BLOCK_N, HEAD_DIM])
-        v2 = v_smem.reshape([BLOCK_N, HEAD_DIM])
-        base = bh.to(gl.int64) * N
-        # queries past N: an infinite LSE makes their probabilities 0 (their rows are zeros)
-        lse = gl.load(LSE + base + cols0, mask=cols0 < N, other=float("inf"))
-        delta = gl.load(DELTA + base + cols0, mask=cols0 < N, other=0.0)
         mbarrier.wait(kv_bar, 0)
         if OVERLAP:  # step 0, then each step with the previous one's dV and dK finishing behind
             dv, dk, lse, delta = _dkdv_step(0, q_desc, do_desc, q_smem, do_smem, q_bars, do_bars,
