@@ -975,7 +975,8 @@ def test_gluon_bwd_probe_refuses_warps_that_do_not_match_its_rows():
     with pytest.raises(ValueError, match="dQ kernel's alone"):
         probe.parse_config("64x64x2x4d")
     assert probe.parse_config("64x64x3x4", "atomic") == (64, 64, 3, 4, 0, 0)
-    with pytest.raises(ValueError, match="one size"):
+    assert probe.parse_config("64x128x2x8", "atomic") == (64, 128, 2, 8, 0, 0)
+    with pytest.raises(ValueError, match="query tiles are 64 rows"):
         probe.parse_config("32x64x2x4", "atomic")
     with pytest.raises(ValueError, match="no 'o' or 'd' form"):
         probe.parse_config("64x64x2x4o", "atomic")

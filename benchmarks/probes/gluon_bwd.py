@@ -64,7 +64,7 @@ DEFAULT_CONFIGS = {64: ["64x128x2x8", "64x64x2x4", "64x64x2x4o", "64x64x3x4o"],
 DQ_CONFIGS = {64: ["64x64x2x4", "128x64x2x8", "64x128x2x4", "64x64x2x4o", "64x64x2x4d", "64x64x2x4od"],
               128: ["64x64x2x4", "128x64x2x8", "64x64x2x4o", "64x64x2x4d", "64x64x2x4od"]}
 # the nondeterministic kernel (bwd_atomic_kernel below: dK, dV and dQ's atomic adds), D = 64
-ATOMIC_CONFIGS = {64: ["64x64x2x4", "64x64x3x4"], 128: []}
+ATOMIC_CONFIGS = {64: ["64x64x2x4", "64x64x3x4", "64x128x2x8"], 128: []}
 SHAPES = ["64,12,577,64", "8,12,4097,64", "32,16,577,128", "4,16,4097,128"]
 KINDS = ("dkdv", "dq", "atomic")  # the kernels: what each config list is for
 
@@ -75,7 +75,7 @@ def parse_config(text: str, kernel: str = "dkdv") -> tuple[int, int, int, int, i
     warp group a 64 queries); an "o" suffix overlaps each step's dV and dK products (dQ
     product) with the next step's (the kernels' OVERLAP); a "d" suffix (dQ kernel only) has
     the dQ kernel compute delta itself from O and dO and write it (its DQ_DELTA). The atomic
-    kernel ("atomic": dK, dV and dQ's adds) takes BLOCK_M = BLOCK_N, warps as the dK/dV one's,
+    kernel ("atomic": dK, dV and dQ's adds) takes 64-query tiles and warps as the dK/dV one's,
     neither suffix."""
     if kernel == "atomic" and not text[-1].isdigit():
         raise ValueError(f"{text}: the atomic kernel has no 'o' or 'd' form")
@@ -86,8 +86,8 @@ def parse_config(text: str, kernel: str = "dkdv") -> tuple[int, int, int, int, i
     overlap = int(body.endswith("o"))
     m, n, s, w = (int(x) for x in body.removesuffix("o" if overlap else "").split("x"))
     rows, what = (m, "queries") if kernel == "dq" else (n, "keys")
-    if kernel == "atomic" and m != n:
-        raise ValueError(f"{text}: the atomic kernel's query and key tiles are one size")
+    if kernel == "atomic" and m != 64:
+        raise ValueError(f"{text}: the atomic kernel's query tiles are 64 rows")
     if w * 16 != rows:
         raise ValueError(f"{text}: {w} warps for {rows} {what}; each warp group of 4 takes 64 {what}")
     return m, n, s, w, overlap, fused
@@ -181,15 +181,20 @@ if hopper.available():
         it after) with atomic adds: the separate dQ kernel's recomputation of S and dP is gone
         (5 products a tile pair instead of 7), and dQ's last bits vary from run to run (the
         adds' order). A step writes dS^T to shared memory once: dK += dS^T Q reads it there,
-        and dQ_i = dS_i K reads it transposed. BLOCK_M = BLOCK_N = 16 * num_warps; D = 64 only
+        and dQ_i = dS_i K reads it transposed (with two warp groups, each takes half of dQ's
+        columns over all BLOCK_N keys). BLOCK_M = 64, BLOCK_N = 16 * num_warps; D = 64 only
         (at D = 128 the dK/dV kernel alone takes 243-255 registers a thread: the dQ tile
-        spills, 52-324 bytes in every arrangement compiled)."""
+        spills, 52-324 bytes in every arrangement compiled; 172-300 in the 8-warp form)."""
         row0, bh, b, q_col, k_col, v_col = _program(N, H, HEAD_DIM, BLOCK_N)
         dtype: gl.constexpr = kv_desc.dtype
         t_layout: gl.constexpr = gl.NVMMADistributedLayout(
             version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BLOCK_M, 16])
         acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
             version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, HEAD_DIM, 16])
+        # dQ's (64 queries, D) tile: with two warp groups each takes half of D's columns
+        GROUPS: gl.constexpr = num_warps // 4
+        dq_layout: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[4, GROUPS], instr_shape=[16, HEAD_DIM // GROUPS, 16])
         op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
         col_t: gl.constexpr = gl.SliceLayout(0, t_layout)
         ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], dtype)
@@ -200,12 +205,12 @@ if hopper.available():
             BLOCK_M, BLOCK_N, HEAD_DIM, STAGES)
         ds_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, BLOCK_M], ds_layout)
         t_zero = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, t_layout)
-        dq_zero = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, acc_layout)
+        dq_zero = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, dq_layout)
         dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, acc_layout)
         dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, acc_layout)
-        dq_rows0 = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, acc_layout))
+        dq_rows0 = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, dq_layout))
         dq_offs = (gl.expand_dims(dq_rows0 * HEAD_DIM, 1)
-                   + gl.expand_dims(gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, acc_layout)), 0))
+                   + gl.expand_dims(gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, dq_layout)), 0))
         mbarrier.wait(kv_bar, 0)
         for i in range(n_tiles):
             stage = i % STAGES
