@@ -443,7 +443,8 @@ def gluon_candidates(op: str, n: int, d: int) -> list[Candidate]:
     kernels at N = 577, 1.384 against 1.374 + 0.047 at 4097; and at D = 128 its products
     overlap across steps (DQ_OVERLAP): 1.310 ms at 4097, 0.320 at 577
     (benchmarks/results/gpu_session_64c5aa5/run1). The 32-query overlapped dK/dV form at
-    D = 128 was 0.89x and 0.95x the 64-query plain one there: not listed. bwd_atomic
+    D = 128 was 0.89x and 0.95x the 64-query plain one there: not listed. At D = 64 one more
+    candidate overlaps both kernels' products (OVERLAP and DQ_OVERLAP). bwd_atomic
     (deterministic=False) lists the same, and at D = 64 hopper.bwd_atomic_kernel too (dQ added
     atomically from the dK/dV programs: 5 products a tile pair instead of 7), 64 or 128 keys a
     program (at D = 128 it spills)."""
@@ -458,7 +459,9 @@ def gluon_candidates(op: str, n: int, d: int) -> list[Candidate]:
         # plain forms
         out = (_c(GLUON_BWD_FAMILY, names, (64, 64, 64, 64, 4, 2), (64, 128, 64, 64, 8, 2))
                + _c(GLUON_BWD_FAMILY, (*names, "OVERLAP"), (64, 64, 64, 64, 1, 4, 2),
-                    (64, 64, 64, 64, 1, 4, 3)))
+                    (64, 64, 64, 64, 1, 4, 3))
+               # and both kernels' products overlapped (not yet timed through the op at D = 64)
+               + _c(GLUON_BWD_FAMILY, (*names, "OVERLAP", "DQ_OVERLAP"), (64, 64, 64, 64, 1, 1, 4, 2)))
         if op == "bwd_atomic":  # and dQ added atomically, 64 or 128 keys a program (D = 64)
             out += _c(GLUON_ATOMIC_FAMILY, ("BLOCK_M", "BLOCK_N"), (64, 64, 4, 2), (64, 128, 8, 2))
         return out
