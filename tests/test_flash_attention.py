@@ -748,7 +748,7 @@ def test_gluon_kernels_are_listed_only_where_they_were_measured_to_pay(monkeypat
         assert [c.meta.get("DQ_OVERLAP", 0) for c in cands] == ([1, 1] if d == 128 else [0, 0, 0, 0, 1])
         atomic = [c for c in launch.candidates(op, n, d, 96) if c.family == launch.GLUON_ATOMIC_FAMILY]
         assert [(c.meta, c.num_warps, c.num_stages) for c in atomic] == (
-            [(dict(BLOCK_M=64, BLOCK_N=64), 4, 2), (dict(BLOCK_M=64, BLOCK_N=128), 8, 2)]
+            [(dict(BLOCK_M=64, BLOCK_N=n1, TMA_DQ=t), n1 // 16, 2) for t in (0, 1) for n1 in (64, 128)]
             if (op, d) == ("bwd_atomic", 64) else []), (op, n, d)
     for op, n, d, dropout in (("fwd", 197, 64, False), ("fwd", 256, 128, False), ("fwd", 577, 80, False),
                               ("fwd", 577, 32, False), ("fwd", 577, 64, True), ("bwd", 256, 64, False),
@@ -836,10 +836,11 @@ for n1, warps, overlap in ((64, 4, 0), (128, 8, 0), (64, 4, 1)):
             print("dkdv" if dkdv else "dq", n1, D, overlap, len(compiled),
                   *{(ck.metadata.num_warps, "wgmma" in ck.asm["ptx"]) for ck in compiled})
 
-# deterministic=False's Gluon launch (dQ added atomically), 64 and 128 keys a program, D = 64
-for n1 in (64, 128):
-    g = launch.GluonAtomicLaunch(launch.Candidate("gluon_bwd_atomic", (("BLOCK_M", 64), ("BLOCK_N", n1)),
-                                                  n1 // 16, 2), 64)
+# deterministic=False's Gluon launch (dQ added atomically), 64 and 128 keys a program, each
+# thread's atomics or TMA tiles, D = 64
+for n1, t in ((64, 0), (128, 0), (64, 1), (128, 1)):
+    g = launch.GluonAtomicLaunch(launch.Candidate("gluon_bwd_atomic", (("BLOCK_M", 64), ("BLOCK_N", n1),
+                                                                       ("TMA_DQ", t)), n1 // 16, 2), 64)
     g.kernel.device_caches.clear()
     for dtype in (torch.bfloat16, torch.float16):
         qkv, do = torch.zeros(2, 300, 3, 3, 64, dtype=dtype), torch.zeros(2, 300, 3, 64, dtype=dtype)
@@ -847,8 +848,9 @@ for n1 in (64, 128):
         launch._compiling.only = True
         g(qkv, do, lse, lse, torch.zeros(6, 300, 64), torch.empty_like(qkv), 0.1, 0.125, 3, 300)
     compiled = list(g.kernel.device_caches[0][0].values())
-    print("atomic", n1, len(compiled), *{(ck.metadata.num_warps, "wgmma" in ck.asm["ptx"],
-                                         ".relaxed.add.v2.f32" in ck.asm["ptx"]) for ck in compiled})
+    print("atomic", n1, t, len(compiled), *{(ck.metadata.num_warps, "wgmma" in ck.asm["ptx"],
+                                            ".relaxed.add" in ck.asm["ptx"], "cp.reduce" in ck.asm["ptx"])
+                                           for ck in compiled})
 """
 
 
@@ -861,7 +863,8 @@ def test_a_gluon_launch_compiles_its_kernel_for_sm90():
     cap, or 4 warps with none. So do both Gluon backward candidates' two launches
     (GluonBwdLaunch) at D = 64 and 128, and the overlapped dK/dV form at D = 64: the dK/dV
     kernel in a warp group per 64 keys, the dQ kernel in 4 warps; and deterministic=False's
-    Gluon launch (GluonAtomicLaunch, D = 64), its dQ adds two floats an atomic instruction."""
+    Gluon launch (GluonAtomicLaunch, D = 64), its dQ added by each thread's atomics or, with
+    TMA_DQ, by TMA bulk reductions."""
     if not hopper.available():
         pytest.skip(f"Gluon does not import in this triton: {hopper._IMPORT_ERROR}")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
@@ -873,7 +876,8 @@ def test_a_gluon_launch_compiles_its_kernel_for_sm90():
                                                                                (128, 0, (64, 128)),
                                                                                (64, 1, (64, )))
                          for D in dims for k, w in (("dkdv", n1 // 16), ("dq", 4))]
-    assert out[13:15] == ["atomic 64 2 (4, True, True)", "atomic 128 2 (8, True, True)"]
+    assert out[13:17] == ["atomic 64 0 2 (4, True, True, False)", "atomic 128 0 2 (8, True, True, False)",
+                          "atomic 64 1 2 (4, True, False, True)", "atomic 128 1 2 (8, True, False, True)"]
 
 
 def test_a_gluon_candidate_plans_one_gluon_launch_but_not_with_a_mask_or_dropout():
@@ -915,12 +919,12 @@ def test_a_gluon_backward_candidate_plans_its_two_launches_but_not_with_a_mask_o
     dq, dkdv = flash_mod._bwd_launches(dq_overlapped, 2, 577, 12, 128)
     assert dkdv.consts == dict(HEAD_DIM=128, BLOCK_M=32, BLOCK_N=64, STAGES=2)
     assert dq.consts == dict(HEAD_DIM=128, BLOCK_M=64, BLOCK_N=64, STAGES=2, OVERLAP=1, DQ_DELTA=1)
-    atomic = launch.Candidate("gluon_bwd_atomic", (("BLOCK_M", 64), ("BLOCK_N", 128)), 8, 2)
+    atomic = launch.Candidate("gluon_bwd_atomic", (("BLOCK_M", 64), ("BLOCK_N", 128), ("TMA_DQ", 1)), 8, 2)
     delta, g, store = flash_mod._bwd_launches(atomic, 2, 577, 12, 64)
     assert (delta.kernel, store.kernel) == (kernels.bwd_delta_kernel, kernels.bwd_dq_kernel)
     assert isinstance(g, launch.GluonAtomicLaunch) and (g.kernel, g.rows, g.num_warps) == (
         hopper.bwd_atomic_kernel, 128, 8)
-    assert g.consts == dict(HEAD_DIM=64, BLOCK_M=64, BLOCK_N=128, STAGES=2)
+    assert g.consts == dict(HEAD_DIM=64, BLOCK_M=64, BLOCK_N=128, STAGES=2, TMA_DQ=1)
     for kw in (dict(diag=True), dict(dropout=True)):
         assert all(isinstance(p, launch.Launch) for p in flash_mod._bwd_launches(atomic, 2, 577, 12, 64, **kw))
         plan = flash_mod._bwd_launches(c, 2, 577, 12, 128, **kw)
@@ -1038,7 +1042,7 @@ def test_gluon_atomic_backward_gpu(monkeypatch, N):
     D = 64
     atomic = [c for c in launch.candidates("bwd_atomic", N, D) if c.family == launch.GLUON_ATOMIC_FAMILY]
     gluon_fwd = [c for c in launch.candidates("fwd", N, D, 2 * 4) if c.family in launch.GLUON_FAMILIES][-1]
-    assert len(atomic) == 2
+    assert len(atomic) == 4  # 64 and 128 keys a program, each thread's atomics or TMA tiles
     for bwd in atomic:
         _force(monkeypatch, gluon_fwd, bwd)
         for dtype in DTYPES:

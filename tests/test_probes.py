@@ -962,7 +962,8 @@ def test_gluon_bwd_probe_compiles_its_kernel_for_sm90():
             # S^T, dP^T, dV, dK and dQ
             products = 2 * d // 16 + dict(dkdv=2 * m // 16, dq=n // 16,
                                           atomic=2 * m // 16 + n // 16)[config.split()[0]]
-            products *= 2 if probe.parse_config(config.split()[1], config.split()[0])[4] else 1
+            kind, text = config.split()  # (the atomic kernel's fifth place is its TMA_DQ)
+            products *= 2 if kind != "atomic" and probe.parse_config(text, kind)[4] else 1
             assert int(hgmma) == products and int(mbar_waits) > 0, (d, config)
 
 
@@ -976,6 +977,9 @@ def test_gluon_bwd_probe_refuses_warps_that_do_not_match_its_rows():
         probe.parse_config("64x64x2x4d")
     assert probe.parse_config("64x64x3x4", "atomic") == (64, 64, 3, 4, 0, 0)
     assert probe.parse_config("64x128x2x8", "atomic") == (64, 128, 2, 8, 0, 0)
+    assert probe.parse_config("64x128x2x8t", "atomic") == (64, 128, 2, 8, 1, 0)
+    with pytest.raises(ValueError, match="each warp group of 4 takes 64 keys"):
+        probe.parse_config("64x128x2x4t", "atomic")
     with pytest.raises(ValueError, match="query tiles are 64 rows"):
         probe.parse_config("32x64x2x4", "atomic")
     with pytest.raises(ValueError, match="no 'o' or 'd' form"):

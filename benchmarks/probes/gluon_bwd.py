@@ -34,8 +34,9 @@ group of 4 owns 64 of the BLOCK_N keys; --dq-configs: dQ, 64 of the BLOCK_M quer
 "o" suffix for the form whose products into dV and dK (dQ) finish behind the next step's and
 (dQ) a "d" suffix for the form that computes delta itself. --atomic-configs: the
 nondeterministic kernel that adds each step's dQ share atomically (hopper.bwd_atomic_kernel;
-D = 64; among the op's deterministic=False candidates), checked on all three gradients and
-timed with its dQ zeroing and store.
+D = 64; among the op's deterministic=False candidates; a "t" suffix: its form that adds each
+dQ tile by one TMA bulk reduction), checked on all three gradients and timed with its dQ
+zeroing and store.
 """
 from __future__ import annotations
 
@@ -64,7 +65,7 @@ DEFAULT_CONFIGS = {64: ["64x128x2x8", "64x64x2x4", "64x64x2x4o", "64x64x3x4o"],
 DQ_CONFIGS = {64: ["64x64x2x4", "128x64x2x8", "64x128x2x4", "64x64x2x4o", "64x64x2x4d", "64x64x2x4od"],
               128: ["64x64x2x4", "128x64x2x8", "64x64x2x4o", "64x64x2x4d", "64x64x2x4od"]}
 # the nondeterministic kernel (hopper.bwd_atomic_kernel: dK, dV and dQ's atomic adds), D = 64
-ATOMIC_CONFIGS = {64: ["64x64x2x4", "64x64x3x4", "64x128x2x8"], 128: []}
+ATOMIC_CONFIGS = {64: ["64x64x2x4", "64x64x3x4", "64x128x2x8", "64x64x2x4t", "64x128x2x8t"], 128: []}
 SHAPES = ["64,12,577,64", "8,12,4097,64", "32,16,577,128", "4,16,4097,128"]
 KINDS = ("dkdv", "dq", "atomic")  # the kernels: what each config list is for
 
@@ -76,9 +77,16 @@ def parse_config(text: str, kernel: str = "dkdv") -> tuple[int, int, int, int, i
     product) with the next step's (the kernels' OVERLAP); a "d" suffix (dQ kernel only) has
     the dQ kernel compute delta itself from O and dO and write it (its DQ_DELTA). The atomic
     kernel ("atomic": dK, dV and dQ's adds) takes 64-query tiles and warps as the dK/dV one's,
-    neither suffix."""
-    if kernel == "atomic" and not text[-1].isdigit():
-        raise ValueError(f"{text}: the atomic kernel has no 'o' or 'd' form")
+    neither suffix, and a "t" suffix for its form that adds dQ by TMA tiles (its TMA_DQ, in
+    the fifth place)."""
+    if kernel == "atomic":
+        tma_dq = int(text.endswith("t"))
+        body = text.removesuffix("t")
+        if not body[-1].isdigit():
+            raise ValueError(f"{text}: the atomic kernel has no 'o' or 'd' form")
+        if not body.startswith("64x"):
+            raise ValueError(f"{text}: the atomic kernel's query tiles are 64 rows")
+        return (*parse_config(body)[:4], tma_dq, 0)
     fused = int(text.endswith("d"))
     if fused and kernel != "dq":
         raise ValueError(f"{text}: the 'd' suffix (delta computed inside) is the dQ kernel's alone")
@@ -86,21 +94,20 @@ def parse_config(text: str, kernel: str = "dkdv") -> tuple[int, int, int, int, i
     overlap = int(body.endswith("o"))
     m, n, s, w = (int(x) for x in body.removesuffix("o" if overlap else "").split("x"))
     rows, what = (m, "queries") if kernel == "dq" else (n, "keys")
-    if kernel == "atomic" and m != 64:
-        raise ValueError(f"{text}: the atomic kernel's query tiles are 64 rows")
     if w * 16 != rows:
         raise ValueError(f"{text}: {w} warps for {rows} {what}; each warp group of 4 takes 64 {what}")
     return m, n, s, w, overlap, fused
 
 
-def _sig(d: int, bm: int, bn: int, kernel: str) -> dict:
+def _sig(d: int, bm: int, bn: int, kernel: str, tma_dq: int = 0) -> dict:
     def desc(rows: int) -> str:
         return f"tensordesc<bf16[1,{rows},{d}],{hopper._layout(rows, d, torch.bfloat16)!r}>"
 
     out = dict(dq_desc=desc(bm)) if kernel == "dq" else dict(dkv_desc=desc(bn))
-    extra = dict(dq=dict(O="*bf16"), atomic=dict(DQ_ACC="*fp32")).get(kernel, {})
+    dq_acc = f"tensordesc<fp32[1,{bm},{d}],{hopper.dq_layout()!r}>" if tma_dq else "*fp32"
+    extra = dict(dq=dict(O="*bf16"), atomic=dict(DQ_ACC=dq_acc)).get(kernel, {})
     consts = dict(dkdv=dict(OVERLAP="constexpr"), dq=dict(OVERLAP="constexpr", DQ_DELTA="constexpr"),
-                  atomic={})[kernel]
+                  atomic=dict(TMA_DQ="constexpr"))[kernel]
     return dict(q_desc=desc(bm), kv_desc=desc(bn), do_desc=desc(bm), **out,
                 LSE="*fp32", DELTA="*fp32", **extra, qk_scale="fp32", sm_scale="fp32", H="i32",
                 N="i32", HEAD_DIM="constexpr", BLOCK_M="constexpr", BLOCK_N="constexpr",
@@ -114,12 +121,11 @@ def compile_sm90(d: int, cfg: tuple[int, int, int, int, int, int], kernel: str =
     from triton.experimental.gluon._runtime import GluonASTSource
     bm, bn, stages, warps, overlap, fused = cfg
     consts = dict(HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, STAGES=stages, num_warps=warps)
-    if kernel != "atomic":
-        consts["OVERLAP"] = overlap
+    consts["TMA_DQ" if kernel == "atomic" else "OVERLAP"] = overlap  # (the atomic kernel's form)
     if kernel == "dq":
         consts["DQ_DELTA"] = fused
     fn = dict(dkdv=hopper.bwd_dkdv_kernel, dq=hopper.bwd_dq_kernel, atomic=hopper.bwd_atomic_kernel)[kernel]
-    src = GluonASTSource(fn=fn, signature=_sig(d, bm, bn, kernel), constexprs=consts)
+    src = GluonASTSource(fn=fn, signature=_sig(d, bm, bn, kernel, overlap), constexprs=consts)
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps))
 
 
@@ -154,7 +160,9 @@ def gluon_grads(qkv, do, lse, delta, scale: float, cfg: tuple[int, int, int, int
     tail = (scale * 1.4426950408889634, scale, H, N, D, bm, bn, stages)
     if kernel == "atomic":
         dq_acc = torch.zeros(B * H, N, D, device=qkv.device)
-        hopper.bwd_atomic_kernel[grid](*descs, lse, delta, dq_acc, *tail, num_warps=warps)
+        target = hopper.dq_descriptor(dq_acc, bm) if overlap else dq_acc  # (TMA_DQ)
+        hopper.bwd_atomic_kernel[grid](*descs, lse, delta, target, *tail, num_warps=warps,
+                                       TMA_DQ=overlap)
         _dq_store(B, N, H, D)(dq_acc, dqkv, scale, H, N)
     elif dkdv:
         hopper.bwd_dkdv_kernel[grid](*descs, lse, delta, *tail, num_warps=warps, OVERLAP=overlap)

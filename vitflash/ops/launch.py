@@ -447,7 +447,7 @@ def gluon_candidates(op: str, n: int, d: int) -> list[Candidate]:
     candidate overlaps both kernels' products (OVERLAP and DQ_OVERLAP). bwd_atomic
     (deterministic=False) lists the same, and at D = 64 hopper.bwd_atomic_kernel too (dQ added
     atomically from the dK/dV programs: 5 products a tile pair instead of 7), 64 or 128 keys a
-    program (at D = 128 it spills)."""
+    program, each thread adding its share or one TMA bulk add a tile (at D = 128 it spills)."""
     if n < GLUON_MIN_N or d not in hopper.HEAD_DIMS or not gluon_kernels():
         return []
     if op != "fwd":
@@ -462,8 +462,10 @@ def gluon_candidates(op: str, n: int, d: int) -> list[Candidate]:
                     (64, 64, 64, 64, 1, 4, 3))
                # and both kernels' products overlapped (not yet timed through the op at D = 64)
                + _c(GLUON_BWD_FAMILY, (*names, "OVERLAP", "DQ_OVERLAP"), (64, 64, 64, 64, 1, 1, 4, 2)))
-        if op == "bwd_atomic":  # and dQ added atomically, 64 or 128 keys a program (D = 64)
-            out += _c(GLUON_ATOMIC_FAMILY, ("BLOCK_M", "BLOCK_N"), (64, 64, 4, 2), (64, 128, 8, 2))
+        if op == "bwd_atomic":  # and dQ added atomically, 64 or 128 keys a program (D = 64),
+            # by each thread's atomics or by TMA tiles (TMA_DQ)
+            out += _c(GLUON_ATOMIC_FAMILY, ("BLOCK_M", "BLOCK_N", "TMA_DQ"), (64, 64, 0, 4, 2),
+                      (64, 128, 0, 8, 2), (64, 64, 1, 4, 2), (64, 128, 1, 8, 2))
         return out
     if d == 64:
         return [Candidate("gluon", (("BLOCK_M", 64), ("BLOCK_N", 128)), 4, 2)]
@@ -849,7 +851,8 @@ class GluonAtomicLaunch(_GluonLaunches):
     """A "gluon_bwd_atomic" candidate's Gluon launch (hopper.bwd_atomic_kernel: dK, dV and
     dQ's atomic adds into an fp32 accumulator), between the delta kernel and the one that
     scales and stores dQ; called as (qkv, do, lse, delta, dq_acc, dqkv, qk_scale,
-    softmax_scale, H, N), making its TMA descriptors at each call."""
+    softmax_scale, H, N), making its TMA descriptors at each call (with TMA_DQ, dq_acc's too:
+    the kernel adds its dQ tiles through it)."""
 
     __slots__ = ()
 
@@ -857,13 +860,14 @@ class GluonAtomicLaunch(_GluonLaunches):
         self.rows = c.meta["BLOCK_N"]  # a program's keys, 64 of them a warp group
         self.kernel = hopper.bwd_atomic_kernel
         self.consts = dict(HEAD_DIM=D, BLOCK_M=c.meta["BLOCK_M"], BLOCK_N=self.rows,
-                           STAGES=c.num_stages)
+                           STAGES=c.num_stages, TMA_DQ=c.meta.get("TMA_DQ", 0))
         self.options = dict(num_warps=self.rows // 16)
 
     def __call__(self, qkv, do, lse, delta, dq_acc, dqkv, qk_scale, softmax_scale, H, N) -> None:
         c = self.consts
         descs = hopper.bwd_descriptors(qkv, do, dqkv, c["BLOCK_M"], c["BLOCK_N"], True)
-        self._launch((*descs, lse, delta, dq_acc, qk_scale, softmax_scale, H, N),
+        target = hopper.dq_descriptor(dq_acc, c["BLOCK_M"]) if c["TMA_DQ"] else dq_acc
+        self._launch((*descs, lse, delta, target, qk_scale, softmax_scale, H, N),
                      self._tiles(qkv, H, N))
 
 
