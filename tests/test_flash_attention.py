@@ -716,10 +716,8 @@ def test_gluon_kernels_are_listed_only_where_they_were_measured_to_pay(monkeypat
     """On Hopper the forward lists one Gluon candidate past N = 256 at D = 64 (the 4-warp
     form) and D = 128 (the warp-specialized one), and both backwards (deterministic or not)
     64-key and 128-key dK/dV programs with 64-row dQ programs, and at D = 64 the 64-key one
-    with its products overlapped across steps, in 2 and 3 stages (at D = 128 it spills), and in
-    2 stages with the dQ products overlapped too (as at D = 128);
-    deterministic=False's backward at D = 64 also the one that adds dQ atomically; never at
-    N <= 256, at other head dims, or with dropout (the Gluon kernels have none)."""
+    with its products overlapped across steps, in 2 and 3 stages (at D = 128 it spills);
+    never at N <= 256, at other head dims, or with dropout (the Gluon kernels have none)."""
     monkeypatch.setattr(launch, "_GLUON", True)
     monkeypatch.setattr(launch, "_TMA", True)
 
@@ -737,19 +735,13 @@ def test_gluon_kernels_are_listed_only_where_they_were_measured_to_pay(monkeypat
     for op, n, d in (("bwd", 577, 64), ("bwd", launch.GLUON_MIN_N, 128), ("bwd_atomic", 4097, 128),
                      ("bwd_atomic", 1025, 64)):
         cands = gluon(op, n, d)
-        overlapped = [("gluon_bwd", 64, 4, 2, 1), ("gluon_bwd", 64, 4, 3, 1),
-                      ("gluon_bwd", 64, 4, 2, 1)] if d == 64 else []
+        overlapped = [("gluon_bwd", 64, 4, 2, 1), ("gluon_bwd", 64, 4, 3, 1)] if d == 64 else []
         assert [(c.family, c.meta["BLOCK_N1"], c.num_warps, c.num_stages, c.meta.get("OVERLAP", 0))
                 for c in cands] == [("gluon_bwd", 64, 4, 2, 0), ("gluon_bwd", 128, 8, 2, 0), *overlapped], \
             (op, n, d)
         assert all((c.meta["BLOCK_M1"], c.meta["BLOCK_M2"], c.meta["BLOCK_N2"]) == (64, 64, 64)
                    for c in cands)
-        # timed at D = 128; at D = 64 in the last one, the dK/dV products overlapped too
-        assert [c.meta.get("DQ_OVERLAP", 0) for c in cands] == ([1, 1] if d == 128 else [0, 0, 0, 0, 1])
-        atomic = [c for c in launch.candidates(op, n, d, 96) if c.family == launch.GLUON_ATOMIC_FAMILY]
-        assert [(c.meta, c.num_warps, c.num_stages) for c in atomic] == (
-            [(dict(BLOCK_M=64, BLOCK_N=n1, TMA_DQ=t), n1 // 16, 2) for t in (0, 1) for n1 in (64, 128)]
-            if (op, d) == ("bwd_atomic", 64) else []), (op, n, d)
+        assert all(c.meta.get("DQ_OVERLAP", 0) == (d == 128) for c in cands)  # timed at D = 128
     for op, n, d, dropout in (("fwd", 197, 64, False), ("fwd", 256, 128, False), ("fwd", 577, 80, False),
                               ("fwd", 577, 32, False), ("fwd", 577, 64, True), ("bwd", 256, 64, False),
                               ("bwd", 577, 96, False), ("bwd", 577, 64, True), ("bwd_atomic", 197, 128, False)):
@@ -835,22 +827,6 @@ for n1, warps, overlap in ((64, 4, 0), (128, 8, 0), (64, 4, 1)):
             compiled = list(g.kernel.device_caches[0][0].values())
             print("dkdv" if dkdv else "dq", n1, D, overlap, len(compiled),
                   *{(ck.metadata.num_warps, "wgmma" in ck.asm["ptx"]) for ck in compiled})
-
-# deterministic=False's Gluon launch (dQ added atomically), 64 and 128 keys a program, each
-# thread's atomics or TMA tiles, D = 64
-for n1, t in ((64, 0), (128, 0), (64, 1), (128, 1)):
-    g = launch.GluonAtomicLaunch(launch.Candidate("gluon_bwd_atomic", (("BLOCK_M", 64), ("BLOCK_N", n1),
-                                                                       ("TMA_DQ", t)), n1 // 16, 2), 64)
-    g.kernel.device_caches.clear()
-    for dtype in (torch.bfloat16, torch.float16):
-        qkv, do = torch.zeros(2, 300, 3, 3, 64, dtype=dtype), torch.zeros(2, 300, 3, 64, dtype=dtype)
-        lse = torch.zeros(2, 3, 300)
-        launch._compiling.only = True
-        g(qkv, do, lse, lse, torch.zeros(6, 300, 64), torch.empty_like(qkv), 0.1, 0.125, 3, 300)
-    compiled = list(g.kernel.device_caches[0][0].values())
-    print("atomic", n1, t, len(compiled), *{(ck.metadata.num_warps, "wgmma" in ck.asm["ptx"],
-                                            ".relaxed.add" in ck.asm["ptx"], "cp.reduce" in ck.asm["ptx"])
-                                           for ck in compiled})
 """
 
 
@@ -862,9 +838,7 @@ def test_a_gluon_launch_compiles_its_kernel_for_sm90():
     (two consumer groups and the loader's warp allocated as a group) under a 168-register
     cap, or 4 warps with none. So do both Gluon backward candidates' two launches
     (GluonBwdLaunch) at D = 64 and 128, and the overlapped dK/dV form at D = 64: the dK/dV
-    kernel in a warp group per 64 keys, the dQ kernel in 4 warps; and deterministic=False's
-    Gluon launch (GluonAtomicLaunch, D = 64), its dQ added by each thread's atomics or, with
-    TMA_DQ, by TMA bulk reductions."""
+    kernel in a warp group per 64 keys, the dQ kernel in 4 warps."""
     if not hopper.available():
         pytest.skip(f"Gluon does not import in this triton: {hopper._IMPORT_ERROR}")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
@@ -876,8 +850,6 @@ def test_a_gluon_launch_compiles_its_kernel_for_sm90():
                                                                                (128, 0, (64, 128)),
                                                                                (64, 1, (64, )))
                          for D in dims for k, w in (("dkdv", n1 // 16), ("dq", 4))]
-    assert out[13:17] == ["atomic 64 0 2 (4, True, True, False)", "atomic 128 0 2 (8, True, True, False)",
-                          "atomic 64 1 2 (4, True, False, True)", "atomic 128 1 2 (8, True, False, True)"]
 
 
 def test_a_gluon_candidate_plans_one_gluon_launch_but_not_with_a_mask_or_dropout():
@@ -902,8 +874,7 @@ def test_a_gluon_backward_candidate_plans_its_two_launches_but_not_with_a_mask_o
     tiles), which computes delta (DQ_DELTA), then the dK/dV kernel's (its BLOCK_N1 keys a
     program in a warp group per 64, BLOCK_M1-row query tiles), both with the candidate's
     stages, each overlapped where its own key says (OVERLAP, DQ_OVERLAP); no delta launch.
-    A "gluon_bwd_atomic" one: delta, the Gluon kernel adding dQ, then dQ stored. With the
-    diagonal mask or dropout both fall back to the Triton backward, delta first."""
+    With the diagonal mask or dropout it falls back to the Triton backward, delta first."""
     names = ("BLOCK_M1", "BLOCK_N1", "BLOCK_M2", "BLOCK_N2")
     c = launch.Candidate("gluon_bwd", tuple(zip(names, (64, 128, 64, 64))), 8, 2)
     dq, dkdv = flash_mod._bwd_launches(c, 2, 577, 12, 128)
@@ -919,14 +890,7 @@ def test_a_gluon_backward_candidate_plans_its_two_launches_but_not_with_a_mask_o
     dq, dkdv = flash_mod._bwd_launches(dq_overlapped, 2, 577, 12, 128)
     assert dkdv.consts == dict(HEAD_DIM=128, BLOCK_M=32, BLOCK_N=64, STAGES=2)
     assert dq.consts == dict(HEAD_DIM=128, BLOCK_M=64, BLOCK_N=64, STAGES=2, OVERLAP=1, DQ_DELTA=1)
-    atomic = launch.Candidate("gluon_bwd_atomic", (("BLOCK_M", 64), ("BLOCK_N", 128), ("TMA_DQ", 1)), 8, 2)
-    delta, g, store = flash_mod._bwd_launches(atomic, 2, 577, 12, 64)
-    assert (delta.kernel, store.kernel) == (kernels.bwd_delta_kernel, kernels.bwd_dq_kernel)
-    assert isinstance(g, launch.GluonAtomicLaunch) and (g.kernel, g.rows, g.num_warps) == (
-        hopper.bwd_atomic_kernel, 128, 8)
-    assert g.consts == dict(HEAD_DIM=64, BLOCK_M=64, BLOCK_N=128, STAGES=2, TMA_DQ=1)
     for kw in (dict(diag=True), dict(dropout=True)):
-        assert all(isinstance(p, launch.Launch) for p in flash_mod._bwd_launches(atomic, 2, 577, 12, 64, **kw))
         plan = flash_mod._bwd_launches(c, 2, 577, 12, 128, **kw)
         assert all(isinstance(p, launch.Launch) for p in plan), kw
         assert plan[0].kernel is kernels.bwd_delta_kernel, kw
@@ -1015,7 +979,7 @@ def test_gluon_backward_gpu(monkeypatch, N, D):
         pytest.skip("the Gluon kernels run on Hopper GPUs with a triton that has Gluon")
     bwds = [c for c in launch.candidates("bwd", N, D) if c.family == launch.GLUON_BWD_FAMILY]
     gluon_fwd = [c for c in launch.candidates("fwd", N, D, 2 * 4) if c.family in launch.GLUON_FAMILIES][-1]
-    assert len(bwds) == (5 if D == 64 else 2)
+    assert len(bwds) == (4 if D == 64 else 2)
     for fwd in (launch.heuristic("fwd", N, D), gluon_fwd):
         for bwd in bwds:
             _force(monkeypatch, fwd, bwd)
@@ -1026,31 +990,6 @@ def test_gluon_backward_gpu(monkeypatch, N, D):
                 # the dQ kernel, computing delta, then the dK/dV kernel
                 assert [(type(p), p.dkdv) for p in plan] == [(launch.GluonBwdLaunch, False),
                                                             (launch.GluonBwdLaunch, True)]
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("N", [257, 577, 1000, 2049])
-def test_gluon_atomic_backward_gpu(monkeypatch, N):
-    """deterministic=False's Gluon backward (dQ added atomically from the dK/dV programs; on
-    Hopper, D = 64), each candidate after the Gluon forward, at full and partial last query
-    and key tiles, under the rule on o, dq, dk, dv: the delta kernel, the Gluon kernel into
-    the fp32 dQ, then dQ scaled and stored."""
-    monkeypatch.setenv("VITFLASH_GLUON", "1")
-    monkeypatch.setattr(launch, "_GLUON", None)
-    if not launch.gluon_kernels():
-        pytest.skip("the Gluon kernels run on Hopper GPUs with a triton that has Gluon")
-    D = 64
-    atomic = [c for c in launch.candidates("bwd_atomic", N, D) if c.family == launch.GLUON_ATOMIC_FAMILY]
-    gluon_fwd = [c for c in launch.candidates("fwd", N, D, 2 * 4) if c.family in launch.GLUON_FAMILIES][-1]
-    assert len(atomic) == 4  # 64 and 128 keys a program, each thread's atomics or TMA tiles
-    for bwd in atomic:
-        _force(monkeypatch, gluon_fwd, bwd)
-        for dtype in DTYPES:
-            qkv, do = _packed_inputs(2, N, 4, D, dtype, seed=N + D)
-            _assert_within_rule(qkv, do, flash=partial(flash_attention, deterministic=False))
-            plan = flash_mod._plans[("bwd_atomic", dtype, qkv.device, 2, N, 4, D, False, False)]
-            assert [p.kernel for p in plan] == [kernels.bwd_delta_kernel, hopper.bwd_atomic_kernel,
-                                                kernels.bwd_dq_kernel], bwd
 
 
 @pytest.mark.gpu

@@ -33,10 +33,10 @@ Configurations are BLOCK_M x BLOCK_N x STAGES x warps (--configs: dK/dV, where e
 group of 4 owns 64 of the BLOCK_N keys; --dq-configs: dQ, 64 of the BLOCK_M queries), with an
 "o" suffix for the form whose products into dV and dK (dQ) finish behind the next step's and
 (dQ) a "d" suffix for the form that computes delta itself. --atomic-configs: the
-nondeterministic kernel that adds each step's dQ share atomically (hopper.bwd_atomic_kernel;
-D = 64; among the op's deterministic=False candidates; a "t" suffix: its form that adds each
-dQ tile by one TMA bulk reduction), checked on all three gradients and timed with its dQ
-zeroing and store.
+nondeterministic kernel that adds each step's dQ share atomically (bwd_atomic_kernel, below;
+D = 64; timed slower than the two deterministic kernels, not listed by the op; a "t" suffix:
+its form that adds each dQ tile by one TMA bulk reduction), checked on all three gradients
+and timed with its dQ zeroing and store.
 """
 from __future__ import annotations
 
@@ -64,7 +64,7 @@ DEFAULT_CONFIGS = {64: ["64x128x2x8", "64x64x2x4", "64x64x2x4o", "64x64x3x4o"],
                    128: ["64x128x2x8", "64x64x2x4", "32x64x2x4o", "32x64x3x4o"]}
 DQ_CONFIGS = {64: ["64x64x2x4", "128x64x2x8", "64x128x2x4", "64x64x2x4o", "64x64x2x4d", "64x64x2x4od"],
               128: ["64x64x2x4", "128x64x2x8", "64x64x2x4o", "64x64x2x4d", "64x64x2x4od"]}
-# the nondeterministic kernel (hopper.bwd_atomic_kernel: dK, dV and dQ's atomic adds), D = 64
+# the nondeterministic kernel (bwd_atomic_kernel below: dK, dV and dQ's atomic adds), D = 64
 ATOMIC_CONFIGS = {64: ["64x64x2x4", "64x64x3x4", "64x128x2x8", "64x64x2x4t", "64x128x2x8t"], 128: []}
 SHAPES = ["64,12,577,64", "8,12,4097,64", "32,16,577,128", "4,16,4097,128"]
 KINDS = ("dkdv", "dq", "atomic")  # the kernels: what each config list is for
@@ -104,7 +104,7 @@ def _sig(d: int, bm: int, bn: int, kernel: str, tma_dq: int = 0) -> dict:
         return f"tensordesc<bf16[1,{rows},{d}],{hopper._layout(rows, d, torch.bfloat16)!r}>"
 
     out = dict(dq_desc=desc(bm)) if kernel == "dq" else dict(dkv_desc=desc(bn))
-    dq_acc = f"tensordesc<fp32[1,{bm},{d}],{hopper.dq_layout()!r}>" if tma_dq else "*fp32"
+    dq_acc = f"tensordesc<fp32[1,{bm},{d}],{_dq_smem_layout()!r}>" if tma_dq else "*fp32"
     extra = dict(dq=dict(O="*bf16"), atomic=dict(DQ_ACC=dq_acc)).get(kernel, {})
     consts = dict(dkdv=dict(OVERLAP="constexpr"), dq=dict(OVERLAP="constexpr", DQ_DELTA="constexpr"),
                   atomic=dict(TMA_DQ="constexpr"))[kernel]
@@ -124,7 +124,7 @@ def compile_sm90(d: int, cfg: tuple[int, int, int, int, int, int], kernel: str =
     consts["TMA_DQ" if kernel == "atomic" else "OVERLAP"] = overlap  # (the atomic kernel's form)
     if kernel == "dq":
         consts["DQ_DELTA"] = fused
-    fn = dict(dkdv=hopper.bwd_dkdv_kernel, dq=hopper.bwd_dq_kernel, atomic=hopper.bwd_atomic_kernel)[kernel]
+    fn = dict(dkdv=hopper.bwd_dkdv_kernel, dq=hopper.bwd_dq_kernel, atomic=bwd_atomic_kernel)[kernel]
     src = GluonASTSource(fn=fn, signature=_sig(d, bm, bn, kernel, overlap), constexprs=consts)
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps))
 
@@ -160,9 +160,8 @@ def gluon_grads(qkv, do, lse, delta, scale: float, cfg: tuple[int, int, int, int
     tail = (scale * 1.4426950408889634, scale, H, N, D, bm, bn, stages)
     if kernel == "atomic":
         dq_acc = torch.zeros(B * H, N, D, device=qkv.device)
-        target = hopper.dq_descriptor(dq_acc, bm) if overlap else dq_acc  # (TMA_DQ)
-        hopper.bwd_atomic_kernel[grid](*descs, lse, delta, target, *tail, num_warps=warps,
-                                       TMA_DQ=overlap)
+        target = dq_descriptor(dq_acc, bm) if overlap else dq_acc  # (TMA_DQ)
+        bwd_atomic_kernel[grid](*descs, lse, delta, target, *tail, num_warps=warps, TMA_DQ=overlap)
         _dq_store(B, N, H, D)(dq_acc, dqkv, scale, H, N)
     elif dkdv:
         hopper.bwd_dkdv_kernel[grid](*descs, lse, delta, *tail, num_warps=warps, OVERLAP=overlap)
@@ -170,6 +169,132 @@ def gluon_grads(qkv, do, lse, delta, scale: float, cfg: tuple[int, int, int, int
         hopper.bwd_dq_kernel[grid](*descs, lse, delta, o if fused else lse, *tail, num_warps=warps,
                                    OVERLAP=overlap, DQ_DELTA=fused)
     return dqkv
+
+
+# The nondeterministic backward, timed and not listed by the op (gpu_session_1db6d3b, D = 64:
+# its fastest form with delta took 0.751 and 3.176 ms at N = 577 and 4097 against 0.603 and
+# 2.795 for the two deterministic Gluon kernels, 0.80x and 0.88x):
+# hopper.py's dK/dV programs that also add each step's dQ share atomically. Written with
+# hopper.py's own pieces (Gluon jit functions called by name).
+if hopper.available():
+    from vitflash.ops.hopper import (  # noqa: E402
+        TensorDescriptor, _bwd_release, _cta_barrier, _dkdv_setup, _program, _refill, _store_dkdv,
+        fence_async_shared, gl, gluon, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
+
+    # a TMA bulk add of a shared-memory tile into global memory: tma.async_atomic_add in
+    # triton 3.8; in 3.6, whose Gluon builder has the op but no wrapper, one written here
+    _tma_add = getattr(tma, "async_atomic_add", None)
+    if _tma_add is None:
+        from triton._C.libtriton import ir as _ir
+        from triton.experimental.gluon.language._core import builtin as _builtin
+
+        @_builtin
+        def _tma_add(tensor_desc, coord, src, _semantic=None):
+            coord = _semantic._convert_to_ir_values(coord, require_i64=False)
+            _semantic.builder.create_async_tma_reduce(_ir.DESCRIPTOR_REDUCE_KIND.ADD, tensor_desc.handle,
+                                                      coord, src.handle)
+
+    @gluon.jit
+    def bwd_atomic_kernel(q_desc, kv_desc, do_desc, dkv_desc, LSE, DELTA, DQ_ACC, qk_scale, sm_scale,
+                          H, N, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                          STAGES: gl.constexpr, num_warps: gl.constexpr, TMA_DQ: gl.constexpr = 0):
+        """hopper.bwd_dkdv_kernel's dK and dV, and each step's share of dQ added into DQ_ACC
+        ((B * H, N, D) fp32, zeroed before; unscaled: kernels.bwd_dq_kernel scales and stores
+        it after) with atomic adds: the separate dQ kernel's recomputation of S and dP is gone
+        (5 products a tile pair instead of 7), and dQ's last bits vary from run to run (the
+        adds' order). A step writes dS^T to shared memory once: dK += dS^T Q reads it there,
+        and dQ_i = dS_i K reads it transposed (with two warp groups, each takes half of dQ's
+        columns over all BLOCK_N keys). BLOCK_M = 64, BLOCK_N = 16 * num_warps; D = 64 only
+        (at D = 128 the dK/dV kernel alone takes 243-255 registers a thread: the dQ tile
+        spills, 52-324 bytes in every arrangement compiled; 172-300 in the 8-warp form, 176
+        with TMA_DQ).
+
+        TMA_DQ = 0: each thread adds its share of a step's dQ tile (atomics of one or two floats).
+        TMA_DQ = 1: the tile goes to shared memory and one TMA bulk add takes it into DQ_ACC,
+        then a descriptor (dq_descriptor)."""
+        row0, bh, b, q_col, k_col, v_col = _program(N, H, HEAD_DIM, BLOCK_N)
+        dtype: gl.constexpr = kv_desc.dtype
+        t_layout: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BLOCK_M, 16])
+        acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, HEAD_DIM, 16])
+        # dQ's (64 queries, D) tile: with two warp groups each takes half of D's columns
+        GROUPS: gl.constexpr = num_warps // 4
+        dq_layout: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[4, GROUPS], instr_shape=[16, HEAD_DIM // GROUPS, 16])
+        op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
+        col_t: gl.constexpr = gl.SliceLayout(0, t_layout)
+        ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], dtype)
+
+        cols0 = gl.arange(0, BLOCK_M, layout=col_t)
+        k2, v2, kv_bar, q_smem, do_smem, q_bars, do_bars, n_tiles, base, lse, delta = _dkdv_setup(
+            q_desc, kv_desc, do_desc, LSE, DELTA, b, bh, row0, q_col, k_col, v_col, N, cols0,
+            BLOCK_M, BLOCK_N, HEAD_DIM, STAGES)
+        ds_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, BLOCK_M], ds_layout)
+        if TMA_DQ:
+            dq_smem = gl.allocate_shared_memory(gl.float32, [1, BLOCK_M, HEAD_DIM], DQ_ACC.layout)
+        t_zero = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, t_layout)
+        dq_zero = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, dq_layout)
+        dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, acc_layout)
+        dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, acc_layout)
+        dq_rows0 = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, dq_layout))
+        dq_offs = (gl.expand_dims(dq_rows0 * HEAD_DIM, 1)
+                   + gl.expand_dims(gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, dq_layout)), 0))
+        mbarrier.wait(kv_bar, 0)
+        for i in range(n_tiles):
+            stage = i % STAGES
+            phase = (i // STAGES) & 1
+            mbarrier.wait(q_bars.index(stage), phase)
+            q2 = q_smem.index(stage).reshape([BLOCK_M, HEAD_DIM])
+            st = warpgroup_mma(k2, q2.permute((1, 0)), t_zero, use_acc=False, is_async=True)
+            mbarrier.wait(do_bars.index(stage), phase)
+            do2 = do_smem.index(stage).reshape([BLOCK_M, HEAD_DIM])
+            dpt = warpgroup_mma(v2, do2.permute((1, 0)), t_zero, use_acc=False, is_async=True)
+            st = warpgroup_mma_wait(num_outstanding=1, deps=(st, ))
+            pt = gl.exp2(st * qk_scale - gl.expand_dims(lse, 0))
+            dv = warpgroup_mma(gl.convert_layout(pt.to(dtype), op_layout), do2, dv, is_async=True)
+            dpt = warpgroup_mma_wait(num_outstanding=1, deps=(dpt, ))
+            ds_smem.store((pt * (dpt - gl.expand_dims(delta, 0))).to(dtype))
+            fence_async_shared()
+            _cta_barrier()  # every warp's dS^T rows are in before the products read them
+            dk = warpgroup_mma(ds_smem, q2, dk, is_async=True)
+            dq = warpgroup_mma(ds_smem.permute((1, 0)), k2, dq_zero, use_acc=False, is_async=True)
+            cols = (i + 1) * BLOCK_M + cols0
+            lse = gl.load(LSE + base + cols, mask=cols < N, other=float("inf"))
+            delta = gl.load(DELTA + base + cols, mask=cols < N, other=0.0)
+            dv, dk, dq = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk, dq))
+            # (keys past N add nothing: their K rows are read as zeros)
+            if TMA_DQ:  # (rows past N are outside the descriptor's bounds: dropped)
+                tma.store_wait(pendings=0)  # the previous step's add is done reading dq_smem
+                _cta_barrier()
+                dq_smem.reshape([BLOCK_M, HEAD_DIM]).store(dq)
+                fence_async_shared()
+                _tma_add(DQ_ACC, [bh, i * BLOCK_M, 0], dq_smem)
+            else:
+                gl.atomic_add(DQ_ACC + (base + i * BLOCK_M) * HEAD_DIM + dq_offs, dq,
+                              mask=gl.expand_dims(i * BLOCK_M + dq_rows0 < N, 1), sem="relaxed")
+            _cta_barrier()  # every warp is past its reads of this step's buffers and of dS^T
+            if i + STAGES < n_tiles:
+                _refill(q_desc, do_desc, b, i + STAGES, q_col, q_col, q_bars, do_bars, q_smem,
+                        do_smem, i % STAGES, BLOCK_M, HEAD_DIM)
+
+        if TMA_DQ:
+            tma.store_wait(pendings=0)
+        _bwd_release(kv_bar, q_bars, do_bars, STAGES)
+        _store_dkdv(dkv_desc, dk, dv, sm_scale, b, row0, k_col, v_col, BLOCK_N, HEAD_DIM)
+
+
+def _dq_smem_layout():
+    """The shared-memory layout of dq_descriptor's boxes: fp32, no swizzle (a row of D floats
+    is wider than the 128-byte swizzle span)."""
+    return gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=3)
+
+
+def dq_descriptor(dq_acc: torch.Tensor, rows: int):
+    """The TMA descriptor bwd_atomic_kernel (TMA_DQ) adds its dQ tiles through: dq_acc
+    (B * H, N, D) fp32 in (1, rows, D) boxes; rows past N are outside the bounds."""
+    return TensorDescriptor(dq_acc, list(dq_acc.shape), list(dq_acc.stride()),
+                            [1, rows, dq_acc.shape[-1]], _dq_smem_layout())
 
 
 @functools.lru_cache(maxsize=None)

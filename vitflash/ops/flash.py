@@ -78,7 +78,7 @@ def _fwd_launches(c: Candidate, B: int, N: int, H: int, D: int, dropout: bool = 
 
 def _bwd_launches(c: Candidate, B: int, N: int, H: int, D: int, dropout: bool = False,
                   diag: bool = False) -> list[Launch]:
-    if c.family in (_launch.GLUON_BWD_FAMILY, _launch.GLUON_ATOMIC_FAMILY) and (dropout or diag):
+    if c.family == _launch.GLUON_BWD_FAMILY and (dropout or diag):
         # as in _fwd_launches: dropout is never listed with it, the diagonal mask takes the
         # untuned Triton backward
         c = _launch.heuristic("bwd", N, D)
@@ -95,16 +95,13 @@ def _bwd_launches(c: Candidate, B: int, N: int, H: int, D: int, dropout: bool = 
     m = c.meta
     delta = Launch(kernels.bwd_delta_kernel, _cdiv(N, DELTA_BLOCK) * B * H,
                    {**head, "BLOCK_M": DELTA_BLOCK}, 4, 1, n_tensors=3)
-    store_dq = Launch(kernels.bwd_dq_kernel, _cdiv(N, DELTA_BLOCK) * B * H,
-                      {**head, "BLOCK_M": DELTA_BLOCK}, 4, 1, n_tensors=2)
-    if c.family == _launch.GLUON_ATOMIC_FAMILY:  # the same three steps, the middle one Gluon's
-        return [delta, _launch.GluonAtomicLaunch(c, D), store_dq]
     if c.family in _launch.ATOMIC_FAMILIES:  # dK, dV and dQ's adds, then dQ scaled and stored
         return [delta,
                 Launch(kernels.bwd_atomic_kernel, _cdiv(N, m["BLOCK_N"]) * B * H,
                        {**head, **m, **flags, "TMA_DQ": c.family == "atomic_tma"},
                        c.num_warps, c.num_stages, n_tensors=7, maxnreg=c.maxnreg),
-                store_dq]
+                Launch(kernels.bwd_dq_kernel, _cdiv(N, DELTA_BLOCK) * B * H,
+                       {**head, "BLOCK_M": DELTA_BLOCK}, 4, 1, n_tensors=2)]
     consts = {**head, **m, **flags, "TMA": c.family == "general_tma"}
     if not consts.pop("SPLIT", 0):  # PART 0: both kinds of program in one launch, after delta's
         return [delta, Launch(kernels.bwd_kernel, _cdiv(N, m["BLOCK_N1"]) * B * H
@@ -316,8 +313,8 @@ def _backward(do: torch.Tensor, qkv: torch.Tensor, o: torch.Tensor, lse: torch.T
         qkv_, o_, do_, lse_, dqkv_ = args
         # one launch: the short backward; a split candidate's dQ launch (delta computed there)
         # and its dK/dV launch; the Gluon dQ kernel computing delta, then the dK/dV one; else
-        # delta first, then bwd_kernel once, or bwd_atomic_kernel (Triton's or Gluon's) into
-        # an fp32 dQ and bwd_dq_kernel (_bwd_launches)
+        # delta first, then bwd_kernel once, or bwd_atomic_kernel into an fp32 dQ and
+        # bwd_dq_kernel (_bwd_launches)
         if len(plan) == 1:
             plan[0](qkv_, o_, do_, lse_, dqkv_, seed, qk_scale, softmax_scale, dropout_p, H, N)
             return
@@ -339,10 +336,6 @@ def _backward(do: torch.Tensor, qkv: torch.Tensor, o: torch.Tensor, lse: torch.T
         if dq_acc is None:
             dq_acc = torch.empty((B * H, N, D), dtype=torch.float32, device=qkv.device)
         dq_acc.zero_()
-        if isinstance(parts[0], _launch.GluonAtomicLaunch):
-            parts[0](qkv_, do_, lse_, delta, dq_acc, dqkv_, qk_scale, softmax_scale, H, N)
-            parts[1](dq_acc, dqkv_, softmax_scale, H, N)
-            return
         c = plan[1].consts
         if c["TMA_DQ"]:  # dQ's bulk adds, and the tiles' loads (see kernels.bwd_atomic_kernel)
             descs = tuple(d for t, rows in ((dq_acc, c["BLOCK_M"]), (qkv_, c["BLOCK_M"]),

@@ -44,18 +44,6 @@ try:  # Gluon is experimental: its absence or a changed API must leave the Trito
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
     # the CTA-wide barrier: gl.barrier in triton 3.8, gl.thread_barrier in 3.6
     _cta_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
-    # a TMA bulk add of a shared-memory tile into global memory: tma.async_atomic_add in
-    # triton 3.8; in 3.6, whose Gluon builder has the op but no wrapper, one written here
-    _tma_add = getattr(tma, "async_atomic_add", None)
-    if _tma_add is None:
-        from triton._C.libtriton import ir as _ir
-        from triton.experimental.gluon.language._core import builtin as _builtin
-
-        @_builtin
-        def _tma_add(tensor_desc, coord, src, _semantic=None):
-            coord = _semantic._convert_to_ir_values(coord, require_i64=False)
-            _semantic.builder.create_async_tma_reduce(_ir.DESCRIPTOR_REDUCE_KIND.ADD, tensor_desc.handle,
-                                                      coord, src.handle)
     _IMPORT_ERROR: Exception | None = None
 except Exception as err:  # pragma: no cover - depends on the installed triton
     _IMPORT_ERROR = err
@@ -785,96 +773,6 @@ if _IMPORT_ERROR is None:
         tma.async_copy_shared_to_global(dq_desc, [b, row0, q_col], out)
         tma.store_wait(pendings=0)
 
-    @gluon.jit
-    def bwd_atomic_kernel(q_desc, kv_desc, do_desc, dkv_desc, LSE, DELTA, DQ_ACC, qk_scale, sm_scale,
-                          H, N, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                          STAGES: gl.constexpr, num_warps: gl.constexpr, TMA_DQ: gl.constexpr = 0):
-        """The backward of deterministic=False (op "bwd_atomic"): bwd_dkdv_kernel's dK and dV,
-        and each step's share of dQ added into DQ_ACC
-        ((B * H, N, D) fp32, zeroed before; unscaled: kernels.bwd_dq_kernel scales and stores
-        it after) with atomic adds: the separate dQ kernel's recomputation of S and dP is gone
-        (5 products a tile pair instead of 7), and dQ's last bits vary from run to run (the
-        adds' order). A step writes dS^T to shared memory once: dK += dS^T Q reads it there,
-        and dQ_i = dS_i K reads it transposed (with two warp groups, each takes half of dQ's
-        columns over all BLOCK_N keys). BLOCK_M = 64, BLOCK_N = 16 * num_warps; D = 64 only
-        (at D = 128 the dK/dV kernel alone takes 243-255 registers a thread: the dQ tile
-        spills, 52-324 bytes in every arrangement compiled; 172-300 in the 8-warp form).
-        Launched after the delta kernel (launch.GluonAtomicLaunch).
-
-        TMA_DQ = 0: each thread adds its share of a step's dQ tile (two floats an atomic).
-        TMA_DQ = 1: the tile goes to shared memory and one TMA bulk add takes it into DQ_ACC,
-        then a descriptor (dq_descriptor)."""
-        row0, bh, b, q_col, k_col, v_col = _program(N, H, HEAD_DIM, BLOCK_N)
-        dtype: gl.constexpr = kv_desc.dtype
-        t_layout: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BLOCK_M, 16])
-        acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, HEAD_DIM, 16])
-        # dQ's (64 queries, D) tile: with two warp groups each takes half of D's columns
-        GROUPS: gl.constexpr = num_warps // 4
-        dq_layout: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[4, GROUPS], instr_shape=[16, HEAD_DIM // GROUPS, 16])
-        op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
-        col_t: gl.constexpr = gl.SliceLayout(0, t_layout)
-        ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], dtype)
-
-        cols0 = gl.arange(0, BLOCK_M, layout=col_t)
-        k2, v2, kv_bar, q_smem, do_smem, q_bars, do_bars, n_tiles, base, lse, delta = _dkdv_setup(
-            q_desc, kv_desc, do_desc, LSE, DELTA, b, bh, row0, q_col, k_col, v_col, N, cols0,
-            BLOCK_M, BLOCK_N, HEAD_DIM, STAGES)
-        ds_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, BLOCK_M], ds_layout)
-        if TMA_DQ:
-            dq_smem = gl.allocate_shared_memory(gl.float32, [1, BLOCK_M, HEAD_DIM], DQ_ACC.layout)
-        t_zero = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, t_layout)
-        dq_zero = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, dq_layout)
-        dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, acc_layout)
-        dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, acc_layout)
-        dq_rows0 = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, dq_layout))
-        dq_offs = (gl.expand_dims(dq_rows0 * HEAD_DIM, 1)
-                   + gl.expand_dims(gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, dq_layout)), 0))
-        mbarrier.wait(kv_bar, 0)
-        for i in range(n_tiles):
-            stage = i % STAGES
-            phase = (i // STAGES) & 1
-            mbarrier.wait(q_bars.index(stage), phase)
-            q2 = q_smem.index(stage).reshape([BLOCK_M, HEAD_DIM])
-            st = warpgroup_mma(k2, q2.permute((1, 0)), t_zero, use_acc=False, is_async=True)
-            mbarrier.wait(do_bars.index(stage), phase)
-            do2 = do_smem.index(stage).reshape([BLOCK_M, HEAD_DIM])
-            dpt = warpgroup_mma(v2, do2.permute((1, 0)), t_zero, use_acc=False, is_async=True)
-            st = warpgroup_mma_wait(num_outstanding=1, deps=(st, ))
-            pt = gl.exp2(st * qk_scale - gl.expand_dims(lse, 0))
-            dv = warpgroup_mma(gl.convert_layout(pt.to(dtype), op_layout), do2, dv, is_async=True)
-            dpt = warpgroup_mma_wait(num_outstanding=1, deps=(dpt, ))
-            ds_smem.store((pt * (dpt - gl.expand_dims(delta, 0))).to(dtype))
-            fence_async_shared()
-            _cta_barrier()  # every warp's dS^T rows are in before the products read them
-            dk = warpgroup_mma(ds_smem, q2, dk, is_async=True)
-            dq = warpgroup_mma(ds_smem.permute((1, 0)), k2, dq_zero, use_acc=False, is_async=True)
-            cols = (i + 1) * BLOCK_M + cols0
-            lse = gl.load(LSE + base + cols, mask=cols < N, other=float("inf"))
-            delta = gl.load(DELTA + base + cols, mask=cols < N, other=0.0)
-            dv, dk, dq = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk, dq))
-            # (keys past N add nothing: their K rows are read as zeros)
-            if TMA_DQ:  # (rows past N are outside the descriptor's bounds: dropped)
-                tma.store_wait(pendings=0)  # the previous step's add is done reading dq_smem
-                _cta_barrier()
-                dq_smem.reshape([BLOCK_M, HEAD_DIM]).store(dq)
-                fence_async_shared()
-                _tma_add(DQ_ACC, [bh, i * BLOCK_M, 0], dq_smem)
-            else:
-                gl.atomic_add(DQ_ACC + (base + i * BLOCK_M) * HEAD_DIM + dq_offs, dq,
-                              mask=gl.expand_dims(i * BLOCK_M + dq_rows0 < N, 1), sem="relaxed")
-            _cta_barrier()  # every warp is past its reads of this step's buffers and of dS^T
-            if i + STAGES < n_tiles:
-                _refill(q_desc, do_desc, b, i + STAGES, q_col, q_col, q_bars, do_bars, q_smem,
-                        do_smem, i % STAGES, BLOCK_M, HEAD_DIM)
-
-        if TMA_DQ:
-            tma.store_wait(pendings=0)
-        _bwd_release(kv_bar, q_bars, do_bars, STAGES)
-        _store_dkdv(dkv_desc, dk, dv, sm_scale, b, row0, k_col, v_col, BLOCK_N, HEAD_DIM)
-
 
 @functools.lru_cache(maxsize=None)
 def _layout(rows: int, d: int, dtype: torch.dtype):
@@ -891,19 +789,6 @@ def descriptor(t: torch.Tensor, rows: int):
     flat = t.view(t.shape[0], t.shape[1], -1)
     return TensorDescriptor(flat, list(flat.shape), list(flat.stride()), [1, rows, D],
                             _layout(rows, D, t.dtype))
-
-
-def dq_descriptor(dq_acc: torch.Tensor, rows: int):
-    """The TMA descriptor bwd_atomic_kernel (TMA_DQ) adds its dQ tiles through: dq_acc
-    (B * H, N, D) fp32 in (1, rows, D) boxes, unswizzled (a D-float row is wider than the
-    128-byte swizzle span); rows past N are outside the bounds."""
-    return TensorDescriptor(dq_acc, list(dq_acc.shape), list(dq_acc.stride()),
-                            [1, rows, dq_acc.shape[-1]], dq_layout())
-
-
-def dq_layout():
-    """The shared-memory layout of dq_descriptor's boxes: fp32, no swizzle."""
-    return gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=3)
 
 
 def descriptors(qkv: torch.Tensor, o: torch.Tensor, block_m: int, block_n: int) -> tuple:

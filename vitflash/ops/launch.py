@@ -61,8 +61,6 @@ except ImportError:  # (Windows: none; of two processes writing at once, one's e
 
 INTERPRET = bool(kernels.INTERPRET)
 # bump when a kernel or the candidate list changes in a way that can change the best config:
-# 30, the Gluon backward that adds dQ atomically among bwd_atomic's candidates at D = 64
-#     (GLUON_ATOMIC_FAMILY);
 # 29, the Gluon backward's dQ kernel computing delta, launched before the dK/dV kernel
 #     (its DQ_DELTA; no delta launch), its products overlapped at D = 128 (DQ_OVERLAP), and the
 #     persistent warp-specialized Gluon forward at D = 128 (PERSISTENT);
@@ -102,7 +100,7 @@ INTERPRET = bool(kernels.INTERPRET)
 # 6, the forwards' FMA-folded softmax (and the bwd_atomic op);
 # 5, split head dims (4 keyed the reverted TAILS candidates of 067433b, which a GPU
 #    machine's cache file may still hold)
-CACHE_VERSION = 30
+CACHE_VERSION = 29
 
 # the families of bwd_atomic's own kernels: dQ added element by element, or by TMA tiles
 ATOMIC_FAMILIES = ("atomic", "atomic_tma")
@@ -116,8 +114,6 @@ SHORT_FWD_FAMILIES = ("short", "short_tma")
 GLUON_FAMILIES = ("gluon", "gluon_ws")
 # the Gluon backward (hopper.py): bwd_dkdv_kernel's launch, then bwd_dq_kernel's
 GLUON_BWD_FAMILY = "gluon_bwd"
-# the Gluon backward of deterministic=False (hopper.bwd_atomic_kernel: dQ added atomically)
-GLUON_ATOMIC_FAMILY = "gluon_bwd_atomic"
 # listed from this length on: at N = 197 no Gluon forward configuration reached the Triton
 # one on an H200 or an H100 (benchmarks/results/gpu_session_17e1b36/)
 GLUON_MIN_N = 257
@@ -371,7 +367,7 @@ def candidates(op: str, n: int, d: int, bh: int = 1, dropout: bool = False) -> l
             general = [c for c in general if c.num_warps == 4]
         out += general + _tma_twins(general, d)
         if not dropout:
-            out += gluon_candidates(op, n, d)
+            out += gluon_candidates("bwd", n, d)
         if keys <= SHORT_BWD_MAX and keys * bd <= 160 * 128:
             out += [short_bwd(n, m, w) for m in (16, 32, 64) for w in (4, 8)
                     if m <= max(16, _pow2(n))]
@@ -443,11 +439,7 @@ def gluon_candidates(op: str, n: int, d: int) -> list[Candidate]:
     kernels at N = 577, 1.384 against 1.374 + 0.047 at 4097; and at D = 128 its products
     overlap across steps (DQ_OVERLAP): 1.310 ms at 4097, 0.320 at 577
     (benchmarks/results/gpu_session_64c5aa5/run1). The 32-query overlapped dK/dV form at
-    D = 128 was 0.89x and 0.95x the 64-query plain one there: not listed. At D = 64 one more
-    candidate overlaps both kernels' products (OVERLAP and DQ_OVERLAP). bwd_atomic
-    (deterministic=False) lists the same, and at D = 64 hopper.bwd_atomic_kernel too (dQ added
-    atomically from the dK/dV programs: 5 products a tile pair instead of 7), 64 or 128 keys a
-    program, each thread adding its share or one TMA bulk add a tile (at D = 128 it spills)."""
+    D = 128 was 0.89x and 0.95x the 64-query plain one there: not listed."""
     if n < GLUON_MIN_N or d not in hopper.HEAD_DIMS or not gluon_kernels():
         return []
     if op != "fwd":
@@ -457,16 +449,9 @@ def gluon_candidates(op: str, n: int, d: int) -> list[Candidate]:
                       (64, 128, 64, 64, 1, 8, 2))
         # at D = 64 the dK/dV products overlapped across steps (spills at D = 128) beside the
         # plain forms
-        out = (_c(GLUON_BWD_FAMILY, names, (64, 64, 64, 64, 4, 2), (64, 128, 64, 64, 8, 2))
-               + _c(GLUON_BWD_FAMILY, (*names, "OVERLAP"), (64, 64, 64, 64, 1, 4, 2),
-                    (64, 64, 64, 64, 1, 4, 3))
-               # and both kernels' products overlapped (not yet timed through the op at D = 64)
-               + _c(GLUON_BWD_FAMILY, (*names, "OVERLAP", "DQ_OVERLAP"), (64, 64, 64, 64, 1, 1, 4, 2)))
-        if op == "bwd_atomic":  # and dQ added atomically, 64 or 128 keys a program (D = 64),
-            # by each thread's atomics or by TMA tiles (TMA_DQ)
-            out += _c(GLUON_ATOMIC_FAMILY, ("BLOCK_M", "BLOCK_N", "TMA_DQ"), (64, 64, 0, 4, 2),
-                      (64, 128, 0, 8, 2), (64, 64, 1, 4, 2), (64, 128, 1, 8, 2))
-        return out
+        return (_c(GLUON_BWD_FAMILY, names, (64, 64, 64, 64, 4, 2), (64, 128, 64, 64, 8, 2))
+                + _c(GLUON_BWD_FAMILY, (*names, "OVERLAP"), (64, 64, 64, 64, 1, 4, 2),
+                     (64, 64, 64, 64, 1, 4, 3)))
     if d == 64:
         return [Candidate("gluon", (("BLOCK_M", 64), ("BLOCK_N", 128)), 4, 2)]
     ws = (("BLOCK_M", 64), ("BLOCK_N", 128), ("CONSUMER_REGS", 240))
@@ -845,30 +830,6 @@ class GluonBwdLaunch(_GluonLaunches):
         descs = hopper.bwd_descriptors(qkv, do, dqkv, c["BLOCK_M"], c["BLOCK_N"], self.dkdv)
         args = (*descs, lse, delta, *(() if self.dkdv else (o, )), qk_scale, softmax_scale, H, N)
         self._launch(args, self._tiles(qkv, H, N))
-
-
-class GluonAtomicLaunch(_GluonLaunches):
-    """A "gluon_bwd_atomic" candidate's Gluon launch (hopper.bwd_atomic_kernel: dK, dV and
-    dQ's atomic adds into an fp32 accumulator), between the delta kernel and the one that
-    scales and stores dQ; called as (qkv, do, lse, delta, dq_acc, dqkv, qk_scale,
-    softmax_scale, H, N), making its TMA descriptors at each call (with TMA_DQ, dq_acc's too:
-    the kernel adds its dQ tiles through it)."""
-
-    __slots__ = ()
-
-    def __init__(self, c: Candidate, D: int):
-        self.rows = c.meta["BLOCK_N"]  # a program's keys, 64 of them a warp group
-        self.kernel = hopper.bwd_atomic_kernel
-        self.consts = dict(HEAD_DIM=D, BLOCK_M=c.meta["BLOCK_M"], BLOCK_N=self.rows,
-                           STAGES=c.num_stages, TMA_DQ=c.meta.get("TMA_DQ", 0))
-        self.options = dict(num_warps=self.rows // 16)
-
-    def __call__(self, qkv, do, lse, delta, dq_acc, dqkv, qk_scale, softmax_scale, H, N) -> None:
-        c = self.consts
-        descs = hopper.bwd_descriptors(qkv, do, dqkv, c["BLOCK_M"], c["BLOCK_N"], True)
-        target = hopper.dq_descriptor(dq_acc, c["BLOCK_M"]) if c["TMA_DQ"] else dq_acc
-        self._launch((*descs, lse, delta, target, qk_scale, softmax_scale, H, N),
-                     self._tiles(qkv, H, N))
 
 
 @functools.lru_cache(maxsize=None)
