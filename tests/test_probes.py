@@ -938,10 +938,11 @@ def test_gluon_fwd_probe_reads_both_forms_from_its_configs():
 
 
 def test_gluon_bwd_probe_compiles_its_kernel_for_sm90():
-    """The Gluon backward's two kernels compile for sm_90 at both head dims with no spills:
-    one loop step's products as wgmma (the dK/dV kernel's four, the dQ kernel's three; the
-    overlapped dK/dV form, whose first step is apart from its loop, twice four; the atomic
-    kernel's five, at D = 64), and mbarrier waits for their TMA loads."""
+    """The Gluon backward's two kernels and the probe's staged ones compile for sm_90 at both
+    head dims with no spills: one loop step's products as wgmma (the dK/dV kernel's four, the
+    dQ kernel's three; the overlapped dK/dV form, whose first step is apart from its loop,
+    twice four; the atomic kernel's five, at D = 64; the warp-specialized dK/dV kernel's four
+    in each of its two consumers), and mbarrier waits for their TMA loads."""
     probe = _load("gluon_bwd")
     if not probe.hopper.available():
         pytest.skip(f"Gluon does not import in this triton: {probe.hopper._IMPORT_ERROR}")
@@ -949,10 +950,12 @@ def test_gluon_bwd_probe_compiles_its_kernel_for_sm90():
     for d in (64, 128):
         out = subprocess.run([sys.executable, str(PROBES / "gluon_bwd.py"), "--compile", "--d", str(d)],
                              capture_output=True, text=True, env=env, check=True).stdout
-        cells = [[c.strip() for c in r.strip("|").split("|")] for r in out.splitlines() if re.match(r"\| (dkdv|dq|atomic) ", r)]
+        cells = [[c.strip() for c in r.strip("|").split("|")] for r in out.splitlines()
+                 if re.match(r"\| (dkdv|dq|atomic|ws) ", r)]
         assert [c[0] for c in cells] == ([f"dkdv {c}" for c in probe.DEFAULT_CONFIGS[d]]
                                          + [f"dq {c}" for c in probe.DQ_CONFIGS[d]]
-                                         + [f"atomic {c}" for c in probe.ATOMIC_CONFIGS[d]])
+                                         + [f"atomic {c}" for c in probe.ATOMIC_CONFIGS[d]]
+                                         + [f"ws {c}" for c in probe.WS_CONFIGS[d]])
         assert probe.ATOMIC_CONFIGS[d] or d == 128  # (at D = 128 the atomic kernel spills)
         for config, regs, spills, smem, hgmma, waits, bars, mbar_waits in cells:
             assert int(spills) == 0 and int(regs) <= 255, (d, config)
@@ -961,9 +964,10 @@ def test_gluon_bwd_probe_compiles_its_kernel_for_sm90():
             # the query tile; dQ's S and dP over d, dQ over the key tile; the atomic kernel's
             # S^T, dP^T, dV, dK and dQ
             products = 2 * d // 16 + dict(dkdv=2 * m // 16, dq=n // 16,
-                                          atomic=2 * m // 16 + n // 16)[config.split()[0]]
+                                          atomic=2 * m // 16 + n // 16, ws=2 * m // 16)[config.split()[0]]
             kind, text = config.split()  # (the atomic kernel's fifth place is its TMA_DQ)
-            products *= 2 if kind != "atomic" and probe.parse_config(text, kind)[4] else 1
+            # (twice over: the overlapped forms' first step, the warp-specialized form's two consumers)
+            products *= 2 if kind == "ws" or kind != "atomic" and probe.parse_config(text, kind)[4] else 1
             assert int(hgmma) == products and int(mbar_waits) > 0, (d, config)
 
 
@@ -978,6 +982,9 @@ def test_gluon_bwd_probe_refuses_warps_that_do_not_match_its_rows():
     assert probe.parse_config("64x64x3x4", "atomic") == (64, 64, 3, 4, 0, 0)
     assert probe.parse_config("64x128x2x8", "atomic") == (64, 128, 2, 8, 0, 0)
     assert probe.parse_config("64x128x2x8t", "atomic") == (64, 128, 2, 8, 1, 0)
+    assert probe.parse_config("32x128x3x4", "ws") == (32, 128, 3, 4, 0, 0)
+    with pytest.raises(ValueError, match="128 keys a program in two 4-warp consumers"):
+        probe.parse_config("64x64x2x4", "ws")
     with pytest.raises(ValueError, match="each warp group of 4 takes 64 keys"):
         probe.parse_config("64x128x2x4t", "atomic")
     with pytest.raises(ValueError, match="query tiles are 64 rows"):

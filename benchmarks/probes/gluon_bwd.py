@@ -36,7 +36,10 @@ group of 4 owns 64 of the BLOCK_N keys; --dq-configs: dQ, 64 of the BLOCK_M quer
 nondeterministic kernel that adds each step's dQ share atomically (bwd_atomic_kernel, below;
 D = 64; timed slower than the two deterministic kernels, not listed by the op; a "t" suffix:
 its form that adds each dQ tile by one TMA bulk reduction), checked on all three gradients
-and timed with its dQ zeroing and store.
+and timed with its dQ zeroing and store. --ws-configs: a warp-specialized dK/dV kernel
+(bwd_dkdv_ws_kernel, below: two 64-key consumers sharing one Q and dO ring filled by a loader
+warp; BLOCK_M x 128 x STAGES x 4), staged for timing, not listed by the op. Its compile row's
+registers are the kernel-wide cap: the consumers run at WS_REGS (setmaxnreg).
 """
 from __future__ import annotations
 
@@ -67,7 +70,10 @@ DQ_CONFIGS = {64: ["64x64x2x4", "128x64x2x8", "64x128x2x4", "64x64x2x4o", "64x64
 # the nondeterministic kernel (bwd_atomic_kernel below: dK, dV and dQ's atomic adds), D = 64
 ATOMIC_CONFIGS = {64: ["64x64x2x4", "64x64x3x4", "64x128x2x8", "64x64x2x4t", "64x128x2x8t"], 128: []}
 SHAPES = ["64,12,577,64", "8,12,4097,64", "32,16,577,128", "4,16,4097,128"]
-KINDS = ("dkdv", "dq", "atomic")  # the kernels: what each config list is for
+# the warp-specialized dK/dV kernel (bwd_dkdv_ws_kernel below): queries x keys a program x stages x 4
+WS_CONFIGS = {64: ["64x128x2x4"], 128: ["32x128x2x4", "32x128x3x4"]}
+WS_REGS = 240  # its consumers' registers a thread (the most two consumer groups and a loader fit)
+KINDS = ("dkdv", "dq", "atomic", "ws")  # the kernels: what each config list is for
 
 
 def parse_config(text: str, kernel: str = "dkdv") -> tuple[int, int, int, int, int, int]:
@@ -78,7 +84,14 @@ def parse_config(text: str, kernel: str = "dkdv") -> tuple[int, int, int, int, i
     the dQ kernel compute delta itself from O and dO and write it (its DQ_DELTA). The atomic
     kernel ("atomic": dK, dV and dQ's adds) takes 64-query tiles and warps as the dK/dV one's,
     neither suffix, and a "t" suffix for its form that adds dQ by TMA tiles (its TMA_DQ, in
-    the fifth place)."""
+    the fifth place). The warp-specialized dK/dV kernel ("ws"): BLOCK_M x 128 keys x STAGES x 4
+    (two 4-warp consumers of 64 keys each, and the loader's warp), no suffix."""
+    if kernel == "ws":
+        m, n, s, w = (int(x) for x in text.split("x"))
+        if (n, w) != (128, 4):
+            raise ValueError(f"{text}: the warp-specialized kernel takes 128 keys a program in two "
+                             "4-warp consumers")
+        return m, n, s, w, 0, 0
     if kernel == "atomic":
         tma_dq = int(text.endswith("t"))
         body = text.removesuffix("t")
@@ -103,11 +116,12 @@ def _sig(d: int, bm: int, bn: int, kernel: str, tma_dq: int = 0) -> dict:
     def desc(rows: int) -> str:
         return f"tensordesc<bf16[1,{rows},{d}],{hopper._layout(rows, d, torch.bfloat16)!r}>"
 
+    bn = 64 if kernel == "ws" else bn  # (a ws program's K, V, dK and dV in 64-row boxes)
     out = dict(dq_desc=desc(bm)) if kernel == "dq" else dict(dkv_desc=desc(bn))
     dq_acc = f"tensordesc<fp32[1,{bm},{d}],{_dq_smem_layout()!r}>" if tma_dq else "*fp32"
     extra = dict(dq=dict(O="*bf16"), atomic=dict(DQ_ACC=dq_acc)).get(kernel, {})
     consts = dict(dkdv=dict(OVERLAP="constexpr"), dq=dict(OVERLAP="constexpr", DQ_DELTA="constexpr"),
-                  atomic=dict(TMA_DQ="constexpr"))[kernel]
+                  atomic=dict(TMA_DQ="constexpr"), ws=dict(CONSUMER_REGS="constexpr"))[kernel]
     return dict(q_desc=desc(bm), kv_desc=desc(bn), do_desc=desc(bm), **out,
                 LSE="*fp32", DELTA="*fp32", **extra, qk_scale="fp32", sm_scale="fp32", H="i32",
                 N="i32", HEAD_DIM="constexpr", BLOCK_M="constexpr", BLOCK_N="constexpr",
@@ -121,12 +135,18 @@ def compile_sm90(d: int, cfg: tuple[int, int, int, int, int, int], kernel: str =
     from triton.experimental.gluon._runtime import GluonASTSource
     bm, bn, stages, warps, overlap, fused = cfg
     consts = dict(HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, STAGES=stages, num_warps=warps)
-    consts["TMA_DQ" if kernel == "atomic" else "OVERLAP"] = overlap  # (the atomic kernel's form)
+    options = dict(num_warps=warps)
+    if kernel == "ws":
+        consts.update(BLOCK_N=64, CONSUMER_REGS=WS_REGS)
+        options["maxnreg"] = hopper.ws_maxnreg(WS_REGS)
+    else:
+        consts["TMA_DQ" if kernel == "atomic" else "OVERLAP"] = overlap  # (the atomic kernel's form)
     if kernel == "dq":
         consts["DQ_DELTA"] = fused
-    fn = dict(dkdv=hopper.bwd_dkdv_kernel, dq=hopper.bwd_dq_kernel, atomic=bwd_atomic_kernel)[kernel]
+    fn = dict(dkdv=hopper.bwd_dkdv_kernel, dq=hopper.bwd_dq_kernel, atomic=bwd_atomic_kernel,
+              ws=bwd_dkdv_ws_kernel)[kernel]
     src = GluonASTSource(fn=fn, signature=_sig(d, bm, bn, kernel, overlap), constexprs=consts)
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps))
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
 
 
 def _named(*lists: list[str]) -> list[tuple[str, str]]:
@@ -135,9 +155,9 @@ def _named(*lists: list[str]) -> list[tuple[str, str]]:
 
 
 def compile_rows(d: int, configs: list[str], dq_configs: list[str],
-                 atomic_configs: list[str] = ()) -> list[str]:
+                 atomic_configs: list[str] = (), ws_configs: list[str] = ()) -> list[str]:
     rows = compile_header(d)
-    for kernel, text in _named(configs, dq_configs, atomic_configs):
+    for kernel, text in _named(configs, dq_configs, atomic_configs, ws_configs):
         cells = sass_cells(compile_sm90(d, parse_config(text, kernel), kernel))
         rows.append("| " + " | ".join([f"{kernel} {text}", *cells]) + " |")
     return rows
@@ -156,13 +176,16 @@ def gluon_grads(qkv, do, lse, delta, scale: float, cfg: tuple[int, int, int, int
     dqkv = torch.full_like(qkv, float("nan")) if dqkv is None else dqkv
     dkdv = kernel != "dq"
     grid = (triton.cdiv(N, bn if dkdv else bm) * B * H, )
-    descs = hopper.bwd_descriptors(qkv, do, dqkv, bm, bn, dkdv)
+    descs = hopper.bwd_descriptors(qkv, do, dqkv, bm, 64 if kernel == "ws" else bn, dkdv)
     tail = (scale * 1.4426950408889634, scale, H, N, D, bm, bn, stages)
     if kernel == "atomic":
         dq_acc = torch.zeros(B * H, N, D, device=qkv.device)
         target = dq_descriptor(dq_acc, bm) if overlap else dq_acc  # (TMA_DQ)
         bwd_atomic_kernel[grid](*descs, lse, delta, target, *tail, num_warps=warps, TMA_DQ=overlap)
         _dq_store(B, N, H, D)(dq_acc, dqkv, scale, H, N)
+    elif kernel == "ws":
+        bwd_dkdv_ws_kernel[grid](*descs, lse, delta, *tail[:5], 64, stages, WS_REGS, num_warps=warps,
+                                 maxnreg=hopper.ws_maxnreg(WS_REGS))
     elif dkdv:
         hopper.bwd_dkdv_kernel[grid](*descs, lse, delta, *tail, num_warps=warps, OVERLAP=overlap)
     else:
@@ -284,6 +307,109 @@ if hopper.available():
         _store_dkdv(dkv_desc, dk, dv, sm_scale, b, row0, k_col, v_col, BLOCK_N, HEAD_DIM)
 
 
+# The warp-specialized dK/dV kernel, staged here until a GPU run times it (not listed by the
+# op): at (4, 16, 4097, 128) the op's 64-key dK/dV programs each stream every Q and dO tile
+# for their own keys; here two consumers share one stream.
+if hopper.available():
+    from vitflash.ops.hopper import _dkdv_step, _load, _ws_ring  # noqa: E402
+
+    @gluon.jit
+    def _wsd_loader(q_desc, kv_desc, do_desc, dkv_desc, LSE, DELTA, qk_scale, sm_scale, N, bh, b, row0,
+                    q_col, k_col, v_col, k_smem, v_smem, kv_bar, q_ring, do_ring, q_ready, do_ready,
+                    q_empty, do_empty, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+                    BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+        """Both consumers' K and V (BLOCK_N keys each), then every query tile's Q and dO, each
+        into its ring buffer once both consumers have signalled it empty."""
+        mbarrier.expect(kv_bar, 4 * BLOCK_N * HEAD_DIM * kv_desc.dtype.primitive_bitwidth // 8)
+        for g in gl.static_range(2):
+            tma.async_copy_global_to_shared(kv_desc, [b, row0 + g * BLOCK_N, k_col], kv_bar, k_smem.index(g))
+            tma.async_copy_global_to_shared(kv_desc, [b, row0 + g * BLOCK_N, v_col], kv_bar, v_smem.index(g))
+        for i in range(gl.cdiv(N, BLOCK_M)):
+            stage = i % STAGES
+            phase = (i // STAGES) & 1
+            mbarrier.wait(q_empty.index(stage), phase ^ 1)
+            _load(q_desc, b, i, q_col, q_ready.index(stage), q_ring.index(stage), BLOCK_M, HEAD_DIM)
+            mbarrier.wait(do_empty.index(stage), phase ^ 1)
+            _load(do_desc, b, i, q_col, do_ready.index(stage), do_ring.index(stage), BLOCK_M, HEAD_DIM)
+
+
+    @gluon.jit
+    def _wsd_consumer(q_desc, kv_desc, do_desc, dkv_desc, LSE, DELTA, qk_scale, sm_scale, N, bh, b, row0,
+                      q_col, k_col, v_col, k_smem, v_smem, kv_bar, q_ring, do_ring, q_ready, do_ready,
+                      q_empty, do_empty, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+                      BLOCK_N: gl.constexpr, STAGES: gl.constexpr, G: gl.constexpr):
+        """Consumer G's BLOCK_N keys in one warp group: hopper._dkdv_step over every query tile
+        of the ring (no refill: each step's Q and dO buffers are signalled empty once its dV and
+        dK products are done), then its dK and dV stored."""
+        t_layout: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_M, 16])
+        acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_DIM, 16])
+        op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
+        cols0 = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, t_layout))
+        base = bh.to(gl.int64) * N
+        lse = gl.load(LSE + base + cols0, mask=cols0 < N, other=float("inf"))
+        delta = gl.load(DELTA + base + cols0, mask=cols0 < N, other=0.0)
+        t_zero = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, t_layout)
+        dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, acc_layout)
+        dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, acc_layout)
+        k2 = k_smem.index(G).reshape([BLOCK_N, HEAD_DIM])
+        v2 = v_smem.index(G).reshape([BLOCK_N, HEAD_DIM])
+        n_tiles = gl.cdiv(N, BLOCK_M)
+        mbarrier.wait(kv_bar, 0)
+        for i in range(n_tiles):
+            dv, dk, lse, delta = _dkdv_step(i, q_desc, do_desc, q_ring, do_ring, q_ready, do_ready,
+                                            k2, v2, dv, dk, lse, delta, t_zero, qk_scale, LSE,
+                                            DELTA, base, cols0, b, q_col, N, n_tiles, op_layout,
+                                            False, BLOCK_M, HEAD_DIM, STAGES)
+            dv, dk = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk))
+            mbarrier.arrive(q_empty.index(i % STAGES), count=1)
+            mbarrier.arrive(do_empty.index(i % STAGES), count=1)
+        _store_dkdv(dkv_desc, dk, dv, sm_scale, b, row0 + G * BLOCK_N, k_col, v_col, BLOCK_N, HEAD_DIM)
+
+
+    @gluon.jit
+    def _wsd_consumer1(q_desc, kv_desc, do_desc, dkv_desc, LSE, DELTA, qk_scale, sm_scale, N, bh, b, row0,
+                       q_col, k_col, v_col, k_smem, v_smem, kv_bar, q_ring, do_ring, q_ready, do_ready,
+                       q_empty, do_empty, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+                       BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+        """The second consumer (a worker partition: same signature as the loader's)."""
+        _wsd_consumer(q_desc, kv_desc, do_desc, dkv_desc, LSE, DELTA, qk_scale, sm_scale, N, bh, b, row0,
+                      q_col, k_col, v_col, k_smem, v_smem, kv_bar, q_ring, do_ring, q_ready, do_ready,
+                      q_empty, do_empty, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, 1)
+
+
+    @gluon.jit
+    def bwd_dkdv_ws_kernel(q_desc, kv_desc, do_desc, dkv_desc, LSE, DELTA, qk_scale, sm_scale, H, N,
+                           HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                           STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr):
+        """hopper.bwd_dkdv_kernel's dK and dV for 2 * BLOCK_N keys, warp-specialized: two
+        consumer warp groups of BLOCK_N = 64 keys each (CONSUMER_REGS registers a thread) share
+        one ring of Q and dO tiles, filled by a one-warp loader (24 registers), so each tile is
+        loaded once for 128 keys and no consumer issues a copy or waits at a CTA barrier.
+        Compiled for sm_90: no spills with 32-query tiles at D = 128 or 64-query ones at D = 64;
+        108-120 bytes with 64-query tiles at D = 128. Not timed yet; not listed by the op."""
+        row0, bh, b, q_col, k_col, v_col = _program(N, H, HEAD_DIM, 2 * BLOCK_N)
+        dtype: gl.constexpr = kv_desc.dtype
+        k_smem = gl.allocate_shared_memory(dtype, [2, 1, BLOCK_N, HEAD_DIM], kv_desc.layout)
+        v_smem = gl.allocate_shared_memory(dtype, [2, 1, BLOCK_N, HEAD_DIM], kv_desc.layout)
+        kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        mbarrier.init(kv_bar, count=1)
+        q_ring, do_ring, q_ready, do_ready, q_empty, do_empty = _ws_ring(q_desc, BLOCK_M, HEAD_DIM, STAGES)
+        fence_async_shared()
+        gl.warp_specialize([
+            (_wsd_consumer, (q_desc, kv_desc, do_desc, dkv_desc, LSE, DELTA, qk_scale, sm_scale, N, bh, b,
+                             row0, q_col, k_col, v_col, k_smem, v_smem, kv_bar, q_ring, do_ring, q_ready,
+                             do_ready, q_empty, do_empty, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, 0)),
+            (_wsd_consumer1, (q_desc, kv_desc, do_desc, dkv_desc, LSE, DELTA, qk_scale, sm_scale, N, bh, b,
+                              row0, q_col, k_col, v_col, k_smem, v_smem, kv_bar, q_ring, do_ring, q_ready,
+                              do_ready, q_empty, do_empty, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES)),
+            (_wsd_loader, (q_desc, kv_desc, do_desc, dkv_desc, LSE, DELTA, qk_scale, sm_scale, N, bh, b,
+                           row0, q_col, k_col, v_col, k_smem, v_smem, kv_bar, q_ring, do_ring, q_ready,
+                           do_ready, q_empty, do_empty, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES)),
+        ], [4, 1], [CONSUMER_REGS, 24])
+
+
 def _dq_smem_layout():
     """The shared-memory layout of dq_descriptor's boxes: fp32, no swizzle (a row of D floats
     is wider than the 128-byte swizzle span)."""
@@ -333,7 +459,8 @@ def _inputs(shape, seed: int | None = 0):
     return qkv, do, lse, delta, o
 
 
-def check(shape, configs: list[str], dq_configs: list[str], atomic_configs: list[str] = ()) -> dict:
+def check(shape, configs: list[str], dq_configs: list[str], atomic_configs: list[str] = (),
+          ws_configs: list[str] = ()) -> dict:
     """Every configuration's gradients under the FA2 rule (keyed "dkdv <config>", "dq <config>",
     "atomic <config>": the atomic kernel on all three); a dQ configuration that computes delta
     itself also the delta it wrote, against torch's (fp32 sums of the same products in another
@@ -343,7 +470,7 @@ def check(shape, configs: list[str], dq_configs: list[str], atomic_configs: list
     ref = reference_grads(qkv, do, scale, torch.float64)
     low = reference_grads(qkv, do, scale, torch.bfloat16)
     out = {}
-    for kernel, text in _named(configs, dq_configs, atomic_configs):
+    for kernel, text in _named(configs, dq_configs, atomic_configs, ws_configs):
         name = f"{kernel} {text}"
         cfg = parse_config(text, kernel)
         written = torch.full_like(delta, float("nan")) if cfg[5] else delta
@@ -354,7 +481,7 @@ def check(shape, configs: list[str], dq_configs: list[str], atomic_configs: list
             out[name] = {"ok": False, "error": str(err).splitlines()[0][:200]}
             continue
         row = {"ok": True}
-        for g in dict(dkdv=(1, 2), dq=(0, ), atomic=(0, 1, 2))[kernel]:
+        for g in dict(dkdv=(1, 2), dq=(0, ), atomic=(0, 1, 2), ws=(1, 2))[kernel]:
             err = (dqkv[:, :, g].double() - ref[g]).abs().max().item()
             naive = (low[g].double() - ref[g]).abs().max().item()
             grad = ("dq", "dk", "dv")[g]
@@ -417,12 +544,15 @@ def main(argv=None) -> None:
     p.add_argument("--dq-configs", nargs="+", default=None, help="the dQ kernel's, likewise")
     p.add_argument("--atomic-configs", nargs="*", default=None,
                    help="the atomic kernel's (dK, dV and dQ's adds; default: at D = 64)")
+    p.add_argument("--ws-configs", nargs="*", default=None,
+                   help="the warp-specialized dK/dV kernel's (BLOCK_M x 128 x STAGES x 4)")
     args = p.parse_args(argv)
     require_gluon()
 
-    def lists(d: int) -> tuple[list[str], list[str], list[str]]:
+    def lists(d: int) -> tuple[list[str], list[str], list[str], list[str]]:
         return (args.configs or DEFAULT_CONFIGS[d], args.dq_configs or DQ_CONFIGS[d],
-                ATOMIC_CONFIGS[d] if args.atomic_configs is None else args.atomic_configs)
+                ATOMIC_CONFIGS[d] if args.atomic_configs is None else args.atomic_configs,
+                WS_CONFIGS[d] if args.ws_configs is None else args.ws_configs)
 
     if args.compile:
         print("\n".join(compile_rows(args.d, *lists(args.d))))
@@ -441,12 +571,13 @@ def main(argv=None) -> None:
             rows.append(f"| {shape} | {name} | {cell(t)} |")
         rows += [f"| {shape} | {name}: outside the rule or failed: {r} | - |" for name, r in ok.items()
                  if not r.get("ok")]
-        # the fastest dK/dV, and the fastest dQ with the delta kernel before it (none before
-        # a "d" configuration, which computes delta itself)
+        # the fastest dK/dV (either kernel), and the fastest dQ with the delta kernel before it
+        # (none before a "d" configuration, which computes delta itself)
         delta_ms = times["delta (vitflash)"]["ms"]
         best = {k: min((t["ms"] + (delta_ms if k == "dq" and not n.endswith("d") else 0)
-                        for n, t in times.items() if n.startswith(f"gluon {k} ")), default=None)
-                for k in ("dkdv", "dq")}
+                        for n, t in times.items() if n.split()[:2] in (["gluon", k], ["gluon", k2])),
+                       default=None)
+                for k, k2 in (("dkdv", "ws"), ("dq", "dq"))}
         if None not in best.values():
             total = best["dkdv"] + best["dq"] + times["flash forward"]["ms"]
             rows.append(f"| {shape} | **flash forward + Gluon backward (best dK/dV + best dQ with its delta)** | "
