@@ -311,7 +311,7 @@ if hopper.available():
 # op): at (4, 16, 4097, 128) the op's 64-key dK/dV programs each stream every Q and dO tile
 # for their own keys; here two consumers share one stream.
 if hopper.available():
-    from vitflash.ops.hopper import _dkdv_step, _load, _ws_ring  # noqa: E402
+    from vitflash.ops.hopper import _dkdv_step, _ws_fill, _ws_ring  # noqa: E402
 
     @gluon.jit
     def _wsd_loader(q_desc, kv_desc, do_desc, dkv_desc, LSE, DELTA, qk_scale, sm_scale, N, bh, b, row0,
@@ -325,13 +325,8 @@ if hopper.available():
             tma.async_copy_global_to_shared(kv_desc, [b, row0 + g * BLOCK_N, k_col], kv_bar, k_smem.index(g))
             tma.async_copy_global_to_shared(kv_desc, [b, row0 + g * BLOCK_N, v_col], kv_bar, v_smem.index(g))
         for i in range(gl.cdiv(N, BLOCK_M)):
-            stage = i % STAGES
-            phase = (i // STAGES) & 1
-            mbarrier.wait(q_empty.index(stage), phase ^ 1)
-            _load(q_desc, b, i, q_col, q_ready.index(stage), q_ring.index(stage), BLOCK_M, HEAD_DIM)
-            mbarrier.wait(do_empty.index(stage), phase ^ 1)
-            _load(do_desc, b, i, q_col, do_ready.index(stage), do_ring.index(stage), BLOCK_M, HEAD_DIM)
-
+            _ws_fill(q_desc, do_desc, b, i, i, q_col, q_col, q_ring, do_ring, q_ready, do_ready,
+                     q_empty, do_empty, BLOCK_M, HEAD_DIM, STAGES)
 
     @gluon.jit
     def _wsd_consumer(q_desc, kv_desc, do_desc, dkv_desc, LSE, DELTA, qk_scale, sm_scale, N, bh, b, row0,

@@ -231,20 +231,21 @@ if _IMPORT_ERROR is None:
             tma.async_copy_global_to_shared(q_desc, [b, row0 + r * BLOCK_M, q_col], q_bars.index(r),
                                             q_smem.index(r))
         for j in range(gl.cdiv(N, BLOCK_N)):
-            _ws_fill(kv_desc, b, j, j, k_col, v_col, k_smem, v_smem, k_ready, v_ready, k_empty,
+            _ws_fill(kv_desc, kv_desc, b, j, j, k_col, v_col, k_smem, v_smem, k_ready, v_ready, k_empty,
                      v_empty, BLOCK_N, HEAD_DIM, STAGES)
 
     @gluon.jit
-    def _ws_fill(kv_desc, b, g, j, k_col, v_col, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
-                 BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr):
-        """The loader's key tile j into the ring's place g (its K buffer once empty, then its
-        V buffer)."""
+    def _ws_fill(k_desc, v_desc, b, g, j, k_col, v_col, k_smem, v_smem, k_ready, v_ready, k_empty,
+                 v_empty, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr):
+        """The loader's tile j of two streamed operands (K and V in the forwards; Q and dO in
+        the probe's warp-specialized backward) into the ring's place g: the first's buffer
+        once empty, then the second's."""
         stage = g % STAGES
         phase = (g // STAGES) & 1
         mbarrier.wait(k_empty.index(stage), phase ^ 1)
-        _load(kv_desc, b, j, k_col, k_ready.index(stage), k_smem.index(stage), BLOCK_N, HEAD_DIM)
+        _load(k_desc, b, j, k_col, k_ready.index(stage), k_smem.index(stage), BLOCK_N, HEAD_DIM)
         mbarrier.wait(v_empty.index(stage), phase ^ 1)
-        _load(kv_desc, b, j, v_col, v_ready.index(stage), v_smem.index(stage), BLOCK_N, HEAD_DIM)
+        _load(v_desc, b, j, v_col, v_ready.index(stage), v_smem.index(stage), BLOCK_N, HEAD_DIM)
 
     @gluon.jit
     def _ws_step(g, j, q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, acc, p, m_i, l_i,
@@ -423,7 +424,7 @@ if _IMPORT_ERROR is None:
                 tma.async_copy_global_to_shared(q_desc, [b, row0 + r * BLOCK_M, q_col],
                                                 q_ready.index(r), q_smem.index(r))
             for j in range(n_kv):
-                _ws_fill(kv_desc, b, it * n_kv + j, j, k_col, v_col, k_smem, v_smem, k_ready,
+                _ws_fill(kv_desc, kv_desc, b, it * n_kv + j, j, k_col, v_col, k_smem, v_smem, k_ready,
                          v_ready, k_empty, v_empty, BLOCK_N, HEAD_DIM, STAGES)
 
     @gluon.jit
