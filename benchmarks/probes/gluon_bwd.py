@@ -184,7 +184,7 @@ def gluon_grads(qkv, do, lse, delta, scale: float, cfg: tuple[int, int, int, int
         bwd_atomic_kernel[grid](*descs, lse, delta, target, *tail, num_warps=warps, TMA_DQ=overlap)
         _dq_store(B, N, H, D)(dq_acc, dqkv, scale, H, N)
     elif kernel == "ws":
-        bwd_dkdv_ws_kernel[grid](*descs, lse, delta, *tail[:5], 64, stages, WS_REGS, num_warps=warps,
+        bwd_dkdv_ws_kernel[grid](*descs, lse, delta, *tail[:6], 64, stages, WS_REGS, num_warps=warps,
                                  maxnreg=hopper.ws_maxnreg(WS_REGS))
     elif dkdv:
         hopper.bwd_dkdv_kernel[grid](*descs, lse, delta, *tail, num_warps=warps, OVERLAP=overlap)
