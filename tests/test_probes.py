@@ -941,8 +941,8 @@ def test_gluon_bwd_probe_compiles_its_kernel_for_sm90():
     """The Gluon backward's two kernels and the probe's staged ones compile for sm_90 at both
     head dims with no spills: one loop step's products as wgmma (the dK/dV kernel's four, the
     dQ kernel's three; the overlapped dK/dV form, whose first step is apart from its loop,
-    twice four; the atomic kernel's five, at D = 64; the warp-specialized dK/dV kernel's four
-    in each of its two consumers), and mbarrier waits for their TMA loads."""
+    twice four; the atomic kernel's five, at D = 64; the warp-specialized dK/dV and dQ kernels'
+    four and three in each of their two consumers), and mbarrier waits for their TMA loads."""
     probe = _load("gluon_bwd")
     if not probe.hopper.available():
         pytest.skip(f"Gluon does not import in this triton: {probe.hopper._IMPORT_ERROR}")
@@ -951,11 +951,12 @@ def test_gluon_bwd_probe_compiles_its_kernel_for_sm90():
         out = subprocess.run([sys.executable, str(PROBES / "gluon_bwd.py"), "--compile", "--d", str(d)],
                              capture_output=True, text=True, env=env, check=True).stdout
         cells = [[c.strip() for c in r.strip("|").split("|")] for r in out.splitlines()
-                 if re.match(r"\| (dkdv|dq|atomic|ws) ", r)]
+                 if re.match(r"\| (dkdv|dq|atomic|ws|wsdq) ", r)]
         assert [c[0] for c in cells] == ([f"dkdv {c}" for c in probe.DEFAULT_CONFIGS[d]]
                                          + [f"dq {c}" for c in probe.DQ_CONFIGS[d]]
                                          + [f"atomic {c}" for c in probe.ATOMIC_CONFIGS[d]]
-                                         + [f"ws {c}" for c in probe.WS_CONFIGS[d]])
+                                         + [f"ws {c}" for c in probe.WS_CONFIGS[d]]
+                                         + [f"wsdq {c}" for c in probe.WSDQ_CONFIGS[d]])
         assert probe.ATOMIC_CONFIGS[d] or d == 128  # (at D = 128 the atomic kernel spills)
         for config, regs, spills, smem, hgmma, waits, bars, mbar_waits in cells:
             assert int(spills) == 0 and int(regs) <= 255, (d, config)
@@ -964,11 +965,66 @@ def test_gluon_bwd_probe_compiles_its_kernel_for_sm90():
             # the query tile; dQ's S and dP over d, dQ over the key tile; the atomic kernel's
             # S^T, dP^T, dV, dK and dQ
             products = 2 * d // 16 + dict(dkdv=2 * m // 16, dq=n // 16,
-                                          atomic=2 * m // 16 + n // 16, ws=2 * m // 16)[config.split()[0]]
+                                          atomic=2 * m // 16 + n // 16, ws=2 * m // 16,
+                                          wsdq=n // 16)[config.split()[0]]
             kind, text = config.split()  # (the atomic kernel's fifth place is its TMA_DQ)
             # (twice over: the overlapped forms' first step, the warp-specialized form's two consumers)
-            products *= 2 if kind == "ws" or kind != "atomic" and probe.parse_config(text, kind)[4] else 1
+            products *= 2 if kind in ("ws", "wsdq") or kind != "atomic" and probe.parse_config(text, kind)[4] else 1
             assert int(hgmma) == products and int(mbar_waits) > 0, (d, config)
+
+
+_STAGED_LAUNCHES = """
+import sys
+import torch
+from triton.backends.compiler import GPUTarget
+from triton.runtime import driver
+
+
+class Hopper:
+    def get_current_device(self): return 0
+    def get_current_stream(self, device=None): return 0
+    def get_current_target(self): return GPUTarget("cuda", 90, 32)
+    def get_active_torch_device(self): return torch.device("cpu")
+
+
+driver.set_active(Hopper())
+sys.path.insert(0, sys.argv[1])
+import gluon_bwd as probe
+
+
+class WarmUp:  # kernel[grid](...) compiled for sm_90 without launching
+    def __init__(self, name):
+        self.name, self.kernel = name, getattr(probe, name)
+
+    def __getitem__(self, grid):
+        def run(*args, **kwargs):
+            ck = self.kernel.warmup(*args, grid=grid, **kwargs)
+            print(self.name, grid[0], ck.metadata.num_warps, "wgmma" in ck.asm["ptx"])
+        return run
+
+
+for name in ("bwd_dkdv_ws_kernel", "bwd_dq_ws_kernel"):
+    setattr(probe, name, WarmUp(name))
+B, N, H, D = 2, 300, 3, 128
+qkv, do = torch.zeros(B, N, 3, H, D, dtype=torch.bfloat16), torch.zeros(B, N, H, D, dtype=torch.bfloat16)
+lse, delta = torch.zeros(B, H, N), torch.zeros(B, H, N)
+for kind, text in (("ws", "32x128x2x4"), ("wsdq", "128x64x2x4")):
+    probe.gluon_grads(qkv, do, lse, delta, D ** -0.5, probe.parse_config(text, kind), kind, o=torch.zeros_like(do))
+"""
+
+
+def test_gluon_bwd_probe_launches_its_staged_kernels_with_their_arguments():
+    """The probe's own launches of its warp-specialized kernels (gluon_grads, as a GPU run calls
+    them) bind every argument and compile for sm_90, through a stand-in Hopper driver: 128 keys
+    (queries) a program over 300 rows and 6 heads, 18 programs, 12 warps (two consumer groups
+    and the loader's warp)."""
+    probe = _load("gluon_bwd")
+    if not probe.hopper.available():
+        pytest.skip(f"Gluon does not import in this triton: {probe.hopper._IMPORT_ERROR}")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run([sys.executable, "-c", _STAGED_LAUNCHES, str(PROBES)], capture_output=True,
+                         text=True, env=env, check=True).stdout.split("\n")
+    assert out[:2] == ["bwd_dkdv_ws_kernel 18 12 True", "bwd_dq_ws_kernel 18 12 True"]
 
 
 def test_gluon_bwd_probe_refuses_warps_that_do_not_match_its_rows():
@@ -985,6 +1041,9 @@ def test_gluon_bwd_probe_refuses_warps_that_do_not_match_its_rows():
     assert probe.parse_config("32x128x3x4", "ws") == (32, 128, 3, 4, 0, 0)
     with pytest.raises(ValueError, match="128 keys a program in two 4-warp consumers"):
         probe.parse_config("64x64x2x4", "ws")
+    assert probe.parse_config("128x64x2x4", "wsdq") == (128, 64, 2, 4, 0, 1)  # (delta computed)
+    with pytest.raises(ValueError, match="128 queries a program in two 4-warp consumers"):
+        probe.parse_config("64x64x2x4", "wsdq")
     with pytest.raises(ValueError, match="each warp group of 4 takes 64 keys"):
         probe.parse_config("64x128x2x4t", "atomic")
     with pytest.raises(ValueError, match="query tiles are 64 rows"):

@@ -38,8 +38,10 @@ D = 64; timed slower than the two deterministic kernels, not listed by the op; a
 its form that adds each dQ tile by one TMA bulk reduction), checked on all three gradients
 and timed with its dQ zeroing and store. --ws-configs: a warp-specialized dK/dV kernel
 (bwd_dkdv_ws_kernel, below: two 64-key consumers sharing one Q and dO ring filled by a loader
-warp; BLOCK_M x 128 x STAGES x 4), staged for timing, not listed by the op. Its compile row's
-registers are the kernel-wide cap: the consumers run at WS_REGS (setmaxnreg).
+warp; BLOCK_M x 128 x STAGES x 4), and --wsdq-configs: its dQ twin (bwd_dq_ws_kernel: two
+64-query consumers sharing one K and V ring, computing delta; 128 x BLOCK_N x STAGES x 4), both
+staged for timing, not listed by the op. Their compile rows' registers are the kernel-wide
+cap: the consumers run at WS_REGS (setmaxnreg).
 """
 from __future__ import annotations
 
@@ -72,8 +74,10 @@ ATOMIC_CONFIGS = {64: ["64x64x2x4", "64x64x3x4", "64x128x2x8", "64x64x2x4t", "64
 SHAPES = ["64,12,577,64", "8,12,4097,64", "32,16,577,128", "4,16,4097,128"]
 # the warp-specialized dK/dV kernel (bwd_dkdv_ws_kernel below): queries x keys a program x stages x 4
 WS_CONFIGS = {64: ["64x128x2x4"], 128: ["32x128x2x4", "32x128x3x4"]}
-WS_REGS = 240  # its consumers' registers a thread (the most two consumer groups and a loader fit)
-KINDS = ("dkdv", "dq", "atomic", "ws")  # the kernels: what each config list is for
+# the warp-specialized dQ kernel (bwd_dq_ws_kernel below): 128 queries a program x keys x stages x 4
+WSDQ_CONFIGS = {64: ["128x64x2x4"], 128: ["128x64x2x4", "128x64x3x4", "128x128x2x4"]}
+WS_REGS = 240  # their consumers' registers a thread (the most two consumer groups and a loader fit)
+KINDS = ("dkdv", "dq", "atomic", "ws", "wsdq")  # the kernels: what each config list is for
 
 
 def parse_config(text: str, kernel: str = "dkdv") -> tuple[int, int, int, int, int, int]:
@@ -85,13 +89,15 @@ def parse_config(text: str, kernel: str = "dkdv") -> tuple[int, int, int, int, i
     kernel ("atomic": dK, dV and dQ's adds) takes 64-query tiles and warps as the dK/dV one's,
     neither suffix, and a "t" suffix for its form that adds dQ by TMA tiles (its TMA_DQ, in
     the fifth place). The warp-specialized dK/dV kernel ("ws"): BLOCK_M x 128 keys x STAGES x 4
-    (two 4-warp consumers of 64 keys each, and the loader's warp), no suffix."""
-    if kernel == "ws":
+    (two 4-warp consumers of 64 keys each, and the loader's warp), no suffix; the
+    warp-specialized dQ kernel ("wsdq"): 128 queries x BLOCK_N x STAGES x 4, computing delta."""
+    if kernel in ("ws", "wsdq"):
         m, n, s, w = (int(x) for x in text.split("x"))
-        if (n, w) != (128, 4):
-            raise ValueError(f"{text}: the warp-specialized kernel takes 128 keys a program in two "
+        rows, what = (n, "keys") if kernel == "ws" else (m, "queries")
+        if (rows, w) != (128, 4):
+            raise ValueError(f"{text}: the warp-specialized kernels take 128 {what} a program in two "
                              "4-warp consumers")
-        return m, n, s, w, 0, 0
+        return m, n, s, w, 0, int(kernel == "wsdq")  # (the dQ one computes delta)
     if kernel == "atomic":
         tma_dq = int(text.endswith("t"))
         body = text.removesuffix("t")
@@ -117,11 +123,13 @@ def _sig(d: int, bm: int, bn: int, kernel: str, tma_dq: int = 0) -> dict:
         return f"tensordesc<bf16[1,{rows},{d}],{hopper._layout(rows, d, torch.bfloat16)!r}>"
 
     bn = 64 if kernel == "ws" else bn  # (a ws program's K, V, dK and dV in 64-row boxes)
-    out = dict(dq_desc=desc(bm)) if kernel == "dq" else dict(dkv_desc=desc(bn))
+    bm = 64 if kernel == "wsdq" else bm  # (and a wsdq program's Q, dO and dQ)
+    out = dict(dq_desc=desc(bm)) if kernel in ("dq", "wsdq") else dict(dkv_desc=desc(bn))
     dq_acc = f"tensordesc<fp32[1,{bm},{d}],{_dq_smem_layout()!r}>" if tma_dq else "*fp32"
-    extra = dict(dq=dict(O="*bf16"), atomic=dict(DQ_ACC=dq_acc)).get(kernel, {})
+    extra = dict(dq=dict(O="*bf16"), wsdq=dict(O="*bf16"), atomic=dict(DQ_ACC=dq_acc)).get(kernel, {})
     consts = dict(dkdv=dict(OVERLAP="constexpr"), dq=dict(OVERLAP="constexpr", DQ_DELTA="constexpr"),
-                  atomic=dict(TMA_DQ="constexpr"), ws=dict(CONSUMER_REGS="constexpr"))[kernel]
+                  atomic=dict(TMA_DQ="constexpr"), ws=dict(CONSUMER_REGS="constexpr"),
+                  wsdq=dict(CONSUMER_REGS="constexpr"))[kernel]
     return dict(q_desc=desc(bm), kv_desc=desc(bn), do_desc=desc(bm), **out,
                 LSE="*fp32", DELTA="*fp32", **extra, qk_scale="fp32", sm_scale="fp32", H="i32",
                 N="i32", HEAD_DIM="constexpr", BLOCK_M="constexpr", BLOCK_N="constexpr",
@@ -136,15 +144,15 @@ def compile_sm90(d: int, cfg: tuple[int, int, int, int, int, int], kernel: str =
     bm, bn, stages, warps, overlap, fused = cfg
     consts = dict(HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, STAGES=stages, num_warps=warps)
     options = dict(num_warps=warps)
-    if kernel == "ws":
-        consts.update(BLOCK_N=64, CONSUMER_REGS=WS_REGS)
+    if kernel in ("ws", "wsdq"):  # a consumer's 64 keys (queries)
+        consts.update(CONSUMER_REGS=WS_REGS, **{"BLOCK_N" if kernel == "ws" else "BLOCK_M": 64})
         options["maxnreg"] = hopper.ws_maxnreg(WS_REGS)
     else:
         consts["TMA_DQ" if kernel == "atomic" else "OVERLAP"] = overlap  # (the atomic kernel's form)
     if kernel == "dq":
         consts["DQ_DELTA"] = fused
     fn = dict(dkdv=hopper.bwd_dkdv_kernel, dq=hopper.bwd_dq_kernel, atomic=bwd_atomic_kernel,
-              ws=bwd_dkdv_ws_kernel)[kernel]
+              ws=bwd_dkdv_ws_kernel, wsdq=bwd_dq_ws_kernel)[kernel]
     src = GluonASTSource(fn=fn, signature=_sig(d, bm, bn, kernel, overlap), constexprs=consts)
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
 
@@ -154,10 +162,10 @@ def _named(*lists: list[str]) -> list[tuple[str, str]]:
     return [(kernel, text) for kernel, texts in zip(KINDS, lists) for text in texts]
 
 
-def compile_rows(d: int, configs: list[str], dq_configs: list[str],
-                 atomic_configs: list[str] = (), ws_configs: list[str] = ()) -> list[str]:
+def compile_rows(d: int, *lists: list[str]) -> list[str]:
+    """A compile row for each config of each list (dK/dV, dQ, atomic, ws, wsdq: KINDS)."""
     rows = compile_header(d)
-    for kernel, text in _named(configs, dq_configs, atomic_configs, ws_configs):
+    for kernel, text in _named(*lists):
         cells = sass_cells(compile_sm90(d, parse_config(text, kernel), kernel))
         rows.append("| " + " | ".join([f"{kernel} {text}", *cells]) + " |")
     return rows
@@ -174,15 +182,19 @@ def gluon_grads(qkv, do, lse, delta, scale: float, cfg: tuple[int, int, int, int
     bm, bn, stages, warps, overlap, fused = cfg
     B, N, _, H, D = qkv.shape
     dqkv = torch.full_like(qkv, float("nan")) if dqkv is None else dqkv
-    dkdv = kernel != "dq"
+    dkdv = kernel not in ("dq", "wsdq")
     grid = (triton.cdiv(N, bn if dkdv else bm) * B * H, )
-    descs = hopper.bwd_descriptors(qkv, do, dqkv, bm, 64 if kernel == "ws" else bn, dkdv)
+    descs = hopper.bwd_descriptors(qkv, do, dqkv, 64 if kernel == "wsdq" else bm,
+                                   64 if kernel == "ws" else bn, dkdv)
     tail = (scale * 1.4426950408889634, scale, H, N, D, bm, bn, stages)
     if kernel == "atomic":
         dq_acc = torch.zeros(B * H, N, D, device=qkv.device)
         target = dq_descriptor(dq_acc, bm) if overlap else dq_acc  # (TMA_DQ)
         bwd_atomic_kernel[grid](*descs, lse, delta, target, *tail, num_warps=warps, TMA_DQ=overlap)
         _dq_store(B, N, H, D)(dq_acc, dqkv, scale, H, N)
+    elif kernel == "wsdq":
+        bwd_dq_ws_kernel[grid](*descs, lse, delta, o, *tail[:5], 64, bn, stages, WS_REGS, num_warps=warps,
+                               maxnreg=hopper.ws_maxnreg(WS_REGS))
     elif kernel == "ws":
         bwd_dkdv_ws_kernel[grid](*descs, lse, delta, *tail[:6], 64, stages, WS_REGS, num_warps=warps,
                                  maxnreg=hopper.ws_maxnreg(WS_REGS))
@@ -307,11 +319,12 @@ if hopper.available():
         _store_dkdv(dkv_desc, dk, dv, sm_scale, b, row0, k_col, v_col, BLOCK_N, HEAD_DIM)
 
 
-# The warp-specialized dK/dV kernel, staged here until a GPU run times it (not listed by the
-# op): at (4, 16, 4097, 128) the op's 64-key dK/dV programs each stream every Q and dO tile
-# for their own keys; here two consumers share one stream.
+# The warp-specialized dK/dV and dQ kernels, staged here until a GPU run times them (not listed
+# by the op): the op's 64-key dK/dV programs each stream every Q and dO tile for their own keys,
+# its 64-query dQ programs every K and V tile for their own queries; here two consumers share
+# one stream.
 if hopper.available():
-    from vitflash.ops.hopper import _dkdv_step, _ws_fill, _ws_ring  # noqa: E402
+    from vitflash.ops.hopper import _dkdv_step, _dq_delta, _dq_step, _ws_fill, _ws_ring  # noqa: E402
 
     @gluon.jit
     def _wsd_loader(q_desc, kv_desc, do_desc, dkv_desc, LSE, DELTA, qk_scale, sm_scale, N, bh, b, row0,
@@ -404,6 +417,102 @@ if hopper.available():
                            do_ready, q_empty, do_empty, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES)),
         ], [4, 1], [CONSUMER_REGS, 24])
 
+    @gluon.jit
+    def _wsq_loader(q_desc, kv_desc, do_desc, dq_desc, LSE, DELTA, O, qk_scale, sm_scale, H, N, bh, b,
+                    row0, q_col, k_col, v_col, q_smem, do_smem, qdo_bars, k_ring, v_ring, k_ready,
+                    v_ready, k_empty, v_empty, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+                    BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+        """Both consumers' Q and dO rows (BLOCK_M each), then every key tile's K and V, each
+        into its ring buffer once both consumers have signalled it empty."""
+        for g in gl.static_range(2):
+            bar = qdo_bars.index(g)
+            mbarrier.expect(bar, 2 * BLOCK_M * HEAD_DIM * q_desc.dtype.primitive_bitwidth // 8)
+            tma.async_copy_global_to_shared(q_desc, [b, row0 + g * BLOCK_M, q_col], bar, q_smem.index(g))
+            tma.async_copy_global_to_shared(do_desc, [b, row0 + g * BLOCK_M, q_col], bar, do_smem.index(g))
+        for j in range(gl.cdiv(N, BLOCK_N)):
+            _ws_fill(kv_desc, kv_desc, b, j, j, k_col, v_col, k_ring, v_ring, k_ready, v_ready,
+                     k_empty, v_empty, BLOCK_N, HEAD_DIM, STAGES)
+
+    @gluon.jit
+    def _wsq_consumer(q_desc, kv_desc, do_desc, dq_desc, LSE, DELTA, O, qk_scale, sm_scale, H, N, bh, b,
+                      row0, q_col, k_col, v_col, q_smem, do_smem, qdo_bars, k_ring, v_ring, k_ready,
+                      v_ready, k_empty, v_empty, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+                      BLOCK_N: gl.constexpr, STAGES: gl.constexpr, G: gl.constexpr):
+        """Consumer G's BLOCK_M query rows in one warp group: their delta (hopper._dq_delta,
+        written for the dK/dV kernel), then hopper._dq_step over every key tile of the ring
+        (each step's K and V buffers signalled empty once its dQ product is done), then dQ
+        stored through its Q buffer."""
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16])
+        acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_DIM, 16])
+        op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
+        row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+        first = row0 + G * BLOCK_M
+        rows = first + gl.arange(0, BLOCK_M, layout=row_s)
+        base = bh.to(gl.int64) * N
+        lse = gl.load(LSE + base + rows, mask=rows < N, other=0.0)
+        q2 = q_smem.index(G).reshape([BLOCK_M, HEAD_DIM])
+        do2 = do_smem.index(G).reshape([BLOCK_M, HEAD_DIM])
+        delta = _dq_delta(O, DELTA, do2, qdo_bars.index(G), b, first, q_col, base, H, N, row_s,
+                          HEAD_DIM, BLOCK_M, 4)
+        s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
+        dq = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, acc_layout)
+        n_tiles = gl.cdiv(N, BLOCK_N)
+        for j in range(n_tiles):
+            dq = _dq_step(j, kv_desc, k_ring, v_ring, k_ready, v_ready, q2, do2, dq, lse, delta, s_zero,
+                          qk_scale, b, k_col, v_col, n_tiles, op_layout, False, BLOCK_N, HEAD_DIM,
+                          STAGES)
+            dq = warpgroup_mma_wait(num_outstanding=0, deps=(dq, ))
+            mbarrier.arrive(k_empty.index(j % STAGES), count=1)
+            mbarrier.arrive(v_empty.index(j % STAGES), count=1)
+        q_buf = q_smem.index(G)  # its last score product read this Q long ago
+        q_buf.reshape([BLOCK_M, HEAD_DIM]).store((dq * sm_scale).to(q_desc.dtype))
+        fence_async_shared()
+        tma.async_copy_shared_to_global(dq_desc, [b, first, q_col], q_buf)
+        tma.store_wait(pendings=0)
+
+    @gluon.jit
+    def _wsq_consumer1(q_desc, kv_desc, do_desc, dq_desc, LSE, DELTA, O, qk_scale, sm_scale, H, N, bh, b,
+                       row0, q_col, k_col, v_col, q_smem, do_smem, qdo_bars, k_ring, v_ring, k_ready,
+                       v_ready, k_empty, v_empty, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+                       BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+        """The second consumer (a worker partition: same signature as the loader's)."""
+        _wsq_consumer(q_desc, kv_desc, do_desc, dq_desc, LSE, DELTA, O, qk_scale, sm_scale, H, N, bh, b,
+                      row0, q_col, k_col, v_col, q_smem, do_smem, qdo_bars, k_ring, v_ring, k_ready,
+                      v_ready, k_empty, v_empty, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, 1)
+
+    @gluon.jit
+    def bwd_dq_ws_kernel(q_desc, kv_desc, do_desc, dq_desc, LSE, DELTA, O, qk_scale, sm_scale, H, N,
+                         HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                         STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr):
+        """hopper.bwd_dq_kernel's dQ (with DQ_DELTA: delta computed and written) for 2 * BLOCK_M
+        queries, warp-specialized as bwd_dkdv_ws_kernel: two consumer warp groups of BLOCK_M = 64
+        queries share one ring of K and V tiles that a one-warp loader fills. Not timed yet;
+        not listed by the op."""
+        row0, bh, b, q_col, k_col, v_col = _program(N, H, HEAD_DIM, 2 * BLOCK_M)
+        dtype: gl.constexpr = kv_desc.dtype
+        q_smem = gl.allocate_shared_memory(dtype, [2, 1, BLOCK_M, HEAD_DIM], q_desc.layout)
+        do_smem = gl.allocate_shared_memory(dtype, [2, 1, BLOCK_M, HEAD_DIM], do_desc.layout)
+        qdo_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        for g in gl.static_range(2):
+            mbarrier.init(qdo_bars.index(g), count=1)
+        k_ring, v_ring, k_ready, v_ready, k_empty, v_empty = _ws_ring(kv_desc, BLOCK_N, HEAD_DIM, STAGES)
+        fence_async_shared()
+        gl.warp_specialize([
+            (_wsq_consumer, (q_desc, kv_desc, do_desc, dq_desc, LSE, DELTA, O, qk_scale, sm_scale, H, N,
+                             bh, b, row0, q_col, k_col, v_col, q_smem, do_smem, qdo_bars, k_ring,
+                             v_ring, k_ready, v_ready, k_empty, v_empty, HEAD_DIM, BLOCK_M, BLOCK_N,
+                             STAGES, 0)),
+            (_wsq_consumer1, (q_desc, kv_desc, do_desc, dq_desc, LSE, DELTA, O, qk_scale, sm_scale, H,
+                              N, bh, b, row0, q_col, k_col, v_col, q_smem, do_smem, qdo_bars, k_ring,
+                              v_ring, k_ready, v_ready, k_empty, v_empty, HEAD_DIM, BLOCK_M, BLOCK_N,
+                              STAGES)),
+            (_wsq_loader, (q_desc, kv_desc, do_desc, dq_desc, LSE, DELTA, O, qk_scale, sm_scale, H, N,
+                           bh, b, row0, q_col, k_col, v_col, q_smem, do_smem, qdo_bars, k_ring, v_ring,
+                           k_ready, v_ready, k_empty, v_empty, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES)),
+        ], [4, 1], [CONSUMER_REGS, 24])
+
 
 def _dq_smem_layout():
     """The shared-memory layout of dq_descriptor's boxes: fp32, no swizzle (a row of D floats
@@ -454,8 +563,7 @@ def _inputs(shape, seed: int | None = 0):
     return qkv, do, lse, delta, o
 
 
-def check(shape, configs: list[str], dq_configs: list[str], atomic_configs: list[str] = (),
-          ws_configs: list[str] = ()) -> dict:
+def check(shape, *lists: list[str]) -> dict:
     """Every configuration's gradients under the FA2 rule (keyed "dkdv <config>", "dq <config>",
     "atomic <config>": the atomic kernel on all three); a dQ configuration that computes delta
     itself also the delta it wrote, against torch's (fp32 sums of the same products in another
@@ -465,7 +573,7 @@ def check(shape, configs: list[str], dq_configs: list[str], atomic_configs: list
     ref = reference_grads(qkv, do, scale, torch.float64)
     low = reference_grads(qkv, do, scale, torch.bfloat16)
     out = {}
-    for kernel, text in _named(configs, dq_configs, atomic_configs, ws_configs):
+    for kernel, text in _named(*lists):
         name = f"{kernel} {text}"
         cfg = parse_config(text, kernel)
         written = torch.full_like(delta, float("nan")) if cfg[5] else delta
@@ -476,7 +584,7 @@ def check(shape, configs: list[str], dq_configs: list[str], atomic_configs: list
             out[name] = {"ok": False, "error": str(err).splitlines()[0][:200]}
             continue
         row = {"ok": True}
-        for g in dict(dkdv=(1, 2), dq=(0, ), atomic=(0, 1, 2), ws=(1, 2))[kernel]:
+        for g in dict(dkdv=(1, 2), dq=(0, ), atomic=(0, 1, 2), ws=(1, 2), wsdq=(0, ))[kernel]:
             err = (dqkv[:, :, g].double() - ref[g]).abs().max().item()
             naive = (low[g].double() - ref[g]).abs().max().item()
             grad = ("dq", "dk", "dv")[g]
@@ -541,13 +649,16 @@ def main(argv=None) -> None:
                    help="the atomic kernel's (dK, dV and dQ's adds; default: at D = 64)")
     p.add_argument("--ws-configs", nargs="*", default=None,
                    help="the warp-specialized dK/dV kernel's (BLOCK_M x 128 x STAGES x 4)")
+    p.add_argument("--wsdq-configs", nargs="*", default=None,
+                   help="the warp-specialized dQ kernel's (128 x BLOCK_N x STAGES x 4)")
     args = p.parse_args(argv)
     require_gluon()
 
-    def lists(d: int) -> tuple[list[str], list[str], list[str], list[str]]:
+    def lists(d: int) -> tuple[list[str], ...]:
         return (args.configs or DEFAULT_CONFIGS[d], args.dq_configs or DQ_CONFIGS[d],
                 ATOMIC_CONFIGS[d] if args.atomic_configs is None else args.atomic_configs,
-                WS_CONFIGS[d] if args.ws_configs is None else args.ws_configs)
+                WS_CONFIGS[d] if args.ws_configs is None else args.ws_configs,
+                WSDQ_CONFIGS[d] if args.wsdq_configs is None else args.wsdq_configs)
 
     if args.compile:
         print("\n".join(compile_rows(args.d, *lists(args.d))))
@@ -569,10 +680,10 @@ def main(argv=None) -> None:
         # the fastest dK/dV (either kernel), and the fastest dQ with the delta kernel before it
         # (none before a "d" configuration, which computes delta itself)
         delta_ms = times["delta (vitflash)"]["ms"]
-        best = {k: min((t["ms"] + (delta_ms if k == "dq" and not n.endswith("d") else 0)
+        best = {k: min((t["ms"] + (delta_ms if n.split()[1] == "dq" and not n.endswith("d") else 0)
                         for n, t in times.items() if n.split()[:2] in (["gluon", k], ["gluon", k2])),
                        default=None)
-                for k, k2 in (("dkdv", "ws"), ("dq", "dq"))}
+                for k, k2 in (("dkdv", "ws"), ("dq", "wsdq"))}
         if None not in best.values():
             total = best["dkdv"] + best["dq"] + times["flash forward"]["ms"]
             rows.append(f"| {shape} | **flash forward + Gluon backward (best dK/dV + best dQ with its delta)** | "

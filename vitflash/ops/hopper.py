@@ -694,6 +694,23 @@ if _IMPORT_ERROR is None:
         return warpgroup_mma(gl.convert_layout(ds.to(dtype), op_layout), k2, dq, is_async=True)
 
     @gluon.jit
+    def _dq_delta(O, DELTA, do2, qdo_bar, b, row0, q_col, base, H, N, row_s: gl.constexpr,
+                  HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, num_warps: gl.constexpr):
+        """delta = rowsum(dO * O) of a dQ program's BLOCK_M rows from row0 (DQ_DELTA), written to
+        DELTA and returned in row_s: O's rows (zeros past N) read through pointers while dO's
+        land in do2 (qdo_bar), then multiplied row by row in fp32."""
+        o_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
+        o_rows = row0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, o_layout))
+        o_cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
+        o_offs = (b.to(gl.int64) * N + o_rows) * (H * HEAD_DIM) + q_col
+        o = gl.load(O + gl.expand_dims(o_offs, 1) + gl.expand_dims(o_cols, 0),
+                    mask=gl.expand_dims(o_rows < N, 1), other=0.0)
+        mbarrier.wait(qdo_bar, 0)
+        delta = gl.sum(o.to(gl.float32) * do2.load(o_layout).to(gl.float32), axis=1)
+        gl.store(DELTA + base + o_rows, delta, mask=o_rows < N)
+        return gl.convert_layout(delta, row_s)
+
+    @gluon.jit
     def bwd_dq_kernel(q_desc, kv_desc, do_desc, dq_desc, LSE, DELTA, O, qk_scale, sm_scale, H, N,
                       HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                       STAGES: gl.constexpr, num_warps: gl.constexpr, OVERLAP: gl.constexpr = 0,
@@ -734,17 +751,9 @@ if _IMPORT_ERROR is None:
         dq = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, acc_layout)
         q2 = q_smem.reshape([BLOCK_M, HEAD_DIM])
         do2 = do_smem.reshape([BLOCK_M, HEAD_DIM])
-        if DQ_DELTA:  # O's rows (zeros past N) against dO's, row by row, in fp32
-            o_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
-            o_rows = row0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, o_layout))
-            o_cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
-            o_offs = (b.to(gl.int64) * N + o_rows) * (H * HEAD_DIM) + q_col
-            o = gl.load(O + gl.expand_dims(o_offs, 1) + gl.expand_dims(o_cols, 0),
-                        mask=gl.expand_dims(o_rows < N, 1), other=0.0)
-            mbarrier.wait(qdo_bar, 0)
-            delta = gl.sum(o.to(gl.float32) * do2.load(o_layout).to(gl.float32), axis=1)
-            gl.store(DELTA + base + o_rows, delta, mask=o_rows < N)
-            delta = gl.convert_layout(delta, row_s)
+        if DQ_DELTA:
+            delta = _dq_delta(O, DELTA, do2, qdo_bar, b, row0, q_col, base, H, N, row_s, HEAD_DIM,
+                              BLOCK_M, num_warps)
         else:
             mbarrier.wait(qdo_bar, 0)
         if OVERLAP:  # step 0, then each step with the previous one's dQ product finishing behind
