@@ -14,6 +14,7 @@ import sys
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -783,19 +784,10 @@ def test_the_gluon_kernels_are_listed_unless_turned_off(monkeypatch):
 # a stand-in driver names the target, and the kernel's binder, compile options and keyword
 # constexprs are Triton's own. Outside the interpreter (Gluon cannot call its jit functions).
 _GLUON_LAUNCH_WARMUP = """
+import sys
 import torch
-from triton.backends.compiler import GPUTarget
-from triton.runtime.driver import driver
-
-
-class Hopper:
-    def get_current_device(self): return 0
-    def get_current_stream(self, device=None): return 0
-    def get_current_target(self): return GPUTarget("cuda", 90, 32)
-    def get_active_torch_device(self): return torch.device("cpu")
-
-
-driver.set_active(Hopper())
+sys.path.insert(0, sys.argv[1])
+import hopper_standin  # noqa: F401  (an sm_90 GPU stands in for this CPU from here on)
 from vitflash.ops import launch
 
 ws = (("BLOCK_M", 64), ("BLOCK_N", 128), ("CONSUMER_REGS", 240))
@@ -842,8 +834,8 @@ def test_a_gluon_launch_compiles_its_kernel_for_sm90():
     if not hopper.available():
         pytest.skip(f"Gluon does not import in this triton: {hopper._IMPORT_ERROR}")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    out = subprocess.run([sys.executable, "-c", _GLUON_LAUNCH_WARMUP], capture_output=True, text=True,
-                         env=env, check=True).stdout.split("\n")
+    out = subprocess.run([sys.executable, "-c", _GLUON_LAUNCH_WARMUP, str(Path(__file__).parent)],
+                         capture_output=True, text=True, env=env, check=True).stdout.split("\n")
     assert out[:3] == ["gluon_ws 128 2 (12, 168, True)", "gluon 64 2 (4, None, True)",
                        "gluon_ws 128 2 (12, 168, True)"]
     assert out[3:13] == [f"{k} {n1} {D} {o} 2 ({w}, True)" for n1, o, dims in ((64, 0, (64, 128)),
