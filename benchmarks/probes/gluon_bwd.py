@@ -213,7 +213,7 @@ def gluon_grads(qkv, do, lse, delta, scale: float, cfg: tuple[int, int, int, int
 # hopper.py's own pieces (Gluon jit functions called by name).
 if hopper.available():
     from vitflash.ops.hopper import (  # noqa: E402
-        TensorDescriptor, _bwd_release, _cta_barrier, _dkdv_setup, _program, _refill, _store_dkdv,
+        TensorDescriptor, _bwd_release, _cta_barrier, _dkdv_setup, _mma, _program, _refill, _store_dkdv,
         fence_async_shared, gl, gluon, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
 
     # a TMA bulk add of a shared-memory tile into global memory: tma.async_atomic_add in
@@ -249,14 +249,10 @@ if hopper.available():
         then a descriptor (dq_descriptor)."""
         row0, bh, b, q_col, k_col, v_col = _program(N, H, HEAD_DIM, BLOCK_N)
         dtype: gl.constexpr = kv_desc.dtype
-        t_layout: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BLOCK_M, 16])
-        acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, HEAD_DIM, 16])
+        t_layout: gl.constexpr = _mma(num_warps, BLOCK_M)
+        acc_layout: gl.constexpr = _mma(num_warps, HEAD_DIM)
         # dQ's (64 queries, D) tile: with two warp groups each takes half of D's columns
-        GROUPS: gl.constexpr = num_warps // 4
-        dq_layout: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[4, GROUPS], instr_shape=[16, HEAD_DIM // GROUPS, 16])
+        dq_layout: gl.constexpr = _mma(num_warps, HEAD_DIM, num_warps // 4)
         op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
         col_t: gl.constexpr = gl.SliceLayout(0, t_layout)
         ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], dtype)
@@ -349,10 +345,8 @@ if hopper.available():
         """Consumer G's BLOCK_N keys in one warp group: hopper._dkdv_step over every query tile
         of the ring (no refill: each step's Q and dO buffers are signalled empty once its dV and
         dK products are done), then its dK and dV stored."""
-        t_layout: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_M, 16])
-        acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_DIM, 16])
+        t_layout: gl.constexpr = _mma(4, BLOCK_M)
+        acc_layout: gl.constexpr = _mma(4, HEAD_DIM)
         op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
         cols0 = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, t_layout))
         base = bh.to(gl.int64) * N
@@ -442,10 +436,8 @@ if hopper.available():
         written for the dK/dV kernel), then hopper._dq_step over every key tile of the ring
         (each step's K and V buffers signalled empty once its dQ product is done), then dQ
         stored through its Q buffer."""
-        s_layout: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16])
-        acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_DIM, 16])
+        s_layout: gl.constexpr = _mma(4, BLOCK_N)
+        acc_layout: gl.constexpr = _mma(4, HEAD_DIM)
         op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
         row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
         first = row0 + G * BLOCK_M

@@ -58,6 +58,13 @@ def available() -> bool:
 
 if _IMPORT_ERROR is None:
 
+    @gluon.constexpr_function
+    def _mma(warps, cols, groups=1):
+        """The layout of a wgmma accumulator of `cols` columns over `warps` warps: each warp
+        group of 4 takes 64 rows, or (groups > 1) the groups split the columns instead."""
+        return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[warps // groups, groups],
+                                         instr_shape=[16, cols // groups, 16])
+
     @gluon.jit
     def _softmax(s, m_i, l_i, qk_scale, cols, N, MASK: gl.constexpr):
         """One tile's online-softmax update: its probabilities against the new row maximum,
@@ -135,10 +142,8 @@ if _IMPORT_ERROR is None:
         row0, bh, b, q_col, k_col, v_col = _program(N, H, HEAD_DIM, BLOCK_M)
         dtype: gl.constexpr = kv_desc.dtype
 
-        s_layout: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BLOCK_N, 16])
-        o_layout: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, HEAD_DIM, 16])
+        s_layout: gl.constexpr = _mma(num_warps, BLOCK_N)
+        o_layout: gl.constexpr = _mma(num_warps, HEAD_DIM)
         p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
         row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
         row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
@@ -281,10 +286,8 @@ if _IMPORT_ERROR is None:
         returns O in the input dtype. RELEASE (the persistent form): the Q buffer signalled
         empty (q_empty) after the tile's last score product, and the last V buffer after the
         last P V product."""
-        s_layout: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16])
-        o_layout: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_DIM, 16])
+        s_layout: gl.constexpr = _mma(4, BLOCK_N)
+        o_layout: gl.constexpr = _mma(4, HEAD_DIM)
         p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
         row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
         row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
@@ -607,10 +610,8 @@ if _IMPORT_ERROR is None:
         row0, bh, b, q_col, k_col, v_col = _program(N, H, HEAD_DIM, BLOCK_N)
 
         # (keys, queries) tiles and (keys, head dim) accumulators, each warp group 64 key rows
-        t_layout: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BLOCK_M, 16])
-        acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, HEAD_DIM, 16])
+        t_layout: gl.constexpr = _mma(num_warps, BLOCK_M)
+        acc_layout: gl.constexpr = _mma(num_warps, HEAD_DIM)
         op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
         col_t: gl.constexpr = gl.SliceLayout(0, t_layout)
 
@@ -730,10 +731,8 @@ if _IMPORT_ERROR is None:
         row0, bh, b, q_col, k_col, v_col = _program(N, H, HEAD_DIM, BLOCK_M)
         dtype: gl.constexpr = kv_desc.dtype
 
-        s_layout: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BLOCK_N, 16])
-        acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, HEAD_DIM, 16])
+        s_layout: gl.constexpr = _mma(num_warps, BLOCK_N)
+        acc_layout: gl.constexpr = _mma(num_warps, HEAD_DIM)
         op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
         row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
 
