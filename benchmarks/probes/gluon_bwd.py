@@ -213,8 +213,9 @@ def gluon_grads(qkv, do, lse, delta, scale: float, cfg: tuple[int, int, int, int
 # hopper.py's own pieces (Gluon jit functions called by name).
 if hopper.available():
     from vitflash.ops.hopper import (  # noqa: E402
-        TensorDescriptor, _bwd_release, _cta_barrier, _dkdv_setup, _mma, _program, _refill, _store_dkdv,
-        fence_async_shared, gl, gluon, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
+        TensorDescriptor, _bwd_release, _cta_barrier, _dkdv_scores, _dkdv_setup, _mma, _program,
+        _refill, _store_dkdv, fence_async_shared, gl, gluon, mbarrier, tma, warpgroup_mma,
+        warpgroup_mma_wait)
 
     # a TMA bulk add of a shared-memory tile into global memory: tma.async_atomic_add in
     # triton 3.8; in 3.6, whose Gluon builder has the op but no wrapper, one written here
@@ -273,14 +274,8 @@ if hopper.available():
                    + gl.expand_dims(gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, dq_layout)), 0))
         mbarrier.wait(kv_bar, 0)
         for i in range(n_tiles):
-            stage = i % STAGES
-            phase = (i // STAGES) & 1
-            mbarrier.wait(q_bars.index(stage), phase)
-            q2 = q_smem.index(stage).reshape([BLOCK_M, HEAD_DIM])
-            st = warpgroup_mma(k2, q2.permute((1, 0)), t_zero, use_acc=False, is_async=True)
-            mbarrier.wait(do_bars.index(stage), phase)
-            do2 = do_smem.index(stage).reshape([BLOCK_M, HEAD_DIM])
-            dpt = warpgroup_mma(v2, do2.permute((1, 0)), t_zero, use_acc=False, is_async=True)
+            q2, do2, st, dpt = _dkdv_scores(i, q_smem, do_smem, q_bars, do_bars, k2, v2, t_zero,
+                                            BLOCK_M, HEAD_DIM, STAGES)
             st = warpgroup_mma_wait(num_outstanding=1, deps=(st, ))
             pt = gl.exp2(st * qk_scale - gl.expand_dims(lse, 0))
             dv = warpgroup_mma(gl.convert_layout(pt.to(dtype), op_layout), do2, dv, is_async=True)
@@ -323,23 +318,31 @@ if hopper.available():
     from vitflash.ops.hopper import _dkdv_step, _dq_delta, _dq_step, _ws_fill, _ws_ring  # noqa: E402
 
     @gluon.jit
+    def _ws_resident(a_desc, b_desc, b, row0, a_col, b_col, bars, a_smem, b_smem, ROWS: gl.constexpr,
+                     HEAD_DIM: gl.constexpr):
+        """A staged kernel's resident tiles: consumer g's ROWS rows from row0 + g * ROWS of two
+        operands (K and V, or Q and dO) into a_smem[g] and b_smem[g], behind bars[g]."""
+        for g in gl.static_range(2):
+            bar = bars.index(g)
+            mbarrier.expect(bar, 2 * ROWS * HEAD_DIM * a_desc.dtype.primitive_bitwidth // 8)
+            tma.async_copy_global_to_shared(a_desc, [b, row0 + g * ROWS, a_col], bar, a_smem.index(g))
+            tma.async_copy_global_to_shared(b_desc, [b, row0 + g * ROWS, b_col], bar, b_smem.index(g))
+
+    @gluon.jit
     def _wsd_loader(q_desc, kv_desc, do_desc, dkv_desc, LSE, DELTA, qk_scale, sm_scale, N, bh, b, row0,
-                    q_col, k_col, v_col, k_smem, v_smem, kv_bar, q_ring, do_ring, q_ready, do_ready,
+                    q_col, k_col, v_col, k_smem, v_smem, kv_bars, q_ring, do_ring, q_ready, do_ready,
                     q_empty, do_empty, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                     BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
-        """Both consumers' K and V (BLOCK_N keys each), then every query tile's Q and dO, each
-        into its ring buffer once both consumers have signalled it empty."""
-        mbarrier.expect(kv_bar, 4 * BLOCK_N * HEAD_DIM * kv_desc.dtype.primitive_bitwidth // 8)
-        for g in gl.static_range(2):
-            tma.async_copy_global_to_shared(kv_desc, [b, row0 + g * BLOCK_N, k_col], kv_bar, k_smem.index(g))
-            tma.async_copy_global_to_shared(kv_desc, [b, row0 + g * BLOCK_N, v_col], kv_bar, v_smem.index(g))
+        """Both consumers' K and V (BLOCK_N keys each, a barrier each), then every query tile's
+        Q and dO, each into its ring buffer once both consumers have signalled it empty."""
+        _ws_resident(kv_desc, kv_desc, b, row0, k_col, v_col, kv_bars, k_smem, v_smem, BLOCK_N, HEAD_DIM)
         for i in range(gl.cdiv(N, BLOCK_M)):
             _ws_fill(q_desc, do_desc, b, i, i, q_col, q_col, q_ring, do_ring, q_ready, do_ready,
                      q_empty, do_empty, BLOCK_M, HEAD_DIM, STAGES)
 
     @gluon.jit
     def _wsd_consumer(q_desc, kv_desc, do_desc, dkv_desc, LSE, DELTA, qk_scale, sm_scale, N, bh, b, row0,
-                      q_col, k_col, v_col, k_smem, v_smem, kv_bar, q_ring, do_ring, q_ready, do_ready,
+                      q_col, k_col, v_col, k_smem, v_smem, kv_bars, q_ring, do_ring, q_ready, do_ready,
                       q_empty, do_empty, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                       BLOCK_N: gl.constexpr, STAGES: gl.constexpr, G: gl.constexpr):
         """Consumer G's BLOCK_N keys in one warp group: hopper._dkdv_step over every query tile
@@ -358,7 +361,7 @@ if hopper.available():
         k2 = k_smem.index(G).reshape([BLOCK_N, HEAD_DIM])
         v2 = v_smem.index(G).reshape([BLOCK_N, HEAD_DIM])
         n_tiles = gl.cdiv(N, BLOCK_M)
-        mbarrier.wait(kv_bar, 0)
+        mbarrier.wait(kv_bars.index(G), 0)
         for i in range(n_tiles):
             dv, dk, lse, delta = _dkdv_step(i, q_desc, do_desc, q_ring, do_ring, q_ready, do_ready,
                                             k2, v2, dv, dk, lse, delta, t_zero, qk_scale, LSE,
@@ -372,12 +375,12 @@ if hopper.available():
 
     @gluon.jit
     def _wsd_consumer1(q_desc, kv_desc, do_desc, dkv_desc, LSE, DELTA, qk_scale, sm_scale, N, bh, b, row0,
-                       q_col, k_col, v_col, k_smem, v_smem, kv_bar, q_ring, do_ring, q_ready, do_ready,
+                       q_col, k_col, v_col, k_smem, v_smem, kv_bars, q_ring, do_ring, q_ready, do_ready,
                        q_empty, do_empty, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                        BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
         """The second consumer (a worker partition: same signature as the loader's)."""
         _wsd_consumer(q_desc, kv_desc, do_desc, dkv_desc, LSE, DELTA, qk_scale, sm_scale, N, bh, b, row0,
-                      q_col, k_col, v_col, k_smem, v_smem, kv_bar, q_ring, do_ring, q_ready, do_ready,
+                      q_col, k_col, v_col, k_smem, v_smem, kv_bars, q_ring, do_ring, q_ready, do_ready,
                       q_empty, do_empty, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, 1)
 
 
@@ -395,19 +398,20 @@ if hopper.available():
         dtype: gl.constexpr = kv_desc.dtype
         k_smem = gl.allocate_shared_memory(dtype, [2, 1, BLOCK_N, HEAD_DIM], kv_desc.layout)
         v_smem = gl.allocate_shared_memory(dtype, [2, 1, BLOCK_N, HEAD_DIM], kv_desc.layout)
-        kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-        mbarrier.init(kv_bar, count=1)
+        kv_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        for g in gl.static_range(2):
+            mbarrier.init(kv_bars.index(g), count=1)
         q_ring, do_ring, q_ready, do_ready, q_empty, do_empty = _ws_ring(q_desc, BLOCK_M, HEAD_DIM, STAGES)
         fence_async_shared()
         gl.warp_specialize([
             (_wsd_consumer, (q_desc, kv_desc, do_desc, dkv_desc, LSE, DELTA, qk_scale, sm_scale, N, bh, b,
-                             row0, q_col, k_col, v_col, k_smem, v_smem, kv_bar, q_ring, do_ring, q_ready,
+                             row0, q_col, k_col, v_col, k_smem, v_smem, kv_bars, q_ring, do_ring, q_ready,
                              do_ready, q_empty, do_empty, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, 0)),
             (_wsd_consumer1, (q_desc, kv_desc, do_desc, dkv_desc, LSE, DELTA, qk_scale, sm_scale, N, bh, b,
-                              row0, q_col, k_col, v_col, k_smem, v_smem, kv_bar, q_ring, do_ring, q_ready,
+                              row0, q_col, k_col, v_col, k_smem, v_smem, kv_bars, q_ring, do_ring, q_ready,
                               do_ready, q_empty, do_empty, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES)),
             (_wsd_loader, (q_desc, kv_desc, do_desc, dkv_desc, LSE, DELTA, qk_scale, sm_scale, N, bh, b,
-                           row0, q_col, k_col, v_col, k_smem, v_smem, kv_bar, q_ring, do_ring, q_ready,
+                           row0, q_col, k_col, v_col, k_smem, v_smem, kv_bars, q_ring, do_ring, q_ready,
                            do_ready, q_empty, do_empty, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES)),
         ], [4, 1], [CONSUMER_REGS, 24])
 
@@ -418,11 +422,7 @@ if hopper.available():
                     BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
         """Both consumers' Q and dO rows (BLOCK_M each), then every key tile's K and V, each
         into its ring buffer once both consumers have signalled it empty."""
-        for g in gl.static_range(2):
-            bar = qdo_bars.index(g)
-            mbarrier.expect(bar, 2 * BLOCK_M * HEAD_DIM * q_desc.dtype.primitive_bitwidth // 8)
-            tma.async_copy_global_to_shared(q_desc, [b, row0 + g * BLOCK_M, q_col], bar, q_smem.index(g))
-            tma.async_copy_global_to_shared(do_desc, [b, row0 + g * BLOCK_M, q_col], bar, do_smem.index(g))
+        _ws_resident(q_desc, do_desc, b, row0, q_col, q_col, qdo_bars, q_smem, do_smem, BLOCK_M, HEAD_DIM)
         for j in range(gl.cdiv(N, BLOCK_N)):
             _ws_fill(kv_desc, kv_desc, b, j, j, k_col, v_col, k_ring, v_ring, k_ready, v_ready,
                      k_empty, v_empty, BLOCK_N, HEAD_DIM, STAGES)

@@ -542,6 +542,21 @@ if _IMPORT_ERROR is None:
             mbarrier.invalidate(b_bars.index(i))
 
     @gluon.jit
+    def _dkdv_scores(i, q_smem, do_smem, q_bars, do_bars, k2, v2, t_zero, BLOCK_M: gl.constexpr,
+                     HEAD_DIM: gl.constexpr, STAGES: gl.constexpr):
+        """A dK/dV step's opening: query tile i's Q and dO views once each has landed in its
+        ring buffer, and S^T = K Q_i^T and dP^T = V dO_i^T issued (returned unfinished)."""
+        stage = i % STAGES
+        phase = (i // STAGES) & 1
+        mbarrier.wait(q_bars.index(stage), phase)
+        q2 = q_smem.index(stage).reshape([BLOCK_M, HEAD_DIM])
+        st = warpgroup_mma(k2, q2.permute((1, 0)), t_zero, use_acc=False, is_async=True)
+        mbarrier.wait(do_bars.index(stage), phase)
+        do2 = do_smem.index(stage).reshape([BLOCK_M, HEAD_DIM])
+        dpt = warpgroup_mma(v2, do2.permute((1, 0)), t_zero, use_acc=False, is_async=True)
+        return q2, do2, st, dpt
+
+    @gluon.jit
     def _dkdv_step(i, q_desc, do_desc, q_smem, do_smem, q_bars, do_bars, k2, v2, dv, dk, lse, delta,
                    t_zero, qk_scale, LSE, DELTA, base, cols0, b, q_col, N, n_tiles,
                    op_layout: gl.constexpr, PREV: gl.constexpr, BLOCK_M: gl.constexpr,
@@ -551,15 +566,9 @@ if _IMPORT_ERROR is None:
         and that step's buffers refilled; then dV and dK of this step issued and left running.
         Returns them (unfinished: the caller waits for them at once, or the next step does)
         with the next step's row statistics."""
-        stage = i % STAGES
-        phase = (i // STAGES) & 1
         dtype: gl.constexpr = q_desc.dtype
-        mbarrier.wait(q_bars.index(stage), phase)
-        q2 = q_smem.index(stage).reshape([BLOCK_M, HEAD_DIM])
-        st = warpgroup_mma(k2, q2.permute((1, 0)), t_zero, use_acc=False, is_async=True)
-        mbarrier.wait(do_bars.index(stage), phase)
-        do2 = do_smem.index(stage).reshape([BLOCK_M, HEAD_DIM])
-        dpt = warpgroup_mma(v2, do2.permute((1, 0)), t_zero, use_acc=False, is_async=True)
+        q2, do2, st, dpt = _dkdv_scores(i, q_smem, do_smem, q_bars, do_bars, k2, v2, t_zero, BLOCK_M,
+                                        HEAD_DIM, STAGES)
         if PREV:  # (wgmma groups retire in the order they were issued)
             dv, dk = warpgroup_mma_wait(num_outstanding=2, deps=(dv, dk))
             if i - 1 + STAGES < n_tiles:  # every warp is past its reads of that step's buffers
