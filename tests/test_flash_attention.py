@@ -715,10 +715,13 @@ def test_a_misaligned_packed_input_is_copied_and_gives_the_same_results():
 
 def test_gluon_kernels_are_listed_only_where_they_were_measured_to_pay(monkeypatch):
     """On Hopper the forward lists one Gluon candidate past N = 256 at D = 64 (the 4-warp
-    form) and D = 128 (the warp-specialized one), and both backwards (deterministic or not)
-    64-key and 128-key dK/dV programs with 64-row dQ programs, and at D = 64 the 64-key one
-    with its products overlapped across steps, in 2 and 3 stages (at D = 128 it spills);
-    never at N <= 256, at other head dims, or with dropout (the Gluon kernels have none)."""
+    form) and D = 128 (the warp-specialized one, and its persistent form), and both backwards
+    (deterministic or not) 64-key and 128-key dK/dV programs with 64-row dQ programs (at
+    D = 128 with the dQ products overlapped), at D = 64 the 64-key one with its products
+    overlapped across steps, in 2 and 3 stages (at D = 128 it spills), and the
+    warp-specialized kernels (two consumers of 64 keys or queries a program) in the pairs
+    that compile without spills; never at N <= 256, at other head dims, or with dropout (the
+    Gluon kernels have none)."""
     monkeypatch.setattr(launch, "_GLUON", True)
     monkeypatch.setattr(launch, "_TMA", True)
 
@@ -736,13 +739,20 @@ def test_gluon_kernels_are_listed_only_where_they_were_measured_to_pay(monkeypat
     for op, n, d in (("bwd", 577, 64), ("bwd", launch.GLUON_MIN_N, 128), ("bwd_atomic", 4097, 128),
                      ("bwd_atomic", 1025, 64)):
         cands = gluon(op, n, d)
-        overlapped = [("gluon_bwd", 64, 4, 2, 1), ("gluon_bwd", 64, 4, 3, 1)] if d == 64 else []
-        assert [(c.family, c.meta["BLOCK_N1"], c.num_warps, c.num_stages, c.meta.get("OVERLAP", 0))
-                for c in cands] == [("gluon_bwd", 64, 4, 2, 0), ("gluon_bwd", 128, 8, 2, 0), *overlapped], \
-            (op, n, d)
-        assert all((c.meta["BLOCK_M1"], c.meta["BLOCK_M2"], c.meta["BLOCK_N2"]) == (64, 64, 64)
-                   for c in cands)
-        assert all(c.meta.get("DQ_OVERLAP", 0) == (d == 128) for c in cands)  # timed at D = 128
+        assert {c.family for c in cands} == {"gluon_bwd"}
+        # (BLOCK_M1, BLOCK_N1, BLOCK_M2, BLOCK_N2, flags, warps, stages)
+        got = [(*(c.meta[k] for k in ("BLOCK_M1", "BLOCK_N1", "BLOCK_M2", "BLOCK_N2")),
+                "+".join(k for k in ("OVERLAP", "DQ_OVERLAP", "WS", "DQ_WS") if c.meta.get(k)),
+                c.num_warps, c.num_stages) for c in cands]
+        if d == 64:
+            assert got == [(64, 64, 64, 64, "", 4, 2), (64, 128, 64, 64, "", 8, 2),
+                           (64, 64, 64, 64, "OVERLAP", 4, 2), (64, 64, 64, 64, "OVERLAP", 4, 3),
+                           (64, 64, 64, 64, "WS", 4, 2), (64, 64, 64, 64, "WS+DQ_WS", 4, 2),
+                           (64, 64, 64, 64, "OVERLAP+DQ_WS", 4, 2)], (op, n)
+        else:
+            assert got == [(64, 64, 64, 64, "DQ_OVERLAP", 4, 2), (64, 128, 64, 64, "DQ_OVERLAP", 8, 2),
+                           (32, 64, 64, 64, "DQ_OVERLAP+WS", 4, 2), (32, 64, 64, 64, "WS+DQ_WS", 4, 2),
+                           (32, 64, 64, 64, "WS+DQ_WS", 4, 3), (32, 64, 64, 128, "WS+DQ_WS", 4, 2)], (op, n)
     for op, n, d, dropout in (("fwd", 197, 64, False), ("fwd", 256, 128, False), ("fwd", 577, 80, False),
                               ("fwd", 577, 32, False), ("fwd", 577, 64, True), ("bwd", 256, 64, False),
                               ("bwd", 577, 96, False), ("bwd", 577, 64, True), ("bwd_atomic", 197, 128, False)):
@@ -819,6 +829,23 @@ for n1, warps, overlap in ((64, 4, 0), (128, 8, 0), (64, 4, 1)):
             compiled = list(g.kernel.device_caches[0][0].values())
             print("dkdv" if dkdv else "dq", n1, D, overlap, len(compiled),
                   *{(ck.metadata.num_warps, "wgmma" in ck.asm["ptx"]) for ck in compiled})
+
+# the warp-specialized backward's two launches (WS, DQ_WS) at the tiles listed at each head dim
+names = ("BLOCK_M1", "BLOCK_N1", "BLOCK_M2", "BLOCK_N2", "WS", "DQ_WS")
+for D, m1, n2 in ((64, 64, 64), (128, 32, 128)):
+    c = launch.Candidate("gluon_bwd", tuple(zip(names, (m1, 64, 64, n2, 1, 1))), 4, 2)
+    for dkdv in (True, False):
+        g = launch.GluonBwdLaunch(c, D, dkdv)
+        g.kernel.device_caches.clear()
+        for dtype in (torch.bfloat16, torch.float16):
+            qkv, do = torch.zeros(2, 300, 3, 3, D, dtype=dtype), torch.zeros(2, 300, 3, D, dtype=dtype)
+            lse = torch.zeros(2, 3, 300)
+            launch._compiling.only = True
+            g(qkv, torch.zeros_like(do), do, lse, lse, torch.empty_like(qkv), 0.1, 0.125, 3, 300)
+        compiled = list(g.kernel.device_caches[0][0].values())
+        print("ws_dkdv" if dkdv else "ws_dq", D, g.rows, len(compiled),
+              *{(ck.metadata.num_warps, getattr(ck.metadata, "maxnreg", None), "wgmma" in ck.asm["ptx"])
+                for ck in compiled})
 """
 
 
@@ -830,7 +857,9 @@ def test_a_gluon_launch_compiles_its_kernel_for_sm90():
     (two consumer groups and the loader's warp allocated as a group) under a 168-register
     cap, or 4 warps with none. So do both Gluon backward candidates' two launches
     (GluonBwdLaunch) at D = 64 and 128, and the overlapped dK/dV form at D = 64: the dK/dV
-    kernel in a warp group per 64 keys, the dQ kernel in 4 warps."""
+    kernel in a warp group per 64 keys, the dQ kernel in 4 warps; and the warp-specialized
+    backward's two (WS, DQ_WS) at the tiles listed at each head dim, in 12 warps under the
+    register cap."""
     if not hopper.available():
         pytest.skip(f"Gluon does not import in this triton: {hopper._IMPORT_ERROR}")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
@@ -842,6 +871,10 @@ def test_a_gluon_launch_compiles_its_kernel_for_sm90():
                                                                                (128, 0, (64, 128)),
                                                                                (64, 1, (64, )))
                          for D in dims for k, w in (("dkdv", n1 // 16), ("dq", 4))]
+    cap = hopper.ws_maxnreg(launch.WS_REGS)
+    # 128 rows a program, 12 warps (two consumer groups and the loader's warp); their spills:
+    # test_probes' test_gluon_bwd_probe_compiles_its_kernel_for_sm90, at the same tiles
+    assert out[13:17] == [f"{k} {D} 128 2 (12, {cap}, True)" for D in (64, 128) for k in ("ws_dkdv", "ws_dq")]
 
 
 def test_a_gluon_candidate_plans_one_gluon_launch_but_not_with_a_mask_or_dropout():
@@ -865,8 +898,10 @@ def test_a_gluon_backward_candidate_plans_its_two_launches_but_not_with_a_mask_o
     """A "gluon_bwd" candidate becomes the dQ kernel's launch (BLOCK_M2 queries, BLOCK_N2-key
     tiles), which computes delta (DQ_DELTA), then the dK/dV kernel's (its BLOCK_N1 keys a
     program in a warp group per 64, BLOCK_M1-row query tiles), both with the candidate's
-    stages, each overlapped where its own key says (OVERLAP, DQ_OVERLAP); no delta launch.
-    With the diagonal mask or dropout it falls back to the Triton backward, delta first."""
+    stages, each overlapped where its own key says (OVERLAP, DQ_OVERLAP), or warp-specialized
+    (WS, DQ_WS: twice the rows a program, 12 warps under the consumers' register cap); no
+    delta launch. With the diagonal mask or dropout it falls back to the Triton backward,
+    delta first."""
     names = ("BLOCK_M1", "BLOCK_N1", "BLOCK_M2", "BLOCK_N2")
     c = launch.Candidate("gluon_bwd", tuple(zip(names, (64, 128, 64, 64))), 8, 2)
     dq, dkdv = flash_mod._bwd_launches(c, 2, 577, 12, 128)
@@ -881,6 +916,18 @@ def test_a_gluon_backward_candidate_plans_its_two_launches_but_not_with_a_mask_o
     dq_overlapped = launch.Candidate("gluon_bwd", (*zip(names, (32, 64, 64, 64)), ("DQ_OVERLAP", 1)), 4, 2)
     dq, dkdv = flash_mod._bwd_launches(dq_overlapped, 2, 577, 12, 128)
     assert dkdv.consts == dict(HEAD_DIM=128, BLOCK_M=32, BLOCK_N=64, STAGES=2)
+    assert dq.consts == dict(HEAD_DIM=128, BLOCK_M=64, BLOCK_N=64, STAGES=2, OVERLAP=1, DQ_DELTA=1)
+    # the warp-specialized forms: two consumers of BLOCK_N1 keys (BLOCK_M2 queries) a program
+    ws = launch.Candidate("gluon_bwd", (*zip(names, (32, 64, 64, 128)), ("WS", 1), ("DQ_WS", 1)), 4, 3)
+    dq, dkdv = flash_mod._bwd_launches(ws, 2, 577, 12, 128)
+    regs = dict(num_warps=4, maxnreg=hopper.ws_maxnreg(launch.WS_REGS))
+    assert (dkdv.kernel, dkdv.rows, dkdv.options) == (hopper.bwd_dkdv_ws_kernel, 128, regs)
+    assert (dq.kernel, dq.rows, dq.options) == (hopper.bwd_dq_ws_kernel, 128, regs)
+    assert dkdv.consts == dict(HEAD_DIM=128, BLOCK_M=32, BLOCK_N=64, STAGES=3, CONSUMER_REGS=launch.WS_REGS)
+    assert dq.consts == dict(HEAD_DIM=128, BLOCK_M=64, BLOCK_N=128, STAGES=3, CONSUMER_REGS=launch.WS_REGS)
+    half = launch.Candidate("gluon_bwd", (*zip(names, (32, 64, 64, 64)), ("WS", 1), ("DQ_OVERLAP", 1)), 4, 2)
+    dq, dkdv = flash_mod._bwd_launches(half, 2, 577, 12, 128)
+    assert (dkdv.kernel, dkdv.rows, dq.kernel, dq.rows) == (hopper.bwd_dkdv_ws_kernel, 128, hopper.bwd_dq_kernel, 64)
     assert dq.consts == dict(HEAD_DIM=128, BLOCK_M=64, BLOCK_N=64, STAGES=2, OVERLAP=1, DQ_DELTA=1)
     for kw in (dict(diag=True), dict(dropout=True)):
         plan = flash_mod._bwd_launches(c, 2, 577, 12, 128, **kw)
@@ -971,7 +1018,7 @@ def test_gluon_backward_gpu(monkeypatch, N, D):
         pytest.skip("the Gluon kernels run on Hopper GPUs with a triton that has Gluon")
     bwds = [c for c in launch.candidates("bwd", N, D) if c.family == launch.GLUON_BWD_FAMILY]
     gluon_fwd = [c for c in launch.candidates("fwd", N, D, 2 * 4) if c.family in launch.GLUON_FAMILIES][-1]
-    assert len(bwds) == (4 if D == 64 else 2)
+    assert len(bwds) == (7 if D == 64 else 6)
     for fwd in (launch.heuristic("fwd", N, D), gluon_fwd):
         for bwd in bwds:
             _force(monkeypatch, fwd, bwd)

@@ -938,8 +938,8 @@ def test_gluon_fwd_probe_reads_both_forms_from_its_configs():
 
 
 def test_gluon_bwd_probe_compiles_its_kernel_for_sm90():
-    """The Gluon backward's two kernels and the probe's staged ones compile for sm_90 at both
-    head dims with no spills: one loop step's products as wgmma (the dK/dV kernel's four, the
+    """The Gluon backward's kernels (the warp-specialized ones among them) and the probe's
+    atomic one compile for sm_90 at both head dims with no spills: one loop step's products as wgmma (the dK/dV kernel's four, the
     dQ kernel's three; the overlapped dK/dV form, whose first step is apart from its loop,
     twice four; the atomic kernel's five, at D = 64; the warp-specialized dK/dV and dQ kernels'
     four and three in each of their two consumers), and mbarrier waits for their TMA loads."""
@@ -973,7 +973,7 @@ def test_gluon_bwd_probe_compiles_its_kernel_for_sm90():
             assert int(hgmma) == products and int(mbar_waits) > 0, (d, config)
 
 
-_STAGED_LAUNCHES = """
+_WS_LAUNCHES = """
 import sys
 import torch
 sys.path[:0] = sys.argv[1:3]
@@ -1002,7 +1002,7 @@ for kind, text in (("ws", "32x128x2x4"), ("wsdq", "128x64x2x4")):
 """
 
 
-def test_gluon_bwd_probe_launches_its_staged_kernels_with_their_arguments():
+def test_gluon_bwd_probe_launches_the_warp_specialized_kernels_with_their_arguments():
     """The probe's own launches of its warp-specialized kernels (gluon_grads, as a GPU run calls
     them) bind every argument and compile for sm_90, through a stand-in Hopper driver: 128 keys
     (queries) a program over 300 rows and 6 heads, 18 programs, 12 warps (two consumer groups
@@ -1011,7 +1011,7 @@ def test_gluon_bwd_probe_launches_its_staged_kernels_with_their_arguments():
     if not probe.hopper.available():
         pytest.skip(f"Gluon does not import in this triton: {probe.hopper._IMPORT_ERROR}")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    out = subprocess.run([sys.executable, "-c", _STAGED_LAUNCHES, str(Path(__file__).parent), str(PROBES)],
+    out = subprocess.run([sys.executable, "-c", _WS_LAUNCHES, str(Path(__file__).parent), str(PROBES)],
                          capture_output=True, text=True, env=env, check=True).stdout.split("\n")
     assert out[:2] == ["bwd_dkdv_ws_kernel 18 12 True", "bwd_dq_ws_kernel 18 12 True"]
 

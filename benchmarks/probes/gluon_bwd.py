@@ -36,12 +36,12 @@ group of 4 owns 64 of the BLOCK_N keys; --dq-configs: dQ, 64 of the BLOCK_M quer
 nondeterministic kernel that adds each step's dQ share atomically (bwd_atomic_kernel, below;
 D = 64; timed slower than the two deterministic kernels, not listed by the op; a "t" suffix:
 its form that adds each dQ tile by one TMA bulk reduction), checked on all three gradients
-and timed with its dQ zeroing and store. --ws-configs: a warp-specialized dK/dV kernel
-(bwd_dkdv_ws_kernel, below: two 64-key consumers sharing one Q and dO ring filled by a loader
-warp; BLOCK_M x 128 x STAGES x 4), and --wsdq-configs: its dQ twin (bwd_dq_ws_kernel: two
-64-query consumers sharing one K and V ring, computing delta; 128 x BLOCK_N x STAGES x 4), both
-staged for timing, not listed by the op. Their compile rows' registers are the kernel-wide
-cap: the consumers run at WS_REGS (setmaxnreg).
+and timed with its dQ zeroing and store. --ws-configs: the warp-specialized dK/dV kernel
+(hopper.bwd_dkdv_ws_kernel: two 64-key consumers sharing one Q and dO ring filled by a loader
+warp; BLOCK_M x 128 x STAGES x 4), and --wsdq-configs: its dQ twin (hopper.bwd_dq_ws_kernel: two
+64-query consumers sharing one K and V ring, computing delta; 128 x BLOCK_N x STAGES x 4), the
+op's WS and DQ_WS forms. Their compile rows' registers are the kernel-wide cap: the consumers
+run at WS_REGS (setmaxnreg).
 """
 from __future__ import annotations
 
@@ -72,9 +72,9 @@ DQ_CONFIGS = {64: ["64x64x2x4", "128x64x2x8", "64x128x2x4", "64x64x2x4o", "64x64
 # the nondeterministic kernel (bwd_atomic_kernel below: dK, dV and dQ's atomic adds), D = 64
 ATOMIC_CONFIGS = {64: ["64x64x2x4", "64x64x3x4", "64x128x2x8", "64x64x2x4t", "64x128x2x8t"], 128: []}
 SHAPES = ["64,12,577,64", "8,12,4097,64", "32,16,577,128", "4,16,4097,128"]
-# the warp-specialized dK/dV kernel (bwd_dkdv_ws_kernel below): queries x keys a program x stages x 4
+# the warp-specialized dK/dV kernel (hopper.bwd_dkdv_ws_kernel): queries x keys a program x stages x 4
 WS_CONFIGS = {64: ["64x128x2x4"], 128: ["32x128x2x4", "32x128x3x4"]}
-# the warp-specialized dQ kernel (bwd_dq_ws_kernel below): 128 queries a program x keys x stages x 4
+# the warp-specialized dQ kernel (hopper.bwd_dq_ws_kernel): 128 queries a program x keys x stages x 4
 WSDQ_CONFIGS = {64: ["128x64x2x4"], 128: ["128x64x2x4", "128x64x3x4", "128x128x2x4"]}
 WS_REGS = 240  # their consumers' registers a thread (the most two consumer groups and a loader fit)
 KINDS = ("dkdv", "dq", "atomic", "ws", "wsdq")  # the kernels: what each config list is for
@@ -214,8 +214,8 @@ def gluon_grads(qkv, do, lse, delta, scale: float, cfg: tuple[int, int, int, int
 if hopper.available():
     from vitflash.ops.hopper import (  # noqa: E402
         TensorDescriptor, _bwd_release, _cta_barrier, _dkdv_scores, _dkdv_setup, _mma, _program,
-        _refill, _store_dkdv, fence_async_shared, gl, gluon, mbarrier, tma, warpgroup_mma,
-        warpgroup_mma_wait)
+        _refill, _store_dkdv, bwd_dkdv_ws_kernel, bwd_dq_ws_kernel, fence_async_shared, gl, gluon,
+        mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
 
     # a TMA bulk add of a shared-memory tile into global memory: tma.async_atomic_add in
     # triton 3.8; in 3.6, whose Gluon builder has the op but no wrapper, one written here
@@ -308,202 +308,6 @@ if hopper.available():
             tma.store_wait(pendings=0)
         _bwd_release(kv_bar, q_bars, do_bars, STAGES)
         _store_dkdv(dkv_desc, dk, dv, sm_scale, b, row0, k_col, v_col, BLOCK_N, HEAD_DIM)
-
-
-# The warp-specialized dK/dV and dQ kernels, staged here until a GPU run times them (not listed
-# by the op): the op's 64-key dK/dV programs each stream every Q and dO tile for their own keys,
-# its 64-query dQ programs every K and V tile for their own queries; here two consumers share
-# one stream.
-if hopper.available():
-    from vitflash.ops.hopper import _dkdv_step, _dq_delta, _dq_step, _ws_fill, _ws_ring  # noqa: E402
-
-    @gluon.jit
-    def _ws_resident(a_desc, b_desc, b, row0, a_col, b_col, bars, a_smem, b_smem, ROWS: gl.constexpr,
-                     HEAD_DIM: gl.constexpr):
-        """A staged kernel's resident tiles: consumer g's ROWS rows from row0 + g * ROWS of two
-        operands (K and V, or Q and dO) into a_smem[g] and b_smem[g], behind bars[g]."""
-        for g in gl.static_range(2):
-            bar = bars.index(g)
-            mbarrier.expect(bar, 2 * ROWS * HEAD_DIM * a_desc.dtype.primitive_bitwidth // 8)
-            tma.async_copy_global_to_shared(a_desc, [b, row0 + g * ROWS, a_col], bar, a_smem.index(g))
-            tma.async_copy_global_to_shared(b_desc, [b, row0 + g * ROWS, b_col], bar, b_smem.index(g))
-
-    @gluon.jit
-    def _wsd_loader(q_desc, kv_desc, do_desc, dkv_desc, LSE, DELTA, qk_scale, sm_scale, N, bh, b, row0,
-                    q_col, k_col, v_col, k_smem, v_smem, kv_bars, q_ring, do_ring, q_ready, do_ready,
-                    q_empty, do_empty, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
-                    BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
-        """Both consumers' K and V (BLOCK_N keys each, a barrier each), then every query tile's
-        Q and dO, each into its ring buffer once both consumers have signalled it empty."""
-        _ws_resident(kv_desc, kv_desc, b, row0, k_col, v_col, kv_bars, k_smem, v_smem, BLOCK_N, HEAD_DIM)
-        for i in range(gl.cdiv(N, BLOCK_M)):
-            _ws_fill(q_desc, do_desc, b, i, i, q_col, q_col, q_ring, do_ring, q_ready, do_ready,
-                     q_empty, do_empty, BLOCK_M, HEAD_DIM, STAGES)
-
-    @gluon.jit
-    def _wsd_consumer(q_desc, kv_desc, do_desc, dkv_desc, LSE, DELTA, qk_scale, sm_scale, N, bh, b, row0,
-                      q_col, k_col, v_col, k_smem, v_smem, kv_bars, q_ring, do_ring, q_ready, do_ready,
-                      q_empty, do_empty, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
-                      BLOCK_N: gl.constexpr, STAGES: gl.constexpr, G: gl.constexpr):
-        """Consumer G's BLOCK_N keys in one warp group: hopper._dkdv_step over every query tile
-        of the ring (no refill: each step's Q and dO buffers are signalled empty once its dV and
-        dK products are done), then its dK and dV stored."""
-        t_layout: gl.constexpr = _mma(4, BLOCK_M)
-        acc_layout: gl.constexpr = _mma(4, HEAD_DIM)
-        op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
-        cols0 = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, t_layout))
-        base = bh.to(gl.int64) * N
-        lse = gl.load(LSE + base + cols0, mask=cols0 < N, other=float("inf"))
-        delta = gl.load(DELTA + base + cols0, mask=cols0 < N, other=0.0)
-        t_zero = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, t_layout)
-        dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, acc_layout)
-        dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, acc_layout)
-        k2 = k_smem.index(G).reshape([BLOCK_N, HEAD_DIM])
-        v2 = v_smem.index(G).reshape([BLOCK_N, HEAD_DIM])
-        n_tiles = gl.cdiv(N, BLOCK_M)
-        mbarrier.wait(kv_bars.index(G), 0)
-        for i in range(n_tiles):
-            dv, dk, lse, delta = _dkdv_step(i, q_desc, do_desc, q_ring, do_ring, q_ready, do_ready,
-                                            k2, v2, dv, dk, lse, delta, t_zero, qk_scale, LSE,
-                                            DELTA, base, cols0, b, q_col, N, n_tiles, op_layout,
-                                            False, BLOCK_M, HEAD_DIM, STAGES)
-            dv, dk = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk))
-            mbarrier.arrive(q_empty.index(i % STAGES), count=1)
-            mbarrier.arrive(do_empty.index(i % STAGES), count=1)
-        _store_dkdv(dkv_desc, dk, dv, sm_scale, b, row0 + G * BLOCK_N, k_col, v_col, BLOCK_N, HEAD_DIM)
-
-
-    @gluon.jit
-    def _wsd_consumer1(q_desc, kv_desc, do_desc, dkv_desc, LSE, DELTA, qk_scale, sm_scale, N, bh, b, row0,
-                       q_col, k_col, v_col, k_smem, v_smem, kv_bars, q_ring, do_ring, q_ready, do_ready,
-                       q_empty, do_empty, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
-                       BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
-        """The second consumer (a worker partition: same signature as the loader's)."""
-        _wsd_consumer(q_desc, kv_desc, do_desc, dkv_desc, LSE, DELTA, qk_scale, sm_scale, N, bh, b, row0,
-                      q_col, k_col, v_col, k_smem, v_smem, kv_bars, q_ring, do_ring, q_ready, do_ready,
-                      q_empty, do_empty, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, 1)
-
-
-    @gluon.jit
-    def bwd_dkdv_ws_kernel(q_desc, kv_desc, do_desc, dkv_desc, LSE, DELTA, qk_scale, sm_scale, H, N,
-                           HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                           STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr):
-        """hopper.bwd_dkdv_kernel's dK and dV for 2 * BLOCK_N keys, warp-specialized: two
-        consumer warp groups of BLOCK_N = 64 keys each (CONSUMER_REGS registers a thread) share
-        one ring of Q and dO tiles, filled by a one-warp loader (24 registers), so each tile is
-        loaded once for 128 keys and no consumer issues a copy or waits at a CTA barrier.
-        Compiled for sm_90: no spills with 32-query tiles at D = 128 or 64-query ones at D = 64;
-        108-120 bytes with 64-query tiles at D = 128. Not timed yet; not listed by the op."""
-        row0, bh, b, q_col, k_col, v_col = _program(N, H, HEAD_DIM, 2 * BLOCK_N)
-        dtype: gl.constexpr = kv_desc.dtype
-        k_smem = gl.allocate_shared_memory(dtype, [2, 1, BLOCK_N, HEAD_DIM], kv_desc.layout)
-        v_smem = gl.allocate_shared_memory(dtype, [2, 1, BLOCK_N, HEAD_DIM], kv_desc.layout)
-        kv_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-        for g in gl.static_range(2):
-            mbarrier.init(kv_bars.index(g), count=1)
-        q_ring, do_ring, q_ready, do_ready, q_empty, do_empty = _ws_ring(q_desc, BLOCK_M, HEAD_DIM, STAGES)
-        fence_async_shared()
-        gl.warp_specialize([
-            (_wsd_consumer, (q_desc, kv_desc, do_desc, dkv_desc, LSE, DELTA, qk_scale, sm_scale, N, bh, b,
-                             row0, q_col, k_col, v_col, k_smem, v_smem, kv_bars, q_ring, do_ring, q_ready,
-                             do_ready, q_empty, do_empty, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, 0)),
-            (_wsd_consumer1, (q_desc, kv_desc, do_desc, dkv_desc, LSE, DELTA, qk_scale, sm_scale, N, bh, b,
-                              row0, q_col, k_col, v_col, k_smem, v_smem, kv_bars, q_ring, do_ring, q_ready,
-                              do_ready, q_empty, do_empty, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES)),
-            (_wsd_loader, (q_desc, kv_desc, do_desc, dkv_desc, LSE, DELTA, qk_scale, sm_scale, N, bh, b,
-                           row0, q_col, k_col, v_col, k_smem, v_smem, kv_bars, q_ring, do_ring, q_ready,
-                           do_ready, q_empty, do_empty, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES)),
-        ], [4, 1], [CONSUMER_REGS, 24])
-
-    @gluon.jit
-    def _wsq_loader(q_desc, kv_desc, do_desc, dq_desc, LSE, DELTA, O, qk_scale, sm_scale, H, N, bh, b,
-                    row0, q_col, k_col, v_col, q_smem, do_smem, qdo_bars, k_ring, v_ring, k_ready,
-                    v_ready, k_empty, v_empty, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
-                    BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
-        """Both consumers' Q and dO rows (BLOCK_M each), then every key tile's K and V, each
-        into its ring buffer once both consumers have signalled it empty."""
-        _ws_resident(q_desc, do_desc, b, row0, q_col, q_col, qdo_bars, q_smem, do_smem, BLOCK_M, HEAD_DIM)
-        for j in range(gl.cdiv(N, BLOCK_N)):
-            _ws_fill(kv_desc, kv_desc, b, j, j, k_col, v_col, k_ring, v_ring, k_ready, v_ready,
-                     k_empty, v_empty, BLOCK_N, HEAD_DIM, STAGES)
-
-    @gluon.jit
-    def _wsq_consumer(q_desc, kv_desc, do_desc, dq_desc, LSE, DELTA, O, qk_scale, sm_scale, H, N, bh, b,
-                      row0, q_col, k_col, v_col, q_smem, do_smem, qdo_bars, k_ring, v_ring, k_ready,
-                      v_ready, k_empty, v_empty, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
-                      BLOCK_N: gl.constexpr, STAGES: gl.constexpr, G: gl.constexpr):
-        """Consumer G's BLOCK_M query rows in one warp group: their delta (hopper._dq_delta,
-        written for the dK/dV kernel), then hopper._dq_step over every key tile of the ring
-        (each step's K and V buffers signalled empty once its dQ product is done), then dQ
-        stored through its Q buffer."""
-        s_layout: gl.constexpr = _mma(4, BLOCK_N)
-        acc_layout: gl.constexpr = _mma(4, HEAD_DIM)
-        op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
-        row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
-        first = row0 + G * BLOCK_M
-        rows = first + gl.arange(0, BLOCK_M, layout=row_s)
-        base = bh.to(gl.int64) * N
-        lse = gl.load(LSE + base + rows, mask=rows < N, other=0.0)
-        q2 = q_smem.index(G).reshape([BLOCK_M, HEAD_DIM])
-        do2 = do_smem.index(G).reshape([BLOCK_M, HEAD_DIM])
-        delta = _dq_delta(O, DELTA, do2, qdo_bars.index(G), b, first, q_col, base, H, N, row_s,
-                          HEAD_DIM, BLOCK_M, 4)
-        s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
-        dq = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, acc_layout)
-        n_tiles = gl.cdiv(N, BLOCK_N)
-        for j in range(n_tiles):
-            dq = _dq_step(j, kv_desc, k_ring, v_ring, k_ready, v_ready, q2, do2, dq, lse, delta, s_zero,
-                          qk_scale, b, k_col, v_col, n_tiles, op_layout, False, BLOCK_N, HEAD_DIM,
-                          STAGES)
-            dq = warpgroup_mma_wait(num_outstanding=0, deps=(dq, ))
-            mbarrier.arrive(k_empty.index(j % STAGES), count=1)
-            mbarrier.arrive(v_empty.index(j % STAGES), count=1)
-        q_buf = q_smem.index(G)  # its last score product read this Q long ago
-        q_buf.reshape([BLOCK_M, HEAD_DIM]).store((dq * sm_scale).to(q_desc.dtype))
-        fence_async_shared()
-        tma.async_copy_shared_to_global(dq_desc, [b, first, q_col], q_buf)
-        tma.store_wait(pendings=0)
-
-    @gluon.jit
-    def _wsq_consumer1(q_desc, kv_desc, do_desc, dq_desc, LSE, DELTA, O, qk_scale, sm_scale, H, N, bh, b,
-                       row0, q_col, k_col, v_col, q_smem, do_smem, qdo_bars, k_ring, v_ring, k_ready,
-                       v_ready, k_empty, v_empty, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
-                       BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
-        """The second consumer (a worker partition: same signature as the loader's)."""
-        _wsq_consumer(q_desc, kv_desc, do_desc, dq_desc, LSE, DELTA, O, qk_scale, sm_scale, H, N, bh, b,
-                      row0, q_col, k_col, v_col, q_smem, do_smem, qdo_bars, k_ring, v_ring, k_ready,
-                      v_ready, k_empty, v_empty, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, 1)
-
-    @gluon.jit
-    def bwd_dq_ws_kernel(q_desc, kv_desc, do_desc, dq_desc, LSE, DELTA, O, qk_scale, sm_scale, H, N,
-                         HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                         STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr):
-        """hopper.bwd_dq_kernel's dQ (with DQ_DELTA: delta computed and written) for 2 * BLOCK_M
-        queries, warp-specialized as bwd_dkdv_ws_kernel: two consumer warp groups of BLOCK_M = 64
-        queries share one ring of K and V tiles that a one-warp loader fills. Not timed yet;
-        not listed by the op."""
-        row0, bh, b, q_col, k_col, v_col = _program(N, H, HEAD_DIM, 2 * BLOCK_M)
-        dtype: gl.constexpr = kv_desc.dtype
-        q_smem = gl.allocate_shared_memory(dtype, [2, 1, BLOCK_M, HEAD_DIM], q_desc.layout)
-        do_smem = gl.allocate_shared_memory(dtype, [2, 1, BLOCK_M, HEAD_DIM], do_desc.layout)
-        qdo_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-        for g in gl.static_range(2):
-            mbarrier.init(qdo_bars.index(g), count=1)
-        k_ring, v_ring, k_ready, v_ready, k_empty, v_empty = _ws_ring(kv_desc, BLOCK_N, HEAD_DIM, STAGES)
-        fence_async_shared()
-        gl.warp_specialize([
-            (_wsq_consumer, (q_desc, kv_desc, do_desc, dq_desc, LSE, DELTA, O, qk_scale, sm_scale, H, N,
-                             bh, b, row0, q_col, k_col, v_col, q_smem, do_smem, qdo_bars, k_ring,
-                             v_ring, k_ready, v_ready, k_empty, v_empty, HEAD_DIM, BLOCK_M, BLOCK_N,
-                             STAGES, 0)),
-            (_wsq_consumer1, (q_desc, kv_desc, do_desc, dq_desc, LSE, DELTA, O, qk_scale, sm_scale, H,
-                              N, bh, b, row0, q_col, k_col, v_col, q_smem, do_smem, qdo_bars, k_ring,
-                              v_ring, k_ready, v_ready, k_empty, v_empty, HEAD_DIM, BLOCK_M, BLOCK_N,
-                              STAGES)),
-            (_wsq_loader, (q_desc, kv_desc, do_desc, dq_desc, LSE, DELTA, O, qk_scale, sm_scale, H, N,
-                           bh, b, row0, q_col, k_col, v_col, q_smem, do_smem, qdo_bars, k_ring, v_ring,
-                           k_ready, v_ready, k_empty, v_empty, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES)),
-        ], [4, 1], [CONSUMER_REGS, 24])
 
 
 def _dq_smem_layout():

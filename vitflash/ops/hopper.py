@@ -18,6 +18,8 @@ the query tiles stream past, in the transposed form that keeps the keys in the a
 rows, and bwd_dq_kernel holds BLOCK_M queries while the key tiles stream past. Both read the
 forward's base-2 LSE and delta = rowsum(dO * O): the op launches the dQ kernel first and it
 computes its rows' delta and writes it (DQ_DELTA), for the dK/dV kernel launched after it.
+bwd_dkdv_ws_kernel and bwd_dq_ws_kernel are their warp-specialized forms: two consumer warp
+groups share the streamed tiles, which a loader warp brings in.
 (The dQ kernel without DQ_DELTA reads a delta written before it, by kernels.bwd_delta_kernel:
 the form benchmarks/probes/gluon_bwd.py compares it with.)
 
@@ -243,7 +245,7 @@ if _IMPORT_ERROR is None:
     def _ws_fill(k_desc, v_desc, b, g, j, k_col, v_col, k_smem, v_smem, k_ready, v_ready, k_empty,
                  v_empty, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr):
         """The loader's tile j of two streamed operands (K and V in the forwards; Q and dO in
-        the probe's warp-specialized backward) into the ring's place g: the first's buffer
+        the warp-specialized backward's dK/dV kernel) into the ring's place g: the first's buffer
         once empty, then the second's."""
         stage = g % STAGES
         phase = (g // STAGES) & 1
@@ -790,6 +792,196 @@ if _IMPORT_ERROR is None:
         fence_async_shared()
         tma.async_copy_shared_to_global(dq_desc, [b, row0, q_col], out)
         tma.store_wait(pendings=0)
+
+    # The warp-specialized backward (launch.gluon_candidates' WS and DQ_WS forms): the kernels
+    # above stream every Q and dO tile past each 64-key dK/dV program, and every K and V tile
+    # past each 64-query dQ program; here two consumer warp groups share one stream, which a
+    # one-warp loader fills, as in fwd_ws_kernel.
+
+    @gluon.jit
+    def _ws_resident(a_desc, b_desc, b, row0, a_col, b_col, bars, a_smem, b_smem, ROWS: gl.constexpr,
+                     HEAD_DIM: gl.constexpr):
+        """A warp-specialized backward's resident tiles: consumer g's ROWS rows from row0 + g * ROWS of two
+        operands (K and V, or Q and dO) into a_smem[g] and b_smem[g], behind bars[g]."""
+        for g in gl.static_range(2):
+            bar = bars.index(g)
+            mbarrier.expect(bar, 2 * ROWS * HEAD_DIM * a_desc.dtype.primitive_bitwidth // 8)
+            tma.async_copy_global_to_shared(a_desc, [b, row0 + g * ROWS, a_col], bar, a_smem.index(g))
+            tma.async_copy_global_to_shared(b_desc, [b, row0 + g * ROWS, b_col], bar, b_smem.index(g))
+
+    @gluon.jit
+    def _wsd_loader(q_desc, kv_desc, do_desc, dkv_desc, LSE, DELTA, qk_scale, sm_scale, N, bh, b, row0,
+                    q_col, k_col, v_col, k_smem, v_smem, kv_bars, q_ring, do_ring, q_ready, do_ready,
+                    q_empty, do_empty, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+                    BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+        """Both consumers' K and V (BLOCK_N keys each, a barrier each), then every query tile's
+        Q and dO, each into its ring buffer once both consumers have signalled it empty."""
+        _ws_resident(kv_desc, kv_desc, b, row0, k_col, v_col, kv_bars, k_smem, v_smem, BLOCK_N, HEAD_DIM)
+        for i in range(gl.cdiv(N, BLOCK_M)):
+            _ws_fill(q_desc, do_desc, b, i, i, q_col, q_col, q_ring, do_ring, q_ready, do_ready,
+                     q_empty, do_empty, BLOCK_M, HEAD_DIM, STAGES)
+
+    @gluon.jit
+    def _wsd_consumer(q_desc, kv_desc, do_desc, dkv_desc, LSE, DELTA, qk_scale, sm_scale, N, bh, b, row0,
+                      q_col, k_col, v_col, k_smem, v_smem, kv_bars, q_ring, do_ring, q_ready, do_ready,
+                      q_empty, do_empty, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+                      BLOCK_N: gl.constexpr, STAGES: gl.constexpr, G: gl.constexpr):
+        """Consumer G's BLOCK_N keys in one warp group: hopper._dkdv_step over every query tile
+        of the ring (no refill: each step's Q and dO buffers are signalled empty once its dV and
+        dK products are done), then its dK and dV stored."""
+        t_layout: gl.constexpr = _mma(4, BLOCK_M)
+        acc_layout: gl.constexpr = _mma(4, HEAD_DIM)
+        op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
+        cols0 = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, t_layout))
+        base = bh.to(gl.int64) * N
+        lse = gl.load(LSE + base + cols0, mask=cols0 < N, other=float("inf"))
+        delta = gl.load(DELTA + base + cols0, mask=cols0 < N, other=0.0)
+        t_zero = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, t_layout)
+        dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, acc_layout)
+        dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, acc_layout)
+        k2 = k_smem.index(G).reshape([BLOCK_N, HEAD_DIM])
+        v2 = v_smem.index(G).reshape([BLOCK_N, HEAD_DIM])
+        n_tiles = gl.cdiv(N, BLOCK_M)
+        mbarrier.wait(kv_bars.index(G), 0)
+        for i in range(n_tiles):
+            dv, dk, lse, delta = _dkdv_step(i, q_desc, do_desc, q_ring, do_ring, q_ready, do_ready,
+                                            k2, v2, dv, dk, lse, delta, t_zero, qk_scale, LSE,
+                                            DELTA, base, cols0, b, q_col, N, n_tiles, op_layout,
+                                            False, BLOCK_M, HEAD_DIM, STAGES)
+            dv, dk = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk))
+            mbarrier.arrive(q_empty.index(i % STAGES), count=1)
+            mbarrier.arrive(do_empty.index(i % STAGES), count=1)
+        _store_dkdv(dkv_desc, dk, dv, sm_scale, b, row0 + G * BLOCK_N, k_col, v_col, BLOCK_N, HEAD_DIM)
+
+    @gluon.jit
+    def _wsd_consumer1(q_desc, kv_desc, do_desc, dkv_desc, LSE, DELTA, qk_scale, sm_scale, N, bh, b, row0,
+                       q_col, k_col, v_col, k_smem, v_smem, kv_bars, q_ring, do_ring, q_ready, do_ready,
+                       q_empty, do_empty, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+                       BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+        """The second consumer (a worker partition: same signature as the loader's)."""
+        _wsd_consumer(q_desc, kv_desc, do_desc, dkv_desc, LSE, DELTA, qk_scale, sm_scale, N, bh, b, row0,
+                      q_col, k_col, v_col, k_smem, v_smem, kv_bars, q_ring, do_ring, q_ready, do_ready,
+                      q_empty, do_empty, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, 1)
+
+    @gluon.jit
+    def bwd_dkdv_ws_kernel(q_desc, kv_desc, do_desc, dkv_desc, LSE, DELTA, qk_scale, sm_scale, H, N,
+                           HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                           STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr):
+        """hopper.bwd_dkdv_kernel's dK and dV for 2 * BLOCK_N keys, warp-specialized: two
+        consumer warp groups of BLOCK_N = 64 keys each (CONSUMER_REGS registers a thread) share
+        one ring of Q and dO tiles, filled by a one-warp loader (24 registers), so each tile is
+        loaded once for 128 keys and no consumer issues a copy or waits at a CTA barrier.
+        Compiled for sm_90: no spills with 32-query tiles at D = 128 or 64-query ones at D = 64;
+        108-120 bytes with 64-query tiles at D = 128 (not listed)."""
+        row0, bh, b, q_col, k_col, v_col = _program(N, H, HEAD_DIM, 2 * BLOCK_N)
+        dtype: gl.constexpr = kv_desc.dtype
+        k_smem = gl.allocate_shared_memory(dtype, [2, 1, BLOCK_N, HEAD_DIM], kv_desc.layout)
+        v_smem = gl.allocate_shared_memory(dtype, [2, 1, BLOCK_N, HEAD_DIM], kv_desc.layout)
+        kv_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        for g in gl.static_range(2):
+            mbarrier.init(kv_bars.index(g), count=1)
+        q_ring, do_ring, q_ready, do_ready, q_empty, do_empty = _ws_ring(q_desc, BLOCK_M, HEAD_DIM, STAGES)
+        fence_async_shared()
+        gl.warp_specialize([
+            (_wsd_consumer, (q_desc, kv_desc, do_desc, dkv_desc, LSE, DELTA, qk_scale, sm_scale, N, bh, b,
+                             row0, q_col, k_col, v_col, k_smem, v_smem, kv_bars, q_ring, do_ring, q_ready,
+                             do_ready, q_empty, do_empty, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, 0)),
+            (_wsd_consumer1, (q_desc, kv_desc, do_desc, dkv_desc, LSE, DELTA, qk_scale, sm_scale, N, bh, b,
+                              row0, q_col, k_col, v_col, k_smem, v_smem, kv_bars, q_ring, do_ring, q_ready,
+                              do_ready, q_empty, do_empty, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES)),
+            (_wsd_loader, (q_desc, kv_desc, do_desc, dkv_desc, LSE, DELTA, qk_scale, sm_scale, N, bh, b,
+                           row0, q_col, k_col, v_col, k_smem, v_smem, kv_bars, q_ring, do_ring, q_ready,
+                           do_ready, q_empty, do_empty, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES)),
+        ], [4, 1], [CONSUMER_REGS, 24])
+
+    @gluon.jit
+    def _wsq_loader(q_desc, kv_desc, do_desc, dq_desc, LSE, DELTA, O, qk_scale, sm_scale, H, N, bh, b,
+                    row0, q_col, k_col, v_col, q_smem, do_smem, qdo_bars, k_ring, v_ring, k_ready,
+                    v_ready, k_empty, v_empty, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+                    BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+        """Both consumers' Q and dO rows (BLOCK_M each), then every key tile's K and V, each
+        into its ring buffer once both consumers have signalled it empty."""
+        _ws_resident(q_desc, do_desc, b, row0, q_col, q_col, qdo_bars, q_smem, do_smem, BLOCK_M, HEAD_DIM)
+        for j in range(gl.cdiv(N, BLOCK_N)):
+            _ws_fill(kv_desc, kv_desc, b, j, j, k_col, v_col, k_ring, v_ring, k_ready, v_ready,
+                     k_empty, v_empty, BLOCK_N, HEAD_DIM, STAGES)
+
+    @gluon.jit
+    def _wsq_consumer(q_desc, kv_desc, do_desc, dq_desc, LSE, DELTA, O, qk_scale, sm_scale, H, N, bh, b,
+                      row0, q_col, k_col, v_col, q_smem, do_smem, qdo_bars, k_ring, v_ring, k_ready,
+                      v_ready, k_empty, v_empty, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+                      BLOCK_N: gl.constexpr, STAGES: gl.constexpr, G: gl.constexpr):
+        """Consumer G's BLOCK_M query rows in one warp group: their delta (hopper._dq_delta,
+        written for the dK/dV kernel), then hopper._dq_step over every key tile of the ring
+        (each step's K and V buffers signalled empty once its dQ product is done), then dQ
+        stored through its Q buffer."""
+        s_layout: gl.constexpr = _mma(4, BLOCK_N)
+        acc_layout: gl.constexpr = _mma(4, HEAD_DIM)
+        op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
+        row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+        first = row0 + G * BLOCK_M
+        rows = first + gl.arange(0, BLOCK_M, layout=row_s)
+        base = bh.to(gl.int64) * N
+        lse = gl.load(LSE + base + rows, mask=rows < N, other=0.0)
+        q2 = q_smem.index(G).reshape([BLOCK_M, HEAD_DIM])
+        do2 = do_smem.index(G).reshape([BLOCK_M, HEAD_DIM])
+        delta = _dq_delta(O, DELTA, do2, qdo_bars.index(G), b, first, q_col, base, H, N, row_s,
+                          HEAD_DIM, BLOCK_M, 4)
+        s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
+        dq = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, acc_layout)
+        n_tiles = gl.cdiv(N, BLOCK_N)
+        for j in range(n_tiles):
+            dq = _dq_step(j, kv_desc, k_ring, v_ring, k_ready, v_ready, q2, do2, dq, lse, delta, s_zero,
+                          qk_scale, b, k_col, v_col, n_tiles, op_layout, False, BLOCK_N, HEAD_DIM,
+                          STAGES)
+            dq = warpgroup_mma_wait(num_outstanding=0, deps=(dq, ))
+            mbarrier.arrive(k_empty.index(j % STAGES), count=1)
+            mbarrier.arrive(v_empty.index(j % STAGES), count=1)
+        q_buf = q_smem.index(G)  # its last score product read this Q long ago
+        q_buf.reshape([BLOCK_M, HEAD_DIM]).store((dq * sm_scale).to(q_desc.dtype))
+        fence_async_shared()
+        tma.async_copy_shared_to_global(dq_desc, [b, first, q_col], q_buf)
+        tma.store_wait(pendings=0)
+
+    @gluon.jit
+    def _wsq_consumer1(q_desc, kv_desc, do_desc, dq_desc, LSE, DELTA, O, qk_scale, sm_scale, H, N, bh, b,
+                       row0, q_col, k_col, v_col, q_smem, do_smem, qdo_bars, k_ring, v_ring, k_ready,
+                       v_ready, k_empty, v_empty, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+                       BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+        """The second consumer (a worker partition: same signature as the loader's)."""
+        _wsq_consumer(q_desc, kv_desc, do_desc, dq_desc, LSE, DELTA, O, qk_scale, sm_scale, H, N, bh, b,
+                      row0, q_col, k_col, v_col, q_smem, do_smem, qdo_bars, k_ring, v_ring, k_ready,
+                      v_ready, k_empty, v_empty, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, 1)
+
+    @gluon.jit
+    def bwd_dq_ws_kernel(q_desc, kv_desc, do_desc, dq_desc, LSE, DELTA, O, qk_scale, sm_scale, H, N,
+                         HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                         STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr):
+        """hopper.bwd_dq_kernel's dQ (with DQ_DELTA: delta computed and written) for 2 * BLOCK_M
+        queries, warp-specialized as bwd_dkdv_ws_kernel: two consumer warp groups of BLOCK_M = 64
+        queries share one ring of K and V tiles that a one-warp loader fills."""
+        row0, bh, b, q_col, k_col, v_col = _program(N, H, HEAD_DIM, 2 * BLOCK_M)
+        dtype: gl.constexpr = kv_desc.dtype
+        q_smem = gl.allocate_shared_memory(dtype, [2, 1, BLOCK_M, HEAD_DIM], q_desc.layout)
+        do_smem = gl.allocate_shared_memory(dtype, [2, 1, BLOCK_M, HEAD_DIM], do_desc.layout)
+        qdo_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        for g in gl.static_range(2):
+            mbarrier.init(qdo_bars.index(g), count=1)
+        k_ring, v_ring, k_ready, v_ready, k_empty, v_empty = _ws_ring(kv_desc, BLOCK_N, HEAD_DIM, STAGES)
+        fence_async_shared()
+        gl.warp_specialize([
+            (_wsq_consumer, (q_desc, kv_desc, do_desc, dq_desc, LSE, DELTA, O, qk_scale, sm_scale, H, N,
+                             bh, b, row0, q_col, k_col, v_col, q_smem, do_smem, qdo_bars, k_ring,
+                             v_ring, k_ready, v_ready, k_empty, v_empty, HEAD_DIM, BLOCK_M, BLOCK_N,
+                             STAGES, 0)),
+            (_wsq_consumer1, (q_desc, kv_desc, do_desc, dq_desc, LSE, DELTA, O, qk_scale, sm_scale, H,
+                              N, bh, b, row0, q_col, k_col, v_col, q_smem, do_smem, qdo_bars, k_ring,
+                              v_ring, k_ready, v_ready, k_empty, v_empty, HEAD_DIM, BLOCK_M, BLOCK_N,
+                              STAGES)),
+            (_wsq_loader, (q_desc, kv_desc, do_desc, dq_desc, LSE, DELTA, O, qk_scale, sm_scale, H, N,
+                           bh, b, row0, q_col, k_col, v_col, q_smem, do_smem, qdo_bars, k_ring, v_ring,
+                           k_ready, v_ready, k_empty, v_empty, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES)),
+        ], [4, 1], [CONSUMER_REGS, 24])
 
 
 @functools.lru_cache(maxsize=None)

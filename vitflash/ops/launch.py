@@ -61,6 +61,7 @@ except ImportError:  # (Windows: none; of two processes writing at once, one's e
 
 INTERPRET = bool(kernels.INTERPRET)
 # bump when a kernel or the candidate list changes in a way that can change the best config:
+# 30, the Gluon backward's warp-specialized dK/dV and dQ kernels (WS, DQ_WS);
 # 29, the Gluon backward's dQ kernel computing delta, launched before the dK/dV kernel
 #     (its DQ_DELTA; no delta launch), its products overlapped at D = 128 (DQ_OVERLAP), and the
 #     persistent warp-specialized Gluon forward at D = 128 (PERSISTENT);
@@ -100,7 +101,7 @@ INTERPRET = bool(kernels.INTERPRET)
 # 6, the forwards' FMA-folded softmax (and the bwd_atomic op);
 # 5, split head dims (4 keyed the reverted TAILS candidates of 067433b, which a GPU
 #    machine's cache file may still hold)
-CACHE_VERSION = 29
+CACHE_VERSION = 30
 
 # the families of bwd_atomic's own kernels: dQ added element by element, or by TMA tiles
 ATOMIC_FAMILIES = ("atomic", "atomic_tma")
@@ -114,6 +115,9 @@ SHORT_FWD_FAMILIES = ("short", "short_tma")
 GLUON_FAMILIES = ("gluon", "gluon_ws")
 # the Gluon backward (hopper.py): bwd_dkdv_kernel's launch, then bwd_dq_kernel's
 GLUON_BWD_FAMILY = "gluon_bwd"
+# the registers a thread of the warp-specialized Gluon kernels' consumer warp groups take
+# (setmaxnreg): the most that two consumer groups and a loader warp fit
+WS_REGS = 240
 # listed from this length on: at N = 197 no Gluon forward configuration reached the Triton
 # one on an H200 or an H100 (benchmarks/results/gpu_session_17e1b36/)
 GLUON_MIN_N = 257
@@ -439,19 +443,32 @@ def gluon_candidates(op: str, n: int, d: int) -> list[Candidate]:
     kernels at N = 577, 1.384 against 1.374 + 0.047 at 4097; and at D = 128 its products
     overlap across steps (DQ_OVERLAP): 1.310 ms at 4097, 0.320 at 577
     (benchmarks/results/gpu_session_64c5aa5/run1). The 32-query overlapped dK/dV form at
-    D = 128 was 0.89x and 0.95x the 64-query plain one there: not listed."""
+    D = 128 was 0.89x and 0.95x the 64-query plain one there: not listed.
+
+    The warp-specialized forms (WS: hopper.bwd_dkdv_ws_kernel, two consumers of BLOCK_N1 keys
+    sharing one stream of Q and dO tiles; DQ_WS: hopper.bwd_dq_ws_kernel, two of BLOCK_M2
+    queries sharing one of K and V) are listed beside the others at both head dims, so that
+    the tuner times them through the op; they compile with no spills at these tiles."""
     if n < GLUON_MIN_N or d not in hopper.HEAD_DIMS or not gluon_kernels():
         return []
     if op != "fwd":
         names = ("BLOCK_M1", "BLOCK_N1", "BLOCK_M2", "BLOCK_N2")
         if d == 128:  # the dQ products overlapped across steps (DQ_OVERLAP)
-            return _c(GLUON_BWD_FAMILY, (*names, "DQ_OVERLAP"), (64, 64, 64, 64, 1, 4, 2),
-                      (64, 128, 64, 64, 1, 8, 2))
+            return (_c(GLUON_BWD_FAMILY, (*names, "DQ_OVERLAP"), (64, 64, 64, 64, 1, 4, 2),
+                       (64, 128, 64, 64, 1, 8, 2))
+                    # the warp-specialized dK/dV kernel (32-query tiles: 64 spill), with the
+                    # overlapped dQ kernel or the warp-specialized one
+                    + _c(GLUON_BWD_FAMILY, (*names, "WS", "DQ_OVERLAP"), (32, 64, 64, 64, 1, 1, 4, 2))
+                    + _c(GLUON_BWD_FAMILY, (*names, "WS", "DQ_WS"), (32, 64, 64, 64, 1, 1, 4, 2),
+                         (32, 64, 64, 64, 1, 1, 4, 3), (32, 64, 64, 128, 1, 1, 4, 2)))
         # at D = 64 the dK/dV products overlapped across steps (spills at D = 128) beside the
-        # plain forms
+        # plain forms, and the warp-specialized kernels with either dK/dV form
         return (_c(GLUON_BWD_FAMILY, names, (64, 64, 64, 64, 4, 2), (64, 128, 64, 64, 8, 2))
                 + _c(GLUON_BWD_FAMILY, (*names, "OVERLAP"), (64, 64, 64, 64, 1, 4, 2),
-                     (64, 64, 64, 64, 1, 4, 3)))
+                     (64, 64, 64, 64, 1, 4, 3))
+                + _c(GLUON_BWD_FAMILY, (*names, "WS"), (64, 64, 64, 64, 1, 4, 2))
+                + _c(GLUON_BWD_FAMILY, (*names, "WS", "DQ_WS"), (64, 64, 64, 64, 1, 1, 4, 2))
+                + _c(GLUON_BWD_FAMILY, (*names, "OVERLAP", "DQ_WS"), (64, 64, 64, 64, 1, 1, 4, 2)))
     if d == 64:
         return [Candidate("gluon", (("BLOCK_M", 64), ("BLOCK_N", 128)), 4, 2)]
     ws = (("BLOCK_M", 64), ("BLOCK_N", 128), ("CONSUMER_REGS", 240))
@@ -809,7 +826,10 @@ class GluonBwdLaunch(_GluonLaunches):
     """One of a "gluon_bwd" candidate's two launches (hopper.py): its dK/dV kernel (dkdv) or
     its dQ kernel, called as (qkv, o, do, lse, delta, dqkv, qk_scale, softmax_scale, H, N);
     each makes its own TMA descriptors at each call. The dQ kernel runs first and computes
-    delta from o and do (its DQ_DELTA), writing it for the dK/dV kernel (which reads no o)."""
+    delta from o and do (its DQ_DELTA), writing it for the dK/dV kernel (which reads no o).
+    WS (DQ_WS) in the candidate's key: the dK/dV (dQ) kernel's warp-specialized form, two
+    consumer warp groups of BLOCK_N1 keys (BLOCK_M2 queries) at WS_REGS registers and a
+    loader warp, so a program owns twice that many rows."""
 
     __slots__ = ("dkdv", )
 
@@ -817,13 +837,19 @@ class GluonBwdLaunch(_GluonLaunches):
         m = c.meta
         block_m, block_n = (m["BLOCK_M1"], m["BLOCK_N1"]) if dkdv else (m["BLOCK_M2"], m["BLOCK_N2"])
         self.dkdv, self.rows = dkdv, block_n if dkdv else block_m  # a program's keys or queries
-        self.kernel = hopper.bwd_dkdv_kernel if dkdv else hopper.bwd_dq_kernel
         self.consts = dict(HEAD_DIM=D, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=c.num_stages)
+        self.options = dict(num_warps=self.rows // 16)  # a warp group per 64 rows
+        if m.get("WS" if dkdv else "DQ_WS"):  # two consumers of self.rows each, and a loader
+            self.kernel = hopper.bwd_dkdv_ws_kernel if dkdv else hopper.bwd_dq_ws_kernel
+            self.rows *= 2
+            self.consts["CONSUMER_REGS"] = WS_REGS
+            self.options = dict(num_warps=4, maxnreg=hopper.ws_maxnreg(WS_REGS))
+            return
+        self.kernel = hopper.bwd_dkdv_kernel if dkdv else hopper.bwd_dq_kernel
         if m.get("OVERLAP" if dkdv else "DQ_OVERLAP"):  # each kernel's products overlapped
             self.consts["OVERLAP"] = 1
         if not dkdv:
             self.consts["DQ_DELTA"] = 1
-        self.options = dict(num_warps=self.rows // 16)  # a warp group per 64 rows
 
     def __call__(self, qkv, o, do, lse, delta, dqkv, qk_scale, softmax_scale, H, N) -> None:
         c = self.consts
