@@ -813,20 +813,25 @@ for family, blocks, D, N in (("gluon_ws", ws, 128, 577), ("gluon", (("BLOCK_M", 
     print(family, D, len(compiled), *{(ck.metadata.num_warps, getattr(ck.metadata, "maxnreg", None),
                                        "wgmma" in ck.asm["ptx"]) for ck in compiled})
 
+
+def bwd_warmup(c, D, dkdv):  # one of a backward candidate's launches, bf16 and fp16: its binaries
+    g = launch.GluonBwdLaunch(c, D, dkdv)
+    g.kernel.device_caches.clear()
+    for dtype in (torch.bfloat16, torch.float16):
+        qkv, do = torch.zeros(2, 300, 3, 3, D, dtype=dtype), torch.zeros(2, 300, 3, D, dtype=dtype)
+        lse = torch.zeros(2, 3, 300)
+        launch._compiling.only = True
+        g(qkv, torch.zeros_like(do), do, lse, lse, torch.empty_like(qkv), 0.1, 0.125, 3, 300)
+    return g, list(g.kernel.device_caches[0][0].values())
+
+
 # the backward's two launches, each candidate at both head dims (the overlapped one at D = 64)
 names = ("BLOCK_M1", "BLOCK_N1", "BLOCK_M2", "BLOCK_N2", "OVERLAP")
 for n1, warps, overlap in ((64, 4, 0), (128, 8, 0), (64, 4, 1)):
     c = launch.Candidate("gluon_bwd", tuple(zip(names, (64, n1, 64, 64, overlap))), warps, 2)
     for D in ((64, ) if overlap else (64, 128)):
         for dkdv in (True, False):
-            g = launch.GluonBwdLaunch(c, D, dkdv)
-            g.kernel.device_caches.clear()
-            for dtype in (torch.bfloat16, torch.float16):
-                qkv, do = torch.zeros(2, 300, 3, 3, D, dtype=dtype), torch.zeros(2, 300, 3, D, dtype=dtype)
-                lse = torch.zeros(2, 3, 300)
-                launch._compiling.only = True
-                g(qkv, torch.zeros_like(do), do, lse, lse, torch.empty_like(qkv), 0.1, 0.125, 3, 300)
-            compiled = list(g.kernel.device_caches[0][0].values())
+            g, compiled = bwd_warmup(c, D, dkdv)
             print("dkdv" if dkdv else "dq", n1, D, overlap, len(compiled),
                   *{(ck.metadata.num_warps, "wgmma" in ck.asm["ptx"]) for ck in compiled})
 
@@ -835,14 +840,7 @@ names = ("BLOCK_M1", "BLOCK_N1", "BLOCK_M2", "BLOCK_N2", "WS", "DQ_WS")
 for D, m1, n2 in ((64, 64, 64), (128, 32, 128)):
     c = launch.Candidate("gluon_bwd", tuple(zip(names, (m1, 64, 64, n2, 1, 1))), 4, 2)
     for dkdv in (True, False):
-        g = launch.GluonBwdLaunch(c, D, dkdv)
-        g.kernel.device_caches.clear()
-        for dtype in (torch.bfloat16, torch.float16):
-            qkv, do = torch.zeros(2, 300, 3, 3, D, dtype=dtype), torch.zeros(2, 300, 3, D, dtype=dtype)
-            lse = torch.zeros(2, 3, 300)
-            launch._compiling.only = True
-            g(qkv, torch.zeros_like(do), do, lse, lse, torch.empty_like(qkv), 0.1, 0.125, 3, 300)
-        compiled = list(g.kernel.device_caches[0][0].values())
+        g, compiled = bwd_warmup(c, D, dkdv)
         print("ws_dkdv" if dkdv else "ws_dq", D, g.rows, len(compiled),
               *{(ck.metadata.num_warps, getattr(ck.metadata, "maxnreg", None), "wgmma" in ck.asm["ptx"])
                 for ck in compiled})
