@@ -713,15 +713,22 @@ def test_a_misaligned_packed_input_is_copied_and_gives_the_same_results():
     assert all(torch.equal(a, b) for a, b in zip(*results))
 
 
+def _bwd_form(c: launch.Candidate) -> tuple:
+    """A Gluon backward candidate as (BLOCK_M1, BLOCK_N1, BLOCK_M2, BLOCK_N2, flags, warps,
+    stages)."""
+    return (*(c.meta[k] for k in ("BLOCK_M1", "BLOCK_N1", "BLOCK_M2", "BLOCK_N2")),
+            "+".join(k for k in ("OVERLAP", "DQ_OVERLAP", "WS", "DQ_WS") if c.meta.get(k)),
+            c.num_warps, c.num_stages)
+
+
 def test_gluon_kernels_are_listed_only_where_they_were_measured_to_pay(monkeypatch):
     """On Hopper the forward lists one Gluon candidate past N = 256 at D = 64 (the 4-warp
     form) and D = 128 (the warp-specialized one, and its persistent form), and both backwards
     (deterministic or not) 64-key and 128-key dK/dV programs with 64-row dQ programs (at
     D = 128 with the dQ products overlapped), at D = 64 the 64-key one with its products
-    overlapped across steps, in 2 and 3 stages (at D = 128 it spills), and the
-    warp-specialized kernels (two consumers of 64 keys or queries a program) in the pairs
-    that compile without spills; never at N <= 256, at other head dims, or with dropout (the
-    Gluon kernels have none)."""
+    overlapped across steps, in 2 and 3 stages (at D = 128 it spills); never at N <= 256, at
+    other head dims, or with dropout (the Gluon kernels have none). The warp-specialized
+    backward's forms are staged apart (gluon_ws_bwd_candidates: not yet run on a GPU)."""
     monkeypatch.setattr(launch, "_GLUON", True)
     monkeypatch.setattr(launch, "_TMA", True)
 
@@ -741,18 +748,18 @@ def test_gluon_kernels_are_listed_only_where_they_were_measured_to_pay(monkeypat
         cands = gluon(op, n, d)
         assert {c.family for c in cands} == {"gluon_bwd"}
         # (BLOCK_M1, BLOCK_N1, BLOCK_M2, BLOCK_N2, flags, warps, stages)
-        got = [(*(c.meta[k] for k in ("BLOCK_M1", "BLOCK_N1", "BLOCK_M2", "BLOCK_N2")),
-                "+".join(k for k in ("OVERLAP", "DQ_OVERLAP", "WS", "DQ_WS") if c.meta.get(k)),
-                c.num_warps, c.num_stages) for c in cands]
+        got = [_bwd_form(c) for c in cands]
         if d == 64:
             assert got == [(64, 64, 64, 64, "", 4, 2), (64, 128, 64, 64, "", 8, 2),
-                           (64, 64, 64, 64, "OVERLAP", 4, 2), (64, 64, 64, 64, "OVERLAP", 4, 3),
-                           (64, 64, 64, 64, "WS", 4, 2), (64, 64, 64, 64, "WS+DQ_WS", 4, 2),
-                           (64, 64, 64, 64, "OVERLAP+DQ_WS", 4, 2)], (op, n)
+                           (64, 64, 64, 64, "OVERLAP", 4, 2), (64, 64, 64, 64, "OVERLAP", 4, 3)], (op, n)
         else:
-            assert got == [(64, 64, 64, 64, "DQ_OVERLAP", 4, 2), (64, 128, 64, 64, "DQ_OVERLAP", 8, 2),
-                           (32, 64, 64, 64, "DQ_OVERLAP+WS", 4, 2), (32, 64, 64, 64, "WS+DQ_WS", 4, 2),
-                           (32, 64, 64, 64, "WS+DQ_WS", 4, 3), (32, 64, 64, 128, "WS+DQ_WS", 4, 2)], (op, n)
+            assert got == [(64, 64, 64, 64, "DQ_OVERLAP", 4, 2), (64, 128, 64, 64, "DQ_OVERLAP", 8, 2)], (op, n)
+    # the warp-specialized forms: staged (not listed), at the tiles that compile with no spills
+    assert [_bwd_form(c) for c in launch.gluon_ws_bwd_candidates(64)] == [
+        (64, 64, 64, 64, "WS", 4, 2), (64, 64, 64, 64, "WS+DQ_WS", 4, 2), (64, 64, 64, 64, "OVERLAP+DQ_WS", 4, 2)]
+    assert [_bwd_form(c) for c in launch.gluon_ws_bwd_candidates(128)] == [
+        (32, 64, 64, 64, "DQ_OVERLAP+WS", 4, 2), (32, 64, 64, 64, "WS+DQ_WS", 4, 2),
+        (32, 64, 64, 64, "WS+DQ_WS", 4, 3), (32, 64, 64, 128, "WS+DQ_WS", 4, 2)]
     for op, n, d, dropout in (("fwd", 197, 64, False), ("fwd", 256, 128, False), ("fwd", 577, 80, False),
                               ("fwd", 577, 32, False), ("fwd", 577, 64, True), ("bwd", 256, 64, False),
                               ("bwd", 577, 96, False), ("bwd", 577, 64, True), ("bwd_atomic", 197, 128, False)):
@@ -1005,18 +1012,21 @@ def test_gluon_persistent_forward_gpu(monkeypatch, B, H, N):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("staged", [False, True], ids=["listed", "warp_specialized"])
 @pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("N", [257, 577, 1000, 2049])
-def test_gluon_backward_gpu(monkeypatch, N, D):
-    """Each Gluon backward candidate (on Hopper), after the Triton forward and after the
-    Gluon one, at full and partial last query and key tiles, under the rule on o, dq, dk, dv."""
+def test_gluon_backward_gpu(monkeypatch, N, D, staged):
+    """Each Gluon backward candidate (on Hopper), listed or staged (the warp-specialized
+    forms, gluon_ws_bwd_candidates), after the Triton forward and after the Gluon one, at
+    full and partial last query and key tiles, under the rule on o, dq, dk, dv."""
     monkeypatch.setenv("VITFLASH_GLUON", "1")
     monkeypatch.setattr(launch, "_GLUON", None)
     if not launch.gluon_kernels():
         pytest.skip("the Gluon kernels run on Hopper GPUs with a triton that has Gluon")
-    bwds = [c for c in launch.candidates("bwd", N, D) if c.family == launch.GLUON_BWD_FAMILY]
+    listed = [c for c in launch.candidates("bwd", N, D) if c.family == launch.GLUON_BWD_FAMILY]
+    bwds = launch.gluon_ws_bwd_candidates(D) if staged else listed
     gluon_fwd = [c for c in launch.candidates("fwd", N, D, 2 * 4) if c.family in launch.GLUON_FAMILIES][-1]
-    assert len(bwds) == (7 if D == 64 else 6)
+    assert len(listed) == (4 if D == 64 else 2) and len(bwds) >= 2
     for fwd in (launch.heuristic("fwd", N, D), gluon_fwd):
         for bwd in bwds:
             _force(monkeypatch, fwd, bwd)

@@ -39,9 +39,10 @@ its form that adds each dQ tile by one TMA bulk reduction), checked on all three
 and timed with its dQ zeroing and store. --ws-configs: the warp-specialized dK/dV kernel
 (hopper.bwd_dkdv_ws_kernel: two 64-key consumers sharing one Q and dO ring filled by a loader
 warp; BLOCK_M x 128 x STAGES x 4), and --wsdq-configs: its dQ twin (hopper.bwd_dq_ws_kernel: two
-64-query consumers sharing one K and V ring, computing delta; 128 x BLOCK_N x STAGES x 4), the
-op's WS and DQ_WS forms. Their compile rows' registers are the kernel-wide cap: the consumers
-run at WS_REGS (setmaxnreg).
+64-query consumers sharing one K and V ring, computing delta; 128 x BLOCK_N x STAGES x 4): the
+op's staged WS and DQ_WS forms (launch.gluon_ws_bwd_candidates), not listed until timed here.
+Their compile rows' registers are the kernel-wide cap: the consumers run at WS_REGS
+(setmaxnreg).
 """
 from __future__ import annotations
 
@@ -61,6 +62,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gluon_fwd import (compile_header, hopper_env, probe_parser, require_gluon,  # noqa: E402
                        sass_cells, timed, write_out)
 from vitflash.ops import hopper, naive_attention  # noqa: E402
+# the warp-specialized kernels' consumers' registers a thread, as the op launches them
+from vitflash.ops.launch import WS_REGS  # noqa: E402
 
 # dK/dV configurations (128x128x2x8 at D = 64 compiles with 120 bytes of spills a thread,
 # the "o" forms with 64-query tiles at D = 128 with 136-300: not listed; with 32-query tiles
@@ -76,7 +79,6 @@ SHAPES = ["64,12,577,64", "8,12,4097,64", "32,16,577,128", "4,16,4097,128"]
 WS_CONFIGS = {64: ["64x128x2x4"], 128: ["32x128x2x4", "32x128x3x4"]}
 # the warp-specialized dQ kernel (hopper.bwd_dq_ws_kernel): 128 queries a program x keys x stages x 4
 WSDQ_CONFIGS = {64: ["128x64x2x4"], 128: ["128x64x2x4", "128x64x3x4", "128x128x2x4"]}
-WS_REGS = 240  # their consumers' registers a thread (the most two consumer groups and a loader fit)
 KINDS = ("dkdv", "dq", "atomic", "ws", "wsdq")  # the kernels: what each config list is for
 
 

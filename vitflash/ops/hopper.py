@@ -19,7 +19,8 @@ rows, and bwd_dq_kernel holds BLOCK_M queries while the key tiles stream past. B
 forward's base-2 LSE and delta = rowsum(dO * O): the op launches the dQ kernel first and it
 computes its rows' delta and writes it (DQ_DELTA), for the dK/dV kernel launched after it.
 bwd_dkdv_ws_kernel and bwd_dq_ws_kernel are their warp-specialized forms: two consumer warp
-groups share the streamed tiles, which a loader warp brings in.
+groups share the streamed tiles, which a loader warp brings in (staged: launch.py can launch
+them, launch.gluon_ws_bwd_candidates, but does not list them until a GPU has timed them).
 (The dQ kernel without DQ_DELTA reads a delta written before it, by kernels.bwd_delta_kernel:
 the form benchmarks/probes/gluon_bwd.py compares it with.)
 
@@ -793,10 +794,10 @@ if _IMPORT_ERROR is None:
         tma.async_copy_shared_to_global(dq_desc, [b, row0, q_col], out)
         tma.store_wait(pendings=0)
 
-    # The warp-specialized backward (launch.gluon_candidates' WS and DQ_WS forms): the kernels
-    # above stream every Q and dO tile past each 64-key dK/dV program, and every K and V tile
-    # past each 64-query dQ program; here two consumer warp groups share one stream, which a
-    # one-warp loader fills, as in fwd_ws_kernel.
+    # The warp-specialized backward (launch.gluon_ws_bwd_candidates' WS and DQ_WS forms): the
+    # kernels above stream every Q and dO tile past each 64-key dK/dV program, and every K and
+    # V tile past each 64-query dQ program; here two consumer warp groups share one stream,
+    # which a one-warp loader fills, as in fwd_ws_kernel.
 
     @gluon.jit
     def _ws_resident(a_desc, b_desc, b, row0, a_col, b_col, bars, a_smem, b_smem, ROWS: gl.constexpr,
