@@ -483,7 +483,9 @@ def markdown(results: list[dict], latency: dict, env: dict, command: str) -> str
              f"Commit {env['commit']}; torch {env['torch']}, triton {env['triton']}, CUDA "
              f"{env['cuda']}, cuDNN {env['cudnn']}, Python {env['python']}; {env['date']}. bf16, non-causal, "
              + (f"attention dropout p = {env['dropout_p']} in every path, " if env.get("dropout_p") else "")
-             + ("flash's tuner timing the Gluon kernels too (VITFLASH_GLUON=1), "
+             + ("flash's tuner timing the Gluon kernels too, the staged ones among them "
+                "(VITFLASH_GLUON=staged), " if env.get("gluon") == "staged" else
+                "flash's tuner timing the Gluon kernels too (VITFLASH_GLUON=1), "
                 if env.get("gluon") else "") +
              "random inputs, " + TIMERS[env.get("timer", "events")] + " median, each case repeated "
              f"{env.get('repeats', REPEATS)} times: median of the repeats (min-max). TFLOP/s count 4*B*H*N^2*D "
@@ -579,6 +581,9 @@ def main(argv: list[str] | None = None) -> None:
     gluon.add_argument("--gluon", action="store_true",
                        help="require flash's tuner to time the Gluon kernels too (the default where "
                             "they run: Hopper; refused elsewhere)")
+    gluon.add_argument("--gluon-staged", action="store_true",
+                       help="as --gluon, and the staged Gluon kernels too (VITFLASH_GLUON=staged: "
+                            "launch.gluon_ws_bwd_candidates, not yet listed by default)")
     gluon.add_argument("--no-gluon", action="store_true",
                        help="leave the Gluon kernels out of flash's tuning (VITFLASH_GLUON=0): the "
                             "Triton kernels alone")
@@ -604,11 +609,12 @@ def main(argv: list[str] | None = None) -> None:
         return
     if not torch.cuda.is_available():
         sys.exit("bench_attention.py needs a CUDA GPU: it times GPU kernels.")
-    if args.gluon or args.no_gluon:  # read at the first choice (launch.gluon_kernels)
-        os.environ["VITFLASH_GLUON"] = "0" if args.no_gluon else "1"
-        if args.gluon and not launch.gluon_kernels():
-            sys.exit("--gluon: the Gluon kernels run only on a Hopper GPU (compute capability 9.x) "
-                     "with a triton whose Gluon imports; run without --gluon here")
+    if args.gluon or args.gluon_staged or args.no_gluon:  # read at the first choice (launch.gluon_kernels)
+        os.environ["VITFLASH_GLUON"] = "0" if args.no_gluon else "staged" if args.gluon_staged else "1"
+        if not args.no_gluon and not launch.gluon_kernels():
+            flag = "--gluon-staged" if args.gluon_staged else "--gluon"
+            sys.exit(f"{flag}: the Gluon kernels run only on a Hopper GPU (compute capability 9.x) "
+                     f"with a triton whose Gluon imports; run without {flag} here")
     shapes = args.shape or {"all": SHAPES, "small": SMALL_SHAPES, "large": LARGE_SHAPES,
                             "varied": VARIED_SHAPES}[args.shapes]
 
@@ -630,9 +636,9 @@ def main(argv: list[str] | None = None) -> None:
     env["repeats"] = args.repeats
     if args.timer == "graph":
         env["timer"], prefix = "graph", prefix + "_graph"
-    env["gluon"] = launch.gluon_kernels()
+    env["gluon"] = "staged" if launch.gluon_staged() else launch.gluon_kernels()
     if env["gluon"]:
-        prefix += "_gluon"
+        prefix += "_gluon" + ("_staged" if env["gluon"] == "staged" else "")
     command = command_line()
     latency = {"shape": list(LATENCY_SHAPE)}
     for impl in LATENCY_IMPLS:

@@ -87,22 +87,28 @@ def test_the_table_names_its_timer():
 
 
 def test_the_table_says_when_the_gluon_kernels_were_timed_too(monkeypatch):
-    """A table says when flash's tuner timed the Gluon kernels too, and only then. Without a
-    Hopper GPU, --gluon is refused before anything runs; --gluon with --no-gluon is a usage
-    error."""
+    """A table says when flash's tuner timed the Gluon kernels too, and the staged ones
+    among them, and only then. Without a Hopper GPU, --gluon and --gluon-staged are refused
+    before anything runs; two of --gluon, --gluon-staged, --no-gluon is a usage error."""
     env = {k: "x" for k in ("gpu", "commit", "torch", "triton", "cuda", "cudnn", "python", "date")}
     row = {"shape": [8, 3, 577, 64], **{impl: {"error": "not selected"} for impl in bench.IMPLS}}
     note = "flash's tuner timing the Gluon kernels too (VITFLASH_GLUON=1)"
     assert note not in bench.markdown([row], {}, {**env, "gluon": False}, "cmd")
     assert note in bench.markdown([row], {}, {**env, "gluon": True}, "cmd")
+    staged = "the staged ones among them (VITFLASH_GLUON=staged)"
+    assert staged not in bench.markdown([row], {}, {**env, "gluon": True}, "cmd")
+    assert staged in bench.markdown([row], {}, {**env, "gluon": "staged"}, "cmd")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(launch, "_GLUON", False)  # (not a Hopper)
     monkeypatch.setenv("VITFLASH_GLUON", "0")  # (restored after the script sets it to 1)
     with pytest.raises(SystemExit, match="--gluon: the Gluon kernels run only on a Hopper GPU"):
         bench.main(["--gluon", "--shape", "1,1,300,64"])
-    with pytest.raises(SystemExit) as usage:  # argparse's error: not both
-        bench.main(["--gluon", "--no-gluon", "--shape", "1,1,300,64"])
-    assert usage.value.code == 2
+    with pytest.raises(SystemExit, match="--gluon-staged: the Gluon kernels run only on a Hopper GPU"):
+        bench.main(["--gluon-staged", "--shape", "1,1,300,64"])
+    for both in (["--gluon", "--no-gluon"], ["--gluon-staged", "--no-gluon"], ["--gluon", "--gluon-staged"]):
+        with pytest.raises(SystemExit) as usage:  # argparse's error: not both
+            bench.main([*both, "--shape", "1,1,300,64"])
+        assert usage.value.code == 2, both
 
 
 @pytest.mark.gpu

@@ -770,30 +770,35 @@ def test_gluon_kernels_are_listed_only_where_they_were_measured_to_pay(monkeypat
 
 def test_the_gluon_kernels_are_listed_unless_turned_off(monkeypatch):
     """The Gluon kernels are listed by default where they can run and with VITFLASH_GLUON=1;
-    VITFLASH_GLUON=0 leaves them out; any other value is an error that names the variable
-    and its two values. Where they cannot run (another GPU, none, the interpreter) they are
-    never listed. The machine is stood in for: a Hopper GPU, or a GPU of compute capability
-    8.0, outside the interpreter."""
+    VITFLASH_GLUON=0 leaves them out; VITFLASH_GLUON=staged lists the staged ones too (the
+    warp-specialized backward's forms, and only then); any other value is an error that
+    names the variable and its three values. Where they cannot run (another GPU, none, the
+    interpreter) they are never listed. The machine is stood in for: a Hopper GPU, or a GPU
+    of compute capability 8.0, outside the interpreter."""
     if not hopper.available():
         pytest.skip(f"Gluon does not import in this triton: {hopper._IMPORT_ERROR}")
     monkeypatch.setattr(launch, "INTERPRET", False)
+    monkeypatch.setattr(launch, "_STAGED", False)  # (restored after the test)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     for major, runs in ((9, True), (8, False)):
         monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a, m=major: (m, 0))
-        for value, listed in ((None, runs), ("1", runs), (" 1 ", runs), ("0", False)):
+        for value, listed in ((None, runs), ("1", runs), (" 1 ", runs), ("0", False), ("staged", runs)):
             monkeypatch.setattr(launch, "_GLUON", None)
             if value is None:
                 monkeypatch.delenv("VITFLASH_GLUON", raising=False)
             else:
                 monkeypatch.setenv("VITFLASH_GLUON", value)
             assert launch.gluon_kernels() is listed, (major, value)
+            assert launch.gluon_staged() is (listed and value == "staged"), (major, value)
+            ws = [c for c in launch.candidates("bwd", 577, 128) if c.meta.get("WS") or c.meta.get("DQ_WS")]
+            assert ws == (launch.gluon_ws_bwd_candidates(128) if launch.gluon_staged() else []), (major, value)
     monkeypatch.setattr(launch, "INTERPRET", True)  # (the CPU tests' case)
     monkeypatch.setattr(launch, "_GLUON", None)
     monkeypatch.delenv("VITFLASH_GLUON", raising=False)
     assert launch.gluon_kernels() is False
     monkeypatch.setattr(launch, "_GLUON", None)
     monkeypatch.setenv("VITFLASH_GLUON", "yes")
-    with pytest.raises(ValueError, match=r"VITFLASH_GLUON='yes'.*set it to 0.*or to 1 \(the default\)"):
+    with pytest.raises(ValueError, match=r"VITFLASH_GLUON='yes'.*set it to 0.*to 1 \(the default\).*or to staged"):
         launch.gluon_kernels()
 
 

@@ -12,7 +12,8 @@ tiles in bulk. Also on Hopper, unless VITFLASH_GLUON=0 (gluon_kernels), past N =
 dims 64 and 128, the forward lists "gluon" or "gluon_ws": the Gluon forwards of `hopper.py` (a
 4-warp form, and a warp-specialized one), launched by `GluonLaunch`; and the backward lists
 "gluon_bwd": the Gluon dK/dV and dQ kernels of `hopper.py`, launched apart after the delta
-(`GluonBwdLaunch`). A general backward
+(`GluonBwdLaunch`); with VITFLASH_GLUON=staged also their staged warp-specialized forms
+(`gluon_ws_bwd_candidates`, not yet run on a GPU). A general backward
 candidate with SPLIT = 1 launches its dK/dV programs and its dQ programs apart (split_twins),
 the dQ launch with tiles, warps and stages of its own where that was measured to pay
 (split_pairs). The tiles of a partial last block of queries
@@ -396,27 +397,39 @@ def candidates(op: str, n: int, d: int, bh: int = 1, dropout: bool = False) -> l
 
 _TMA: bool | None = None
 _GLUON: bool | None = None
+_STAGED = False  # (set with _GLUON: VITFLASH_GLUON=staged)
 
 
 def gluon_kernels() -> bool:
     """Whether the ops list the Gluon kernels of hopper.py: not turned off (VITFLASH_GLUON=0;
-    1, the default, lists them), Gluon imports in this triton and the GPU is a Hopper
-    (compute capability 9.x: wgmma, which later GPUs lack). Never in the interpreter, which
-    does not run Gluon kernels. Where listed they are candidates like any other: the tuner
-    keeps one only where it checks out and is the fastest.
+    1, the default, lists them; "staged" lists the staged ones too, gluon_staged), Gluon
+    imports in this triton and the GPU is a Hopper (compute capability 9.x: wgmma, which
+    later GPUs lack). Never in the interpreter, which does not run Gluon kernels. Where
+    listed they are candidates like any other: the tuner keeps one only where it checks out
+    and is the fastest.
 
     On Hopper GPUs the op's path through them passed the FA2 rule, forward and backward, at
     N = 257-2049 and D = 64, 128 in bf16 and fp16 (test_gluon_forward_gpu,
     test_gluon_backward_gpu, benchmarks/results/gpu_session_f48ef01/ on an H100)."""
-    global _GLUON
+    global _GLUON, _STAGED
     if _GLUON is None:
         asked = os.environ.get("VITFLASH_GLUON", "1").strip()
-        if asked not in ("0", "1"):
+        if asked not in ("0", "1", "staged"):
             raise ValueError(f"VITFLASH_GLUON={asked!r}: set it to 0 to leave the Gluon kernels out "
-                             "(Hopper GPUs), or to 1 (the default) to list them")
-        _GLUON = (asked == "1" and not INTERPRET and hopper.available() and torch.cuda.is_available()
+                             "(Hopper GPUs), to 1 (the default) to list them, or to staged to list "
+                             "the staged ones too (not yet timed on a GPU)")
+        _GLUON = (asked != "0" and not INTERPRET and hopper.available() and torch.cuda.is_available()
                   and torch.cuda.get_device_capability()[0] == 9)
+        _STAGED = _GLUON and asked == "staged"
     return _GLUON
+
+
+def gluon_staged() -> bool:
+    """Whether the ops also list the staged Gluon kernels (gluon_ws_bwd_candidates):
+    VITFLASH_GLUON=staged where gluon_kernels(). For timing them through the op (the
+    tuner keeps one only where it checks out and is the fastest) before they are listed by
+    default; their choices are cached apart from the default lists' (_disk_key)."""
+    return gluon_kernels() and _STAGED
 
 
 def gluon_candidates(op: str, n: int, d: int) -> list[Candidate]:
@@ -444,20 +457,21 @@ def gluon_candidates(op: str, n: int, d: int) -> list[Candidate]:
     (benchmarks/results/gpu_session_64c5aa5/run1). The 32-query overlapped dK/dV form at
     D = 128 was 0.89x and 0.95x the 64-query plain one there: not listed.
 
-    The warp-specialized forms (gluon_ws_bwd_candidates) are not listed: no GPU has run them
-    yet."""
+    The warp-specialized forms (gluon_ws_bwd_candidates) are listed only with
+    VITFLASH_GLUON=staged (gluon_staged): no GPU has run them yet."""
     if n < GLUON_MIN_N or d not in hopper.HEAD_DIMS or not gluon_kernels():
         return []
     if op != "fwd":
         names = ("BLOCK_M1", "BLOCK_N1", "BLOCK_M2", "BLOCK_N2")
+        staged = gluon_ws_bwd_candidates(d) if gluon_staged() else []
         if d == 128:  # the dQ products overlapped across steps (DQ_OVERLAP)
             return _c(GLUON_BWD_FAMILY, (*names, "DQ_OVERLAP"), (64, 64, 64, 64, 1, 4, 2),
-                      (64, 128, 64, 64, 1, 8, 2))
+                      (64, 128, 64, 64, 1, 8, 2)) + staged
         # at D = 64 the dK/dV products overlapped across steps (spills at D = 128) beside the
         # plain forms
         return (_c(GLUON_BWD_FAMILY, names, (64, 64, 64, 64, 4, 2), (64, 128, 64, 64, 8, 2))
                 + _c(GLUON_BWD_FAMILY, (*names, "OVERLAP"), (64, 64, 64, 64, 1, 4, 2),
-                     (64, 64, 64, 64, 1, 4, 3)))
+                     (64, 64, 64, 64, 1, 4, 3)) + staged)
     if d == 64:
         return [Candidate("gluon", (("BLOCK_M", 64), ("BLOCK_N", 128)), 4, 2)]
     ws = (("BLOCK_M", 64), ("BLOCK_N", 128), ("CONSUMER_REGS", 240))
@@ -473,8 +487,8 @@ def gluon_ws_bwd_candidates(d: int) -> list[Candidate]:
     the other's warp-specialized form or the listed one, at the tiles that compile for sm_90
     with no spills (at D = 128 the dK/dV kernel's query tiles are 32 rows: 64 spill).
 
-    Staged, not listed by gluon_candidates: they compile and launch on the CPU's stand-in
-    Hopper, but no GPU has run them yet. test_gluon_backward_gpu holds each to the FA2 rule
+    Staged, listed by gluon_candidates only with VITFLASH_GLUON=staged: they compile and
+    launch on the CPU's stand-in Hopper, but no GPU has run them yet. test_gluon_backward_gpu holds each to the FA2 rule
     through the op, and benchmarks/probes/gluon_bwd.py (--ws-configs, --wsdq-configs) times
     them called directly, so that a GPU run decides whether to list them."""
     names = ("BLOCK_M1", "BLOCK_N1", "BLOCK_M2", "BLOCK_N2")
@@ -892,11 +906,13 @@ def _cache_file() -> Path:
 
 def _disk_key(key: tuple, device: torch.device) -> str:
     """The cache file's entry for key on device: GPU name, versions, the key; entries chosen
-    among the Gluon kernels too (gluon_kernels()) are kept apart from those chosen without."""
+    among the Gluon kernels too (gluon_kernels()), and among the staged ones too
+    (gluon_staged()), are kept apart from those chosen without."""
     op, dtype, n, d, bh, dropout = key
     return (f"{torch.cuda.get_device_name(device)}|torch {torch.__version__}|triton "
             f"{triton.__version__}|v{CACHE_VERSION}|{op}|{str(dtype).split('.')[-1]}|N={n}|D={d}|BH<={bh}"
-            + ("|dropout" if dropout else "") + ("|gluon" if gluon_kernels() else ""))
+            + ("|dropout" if dropout else "") + ("|gluon" if gluon_kernels() else "")
+            + ("+staged" if gluon_staged() else ""))
 
 
 def _load_cache(path: Path) -> dict:
