@@ -116,7 +116,8 @@ GLUON_FAMILIES = ("gluon", "gluon_ws")
 # the Gluon backward (hopper.py): bwd_dkdv_kernel's launch, then bwd_dq_kernel's
 GLUON_BWD_FAMILY = "gluon_bwd"
 # the registers a thread of the warp-specialized Gluon kernels' consumer warp groups take
-# (setmaxnreg): the most that two consumer groups and a loader warp fit
+# (setmaxnreg; the forward's CONSUMER_REGS, the backward's): the most that two consumer
+# groups and a loader warp fit
 WS_REGS = 240
 # listed from this length on: at N = 197 no Gluon forward configuration reached the Triton
 # one on an H200 or an H100 (benchmarks/results/gpu_session_17e1b36/)
@@ -474,7 +475,7 @@ def gluon_candidates(op: str, n: int, d: int) -> list[Candidate]:
                      (64, 64, 64, 64, 1, 4, 3)) + staged)
     if d == 64:
         return [Candidate("gluon", (("BLOCK_M", 64), ("BLOCK_N", 128)), 4, 2)]
-    ws = (("BLOCK_M", 64), ("BLOCK_N", 128), ("CONSUMER_REGS", 240))
+    ws = (("BLOCK_M", 64), ("BLOCK_N", 128), ("CONSUMER_REGS", WS_REGS))
     # and its persistent form, one program an SM (hopper.fwd_ws_persistent_kernel)
     return [Candidate("gluon_ws", ws, 4, 2), Candidate("gluon_ws", (*ws, ("PERSISTENT", 1)), 4, 2)]
 
