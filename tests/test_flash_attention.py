@@ -768,6 +768,23 @@ def test_gluon_kernels_are_listed_only_where_they_were_measured_to_pay(monkeypat
     assert gluon("fwd", 577, 64) == [] and gluon("bwd", 577, 64) == []
 
 
+def test_tuning_choices_among_the_gluon_and_staged_kernels_are_cached_apart(monkeypatch):
+    """The tuning cache's entry for one key names the GPU, the versions and the key, and
+    keeps apart the choices made without the Gluon kernels, among the listed ones, and among
+    the staged ones too (VITFLASH_GLUON=staged): a choice of a staged kernel is never read
+    back by a process that does not list it."""
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H100 80GB HBM3")
+    key = launch._key("bwd", torch.bfloat16, 577, 128, 64)
+    entries = []
+    for gluon, staged in ((False, False), (True, False), (True, True)):
+        monkeypatch.setattr(launch, "_GLUON", gluon)
+        monkeypatch.setattr(launch, "_STAGED", staged)
+        entries.append(launch._disk_key(key, None))
+    assert all(e.startswith("NVIDIA H100 80GB HBM3|torch ") and f"|v{launch.CACHE_VERSION}|bwd|bfloat16|N=577|D=128|"
+               in e for e in entries)
+    assert [e.rsplit("|", 1)[-1] for e in entries] == ["BH<=64", "gluon", "gluon+staged"]
+
+
 def test_the_gluon_kernels_are_listed_unless_turned_off(monkeypatch):
     """The Gluon kernels are listed by default where they can run and with VITFLASH_GLUON=1;
     VITFLASH_GLUON=0 leaves them out; VITFLASH_GLUON=staged lists the staged ones too (the
