@@ -81,6 +81,10 @@ VARIED_SHAPES = [(256, 12, 50, 64), (128, 12, 257, 64), (64, 16, 257, 80), (32, 
                  (128, 8, 197, 96), (16, 12, 1370, 64), (1024, 12, 197, 64), (16, 12, 197, 64)]
 # One call of a CIFAR ViT layer at batch 1, forward+backward, synchronized.
 LATENCY_SHAPE = (1, 3, 65, 64)
+# what a table says of the Gluon kernels, by the run's env["gluon"] (False: nothing)
+GLUON_NOTES = {True: "flash's tuner timing the Gluon kernels too (VITFLASH_GLUON=1), ",
+               "staged": "flash's tuner timing the Gluon kernels too, the staged ones among them "
+                         "(VITFLASH_GLUON=staged), "}
 PEAK_TFLOPS = 790.0  # dense bf16 matrix product on random data, measured on the H200
 REPEATS = 3
 SDPA_BACKENDS = {"sdpa_flash": SDPBackend.FLASH_ATTENTION,
@@ -483,10 +487,7 @@ def markdown(results: list[dict], latency: dict, env: dict, command: str) -> str
              f"Commit {env['commit']}; torch {env['torch']}, triton {env['triton']}, CUDA "
              f"{env['cuda']}, cuDNN {env['cudnn']}, Python {env['python']}; {env['date']}. bf16, non-causal, "
              + (f"attention dropout p = {env['dropout_p']} in every path, " if env.get("dropout_p") else "")
-             + ("flash's tuner timing the Gluon kernels too, the staged ones among them "
-                "(VITFLASH_GLUON=staged), " if env.get("gluon") == "staged" else
-                "flash's tuner timing the Gluon kernels too (VITFLASH_GLUON=1), "
-                if env.get("gluon") else "") +
+             + GLUON_NOTES.get(env.get("gluon"), "") +
              "random inputs, " + TIMERS[env.get("timer", "events")] + " median, each case repeated "
              f"{env.get('repeats', REPEATS)} times: median of the repeats (min-max). TFLOP/s count 4*B*H*N^2*D "
              "for the forward, 3.5x that for forward+backward. Peak extra memory: what one "

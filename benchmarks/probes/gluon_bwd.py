@@ -216,7 +216,7 @@ def gluon_grads(qkv, do, lse, delta, scale: float, cfg: tuple[int, int, int, int
 if hopper.available():
     from vitflash.ops.hopper import (  # noqa: E402
         TensorDescriptor, _bwd_release, _cta_barrier, _dkdv_scores, _dkdv_setup, _mma, _program,
-        _refill, _store_dkdv, bwd_dkdv_ws_kernel, bwd_dq_ws_kernel, fence_async_shared, gl, gluon,
+        _query_stats, _refill, _store_dkdv, bwd_dkdv_ws_kernel, bwd_dq_ws_kernel, fence_async_shared, gl, gluon,
         mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
 
     # a TMA bulk add of a shared-memory tile into global memory: tma.async_atomic_add in
@@ -287,9 +287,7 @@ if hopper.available():
             _cta_barrier()  # every warp's dS^T rows are in before the products read them
             dk = warpgroup_mma(ds_smem, q2, dk, is_async=True)
             dq = warpgroup_mma(ds_smem.permute((1, 0)), k2, dq_zero, use_acc=False, is_async=True)
-            cols = (i + 1) * BLOCK_M + cols0
-            lse = gl.load(LSE + base + cols, mask=cols < N, other=float("inf"))
-            delta = gl.load(DELTA + base + cols, mask=cols < N, other=0.0)
+            lse, delta = _query_stats(LSE, DELTA, base, (i + 1) * BLOCK_M + cols0, N)
             dv, dk, dq = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk, dq))
             # (keys past N add nothing: their K rows are read as zeros)
             if TMA_DQ:  # (rows past N are outside the descriptor's bounds: dropped)

@@ -545,6 +545,15 @@ if _IMPORT_ERROR is None:
             mbarrier.invalidate(b_bars.index(i))
 
     @gluon.jit
+    def _query_stats(LSE, DELTA, base, cols, N):
+        """The LSE and delta of a dK/dV step's query tile (its columns `cols` of the head at
+        `base`): queries past N get an infinite LSE, so their probabilities are 0 (their rows
+        of Q and dO are zeros)."""
+        lse = gl.load(LSE + base + cols, mask=cols < N, other=float("inf"))
+        delta = gl.load(DELTA + base + cols, mask=cols < N, other=0.0)
+        return lse, delta
+
+    @gluon.jit
     def _dkdv_scores(i, q_smem, do_smem, q_bars, do_bars, k2, v2, t_zero, BLOCK_M: gl.constexpr,
                      HEAD_DIM: gl.constexpr, STAGES: gl.constexpr):
         """A dK/dV step's opening: query tile i's Q and dO views once each has landed in its
@@ -584,9 +593,7 @@ if _IMPORT_ERROR is None:
         dpt = warpgroup_mma_wait(num_outstanding=1, deps=(dpt, ))
         dst = pt * (dpt - gl.expand_dims(delta, 0))
         dk = warpgroup_mma(gl.convert_layout(dst.to(dtype), op_layout), q2, dk, is_async=True)
-        cols = (i + 1) * BLOCK_M + cols0
-        lse = gl.load(LSE + base + cols, mask=cols < N, other=float("inf"))
-        delta = gl.load(DELTA + base + cols, mask=cols < N, other=0.0)
+        lse, delta = _query_stats(LSE, DELTA, base, (i + 1) * BLOCK_M + cols0, N)
         return dv, dk, lse, delta
 
     @gluon.jit
@@ -600,9 +607,7 @@ if _IMPORT_ERROR is None:
             kv_desc, kv_desc, q_desc, do_desc, b, row0, k_col, v_col, q_col, q_col, N,
             BLOCK_N, BLOCK_M, HEAD_DIM, STAGES)
         base = bh.to(gl.int64) * N
-        # queries past N: an infinite LSE makes their probabilities 0 (their rows are zeros)
-        lse = gl.load(LSE + base + cols0, mask=cols0 < N, other=float("inf"))
-        delta = gl.load(DELTA + base + cols0, mask=cols0 < N, other=0.0)
+        lse, delta = _query_stats(LSE, DELTA, base, cols0, N)
         return (k_smem.reshape([BLOCK_N, HEAD_DIM]), v_smem.reshape([BLOCK_N, HEAD_DIM]), kv_bar,
                 q_smem, do_smem, q_bars, do_bars, n_tiles, base, lse, delta)
 
@@ -800,10 +805,21 @@ if _IMPORT_ERROR is None:
     # which a one-warp loader fills, as in fwd_ws_kernel.
 
     @gluon.jit
+    def _ws_resident_buffers(a_desc, b_desc, ROWS: gl.constexpr, HEAD_DIM: gl.constexpr):
+        """A warp-specialized backward's resident tiles in shared memory: each consumer's ROWS
+        rows of two operands (K and V, or Q and dO), and an mbarrier per consumer."""
+        a_smem = gl.allocate_shared_memory(a_desc.dtype, [2, 1, ROWS, HEAD_DIM], a_desc.layout)
+        b_smem = gl.allocate_shared_memory(b_desc.dtype, [2, 1, ROWS, HEAD_DIM], b_desc.layout)
+        bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        for g in gl.static_range(2):
+            mbarrier.init(bars.index(g), count=1)
+        return a_smem, b_smem, bars
+
+    @gluon.jit
     def _ws_resident(a_desc, b_desc, b, row0, a_col, b_col, bars, a_smem, b_smem, ROWS: gl.constexpr,
                      HEAD_DIM: gl.constexpr):
-        """A warp-specialized backward's resident tiles: consumer g's ROWS rows from row0 + g * ROWS of two
-        operands (K and V, or Q and dO) into a_smem[g] and b_smem[g], behind bars[g]."""
+        """The loader's resident tiles (_ws_resident_buffers): consumer g's ROWS rows from
+        row0 + g * ROWS of two operands into a_smem[g] and b_smem[g], behind bars[g]."""
         for g in gl.static_range(2):
             bar = bars.index(g)
             mbarrier.expect(bar, 2 * ROWS * HEAD_DIM * a_desc.dtype.primitive_bitwidth // 8)
@@ -835,8 +851,7 @@ if _IMPORT_ERROR is None:
         op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
         cols0 = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, t_layout))
         base = bh.to(gl.int64) * N
-        lse = gl.load(LSE + base + cols0, mask=cols0 < N, other=float("inf"))
-        delta = gl.load(DELTA + base + cols0, mask=cols0 < N, other=0.0)
+        lse, delta = _query_stats(LSE, DELTA, base, cols0, N)
         t_zero = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, t_layout)
         dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, acc_layout)
         dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, acc_layout)
@@ -875,12 +890,7 @@ if _IMPORT_ERROR is None:
         Compiled for sm_90: no spills with 32-query tiles at D = 128 or 64-query ones at D = 64;
         108-120 bytes with 64-query tiles at D = 128 (not listed)."""
         row0, bh, b, q_col, k_col, v_col = _program(N, H, HEAD_DIM, 2 * BLOCK_N)
-        dtype: gl.constexpr = kv_desc.dtype
-        k_smem = gl.allocate_shared_memory(dtype, [2, 1, BLOCK_N, HEAD_DIM], kv_desc.layout)
-        v_smem = gl.allocate_shared_memory(dtype, [2, 1, BLOCK_N, HEAD_DIM], kv_desc.layout)
-        kv_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-        for g in gl.static_range(2):
-            mbarrier.init(kv_bars.index(g), count=1)
+        k_smem, v_smem, kv_bars = _ws_resident_buffers(kv_desc, kv_desc, BLOCK_N, HEAD_DIM)
         q_ring, do_ring, q_ready, do_ready, q_empty, do_empty = _ws_ring(q_desc, BLOCK_M, HEAD_DIM, STAGES)
         fence_async_shared()
         gl.warp_specialize([
@@ -962,12 +972,7 @@ if _IMPORT_ERROR is None:
         queries, warp-specialized as bwd_dkdv_ws_kernel: two consumer warp groups of BLOCK_M = 64
         queries share one ring of K and V tiles that a one-warp loader fills."""
         row0, bh, b, q_col, k_col, v_col = _program(N, H, HEAD_DIM, 2 * BLOCK_M)
-        dtype: gl.constexpr = kv_desc.dtype
-        q_smem = gl.allocate_shared_memory(dtype, [2, 1, BLOCK_M, HEAD_DIM], q_desc.layout)
-        do_smem = gl.allocate_shared_memory(dtype, [2, 1, BLOCK_M, HEAD_DIM], do_desc.layout)
-        qdo_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-        for g in gl.static_range(2):
-            mbarrier.init(qdo_bars.index(g), count=1)
+        q_smem, do_smem, qdo_bars = _ws_resident_buffers(q_desc, do_desc, BLOCK_M, HEAD_DIM)
         k_ring, v_ring, k_ready, v_ready, k_empty, v_empty = _ws_ring(kv_desc, BLOCK_N, HEAD_DIM, STAGES)
         fence_async_shared()
         gl.warp_specialize([

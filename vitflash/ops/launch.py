@@ -115,6 +115,9 @@ SHORT_FWD_FAMILIES = ("short", "short_tma")
 GLUON_FAMILIES = ("gluon", "gluon_ws")
 # the Gluon backward (hopper.py): bwd_dkdv_kernel's launch, then bwd_dq_kernel's
 GLUON_BWD_FAMILY = "gluon_bwd"
+# its tiles: the dK/dV kernel's query tiles and keys a program, the dQ kernel's queries a
+# program and key tiles
+_GLUON_BWD_TILES = ("BLOCK_M1", "BLOCK_N1", "BLOCK_M2", "BLOCK_N2")
 # the registers a thread of the warp-specialized Gluon kernels' consumer warp groups take
 # (setmaxnreg; the forward's CONSUMER_REGS, the backward's): the most that two consumer
 # groups and a loader warp fit
@@ -463,7 +466,7 @@ def gluon_candidates(op: str, n: int, d: int) -> list[Candidate]:
     if n < GLUON_MIN_N or d not in hopper.HEAD_DIMS or not gluon_kernels():
         return []
     if op != "fwd":
-        names = ("BLOCK_M1", "BLOCK_N1", "BLOCK_M2", "BLOCK_N2")
+        names = _GLUON_BWD_TILES
         staged = gluon_ws_bwd_candidates(d) if gluon_staged() else []
         if d == 128:  # the dQ products overlapped across steps (DQ_OVERLAP)
             return _c(GLUON_BWD_FAMILY, (*names, "DQ_OVERLAP"), (64, 64, 64, 64, 1, 4, 2),
@@ -492,7 +495,7 @@ def gluon_ws_bwd_candidates(d: int) -> list[Candidate]:
     launch on the CPU's stand-in Hopper, but no GPU has run them yet. test_gluon_backward_gpu holds each to the FA2 rule
     through the op, and benchmarks/probes/gluon_bwd.py (--ws-configs, --wsdq-configs) times
     them called directly, so that a GPU run decides whether to list them."""
-    names = ("BLOCK_M1", "BLOCK_N1", "BLOCK_M2", "BLOCK_N2")
+    names = _GLUON_BWD_TILES
     if d == 128:  # with the overlapped dQ kernel, or the warp-specialized one
         return (_c(GLUON_BWD_FAMILY, (*names, "WS", "DQ_OVERLAP"), (32, 64, 64, 64, 1, 1, 4, 2))
                 + _c(GLUON_BWD_FAMILY, (*names, "WS", "DQ_WS"), (32, 64, 64, 64, 1, 1, 4, 2),
