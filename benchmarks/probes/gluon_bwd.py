@@ -216,8 +216,8 @@ def gluon_grads(qkv, do, lse, delta, scale: float, cfg: tuple[int, int, int, int
 if hopper.available():
     from vitflash.ops.hopper import (  # noqa: E402
         TensorDescriptor, _bwd_release, _cta_barrier, _dkdv_scores, _dkdv_setup, _mma, _program,
-        _query_stats, _refill, _store_dkdv, bwd_dkdv_ws_kernel, bwd_dq_ws_kernel, fence_async_shared, gl, gluon,
-        mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
+        _query_stats, _refill, _store_dkdv, bwd_dkdv_ws_kernel, bwd_dq_ws_kernel,
+        fence_async_shared, gl, gluon, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
 
     # a TMA bulk add of a shared-memory tile into global memory: tma.async_atomic_add in
     # triton 3.8; in 3.6, whose Gluon builder has the op but no wrapper, one written here
