@@ -584,7 +584,7 @@ def main(argv: list[str] | None = None) -> None:
                             "they run: Hopper; refused elsewhere)")
     gluon.add_argument("--gluon-staged", action="store_true",
                        help="as --gluon, and the staged Gluon kernels too (VITFLASH_GLUON=staged: "
-                            "launch.gluon_ws_bwd_candidates, not yet listed by default)")
+                            "launch.gluon_ws_bwd_candidates, not listed by default)")
     gluon.add_argument("--no-gluon", action="store_true",
                        help="leave the Gluon kernels out of flash's tuning (VITFLASH_GLUON=0): the "
                             "Triton kernels alone")

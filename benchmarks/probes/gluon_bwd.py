@@ -40,7 +40,9 @@ and timed with its dQ zeroing and store. --ws-configs: the warp-specialized dK/d
 (hopper.bwd_dkdv_ws_kernel: two 64-key consumers sharing one Q and dO ring filled by a loader
 warp; BLOCK_M x 128 x STAGES x 4), and --wsdq-configs: its dQ twin (hopper.bwd_dq_ws_kernel: two
 64-query consumers sharing one K and V ring, computing delta; 128 x BLOCK_N x STAGES x 4): the
-op's staged WS and DQ_WS forms (launch.gluon_ws_bwd_candidates), not listed until timed here.
+op's WS and DQ_WS forms; on one H100 the WS kernel was slower than the dK/dV kernel and the
+DQ_WS one faster than the dQ kernel (gpu_session_cae18ce), so DQ_WS alone stays staged
+(launch.gluon_ws_bwd_candidates).
 Their compile rows' registers are the kernel-wide cap: the consumers run at WS_REGS
 (setmaxnreg).
 """

@@ -12,8 +12,8 @@ tiles in bulk. Also on Hopper, unless VITFLASH_GLUON=0 (gluon_kernels), past N =
 dims 64 and 128, the forward lists "gluon" or "gluon_ws": the Gluon forwards of `hopper.py` (a
 4-warp form, and a warp-specialized one), launched by `GluonLaunch`; and the backward lists
 "gluon_bwd": the Gluon dK/dV and dQ kernels of `hopper.py`, launched apart after the delta
-(`GluonBwdLaunch`); with VITFLASH_GLUON=staged also their staged warp-specialized forms
-(`gluon_ws_bwd_candidates`, not yet run on a GPU). A general backward
+(`GluonBwdLaunch`); with VITFLASH_GLUON=staged also their staged forms, which a GPU run has
+yet to decide (`gluon_ws_bwd_candidates`). A general backward
 candidate with SPLIT = 1 launches its dK/dV programs and its dQ programs apart (split_twins),
 the dQ launch with tiles, warps and stages of its own where that was measured to pay
 (split_pairs). The tiles of a partial last block of queries
@@ -421,7 +421,7 @@ def gluon_kernels() -> bool:
         if asked not in ("0", "1", "staged"):
             raise ValueError(f"VITFLASH_GLUON={asked!r}: set it to 0 to leave the Gluon kernels out "
                              "(Hopper GPUs), to 1 (the default) to list them, or to staged to list "
-                             "the staged ones too (not yet timed on a GPU)")
+                             "the staged ones too (yet to be decided on a GPU)")
         _GLUON = (asked != "0" and not INTERPRET and hopper.available() and torch.cuda.is_available()
                   and torch.cuda.get_device_capability()[0] == 9)
         _STAGED = _GLUON and asked == "staged"
@@ -461,8 +461,8 @@ def gluon_candidates(op: str, n: int, d: int) -> list[Candidate]:
     (benchmarks/results/gpu_session_64c5aa5/run1). The 32-query overlapped dK/dV form at
     D = 128 was 0.89x and 0.95x the 64-query plain one there: not listed.
 
-    The warp-specialized forms (gluon_ws_bwd_candidates) are listed only with
-    VITFLASH_GLUON=staged (gluon_staged): no GPU has run them yet."""
+    The staged forms (gluon_ws_bwd_candidates) are listed only with VITFLASH_GLUON=staged
+    (gluon_staged): forms a GPU run has yet to decide."""
     if n < GLUON_MIN_N or d not in hopper.HEAD_DIMS or not gluon_kernels():
         return []
     if op != "fwd":
@@ -484,25 +484,26 @@ def gluon_candidates(op: str, n: int, d: int) -> list[Candidate]:
 
 
 def gluon_ws_bwd_candidates(d: int) -> list[Candidate]:
-    """The warp-specialized forms of the Gluon backward at head dim d (64 or 128): WS, the
-    dK/dV kernel hopper.bwd_dkdv_ws_kernel (two consumer warp groups of BLOCK_N1 = 64 keys
-    sharing one stream of Q and dO tiles that a loader warp fills), and DQ_WS, the dQ kernel
-    hopper.bwd_dq_ws_kernel (two of BLOCK_M2 = 64 queries sharing one of K and V), each beside
-    the other's warp-specialized form or the listed one, at the tiles that compile for sm_90
-    with no spills (at D = 128 the dK/dV kernel's query tiles are 32 rows: 64 spill).
+    """The staged forms of the Gluon backward at head dim d, listed by gluon_candidates only
+    with VITFLASH_GLUON=staged (gluon_staged): at D = 128, the listed 64-key dK/dV kernel beside
+    DQ_WS, the warp-specialized dQ kernel hopper.bwd_dq_ws_kernel (two consumer warp groups of
+    BLOCK_M2 = 64 queries sharing one ring of K and V tiles that a loader warp fills, computing
+    delta), at 64- and 128-key steps; none at D = 64.
 
-    Staged, listed by gluon_candidates only with VITFLASH_GLUON=staged: they compile and
-    launch on the CPU's stand-in Hopper, but no GPU has run them yet. test_gluon_backward_gpu holds each to the FA2 rule
-    through the op, and benchmarks/probes/gluon_bwd.py (--ws-configs, --wsdq-configs) times
-    them called directly, so that a GPU run decides whether to list them."""
-    names = _GLUON_BWD_TILES
-    if d == 128:  # with the overlapped dQ kernel, or the warp-specialized one
-        return (_c(GLUON_BWD_FAMILY, (*names, "WS", "DQ_OVERLAP"), (32, 64, 64, 64, 1, 1, 4, 2))
-                + _c(GLUON_BWD_FAMILY, (*names, "WS", "DQ_WS"), (32, 64, 64, 64, 1, 1, 4, 2),
-                     (32, 64, 64, 64, 1, 1, 4, 3), (32, 64, 64, 128, 1, 1, 4, 2)))
-    return (_c(GLUON_BWD_FAMILY, (*names, "WS"), (64, 64, 64, 64, 1, 4, 2))
-            + _c(GLUON_BWD_FAMILY, (*names, "WS", "DQ_WS"), (64, 64, 64, 64, 1, 1, 4, 2))
-            + _c(GLUON_BWD_FAMILY, (*names, "OVERLAP", "DQ_WS"), (64, 64, 64, 64, 1, 1, 4, 2)))
+    The forms staged before were decided on one H100 (triton 3.6,
+    benchmarks/results/gpu_session_cae18ce/run1): all within the FA2 rule through the op, and
+    none kept. The warp-specialized dK/dV kernel (WS, hopper.bwd_dkdv_ws_kernel) was 1.09x and
+    1.14x the listed dK/dV kernel's time at (4, 16, 4097, 128) and (32, 16, 577, 128) called
+    directly, and its three D = 128 forms 1.05-1.08x the kept backward in the tuner; at D = 64
+    the one form that reached the tuner's finalists (OVERLAP with DQ_WS) was 1.03x. The
+    warp-specialized dQ kernel alone was faster than the listed one, delta included: 1.238
+    against 1.309 ms and 0.302 against 0.317, which the pairing here would bring into the op.
+    test_gluon_backward_gpu holds each staged form to the FA2 rule through the op, and
+    benchmarks/probes/gluon_bwd.py (--ws-configs, --wsdq-configs) times the kernels directly."""
+    if d != 128:
+        return []
+    return _c(GLUON_BWD_FAMILY, (*_GLUON_BWD_TILES, "DQ_WS"), (64, 64, 64, 128, 1, 4, 2),
+              (64, 64, 64, 64, 1, 4, 2))
 
 
 def tma_reductions() -> bool:
