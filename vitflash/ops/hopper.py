@@ -19,8 +19,10 @@ rows, and bwd_dq_kernel holds BLOCK_M queries while the key tiles stream past. B
 forward's base-2 LSE and delta = rowsum(dO * O): the op launches the dQ kernel first and it
 computes its rows' delta and writes it (DQ_DELTA), for the dK/dV kernel launched after it.
 bwd_dkdv_ws_kernel and bwd_dq_ws_kernel are their warp-specialized forms: two consumer warp
-groups share the streamed tiles, which a loader warp brings in (staged: launch.py can launch
-them, launch.gluon_ws_bwd_candidates, but does not list them until a GPU has timed them).
+groups share the streamed tiles, which a loader warp brings in. launch.py can launch both
+(WS, DQ_WS) but lists neither: on an H100 the dK/dV one lost to bwd_dkdv_kernel, and the dQ
+one, faster than bwd_dq_kernel, is staged (launch.gluon_ws_bwd_candidates) until the op has
+timed it beside the listed dK/dV kernel.
 (The dQ kernel without DQ_DELTA reads a delta written before it, by kernels.bwd_delta_kernel:
 the form benchmarks/probes/gluon_bwd.py compares it with.)
 
@@ -799,7 +801,7 @@ if _IMPORT_ERROR is None:
         tma.async_copy_shared_to_global(dq_desc, [b, row0, q_col], out)
         tma.store_wait(pendings=0)
 
-    # The warp-specialized backward (launch.gluon_ws_bwd_candidates' WS and DQ_WS forms): the
+    # The warp-specialized backward (the WS and DQ_WS forms of a "gluon_bwd" candidate): the
     # kernels above stream every Q and dO tile past each 64-key dK/dV program, and every K and
     # V tile past each 64-query dQ program; here two consumer warp groups share one stream,
     # which a one-warp loader fills, as in fwd_ws_kernel.
