@@ -1047,7 +1047,9 @@ def test_gluon_backward_gpu(monkeypatch, N, D, staged):
     listed = [c for c in launch.candidates("bwd", N, D) if c.family == launch.GLUON_BWD_FAMILY]
     bwds = launch.gluon_ws_bwd_candidates(D) if staged else listed
     gluon_fwd = [c for c in launch.candidates("fwd", N, D, 2 * 4) if c.family in launch.GLUON_FAMILIES][-1]
-    assert len(listed) == (4 if D == 64 else 2) and len(bwds) == 2
+    assert len(listed) == (4 if D == 64 else 2)
+    if staged:  # the warp-specialized dQ kernel's pairing, at 128- and 64-key steps
+        assert len(bwds) == 2
     for fwd in (launch.heuristic("fwd", N, D), gluon_fwd):
         for bwd in bwds:
             _force(monkeypatch, fwd, bwd)

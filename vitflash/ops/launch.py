@@ -490,16 +490,12 @@ def gluon_ws_bwd_candidates(d: int) -> list[Candidate]:
     BLOCK_M2 = 64 queries sharing one ring of K and V tiles that a loader warp fills, computing
     delta), at 64- and 128-key steps; none at D = 64.
 
-    The forms staged before were decided on one H100 (triton 3.6,
-    benchmarks/results/gpu_session_cae18ce/run1): all within the FA2 rule through the op, and
-    none kept. The warp-specialized dK/dV kernel (WS, hopper.bwd_dkdv_ws_kernel) was 1.09x and
-    1.14x the listed dK/dV kernel's time at (4, 16, 4097, 128) and (32, 16, 577, 128) called
-    directly, and its three D = 128 forms 1.05-1.08x the kept backward in the tuner; at D = 64
-    the one form that reached the tuner's finalists (OVERLAP with DQ_WS) was 1.03x. The
-    warp-specialized dQ kernel alone was faster than the listed one, delta included: 1.238
-    against 1.309 ms and 0.302 against 0.317, which the pairing here would bring into the op.
-    test_gluon_backward_gpu holds each staged form to the FA2 rule through the op, and
-    benchmarks/probes/gluon_bwd.py (--ws-configs, --wsdq-configs) times the kernels directly."""
+    The forms staged before it were decided on one H100: within the FA2 rule, none kept by the
+    tuner; the warp-specialized dK/dV kernel (WS) lost to the listed one, and the
+    warp-specialized dQ kernel alone took 0.95x the listed dQ kernel's time, which this pairing
+    would bring into the op (benchmarks/KERNEL_NOTES.md, "The Gluon backward"; the figures in
+    benchmarks/results/gpu_session_cae18ce/). test_gluon_backward_gpu holds each staged form to
+    the FA2 rule through the op."""
     if d != 128:
         return []
     return _c(GLUON_BWD_FAMILY, (*_GLUON_BWD_TILES, "DQ_WS"), (64, 64, 64, 128, 1, 4, 2),
